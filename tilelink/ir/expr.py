@@ -1,0 +1,158 @@
+"""Symbolic integer sizes: `M`, `N / W`, `2 * K`.
+
+Shapes in a pattern are expressions over its parameters and the world size `W`; they get
+values when a pattern is bound (defaults, `-D NAME=VALUE`, `--world-size`). `/` is exact
+division (binding fails with a located error if it leaves a remainder); `//` floors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WORLD = "W"  # the reserved name of the world size in every pattern
+
+
+class DivisionError(ValueError):
+    """`a / b` with a remainder: the caller turns it into a located PatternError."""
+
+    def __init__(self, expr: Expr, lhs: int, rhs: int):
+        super().__init__(f"{expr} = {lhs} / {rhs} does not divide evenly")
+        self.expr, self.lhs, self.rhs = expr, lhs, rhs
+
+
+class Expr:
+    """Base of symbolic integer expressions; supports + - * / // % with ints and Exprs."""
+
+    def evaluate(self, env: dict[str, int]) -> int:
+        raise NotImplementedError
+
+    def symbols(self) -> set[str]:
+        raise NotImplementedError
+
+    # Operator sugar so the Python DSL can write `N / tk.W`.
+    def _bin(self, op: str, other, swap: bool = False) -> Expr:
+        other = as_expr(other)
+        return Bin(op, other, self) if swap else Bin(op, self, other)
+
+    def __add__(self, o):
+        return self._bin("+", o)
+
+    def __radd__(self, o):
+        return self._bin("+", o, True)
+
+    def __sub__(self, o):
+        return self._bin("-", o)
+
+    def __rsub__(self, o):
+        return self._bin("-", o, True)
+
+    def __mul__(self, o):
+        return self._bin("*", o)
+
+    def __rmul__(self, o):
+        return self._bin("*", o, True)
+
+    def __truediv__(self, o):
+        return self._bin("/", o)
+
+    def __rtruediv__(self, o):
+        return self._bin("/", o, True)
+
+    def __floordiv__(self, o):
+        return self._bin("//", o)
+
+    def __rfloordiv__(self, o):
+        return self._bin("//", o, True)
+
+    def __mod__(self, o):
+        return self._bin("%", o)
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    """An integer literal."""
+
+    value: int
+
+    def evaluate(self, env):
+        return self.value
+
+    def symbols(self):
+        return set()
+
+    def __str__(self):
+        return str(self.value)
+
+
+@dataclass(frozen=True, eq=True)
+class Sym(Expr):
+    """A named size: a pattern parameter or `W`."""
+
+    name: str
+
+    def evaluate(self, env):
+        if self.name not in env:
+            raise KeyError(self.name)
+        return int(env[self.name])
+
+    def symbols(self):
+        return {self.name}
+
+    def __str__(self):
+        return self.name
+
+
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "//": 2, "%": 2}
+
+
+@dataclass(frozen=True, eq=True)
+class Bin(Expr):
+    """A binary operation on two expressions."""
+
+    op: str
+    lhs: Expr
+    rhs: Expr
+
+    def evaluate(self, env):
+        a, b = self.lhs.evaluate(env), self.rhs.evaluate(env)
+        if self.op == "+":
+            return a + b
+        if self.op == "-":
+            return a - b
+        if self.op == "*":
+            return a * b
+        if b == 0:
+            raise DivisionError(self, a, b)
+        if self.op == "/":
+            if a % b:
+                raise DivisionError(self, a, b)
+            return a // b
+        if self.op == "//":
+            return a // b
+        return a % b
+
+    def symbols(self):
+        return self.lhs.symbols() | self.rhs.symbols()
+
+    def __str__(self):
+        def side(e: Expr, right: bool) -> str:
+            if isinstance(e, Bin):
+                weaker = _PREC[e.op] < _PREC[self.op]
+                same_noncomm = right and _PREC[e.op] == _PREC[self.op] and self.op in "-///%"
+                if weaker or same_noncomm:
+                    return f"({e})"
+            return str(e)
+
+        return f"{side(self.lhs, False)} {self.op} {side(self.rhs, True)}"
+
+
+def as_expr(value) -> Expr:
+    """Wrap an int (or pass through an Expr); anything else is a TypeError."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a size must be an int or a size expression, got {value!r}")
+    return Const(value)
+
+
+W = Sym(WORLD)

@@ -1,0 +1,242 @@
+"""Target-independent device primitives (stock Triton, no inline assembly).
+
+Everything here lowers through ordinary Triton ops, so it runs in the Triton interpreter
+(``TRITON_INTERPRET=1``) and compiles for every backend. The per-target modules
+(:mod:`tilelink.lang.nvidia`, :mod:`tilelink.lang.amd`, :mod:`tilelink.lang.interp`) re-export
+these and add the few primitives whose best lowering is target-specific (``wait``'s acquire load,
+``consume_token``, ``fence_proxy_async``).
+
+Memory model in one paragraph (it follows Triton-distributed's primitives):
+
+* a *signal* is an int32 slot in symmetric memory; it only ever grows within one epoch scheme;
+* the producer writes its data (plain stores, possibly to a peer through :func:`symm_at`), then
+  calls :func:`notify`: a CTA barrier followed by a **release** store at **system** scope, so every
+  write any thread of the CTA made before the call is visible to whoever acquires the signal;
+* the consumer calls ``wait``: it spins with **acquire** loads at **system** scope until the slot
+  is ``>= expected``; loads issued after the wait (and made data-dependent on its token with
+  ``consume_token``) see the producer's data. Reads through the TMA / async proxy need
+  ``fence_proxy_async`` in between on Hopper.
+
+Symmetric heap: every rank maps a heap of the same layout; ``heap_bases`` is a device pointer to
+an int64 array holding each rank's heap base address *as seen by this process* (peer heaps are
+mapped into our address space: CUDA IPC / NVSHMEM / torch symmetric memory, or shared memory in
+the emulated world). Bases must be 128-byte aligned (allocations always are).
+
+Diagnostic buffer (``diag_ptr``, int32): ``diag[0]`` counts records; record ``i < DIAG_CAPACITY``
+lives at ``diag[DIAG_HEADER + i * DIAG_FIELDS :][:DIAG_FIELDS]``; see :data:`DIAG_LAYOUT`.
+"""
+
+import triton
+import triton.language as tl
+
+#: int32 words before the first record in the diagnostic buffer (word 0 is the record count).
+DIAG_HEADER = 8
+#: int32 fields per record.
+DIAG_FIELDS = 8
+#: records stored; later ones are only counted in ``diag[0]``.
+DIAG_CAPACITY = 64
+#: int32 words a diagnostic buffer needs.
+DIAG_WORDS = DIAG_HEADER + DIAG_CAPACITY * DIAG_FIELDS
+#: names of a record's fields, in order.
+DIAG_LAYOUT = ("rank", "program", "site", "slot", "expected", "observed", "iterations", "reason")
+#: ``reason`` field: the wait ran past its iteration limit (this wait set the abort flag).
+REASON_TIMEOUT = 1
+#: ``reason`` field: the wait saw the abort flag set by someone else and gave up.
+REASON_ABORTED = 2
+#: the spin reads the abort flag once every this many iterations.
+ABORT_POLL_INTERVAL = 256
+
+# the same numbers as constexprs, for use inside @triton.jit code
+_HDR = tl.constexpr(DIAG_HEADER)
+_NF = tl.constexpr(DIAG_FIELDS)
+_CAP = tl.constexpr(DIAG_CAPACITY)
+_POLL = tl.constexpr(ABORT_POLL_INTERVAL)
+_TIMEOUT = tl.constexpr(REASON_TIMEOUT)
+_ABORTED = tl.constexpr(REASON_ABORTED)
+_INT32_MAX = tl.constexpr(2**31 - 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# identity
+
+
+@triton.jit
+def rank(me):
+    """This process's rank. A pass-through: kernels receive ``me`` as an argument.
+
+    Kept for parity with Triton-distributed's ``dl.rank()`` so ported kernels read the same.
+    """
+    return me
+
+
+@triton.jit
+def num_ranks(world):
+    """The number of ranks. A pass-through: kernels receive ``world`` as an argument.
+
+    Kept for parity with Triton-distributed's ``dl.num_ranks()``.
+    """
+    return world
+
+
+# ----------------------------------------------------------------------------------------------
+# symmetric addressing
+
+
+@triton.jit
+def _elem_bytes(ptr):
+    # bytes per pointee (int1 is stored as a byte); a compile-time constant
+    return tl.constexpr((ptr.dtype.element_ty.primitive_bitwidth + 7) // 8)
+
+
+@triton.jit
+def symm_at(ptr, peer, me, heap_bases):
+    """The address of the same symmetric-heap object on rank ``peer``.
+
+    ``ptr`` is a pointer (scalar or block) into *this* rank's heap; the result points at the
+    same byte offset in rank ``peer``'s heap, as mapped in this process. ``peer`` may be a scalar
+    or a block broadcastable against ``ptr``. ``symm_at(ptr, me, me, bases) == ptr``.
+
+    Meaning: ``(ptr - heap_bases[me]) + heap_bases[peer]``. It is computed as ``ptr`` advanced by
+    the (element-aligned) distance between the two heaps rather than through an integer round
+    trip, so Triton keeps the pointer's contiguity/alignment facts and still vectorises the loads
+    and stores that use the result. No memory ordering: it only computes an address (it loads
+    two entries of ``heap_bases``).
+    """
+    ESIZE: tl.constexpr = _elem_bytes(ptr)
+    base_me = tl.load(heap_bases + me)
+    base_peer = tl.load(heap_bases + peer)
+    delta = (base_peer - base_me) // ESIZE
+    if len(delta.shape) == 0:
+        # heap bases are 128-byte aligned, so the distance is a multiple of 16 elements of
+        # up to 8 bytes: tell the compiler, or every access through the result is scalarised
+        delta = tl.multiple_of(delta, 16)
+    return ptr + delta
+
+
+@triton.jit
+def push_tile(ptrs, values, mask, peer, me, heap_bases):
+    """Store a tile into rank ``peer``'s copy of a symmetric buffer.
+
+    ``tl.store(symm_at(ptrs, peer, me, heap_bases), values, mask)``: plain (weak) stores; make
+    them visible to the peer with :func:`notify` on a signal the peer waits for.
+    ``mask`` may be ``None``.
+    """
+    tl.store(symm_at(ptrs, peer, me, heap_bases), values, mask=mask)
+
+
+@triton.jit
+def pull_tile(ptrs, mask, peer, me, heap_bases, other=0):
+    """Load a tile from rank ``peer``'s copy of a symmetric buffer.
+
+    ``tl.load(symm_at(ptrs, peer, me, heap_bases), mask, other)``: plain loads; only meaningful
+    after a ``wait`` on the signal the peer set after writing the data (make ``ptrs`` depend on
+    the wait's token with ``consume_token`` so the loads cannot be hoisted above the wait).
+    ``mask`` may be ``None`` (then ``other`` is ignored).
+    """
+    src = symm_at(ptrs, peer, me, heap_bases)
+    if mask is None:
+        return tl.load(src)
+    else:
+        return tl.load(src, mask=mask, other=other)
+
+
+# ----------------------------------------------------------------------------------------------
+# signals
+
+
+@triton.jit
+def notify(sig_ptr, value):
+    """Publish this CTA's prior writes, then set the int32 signal at ``sig_ptr`` to ``value``.
+
+    Ordering: a CTA barrier (every thread's earlier global stores are ordered before the
+    signal at CTA scope), then an atomic exchange with **release** semantics at **system**
+    scope (cumulative, so those stores become visible to any thread, on any GPU or the host,
+    that acquires the signal and sees ``value``). ``sig_ptr`` may point into a peer's heap
+    (``symm_at``). Only the signal write is atomic; every thread of the CTA must call it.
+    """
+    tl.debug_barrier()
+    tl.atomic_xchg(sig_ptr, value, sem="release", scope="sys")
+
+
+@triton.jit
+def notify_add(sig_ptr, value):
+    """Like :func:`notify`, but atomically adds ``value`` to the int32 signal (for counters
+    that several producers bump: the consumer waits for ``count * epoch`` or similar).
+
+    Ordering: CTA barrier, then atomic add with **release** semantics at **system** scope.
+    """
+    tl.debug_barrier()
+    tl.atomic_add(sig_ptr, value, sem="release", scope="sys")
+
+
+@triton.jit
+def load_acquire_atomic(sig_ptr):
+    """Read the int32 at ``sig_ptr`` with **acquire** semantics at **system** scope.
+
+    Lowered as an atomic add of 0 (one thread issues it; the value is broadcast to the CTA),
+    which every backend and the interpreter support.
+    """
+    return tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+
+
+@triton.jit
+def _spin(sig_ptr, expected, limit, abort_ptr, SPIN_ASM: tl.constexpr, LOAD_ACQ: tl.constexpr):
+    # The bounded spin shared by every target. Returns (observed, iterations, aborted).
+    # With SPIN_ASM the per-thread ``LOAD_ACQ`` reads (cheap, but each thread sees its own
+    # value) drive the loop, and an atomic read after a CTA barrier gives the uniform verdict.
+    if SPIN_ASM:
+        obs = LOAD_ACQ(sig_ptr)
+    else:
+        obs = load_acquire_atomic(sig_ptr)
+    it = tl.full((), 0, tl.int64)
+    aborted = tl.full((), 0, tl.int32)
+    go = obs < expected
+    while go:
+        # abort flag: a volatile load (works on device memory and on host-mapped memory),
+        # predicated off except every ABORT_POLL_INTERVAL iterations, starting with the first
+        poll = (it % _POLL) == 0
+        aborted = tl.maximum(aborted, tl.load(abort_ptr, mask=poll, other=0, volatile=True))
+        it += 1
+        if SPIN_ASM:
+            obs = LOAD_ACQ(sig_ptr)
+        else:
+            obs = load_acquire_atomic(sig_ptr)
+        go = (obs < expected) & (aborted == 0) & (it <= limit)
+    if SPIN_ASM:
+        tl.debug_barrier()
+        obs = load_acquire_atomic(sig_ptr)
+    return obs, it, aborted
+
+
+@triton.jit
+def _record_giveup(obs, it, aborted, expected, abort_ptr, diag_ptr, site, slot, me):
+    # one diagnostic record, then (on a timeout) raise the abort flag for everyone
+    idx = tl.atomic_add(diag_ptr, 1, sem="relaxed", scope="sys")
+    if idx < _CAP:
+        rec = diag_ptr + _HDR + idx * _NF
+        tl.store(rec + 0, me.to(tl.int32))
+        tl.store(rec + 1, tl.program_id(0))
+        tl.store(rec + 2, tl.cast(site, tl.int32))
+        tl.store(rec + 3, tl.cast(slot, tl.int32))
+        tl.store(rec + 4, tl.cast(expected, tl.int32))
+        tl.store(rec + 5, obs)
+        tl.store(rec + 6, tl.minimum(it, _INT32_MAX).to(tl.int32))
+        tl.store(rec + 7, tl.where(aborted != 0, _ABORTED, _TIMEOUT))
+    if aborted == 0:
+        # release: the record is complete before anyone sees the abort flag
+        tl.atomic_xchg(abort_ptr, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def wait_impl(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me,
+              SPIN_ASM: tl.constexpr, LOAD_ACQ: tl.constexpr):
+    """Target-parametrised body of ``wait`` (see :func:`tilelink.lang.interp.wait`).
+
+    ``SPIN_ASM=False`` spins on :func:`load_acquire_atomic`; ``SPIN_ASM=True`` spins on the
+    jit function ``LOAD_ACQ(ptr) -> int32`` (a per-thread acquire load) instead.
+    """
+    obs, it, aborted = _spin(sig_ptr, expected, limit, abort_ptr, SPIN_ASM, LOAD_ACQ)
+    if obs < expected:
+        _record_giveup(obs, it, aborted, expected, abort_ptr, diag_ptr, site, slot, me)
+    tl.debug_barrier()
+    return obs

@@ -1,0 +1,157 @@
+"""Derive tile-level dependencies from region overlap — generically, for any pair of ops.
+
+For a consumer tile, the producer tiles it must wait for are those whose written box
+meets the box it reads. Boxes are products of per-dim intervals and every producer grid
+axis drives its dims through a `DimRule`, so the overlap is computed axis by axis:
+each dim narrows the candidate indices of the producer axis that drives it, and the
+wait set is the product of what is left. When every producer axis is narrowed by at
+most one dim in "tile" or "segment" mode, the narrowed range is contiguous and has a
+closed form in the consumer's own interval (`AxisTiling.index_of` of its ends); the
+kernel then computes its waits with affine arithmetic. Otherwise the plan stores a
+lookup table; regions known only at run time give a dynamic dependency.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..errors import SourceLoc
+from .tiling import Access, AxisTiling, TileGrid
+
+
+@dataclass(frozen=True)
+class AxisWait:
+    """Closed form of one producer axis's wait range.
+
+    The consumer's interval [lo, hi) on box dim `dim` (the read region) selects producer
+    tiles `first .. last` of axis `axis`: for mode "tile" first = index_of(lo),
+    last = index_of(hi - 1); for mode "segment" first = lo * per_segment,
+    last = hi * per_segment - 1. `dim` None means every tile of the axis.
+    """
+
+    axis: str
+    tiling: AxisTiling
+    dim: int | None
+    mode: str = "tile"
+
+    def range_for(self, lo: int, hi: int) -> range:
+        if self.dim is None:
+            return range(self.tiling.count)
+        if self.mode == "segment":
+            return range(lo * self.tiling.per_segment, hi * self.tiling.per_segment)
+        return self.tiling.overlapping(lo, hi)
+
+
+@dataclass
+class Dependency:
+    """Consumer op tiles that read what producer op tiles write, through one tensor."""
+
+    tensor: str
+    producer: TileGrid
+    consumer: TileGrid
+    write: Access
+    read: Access
+    extents: tuple[int, ...]
+    consumer_loc: SourceLoc | None = None
+    producer_loc: SourceLoc | None = None
+    closed: tuple[AxisWait, ...] | None = None  # per producer axis, in axis order
+    table: dict[tuple[int, ...], list[int]] | None = None  # consumer idx -> producer slots
+    dynamic: str | None = None  # why the mapping is only known at run time
+    signal: str = ""  # name of the signal array carrying the "ready" bits
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        if self.dynamic:
+            return "dynamic (lookup table built at run time)"
+        return "closed form (affine)" if self.closed is not None else "lookup table"
+
+    def wait_set(self, cidx: tuple[int, ...]) -> list[int]:
+        """Signal slots (producer linear indices) consumer tile `cidx` waits on."""
+        if self.dynamic:
+            raise ValueError("a dynamic dependency's wait set is known only at run time")
+        if self.table is not None:
+            return self.table[cidx]
+        box = self.consumer.box(self.read, cidx, self.extents)
+        ranges = [w.range_for(*box[w.dim]) if w.dim is not None else w.range_for(0, 0)
+                  for w in self.closed]
+        return sorted(self.producer.linear(p) for p in itertools.product(*ranges))
+
+
+def overlapping_producers(producer: TileGrid, write: Access, box, extents) -> list[int]:
+    """Producer tiles (linear) whose `write` region meets `box` — the general derivation."""
+    cands: list[set[int] | None] = [None] * len(producer.axes)
+    for dim, rule in enumerate(write.dims):
+        lo, hi = box[dim]
+        if hi <= lo:
+            return []
+        if rule.axis is None:
+            continue
+        k = producer.axis_index(rule.axis)
+        t = producer.axes[k].tiling
+        hit = {i for i in _narrow(t, rule.mode, lo, hi)}
+        cands[k] = hit if cands[k] is None else cands[k] & hit
+    ranges = [sorted(c) if c is not None else range(a.tiling.count)
+              for c, a in zip(cands, producer.axes)]
+    return sorted(producer.linear(p) for p in itertools.product(*ranges))
+
+
+def _narrow(t: AxisTiling, mode: str, lo: int, hi: int):
+    if mode == "tile":
+        return t.overlapping(lo, hi)
+    if mode == "segment":
+        nseg = t.extent // t.segment
+        return range(max(lo, 0) * t.per_segment, min(hi, nseg) * t.per_segment)
+    # "within": the same rows in every segment
+    out = []
+    for seg in range(t.extent // t.segment):
+        base = seg * t.segment
+        out.extend(t.overlapping(base + max(lo, 0), base + min(hi, t.segment)))
+    return out
+
+
+def _closed_form(producer: TileGrid, write: Access) -> tuple[AxisWait, ...] | None:
+    """Per producer axis, the single dim that narrows it (None if some axis has two)."""
+    drive: dict[str, tuple[int, str]] = {}
+    for dim, rule in enumerate(write.dims):
+        if rule.axis is None:
+            continue
+        if rule.axis in drive or rule.mode == "within":
+            return None
+        drive[rule.axis] = (dim, rule.mode)
+    waits = []
+    for a in producer.axes:
+        dim, mode = drive.get(a.name, (None, "tile"))
+        waits.append(AxisWait(a.name, a.tiling, dim, mode))
+    return tuple(waits)
+
+
+def derive(tensor: str, producer: TileGrid, consumer: TileGrid, extents) -> list[Dependency]:
+    """Every dependency of `consumer` on `producer` through `tensor` (one per access pair)."""
+    deps = []
+    for write in producer.writes:
+        if write.tensor != tensor:
+            continue
+        for read in consumer.reads:
+            if read.tensor != tensor:
+                continue
+            dep = Dependency(tensor, producer, consumer, write, read, tuple(extents))
+            if read.dynamic or write.dynamic:
+                dep.dynamic = read.dynamic or write.dynamic
+                deps.append(dep)
+                continue
+            table = {}
+            for cidx in itertools.product(*(range(n) for n in consumer.shape)):
+                box = consumer.box(read, cidx, extents)
+                table[cidx] = overlapping_producers(producer, write, box, extents)
+            closed = _closed_form(producer, write)
+            if closed is not None:
+                dep.closed = closed
+                # The closed form must reproduce the general derivation on every tile.
+                if any(dep.wait_set(c) != table[c] for c in table):
+                    dep.closed = None
+            if dep.closed is None:
+                dep.table = table
+            deps.append(dep)
+    return deps
