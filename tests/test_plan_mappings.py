@@ -84,6 +84,6 @@ def test_gather_of_a_per_rank_tensor_maps_chunks_to_their_source_rank():
     plan = check(GEMM_AG_GEMM, {"M": 8, "N": 4, "K": 4}, 2, TileSizes(block_m=2, comm_block_m=3))
     dep = next(d for d in plan.deps if d.tensor == "h")
     assert dep.closed is not None
-    # Chunk 2 is rows 0..2 of rank 1's h: gemm tiles (rank 1, m 0..1), i.e. slots 4 and 5.
-    assert dep.wait_set((2,)) == [4, 5]
+    # Chunk 2 is rows 0..2 of rank 1's h: gemm tiles (rank 1, m 0..1, n 0) = slots 2 and 3.
+    assert dep.wait_set((2,)) == [2, 3]
     assert {dep.producer.rank(dep.producer.unlinear(s)) for s in dep.wait_set((2,))} == {1}
