@@ -1,0 +1,10 @@
+"""Schedule: configs and their space, targets, roles and the program split."""
+
+from .config import COMM_RESOURCES, ORDERS, Config, ConfigSpace
+from .schedule import KERNELS, Role, Schedule, default_config, make_schedule, require_kernel
+from .targets import TARGETS, Target, get_target
+
+__all__ = [
+    "COMM_RESOURCES", "ORDERS", "Config", "ConfigSpace", "KERNELS", "Role", "Schedule",
+    "default_config", "make_schedule", "require_kernel", "TARGETS", "Target", "get_target",
+]

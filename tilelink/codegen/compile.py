@@ -1,0 +1,82 @@
+"""Load a generated module and compile its kernel ahead of time for a GPU target.
+
+`triton.compile` with an explicit `GPUTarget` needs no GPU, so `--emit ttir/ttgir/ptx/
+amdgcn` and the CI checks compile the very source the runtime would launch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from ..errors import ConfigError
+from ..schedule import Target
+
+STAGES = {"cuda": ("ttir", "ttgir", "llir", "ptx", "cubin"),
+          "hip": ("ttir", "ttgir", "llir", "amdgcn", "hsaco")}
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("TILELINK_CACHE", Path(tempfile.gettempdir()) / "tilelink-cache"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def load_module(source: str, name: str = "tilelink_generated") -> ModuleType:
+    """Import generated source from a file (Triton reads kernel source through inspect)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = cache_dir() / f"{name}_{digest}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)
+    modname = f"{name}_{digest}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def kernel_of(mod: ModuleType):
+    """The module's @triton.jit kernel (the one function named *_kernel)."""
+    return next(v for k, v in vars(mod).items() if k.endswith("_kernel"))
+
+
+def compile_module(source: str, target: Target):
+    """Compile the generated kernel for a GPU target; returns Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if target.backend not in STAGES:
+        raise ConfigError(f"target {target.name} runs in the interpreter; nothing to compile",
+                          hint="use --target cuda:90, cuda:80 or hip:gfx942")
+    mod = load_module(source)
+    fn = kernel_of(mod)
+    consts = {}
+    for name in fn.arg_names:
+        if name not in mod.SIGNATURE:
+            consts[name] = getattr(mod, name) if hasattr(mod, name) else None
+    consts["DOT_FP32"] = target.dot_fp32
+    sig = dict(mod.SIGNATURE)
+    sig.update({k: "constexpr" for k in consts})
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    gpu = GPUTarget(target.backend, target.arch, target.warp_size)
+    opts = {"num_warps": mod.NUM_WARPS}
+    return triton.compile(src, target=gpu, options=opts)
+
+
+def emit_stage(source: str, target: Target, stage: str) -> str:
+    """One intermediate form (ttir, ttgir, llir, ptx, amdgcn) of the kernel as text."""
+    stages = STAGES.get(target.backend, ())
+    text_stages = [s for s in stages if s not in ("cubin", "hsaco")]
+    if stage not in text_stages:
+        raise ConfigError(f"--emit {stage} is not a stage of target {target.name}",
+                          hint="stages: " + ", ".join(text_stages))
+    return compile_module(source, target).asm[stage]

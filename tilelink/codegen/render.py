@@ -1,0 +1,182 @@
+"""Codegen: (IR, plan, schedule) -> the source of a Python module with Triton kernels.
+
+Pure: no GPU, no runtime. Every decision is made here, in Python, into a frozen render
+context; the jinja2 templates in `tilelink/templates` only lay out loops and ifs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import jinja2
+
+from ..ir import BoundPattern
+from ..plan import Dependency, cdiv
+from ..schedule import Schedule, require_kernel
+from .waits import render_waits, slot_expr
+
+TL_DTYPES = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32"}
+
+# Wait sites: the number a stuck wait reports, decoded to these words by the runtime.
+SITE_DATA, SITE_RELEASE = 0, 1
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a template needs, decided."""
+
+    name: str
+    kernel: str
+    header: str
+    lang: str
+    world: int
+    consts: dict  # NAME -> int, emitted as module constants and constexpr kernel args
+    dtype: str
+    tl_dtype: str
+    ptr_dtype: str  # Triton signature spelling of the data dtype
+    symmetric: dict  # buffer -> (shape, dtype): allocated on every rank
+    inputs: dict  # name -> (local shape, dtype)
+    outputs: dict
+    waits: str  # the rendered wait loops of the consumer role
+    notify_slot: str  # the producer tile's slot expression
+    sites: dict  # site id -> description
+    copy_engine: bool
+    interp: bool
+    dot_fp32: bool
+    extra: dict = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("tilelink", "templates"),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True)
+
+
+def render_triton(s: Schedule) -> str:
+    """The generated module for a schedule (kernel, host launcher, layout tables)."""
+    kernel = require_kernel(s)
+    ctx = _CONTEXTS[kernel](s)
+    return _env().get_template(f"{kernel}.py.j2").render(c=ctx)
+
+
+def _header(s: Schedule, deps: list[Dependency]) -> str:
+    bp = s.bound
+    lines = [f"TileLink generated module for pattern '{bp.name}'"]
+    if bp.pattern.loc:
+        lines.append(f"source: {bp.pattern.loc.file}")
+    lines += [f"sizes: {bp.sizes_str()}   (world size W = {bp.world})",
+              f"target: {s.target.name}",
+              f"config: {s.config}", "ops:"]
+    lines += [f"  {op}" for op in bp.ops]
+    lines.append("roles (program ids):")
+    lines += [f"  {r.name}: {r.first}..{r.first + r.count - 1}  {r.what}" for r in s.roles]
+    lines.append("derived mappings:")
+    for d in deps:
+        lines.append(f"  {d.consumer.op} <- {d.producer.op} via {d.tensor}: {d.kind}")
+        for w in d.closed or ():
+            where = "all" if w.dim is None else f"read dim {w.dim}, f(x) = {w.tiling.closed_form('x')}"
+            lines.append(f"    producer axis {w.axis}: {where}")
+        lines.append(f"    channel: slot = linear({', '.join(a.name for a in d.producer.axes)}) "
+                     f"in {d.signal}")
+    for n in s.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def _loc(loc) -> str:
+    return f"{loc.file}:{loc.line}" if loc else "?"
+
+
+def _common(s: Schedule, deps: list[Dependency]) -> dict:
+    bp: BoundPattern = s.bound
+    cfg = s.config
+    dtype = next(iter(bp.tensors.values())).dtype
+    return dict(
+        name=bp.name, kernel=s.kernel, header=_header(s, deps), lang=s.target.lang,
+        world=bp.world, dtype=dtype, tl_dtype=TL_DTYPES[dtype], ptr_dtype=dtype,
+        copy_engine=cfg.comm == "copy_engine", interp=s.target.backend == "interp",
+        dot_fp32=s.target.dot_fp32)
+
+
+def _base_consts(s: Schedule) -> dict:
+    cfg = s.config
+    comm = cfg.comm_programs if cfg.comm == "sm" else 0
+    return dict(NUM_PROGRAMS=cfg.num_programs, COMM_PROGRAMS=comm,
+                COMPUTE_PROGRAMS=cfg.num_programs - comm, BM=cfg.block_m, BN=cfg.block_n,
+                BK=cfg.block_k, CB=cfg.comm_block_m, COPY_BK=cfg.comm_block_n,
+                GROUP_M=cfg.group_m, STAGES=cfg.stages, OWN_FIRST=int(cfg.order == "own_first"),
+                NUM_WARPS=cfg.warps)
+
+
+def _ag_gemm(s: Schedule) -> Context:
+    bp = s.bound
+    ag_op, mm_op = bp.ops
+    (dep,) = s.plan.deps
+    a, b = bp.tensors[ag_op.args[0]], bp.tensors[mm_op.args[1]]
+    full, c = bp.tensors[ag_op.result], bp.tensors[mm_op.result]
+    if bp.op_attrs(ag_op)["dim"] != 0 or mm_op.args[0] != ag_op.result:
+        from ..errors import NotSupportedError
+
+        raise NotSupportedError("the AG-GEMM kernel gathers dim 0 and feeds it as gemm's "
+                                "first operand", ag_op.loc)
+    m, k = full.shape
+    n = c.shape[1]
+    chunk = s.plan.grids[ag_op.result].axes[0].tiling
+    consts = _base_consts(s) | dict(M=m, N=n, K=k, M_LOCAL=m // bp.world,
+                                    CHUNKS=chunk.per_segment, SLOTS=s.plan.signals[0].slots)
+    waits = render_waits(dep, {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"),
+                               "n": ("col_lo", "col_hi")},
+                         sig="sig_ptr", site=SITE_DATA, indent=12)
+    notify = slot_expr(dep.producer, {"chunk": "me * CHUNKS + j"})
+    sites = {SITE_DATA: f"compute tile of {c.name} = gemm(...) waits for a chunk of {full.name} "
+                        f"(all_gather at {_loc(ag_op.loc)}, used at {_loc(mm_op.loc)})",
+             SITE_RELEASE: f"{full.name} push waits for the destination rank to finish reading "
+                           f"the buffer two calls ago"}
+    return Context(
+        **_common(s, [dep]), consts=consts,
+        symmetric={full.name: ((2, m, k), full.dtype), dep.signal: ((consts["SLOTS"],), "int32"),
+                   "ctl": ((4,), "int32")},
+        inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
+        outputs={c.name: (c.local_shape, c.dtype)}, waits=waits, notify_slot=notify,
+        sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal))
+
+
+def _gemm_rs(s: Schedule) -> Context:
+    bp = s.bound
+    mm_op, rs_op = bp.ops
+    (dep,) = s.plan.deps
+    a, b = (bp.tensors[x] for x in mm_op.args)
+    c, out = bp.tensors[mm_op.result], bp.tensors[rs_op.result]
+    if bp.op_attrs(rs_op)["dim"] != 0 or len(c.shape) != 2:
+        from ..errors import NotSupportedError
+
+        raise NotSupportedError("the GEMM-RS kernel scatters dim 0 of a 2-D product", rs_op.loc)
+    m, n = c.shape
+    k = a.local_shape[1]
+    grid = s.plan.grids[rs_op.result]
+    chunk, col = grid.axes
+    consts = _base_consts(s) | dict(M=m, N=n, K=k, M_LOCAL=m // bp.world,
+                                    CHUNKS=chunk.tiling.per_segment, CN=col.tiling.tile,
+                                    NCOL=col.tiling.count, NUM_M=cdiv(m, s.config.block_m),
+                                    NUM_N=cdiv(n, s.config.block_n),
+                                    SLOTS=s.plan.signals[0].slots)
+    waits = render_waits(dep, {"chunk": ("row_lo", "row_hi"), "col": ("col_lo", "col_hi")},
+                         sig="sig_ptr", site=SITE_DATA, indent=12)
+    notify = slot_expr(dep.producer, {"rank": "me", "m": "pid_m", "n": "pid_n"})
+    sites = {SITE_DATA: f"reduce chunk of {out.name} waits for a partial tile of {c.name} "
+                        f"(gemm at {_loc(mm_op.loc)}, reduce_scatter at {_loc(rs_op.loc)})",
+             SITE_RELEASE: "compute waits for a destination rank to finish reducing what this "
+                           "rank sent two calls ago"}
+    return Context(
+        **_common(s, [dep]), consts=consts,
+        symmetric={"stage": ((2, bp.world, m // bp.world, n), c.dtype),
+                   dep.signal: ((consts["SLOTS"],), "int32"), "ctl": ((4,), "int32")},
+        inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
+        outputs={out.name: (out.local_shape, out.dtype)}, waits=waits, notify_slot=notify,
+        sites=sites, extra=dict(a=a.name, b=b.name, c=c.name, out=out.name, sig=dep.signal))
+
+
+_CONTEXTS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs}

@@ -1,0 +1,77 @@
+"""Lower the plan's mappings to kernel source: wait loops and producer slot indices.
+
+These are the only places where a dependency becomes code, so the generated kernel waits
+exactly on what `tilelink.plan.derive` computed (and `--emit plan` shows).
+"""
+
+from __future__ import annotations
+
+from ..errors import NotSupportedError
+from ..plan import Dependency, TileGrid
+
+
+def slot_expr(grid: TileGrid, index: dict[str, str]) -> str:
+    """Source for the row-major linear index of a producer tile (the channel mapping)."""
+    expr = None
+    for axis, size in zip(grid.axes, grid.shape):
+        term = index[axis.name]
+        expr = term if expr is None else f"({expr}) * {size} + {term}"
+    return expr or "0"
+
+
+def interval_exprs(dep: Dependency, names: dict[str, tuple[str, str]]) -> list[tuple[str, str]]:
+    """Per box dim of the read, source for the consumer tile's [lo, hi).
+
+    `names` maps a consumer grid axis to the kernel variables holding its tile's interval.
+    """
+    out = []
+    for rule, ext in zip(dep.read.dims, dep.extents):
+        if rule.axis is None:
+            out.append(("0", str(ext)))
+        elif rule.mode != "tile":
+            raise NotSupportedError(f"kernel lowering of a '{rule.mode}' read is not implemented")
+        else:
+            out.append(names[rule.axis])
+    return out
+
+
+def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str, site: int,
+                 indent: int, token: str = "tok") -> str:
+    """Nested loops that wait on every slot the consumer tile depends on.
+
+    Ends with `token` holding the last observed signal value (feed it to consume_token).
+    """
+    if dep.dynamic or dep.closed is None:
+        raise NotSupportedError(
+            f"{dep.consumer.op} depends on {dep.producer.op} through a "
+            f"{'run-time' if dep.dynamic else 'table'} mapping; kernels for it are not "
+            "generated yet", dep.consumer_loc, "use --emit plan to inspect the mapping")
+    box = interval_exprs(dep, names)
+    pad = " " * indent
+    lines = [f"{pad}# waits derived from the plan: {dep.consumer.op} reads {dep.tensor} "
+             f"written by {dep.producer.op} ({dep.kind})"]
+    index = {}
+    depth = 0
+    for w in dep.closed:
+        var = f"w_{w.axis}"
+        index[w.axis] = var
+        p = pad + "    " * depth
+        if w.dim is None:
+            lo, hi = "0", f"{w.tiling.count}"
+        elif w.mode == "segment":
+            b = box[w.dim]
+            lo, hi = f"({b[0]}) * {w.tiling.per_segment}", f"({b[1]}) * {w.tiling.per_segment}"
+        else:
+            b = box[w.dim]
+            lo = w.tiling.closed_form(b[0])
+            hi = f"{w.tiling.closed_form(f'{b[1]} - 1')} + 1"
+        lines.append(f"{p}{var}_first = {lo}")
+        lines.append(f"{p}{var}_end = {hi}")
+        lines.append(f"{p}for {var} in range({var}_first, {var}_end):")
+        depth += 1
+    p = pad + "    " * depth
+    slot = slot_expr(dep.producer, index)
+    lines.append(f"{p}w_slot = {slot}")
+    lines.append(f"{p}{token} = tld.wait({sig} + w_slot, epoch, spin_limit, abort_ptr, diag_ptr, "
+                 f"{site}, w_slot, me)")
+    return "\n".join(lines)

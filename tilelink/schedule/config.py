@@ -1,0 +1,117 @@
+"""Schedule configs: which resource communicates, the SM split, tile sizes and orders.
+
+A `Config` is one point of the space the tuner searches. `ConfigSpace` lists every
+knob with its allowed values and checks a config against a bound pattern: a config is
+either valid by construction or rejected with the reason, so the tuner never measures
+something that cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from ..errors import ConfigError, closest
+
+COMM_RESOURCES = ("sm", "copy_engine")
+ORDERS = ("own_first", "natural")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One schedule. Sizes are elements; `num_programs` is the persistent grid size."""
+
+    comm: str = "sm"  # "sm": a role in the kernel on reserved programs; "copy_engine"
+    comm_programs: int = 2  # programs (SMs) given to communication when comm == "sm"
+    num_programs: int = 4  # persistent grid: never more than co-resident CTAs
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    comm_block_m: int = 64  # chunk rows moved (and signalled) at once
+    comm_block_n: int = 64  # reduce_scatter: chunk columns; copies move rows in pieces of this
+    order: str = "own_first"  # compute tile order: the tiles whose data is ready first go first
+    group_m: int = 8  # grouped ordering of output tiles (L2 reuse)
+    stages: int = 3
+    warps: int = 4
+
+    def with_values(self, values: dict[str, str]) -> Config:
+        """A copy with `KEY=VALUE` strings applied (from `--config`); unknown keys fail."""
+        known = {f.name: f.type for f in fields(self)}
+        out = {}
+        for k, v in values.items():
+            if k not in known:
+                hint = closest(k, known)
+                raise ConfigError(f"unknown config key '{k}'",
+                                  hint=f"did you mean '{hint}'?" if hint else
+                                  "keys: " + ", ".join(known))
+            if known[k] in ("int", int):
+                try:
+                    out[k] = int(v)
+                except ValueError:
+                    raise ConfigError(f"config {k}={v!r} must be an integer") from None
+            else:
+                out[k] = v
+        return replace(self, **out)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    """Allowed values of every knob, for one pattern on one target."""
+
+    comm: tuple[str, ...] = COMM_RESOURCES
+    comm_programs: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    block_m: tuple[int, ...] = (16, 32, 64, 128)
+    block_n: tuple[int, ...] = (16, 32, 64, 128, 256)
+    block_k: tuple[int, ...] = (16, 32, 64)
+    comm_block_m: tuple[int, ...] = (16, 32, 64, 128, 256)
+    comm_block_n: tuple[int, ...] = (16, 32, 64, 128, 256)
+    order: tuple[str, ...] = ORDERS
+    group_m: tuple[int, ...] = (1, 4, 8)
+    stages: tuple[int, ...] = (1, 2, 3, 4)
+    warps: tuple[int, ...] = (4, 8)
+    max_programs: int = 132  # co-resident CTAs of the target (one per SM)
+    supports_copy_engine: tuple[str, ...] = ("all_gather>gemm",)
+
+    def reasons(self, cfg: Config, signature: str) -> list[str]:
+        """Why `cfg` is invalid for a pattern with op signature `signature` (empty: valid)."""
+        bad = []
+        for f in fields(cfg):
+            allowed = getattr(self, f.name, None)
+            if isinstance(allowed, tuple) and getattr(cfg, f.name) not in allowed:
+                bad.append(f"{f.name}={getattr(cfg, f.name)} is not one of "
+                           f"{', '.join(map(str, allowed))}")
+        for name in ("block_m", "block_n", "block_k", "comm_block_m", "comm_block_n"):
+            if not _pow2(getattr(cfg, name)):
+                bad.append(f"{name}={getattr(cfg, name)} must be a power of two (tl.arange)")
+        if not 1 <= cfg.num_programs <= self.max_programs:
+            bad.append(f"num_programs={cfg.num_programs} must be in 1..{self.max_programs} "
+                       "(the persistent grid may not exceed co-resident CTAs)")
+        if cfg.comm == "sm" and cfg.comm_programs >= cfg.num_programs:
+            bad.append(f"comm_programs={cfg.comm_programs} leaves no program for compute "
+                       f"(num_programs={cfg.num_programs})")
+        if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:
+            bad.append(f"comm=copy_engine is not implemented for {signature} yet; use comm=sm")
+        return bad
+
+    def check(self, cfg: Config, signature: str) -> Config:
+        """Return `cfg` if valid, else raise ConfigError listing every reason."""
+        bad = self.reasons(cfg, signature)
+        if bad:
+            raise ConfigError("invalid schedule config: " + "; ".join(bad),
+                              hint="see `tilelink compile --emit schedule` for the space")
+        return cfg
+
+    def describe(self) -> str:
+        rows = [f"  {f.name}: {', '.join(map(str, getattr(self, f.name)))}"
+                for f in fields(Config) if isinstance(getattr(self, f.name, None), tuple)]
+        rows.append(f"  num_programs: 1..{self.max_programs}")
+        return "\n".join(rows)

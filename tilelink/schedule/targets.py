@@ -1,0 +1,38 @@
+"""Compile targets as data: what differs between GPUs and the interpreter is a table row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError, closest
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where generated code runs. `lang` is the tilelink.lang module the kernel imports."""
+
+    name: str
+    backend: str  # "cuda" | "hip" | "interp"
+    arch: int | str | None
+    warp_size: int
+    num_sms: int  # co-resident persistent programs (one per SM / CU)
+    lang: str  # tilelink.lang.<lang>
+    dot_fp32: bool  # upcast bf16 dot operands (the interpreter's bf16 dot is wrong)
+
+
+TARGETS = {
+    "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False),
+    "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False),
+    "hip:gfx942": Target("hip:gfx942", "hip", "gfx942", 64, 304, "amd", False),
+    "interp": Target("interp", "interp", None, 32, 8, "interp", True),
+}
+
+
+def get_target(name: str) -> Target:
+    """The Target called `name` (cuda:90, cuda:80, hip:gfx942, interp)."""
+    if name not in TARGETS:
+        hint = closest(name, TARGETS)
+        raise ConfigError(f"unknown target '{name}'",
+                          hint=f"did you mean '{hint}'?" if hint else
+                          "targets: " + ", ".join(TARGETS))
+    return TARGETS[name]
