@@ -1,0 +1,78 @@
+"""The non-overlapped meaning of a pattern, in plain torch: the reference every run checks.
+
+Values are per rank: `name -> [tensor of rank 0, ..., rank W-1]` (local tensors).
+Collectives are evaluated across that list; compute ops per rank, accumulating in fp32
+and rounding to the pattern dtype at op boundaries, as the kernels do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import NotSupportedError
+from ..ir import BoundPattern
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                "int32": torch.int32, "int64": torch.int64}
+
+
+def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
+    """Random inputs, per rank, with the pattern's local shapes (replicated: one value)."""
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, list[torch.Tensor]] = {}
+    for decl in bp.pattern.inputs:
+        t = bp.tensors[decl.name]
+        dtype = TORCH_DTYPES[t.dtype]
+
+        def one():
+            if dtype.is_floating_point:
+                return torch.randn(t.local_shape, generator=gen).to(dtype)
+            return torch.randint(0, 4, t.local_shape, generator=gen).to(dtype)
+
+        if t.placement.kind == "replicated":
+            v = one()
+            out[decl.name] = [v.clone() for _ in range(bp.world)]
+        else:
+            out[decl.name] = [one() for _ in range(bp.world)]
+    return out
+
+
+def evaluate(bp: BoundPattern, inputs: dict[str, list[torch.Tensor]]) -> dict[str, list]:
+    """Every pattern output, per rank, computed without overlap."""
+    vals = dict(inputs)
+    w = bp.world
+    for op in bp.ops:
+        xs = [vals[a] for a in op.args]
+        attrs = bp.op_attrs(op)
+        dtype = TORCH_DTYPES[bp.tensors[op.result].dtype]
+        if op.kind == "all_gather":
+            full = torch.cat(xs[0], dim=attrs["dim"])
+            res = [full.clone() for _ in range(w)]
+        elif op.kind == "reduce_scatter":
+            total = sum(x.float() for x in xs[0]).to(dtype)
+            res = list(torch.chunk(total, w, dim=attrs["dim"]))
+        elif op.kind == "all_reduce":
+            total = sum(x.float() for x in xs[0]).to(dtype)
+            res = [total.clone() for _ in range(w)]
+        elif op.kind == "gemm":
+            res = [(a.float() @ b.float()).to(dtype) for a, b in zip(*xs)]
+        else:
+            raise NotSupportedError(f"no reference for op '{op.kind}' yet", op.loc)
+        vals[op.result] = [r.contiguous() for r in res]
+    return {name: vals[name] for name in bp.pattern.outputs}
+
+
+def tolerance(dtype: str, k: int) -> tuple[float, float]:
+    """(atol, rtol) for outputs of a K-long reduction in `dtype` (one rounding of the result)."""
+    eps = {"bf16": 2**-8, "fp16": 2**-11, "fp32": 2**-23}.get(dtype, 0.0)
+    return 4 * eps * max(1.0, k**0.5), 2 * eps
+
+
+def compare(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(max abs error, max relative error) of `got` against `want`."""
+    g, r = got.float(), want.float()
+    diff = (g - r).abs()
+    if diff.numel() == 0:
+        return 0.0, 0.0
+    rel = diff / r.abs().clamp_min(1e-3)
+    return float(diff.max()), float(rel.max())
