@@ -203,8 +203,9 @@ def _bind_input(t: TensorDecl, env: dict, world: int) -> BoundTensor:
         except DivisionError as e:
             raise PatternError(
                 f"the world size does not divide a dim of {t.name}: {e}", t.loc,
-                f"choose {' and '.join(sorted(d.symbols() - {WORLD})) or 'sizes'} so that "
-                f"{d} divides evenly with W = {world} (e.g. -D NAME=VALUE)") from None
+                f"{d} must divide evenly with W = {world}: pass e.g. "
+                + " ".join(f"-D {x}=<a multiple of {world}>" for x in sorted(d.symbols() - {WORLD}))
+            ) from None
         if v <= 0:
             raise PatternError(f"dim {d} of {t.name} is {v}; sizes must be positive", t.loc)
         shape.append(v)

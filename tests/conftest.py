@@ -1,0 +1,28 @@
+"""Shared test helpers: example paths and GPU markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def _gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    n = _gpus()
+    for item in items:
+        if "gpu" in item.keywords and n < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "dist" in item.keywords and n < 2:
+            item.add_marker(pytest.mark.skip(reason="needs two or more CUDA GPUs"))
