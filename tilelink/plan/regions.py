@@ -173,12 +173,15 @@ def _lse_combine(bp, op, ins, out, tiles):
 
 
 def _map(bp, op, ins, out, tiles):
-    fn = bp.pattern.functions.get(op.fn)
-    kinds = dict(getattr(fn, "reads", {}) or {}) if fn is not None else {}
+    # The tile function's declaration (Python DSL) says which region of each argument a
+    # tile reads: "rows" (its row block) or "whole"; arguments come in declaration order.
+    entry = bp.pattern.functions.get(op.fn)
+    decl = entry[1] if isinstance(entry, tuple) else None
+    kinds = [kind for _, kind in decl.reads] if decl is not None else []
     axes = (_rank_axis(bp.world), _plain("m", out.shape[0], tiles.block_m))
     reads = []
     for i, t in enumerate(ins):
-        kind = kinds.get(op.args[i], kinds.get(i, "rows" if i == 0 else "whole"))
+        kind = kinds[i] if i < len(kinds) else ("rows" if i == 0 else "whole")
         rules = {0: DimRule("m")} if kind == "rows" else {}
         reads.append(_access(t, _own(t, op), rules))
     writes = (_access(out, DimRule("rank"), {0: DimRule("m")}),)

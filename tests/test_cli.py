@@ -1,0 +1,60 @@
+"""The tilelink command: help on every command, every stage printable, errors without tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tilelink.cli.main import main
+
+from .conftest import EXAMPLES
+
+AG = str(EXAMPLES / "ag_gemm.tl")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["compile", "--help"], ["run", "--help"]])
+def test_help(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 0
+    assert "usage: tilelink" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stage,needle", [("ir", "all_gather(a, dim = 0)"),
+                                          ("plan", "closed form"),
+                                          ("schedule", "roles (program ids)"),
+                                          ("triton", "@triton.jit"),
+                                          ("ttir", "tt.func"),
+                                          ("ptx", ".version")])
+def test_emit_stages(stage, needle, capsys):
+    assert main(["compile", AG, "--emit", stage, "-D", "M=512"]) == 0
+    assert needle in capsys.readouterr().out
+
+
+def test_emit_amdgcn_for_hip(capsys):
+    assert main(["compile", AG, "--emit", "amdgcn", "--target", "hip:gfx942"]) == 0
+    assert "gfx942" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["compile", AG, "-D", "Q=3"], "has no parameter 'Q'"),
+    (["compile", AG, "-D", "M"], "is not NAME=VALUE"),
+    (["compile", AG, "-W", "3"], "does not divide"),
+    (["compile", AG, "--config", "block_m=48"], "power of two"),
+    (["compile", AG, "--target", "cuda:91"], "unknown target"),
+    (["compile", AG, "--emit", "amdgcn"], "not a stage of target cuda:90"),
+    (["compile", "nope.tl"], "nope.tl"),
+])
+def test_bad_input_is_a_located_error_with_exit_2(argv, msg, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+
+
+def test_console_script_runs_the_quick_start():
+    out = subprocess.run([sys.executable, "-m", "tilelink.cli.main", "run", AG, "--world-size",
+                          "2", "--check"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "emulated world" in out.stderr and "check: OK" in out.stdout

@@ -1,0 +1,42 @@
+"""Examples are tests: every example compiles to a plan; those with kernels run and check."""
+
+from __future__ import annotations
+
+import pytest
+
+from tilelink.cli.main import main
+from tilelink.frontend import load_pattern, load_text
+
+from .conftest import EXAMPLES
+
+TEXT_EXAMPLES = sorted(p.stem for p in EXAMPLES.glob("*.tl"))
+WITH_KERNELS = ("ag_gemm", "gemm_rs")
+
+
+@pytest.mark.parametrize("name", TEXT_EXAMPLES)
+def test_text_and_python_forms_give_equal_ir(name):
+    assert load_text(EXAMPLES / f"{name}.tl") == load_pattern(f"{EXAMPLES / 'patterns.py'}:{name}")
+
+
+@pytest.mark.parametrize("name", TEXT_EXAMPLES + ["ag_rmsnorm"])
+def test_every_example_compiles_to_a_plan(name, capsys):
+    spec = str(EXAMPLES / f"{name}.tl") if name in TEXT_EXAMPLES else \
+        f"{EXAMPLES / 'patterns.py'}:{name}"
+    assert main(["compile", spec, "--emit", "plan"]) == 0
+    out = capsys.readouterr().out
+    assert "dependency:" in out and "mapping:" in out
+
+
+@pytest.mark.parametrize("name", [n for n in TEXT_EXAMPLES if n not in WITH_KERNELS])
+def test_plan_only_examples_say_so_when_asked_for_triton(name, capsys):
+    assert main(["compile", str(EXAMPLES / f"{name}.tl"), "--emit", "triton"]) == 2
+    err = capsys.readouterr().err
+    assert "not implemented yet" in err and "--emit plan" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", WITH_KERNELS)
+@pytest.mark.parametrize("world", [2, 4])
+def test_kernel_examples_run_and_check_in_the_emulated_world(name, world, capsys):
+    assert main(["run", str(EXAMPLES / f"{name}.tl"), "--world-size", str(world), "--check",
+                 "--calls", "2"]) == 0
+    assert "check: OK" in capsys.readouterr().out
