@@ -12,7 +12,7 @@
 """
 
 from .errors import TileLinkError
-from .frontend import *  # noqa: F403  (pattern, input, map, tile_function, W, op builders)
+from .frontend import *
 from .frontend import __all__ as _frontend_all
 
 

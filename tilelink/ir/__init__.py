@@ -3,11 +3,40 @@
 from .expr import WORLD, Bin, Const, Expr, Sym, W, as_expr
 from .ops import OPS, Op, OpSpec, spec
 from .pattern import BoundPattern, Param, Pattern
-from .tensor import (DTYPES, FLOAT_DTYPES, LOCAL, PARTIAL, REPLICATED, BoundTensor, Placement,
-                     TensorDecl, shard)
+from .tensor import (
+                     DTYPES,
+                     FLOAT_DTYPES,
+                     LOCAL,
+                     PARTIAL,
+                     REPLICATED,
+                     BoundTensor,
+                     Placement,
+                     TensorDecl,
+                     shard,
+)
 
 __all__ = [
-    "WORLD", "W", "Bin", "Const", "Expr", "Sym", "as_expr", "OPS", "Op", "OpSpec", "spec",
-    "BoundPattern", "Param", "Pattern", "DTYPES", "FLOAT_DTYPES", "LOCAL", "PARTIAL",
-    "REPLICATED", "BoundTensor", "Placement", "TensorDecl", "shard",
+                     "DTYPES",
+                     "FLOAT_DTYPES",
+                     "LOCAL",
+                     "OPS",
+                     "PARTIAL",
+                     "REPLICATED",
+                     "WORLD",
+                     "Bin",
+                     "BoundPattern",
+                     "BoundTensor",
+                     "Const",
+                     "Expr",
+                     "Op",
+                     "OpSpec",
+                     "Param",
+                     "Pattern",
+                     "Placement",
+                     "Sym",
+                     "TensorDecl",
+                     "W",
+                     "as_expr",
+                     "shard",
+                     "spec",
 ]

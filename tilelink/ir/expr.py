@@ -138,7 +138,8 @@ class Bin(Expr):
         def side(e: Expr, right: bool) -> str:
             if isinstance(e, Bin):
                 weaker = _PREC[e.op] < _PREC[self.op]
-                same_noncomm = right and _PREC[e.op] == _PREC[self.op] and self.op in "-///%"
+                # a right operand of equal precedence needs brackets (M * (N / K) stays so)
+                same_noncomm = right and _PREC[e.op] == _PREC[self.op]
                 if weaker or same_noncomm:
                     return f"({e})"
             return str(e)

@@ -8,8 +8,9 @@ op reads and writes) live in `tilelink.plan.regions`, next to the tiling they ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PatternError, SourceLoc
 from .tensor import LOCAL, PARTIAL, REPLICATED, BoundTensor, Placement, shard

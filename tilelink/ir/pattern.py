@@ -49,7 +49,13 @@ class Pattern:
     def validate(self) -> Pattern:
         """Check names (unknown, duplicate, unused ops) without sizes; returns self."""
         known: dict[str, SourceLoc | None] = {}
-        params = {p.name for p in self.params}
+        params: set[str] = set()
+        for p in self.params:
+            if p.name in params or p.name == WORLD:
+                raise PatternError(f"parameter '{p.name}' is "
+                                   + ("the reserved world size" if p.name == WORLD
+                                      else "defined twice"), p.loc, "choose another name")
+            params.add(p.name)
         for t in self.inputs:
             _check_new(t.name, known, t.loc, params)
             _check_dtype(t, self)
@@ -201,8 +207,9 @@ def _bind_input(t: TensorDecl, env: dict, world: int) -> BoundTensor:
         try:
             v = d.evaluate(env)
         except DivisionError as e:
+            what = "the world size does not divide" if WORLD in d.symbols() else "uneven division in"
             raise PatternError(
-                f"the world size does not divide a dim of {t.name}: {e}", t.loc,
+                f"{what} a dim of {t.name}: {e}", t.loc,
                 f"{d} must divide evenly with W = {world}: pass e.g. "
                 + " ".join(f"-D {x}=<a multiple of {world}>" for x in sorted(d.symbols() - {WORLD}))
             ) from None
@@ -230,4 +237,7 @@ def _eval_attr(op: Op, k: str, v, env):
             return v.evaluate(env)
         except DivisionError as e:
             raise PatternError(f"{op.kind}({k} = {v}): {e}", op.loc) from None
+        except KeyError as e:
+            raise PatternError(f"unknown size {e} in {op.kind}({k} = {v})", op.loc,
+                               "use a pattern parameter or W") from None
     return v

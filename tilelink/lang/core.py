@@ -3,8 +3,8 @@
 Everything here lowers through ordinary Triton ops, so it runs in the Triton interpreter
 (``TRITON_INTERPRET=1``) and compiles for every backend. The per-target modules
 (:mod:`tilelink.lang.nvidia`, :mod:`tilelink.lang.amd`, :mod:`tilelink.lang.interp`) re-export
-these and add the few primitives whose best lowering is target-specific (``wait``'s acquire load,
-``consume_token``, ``fence_proxy_async``).
+these and add the primitives whose lowering is target-specific (``consume_token``,
+``fence_proxy_async``).
 
 Memory model in one paragraph (it follows Triton-distributed's primitives):
 
@@ -20,7 +20,7 @@ Memory model in one paragraph (it follows Triton-distributed's primitives):
 Symmetric heap: every rank maps a heap of the same layout; ``heap_bases`` is a device pointer to
 an int64 array holding each rank's heap base address *as seen by this process* (peer heaps are
 mapped into our address space: CUDA IPC / NVSHMEM / torch symmetric memory, or shared memory in
-the emulated world). Bases must be 128-byte aligned (allocations always are).
+the emulated world). Bases must be 16-byte aligned (allocations always are).
 
 Diagnostic buffer (``diag_ptr``, int32): ``diag[0]`` counts records; record ``i < DIAG_CAPACITY``
 lives at ``diag[DIAG_HEADER + i * DIAG_FIELDS :][:DIAG_FIELDS]``; see :data:`DIAG_LAYOUT`.
@@ -83,12 +83,6 @@ def num_ranks(world):
 
 
 @triton.jit
-def _elem_bytes(ptr):
-    # bytes per pointee (int1 is stored as a byte); a compile-time constant
-    return tl.constexpr((ptr.dtype.element_ty.primitive_bitwidth + 7) // 8)
-
-
-@triton.jit
 def symm_at(ptr, peer, me, heap_bases):
     """The address of the same symmetric-heap object on rank ``peer``.
 
@@ -102,14 +96,16 @@ def symm_at(ptr, peer, me, heap_bases):
     and stores that use the result. No memory ordering: it only computes an address (it loads
     two entries of ``heap_bases``).
     """
-    ESIZE: tl.constexpr = _elem_bytes(ptr)
+    # bytes per pointee (int1 is stored as a byte; no Triton type is wider than 8 bytes)
+    ESIZE: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
+    DELTA_DIV: tl.constexpr = 16 // ESIZE
     base_me = tl.load(heap_bases + me)
     base_peer = tl.load(heap_bases + peer)
     delta = (base_peer - base_me) // ESIZE
     if len(delta.shape) == 0:
-        # heap bases are 128-byte aligned, so the distance is a multiple of 16 elements of
-        # up to 8 bytes: tell the compiler, or every access through the result is scalarised
-        delta = tl.multiple_of(delta, 16)
+        # heap bases are 16-byte aligned, so the distance is a multiple of 16 bytes: tell the
+        # compiler, or every access through the result is scalarised
+        delta = tl.multiple_of(delta, DELTA_DIV)
     return ptr + delta
 
 
@@ -180,41 +176,37 @@ def load_acquire_atomic(sig_ptr):
 
 
 @triton.jit
-def _spin(sig_ptr, expected, limit, abort_ptr, SPIN_ASM: tl.constexpr, LOAD_ACQ: tl.constexpr):
-    # The bounded spin shared by every target. Returns (observed, iterations, aborted).
-    # With SPIN_ASM the per-thread ``LOAD_ACQ`` reads (cheap, but each thread sees its own
-    # value) drive the loop, and an atomic read after a CTA barrier gives the uniform verdict.
-    if SPIN_ASM:
-        obs = LOAD_ACQ(sig_ptr)
-    else:
-        obs = load_acquire_atomic(sig_ptr)
+def _spin(sig_ptr, expected, limit, abort_ptr):
+    # The bounded spin; returns (observed, iterations). Every read is an acquire atomic that
+    # Triton lowers to one thread's load (ld.acquire.sys / global_load sc0 sc1 + buffer_inv)
+    # broadcast to the CTA, so the whole CTA leaves the loop together and the values are
+    # uniform. (load_acquire_atomic is spelled out inline: in the interpreter every nested
+    # jit call costs ~0.2 ms, which would dominate the spin.)
+    obs = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
     it = tl.full((), 0, tl.int64)
     aborted = tl.full((), 0, tl.int32)
     go = obs < expected
     while go:
-        # abort flag: a volatile load (works on device memory and on host-mapped memory),
-        # predicated off except every ABORT_POLL_INTERVAL iterations, starting with the first
-        poll = (it % _POLL) == 0
-        aborted = tl.maximum(aborted, tl.load(abort_ptr, mask=poll, other=0, volatile=True))
+        # the abort flag, once every _POLL iterations starting with the first; an atomic
+        # read, because a plain (even volatile) load may be served from a non-coherent cache
+        # on AMD and never see the flag change
+        if (it % _POLL) == 0:
+            aborted = tl.atomic_add(abort_ptr, 0, sem="acquire", scope="sys")
         it += 1
-        if SPIN_ASM:
-            obs = LOAD_ACQ(sig_ptr)
-        else:
-            obs = load_acquire_atomic(sig_ptr)
+        obs = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
         go = (obs < expected) & (aborted == 0) & (it <= limit)
-    if SPIN_ASM:
-        tl.debug_barrier()
-        obs = load_acquire_atomic(sig_ptr)
-    return obs, it, aborted
+    return obs, it
 
 
 @triton.jit
-def _record_giveup(obs, it, aborted, expected, abort_ptr, diag_ptr, site, slot, me):
-    # one diagnostic record, then (on a timeout) raise the abort flag for everyone
+def _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me):
+    # Called with CTA-uniform obs < expected. One diagnostic record; on a timeout (abort flag
+    # still clear) raise the abort flag so every other wait polling it stops.
+    aborted = load_acquire_atomic(abort_ptr)
     idx = tl.atomic_add(diag_ptr, 1, sem="relaxed", scope="sys")
     if idx < _CAP:
         rec = diag_ptr + _HDR + idx * _NF
-        tl.store(rec + 0, me.to(tl.int32))
+        tl.store(rec + 0, tl.cast(me, tl.int32))
         tl.store(rec + 1, tl.program_id(0))
         tl.store(rec + 2, tl.cast(site, tl.int32))
         tl.store(rec + 3, tl.cast(slot, tl.int32))
@@ -223,20 +215,45 @@ def _record_giveup(obs, it, aborted, expected, abort_ptr, diag_ptr, site, slot, 
         tl.store(rec + 6, tl.minimum(it, _INT32_MAX).to(tl.int32))
         tl.store(rec + 7, tl.where(aborted != 0, _ABORTED, _TIMEOUT))
     if aborted == 0:
-        # release: the record is complete before anyone sees the abort flag
+        # release: the record is written before anyone can see the flag
         tl.atomic_xchg(abort_ptr, 1, sem="release", scope="sys")
 
 
 @triton.jit
-def wait_impl(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me,
-              SPIN_ASM: tl.constexpr, LOAD_ACQ: tl.constexpr):
-    """Target-parametrised body of ``wait`` (see :func:`tilelink.lang.interp.wait`).
+def wait(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me):
+    """Spin until the int32 signal at ``sig_ptr`` is ``>= expected``; return what was observed.
 
-    ``SPIN_ASM=False`` spins on :func:`load_acquire_atomic`; ``SPIN_ASM=True`` spins on the
-    jit function ``LOAD_ACQ(ptr) -> int32`` (a per-thread acquire load) instead.
+    Ordering: every read of the signal is an **acquire** at **system** scope, and the CTA
+    leaves through a barrier, so every load the CTA issues after ``wait`` returns (at least
+    those made dependent on the token with ``consume_token``) sees every write the producer
+    made before its ``notify``. Every thread of the CTA must call it (it contains barriers).
+
+    Bounded: the spin also reads the int32 flag at ``abort_ptr`` every 256 iterations
+    (non-zero: stop) and gives up after ``limit`` iterations (int64 counter). On giving up it
+    appends one diagnostic record ``[me, program_id(0), site, slot, expected, observed,
+    iterations, reason]`` to ``diag_ptr`` (``diag[0]`` counts records, 64 are kept; reason
+    1 = timed out, 2 = saw the abort flag; iterations clamped to int32) and, on a timeout,
+    sets ``abort_ptr`` to 1 (release, system scope) so every other wait polling that flag
+    stops at its next poll (all ranks, if the runtime gives them one shared flag). A flag the
+    host set is never overwritten. ``site``/``slot`` are
+    caller-chosen integers naming the wait in that record.
+
+    Returns the observed value (int32 scalar; ``>= expected`` unless it gave up): the *token*
+    for ``consume_token``. What a give-up means is the caller's choice (usually: skip the
+    work; the host turns the record into an error naming the wait).
     """
-    obs, it, aborted = _spin(sig_ptr, expected, limit, abort_ptr, SPIN_ASM, LOAD_ACQ)
+    obs, it = _spin(sig_ptr, expected, limit, abort_ptr)
     if obs < expected:
-        _record_giveup(obs, it, aborted, expected, abort_ptr, diag_ptr, site, slot, me)
+        _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me)
     tl.debug_barrier()
     return obs
+
+
+@triton.jit
+def add_token_zero(value, zero):
+    """``value + zero`` in ``value``'s type (``zero`` is an opaque int32 0 that depends on a
+    wait token). Pointers stay pointers; integer tensors keep their dtype."""
+    if value.dtype.is_ptr():
+        return value + zero
+    else:
+        return (value + zero).to(value.dtype)

@@ -6,7 +6,21 @@ from .regions import TileSizes, box_extents, grid_for
 from .tiling import FULL, Access, AxisTiling, DimRule, GridAxis, TileGrid, cdiv
 
 __all__ = [
-    "AxisWait", "Dependency", "derive", "overlapping_producers", "Plan", "SignalArray",
-    "build_plan", "TileSizes", "box_extents", "grid_for", "FULL", "Access", "AxisTiling",
-    "DimRule", "GridAxis", "TileGrid", "cdiv",
+    "FULL",
+    "Access",
+    "AxisTiling",
+    "AxisWait",
+    "Dependency",
+    "DimRule",
+    "GridAxis",
+    "Plan",
+    "SignalArray",
+    "TileGrid",
+    "TileSizes",
+    "box_extents",
+    "build_plan",
+    "cdiv",
+    "derive",
+    "grid_for",
+    "overlapping_producers",
 ]

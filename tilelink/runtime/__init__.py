@@ -3,5 +3,12 @@
 from .api import CheckReport, check, emulate, schedule_for
 from .emulated import EmulationResult, RankRuntime, run_emulated
 
-__all__ = ["CheckReport", "check", "emulate", "schedule_for", "EmulationResult", "RankRuntime",
-           "run_emulated"]
+__all__ = [
+           "CheckReport",
+           "EmulationResult",
+           "RankRuntime",
+           "check",
+           "emulate",
+           "run_emulated",
+           "schedule_for",
+]

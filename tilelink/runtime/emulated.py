@@ -17,6 +17,7 @@ pattern lines behind it. Ranks still alive after a grace period are killed.
 from __future__ import annotations
 
 import mmap
+import queue
 import multiprocessing as mp
 import os
 import random
@@ -149,7 +150,7 @@ def _purge_triton_modules():
             if isinstance(value, JITFunction):
                 setattr(holder, name, InterpretedFunction(value.fn))
     for name in list(sys.modules):
-        if name.startswith("tilelink.lang") or name.startswith("tilelink_generated"):
+        if name.startswith(("tilelink.lang", "tilelink_generated")):
             del sys.modules[name]
 
 
@@ -269,7 +270,7 @@ def _watch(procs, errq, abort, timeout) -> dict[int, str | None]:
                 abort[0] = 1
                 aborted_at = time.monotonic()
             continue
-        except Exception:
+        except queue.Empty:
             pass
         now = time.monotonic()
         if aborted_at is None and now > deadline:

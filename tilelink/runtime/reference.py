@@ -24,10 +24,10 @@ def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
         t = bp.tensors[decl.name]
         dtype = TORCH_DTYPES[t.dtype]
 
-        def one():
+        def one(shape=t.local_shape, dtype=dtype):
             if dtype.is_floating_point:
-                return torch.randn(t.local_shape, generator=gen).to(dtype)
-            return torch.randint(0, 4, t.local_shape, generator=gen).to(dtype)
+                return torch.randn(shape, generator=gen).to(dtype)
+            return torch.randint(0, 4, shape, generator=gen).to(dtype)
 
         if t.placement.kind == "replicated":
             v = one()

@@ -5,6 +5,17 @@ from .schedule import KERNELS, Role, Schedule, default_config, make_schedule, re
 from .targets import TARGETS, Target, get_target
 
 __all__ = [
-    "COMM_RESOURCES", "ORDERS", "Config", "ConfigSpace", "KERNELS", "Role", "Schedule",
-    "default_config", "make_schedule", "require_kernel", "TARGETS", "Target", "get_target",
+    "COMM_RESOURCES",
+    "KERNELS",
+    "ORDERS",
+    "TARGETS",
+    "Config",
+    "ConfigSpace",
+    "Role",
+    "Schedule",
+    "Target",
+    "default_config",
+    "get_target",
+    "make_schedule",
+    "require_kernel",
 ]

@@ -1,0 +1,58 @@
+"""Device primitives lowered for AMD CDNA GPUs (``hip:gfx942``, MI300). Generated kernels use it
+as ``from tilelink.lang import amd as tld``.
+
+Same names and signatures as :mod:`tilelink.lang.nvidia` and :mod:`tilelink.lang.interp`; only
+the lowerings differ. See :mod:`tilelink.lang.core` for the memory model, the symmetric heap and
+the diagnostic-record layout.
+"""
+
+import triton
+import triton.language as tl
+
+from .core import (  # noqa: F401  (re-exported: the target-independent primitives)
+    ABORT_POLL_INTERVAL,
+    DIAG_CAPACITY,
+    DIAG_FIELDS,
+    DIAG_HEADER,
+    DIAG_LAYOUT,
+    DIAG_WORDS,
+    REASON_ABORTED,
+    REASON_TIMEOUT,
+    add_token_zero,
+    notify,
+    notify_add,
+    num_ranks,
+    pull_tile,
+    push_tile,
+    rank,
+    symm_at,
+    wait,
+)
+
+#: the lowering this module stands for (``tilelink.lang.module_for`` maps targets to modules)
+FLAVOUR = "amd"
+
+
+@triton.jit
+def _opaque_zero(token):
+    # an int32 0 the compiler cannot see through, computed from `token` (see nvidia.py)
+    z = tl.inline_asm_elementwise("v_mov_b32 $0, 0", "=v,v", [token],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    return tl.multiple_of(z, 1 << 30)
+
+
+@triton.jit
+def consume_token(value, token):
+    """``value`` (int scalar/tensor or pointer scalar/tensor), made data-dependent on ``token``.
+
+    Same contract as :func:`tilelink.lang.nvidia.consume_token`; the opaque zero is a non-pure
+    inline ``v_mov_b32`` taking the token as an operand (the result lives in VGPRs, so a
+    scalar it feeds becomes per-lane; harmless for addresses).
+    """
+    return add_token_zero(value, _opaque_zero(token))
+
+
+@triton.jit
+def fence_proxy_async(HOPPER: tl.constexpr):
+    """No-op on AMD (there is no separate async proxy to order against); ``HOPPER`` is ignored.
+    Kept so generated kernels are the same text on every target."""

@@ -1,0 +1,52 @@
+"""Device primitives for the Triton interpreter (``TRITON_INTERPRET=1``) and the emulated world
+(one CPU process per rank, symmetric buffers in shared memory mapped before ``fork``). Generated
+kernels use it as ``from tilelink.lang import interp as tld``.
+
+Same names and signatures as :mod:`tilelink.lang.nvidia` and :mod:`tilelink.lang.amd`. The
+interpreter cannot run ``tl.inline_asm_elementwise`` (NotImplementedError), so everything here
+is plain Triton: atomics for the acquire reads, arithmetic for the token dependency. The
+interpreter runs a rank's programs one after another, so a wait can only be satisfied by another
+rank (process) or by a lower program id that already ran — the schedule's invariant.
+"""
+
+import triton
+import triton.language as tl
+
+from .core import (  # noqa: F401  (re-exported: the target-independent primitives)
+    ABORT_POLL_INTERVAL,
+    DIAG_CAPACITY,
+    DIAG_FIELDS,
+    DIAG_HEADER,
+    DIAG_LAYOUT,
+    DIAG_WORDS,
+    REASON_ABORTED,
+    REASON_TIMEOUT,
+    add_token_zero,
+    notify,
+    notify_add,
+    num_ranks,
+    pull_tile,
+    push_tile,
+    rank,
+    symm_at,
+    wait,
+)
+
+#: the lowering this module stands for (``tilelink.lang.module_for`` maps targets to modules)
+FLAVOUR = "interp"
+
+
+@triton.jit
+def consume_token(value, token):
+    """``value`` (int scalar/tensor or pointer scalar/tensor) plus ``token * 0``.
+
+    The interpreter executes in program order, so the dependency only needs to exist, not to
+    be opaque. Same contract as :func:`tilelink.lang.nvidia.consume_token`.
+    """
+    return add_token_zero(value, token * 0)
+
+
+@triton.jit
+def fence_proxy_async(HOPPER: tl.constexpr):
+    """No-op in the interpreter (its TMA emulation reads memory directly); ``HOPPER`` is
+    ignored."""
