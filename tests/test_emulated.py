@@ -60,3 +60,11 @@ def test_a_rank_that_never_launches_is_reported_not_hung():
     assert "compute role" in text
     assert "waits for a chunk of a_full" in text and "ag_gemm.tl:6" in text
     assert "from rank 1" in text and "expected >= 1, observed 0" in text
+
+
+def test_a_producer_that_never_notifies_is_reported_on_every_rank():
+    with pytest.raises(HangError) as err:
+        emulate(RS, 2, {"M": 64, "N": 32, "K": 32}, {}, timeout=4, fault="drop_notify")
+    text = str(err.value)
+    assert "stuck ranks: 0, 1" in text
+    assert "reduce role" in text and "partial tile of c" in text and "gemm_rs.tl:5" in text

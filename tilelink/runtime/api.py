@@ -76,10 +76,13 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
 
     `calls` back-to-back calls get fresh inputs each (seed, seed + 1, ...); `delays` adds a
     random sleep before each launch on each rank; `fault` injects a failure for testing
-    diagnostics ("skip_rank:R": rank R never launches).
+    diagnostics: "skip_rank:R" (rank R never launches) or "drop_notify" (the producer never
+    signals its data: what a mapping pointing at a slot nobody notifies looks like).
     """
     s = schedule_for(pattern, world_size, values, config, "interp")
     source = render_triton(s)
+    if fault == "drop_notify":
+        source = _drop_data_notifies(source)
     ins = [make_inputs(s.bound, seed + i) for i in range(calls)]
     from ..codegen.compile import load_module
 
@@ -87,3 +90,13 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     res = run_emulated(source, s.bound.world, ins, timeout=timeout, delays=delays, seed=seed,
                        fault=fault, describe_wait=lambda rec: describe_wait(s, sites, rec))
     return s, res
+
+
+def _drop_data_notifies(source: str) -> str:
+    """Test-only fault: remove every data-signal notify from a generated module."""
+    lines = []
+    for line in source.splitlines():
+        if "tld.notify(tld.symm_at(sig_ptr" in line:
+            line = line[: len(line) - len(line.lstrip())] + "pass  # fault injected: no notify"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
