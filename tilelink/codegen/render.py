@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import jinja2
 
+from ..errors import NotSupportedError
 from ..ir import BoundPattern
 from ..plan import Dependency, cdiv
 from ..schedule import Schedule, require_kernel
@@ -118,8 +119,6 @@ def _ag_gemm(s: Schedule) -> Context:
     a, b = bp.tensors[ag_op.args[0]], bp.tensors[mm_op.args[1]]
     full, c = bp.tensors[ag_op.result], bp.tensors[mm_op.result]
     if bp.op_attrs(ag_op)["dim"] != 0 or mm_op.args[0] != ag_op.result:
-        from ..errors import NotSupportedError
-
         raise NotSupportedError("the AG-GEMM kernel gathers dim 0 and feeds it as gemm's "
                                 "first operand", ag_op.loc)
     m, k = full.shape
@@ -151,8 +150,6 @@ def _gemm_rs(s: Schedule) -> Context:
     a, b = (bp.tensors[x] for x in mm_op.args)
     c, out = bp.tensors[mm_op.result], bp.tensors[rs_op.result]
     if bp.op_attrs(rs_op)["dim"] != 0 or len(c.shape) != 2:
-        from ..errors import NotSupportedError
-
         raise NotSupportedError("the GEMM-RS kernel scatters dim 0 of a 2-D product", rs_op.loc)
     m, n = c.shape
     k = a.local_shape[1]
