@@ -55,7 +55,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--delays", action="store_true", help="random delay before each rank's launch")
     r.add_argument("--timeout", type=float, default=120.0,
                    help="seconds before stuck waits are stopped and reported (default 120)")
+    for name in SUBCOMMANDS:
+        module = _subcommand(name)
+        if module is not None:
+            module.add_parser(sub)
     return parser
+
+
+# Commands that live in their own module (tilelink/cli/<name>.py) with
+# `add_parser(subparsers)` and `run(args) -> int`.
+SUBCOMMANDS = ("bench", "tune")
+
+
+def _subcommand(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(f"tilelink.cli.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"tilelink.cli.{name}":
+            raise
+        return None
 
 
 def cmd_compile(args) -> int:
@@ -108,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tilelink` command."""
     args = build_parser().parse_args(argv)
     try:
-        return {"compile": cmd_compile, "run": cmd_run}[args.command](args)
+        handlers = {"compile": cmd_compile, "run": cmd_run}
+        handler = handlers.get(args.command) or _subcommand(args.command).run
+        return handler(args)
     except TileLinkError as e:
         print(str(e), file=sys.stderr)
         return 2
