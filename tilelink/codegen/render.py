@@ -45,6 +45,7 @@ class Context:
     copy_engine: bool
     interp: bool
     dot_fp32: bool
+    tma: bool = False  # compute operands through TMA tensor descriptors
     extra: dict = field(default_factory=dict)
 
 
@@ -112,6 +113,15 @@ def _base_consts(s: Schedule) -> dict:
                 NUM_WARPS=cfg.warps)
 
 
+_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _tma_ok(s: Schedule, dtype: str, row_lengths: list[int]) -> bool:
+    """TMA loads on targets that have it, when every row stride is a multiple of 16 bytes
+    (a descriptor's requirement); otherwise pointer loads (the header says which)."""
+    return s.target.tma and all(n * _ELEMENT_BYTES[dtype] % 16 == 0 for n in row_lengths)
+
+
 def _ag_gemm(s: Schedule) -> Context:
     bp = s.bound
     ag_op, mm_op = bp.ops
@@ -135,12 +145,13 @@ def _ag_gemm(s: Schedule) -> Context:
              SITE_RELEASE: f"{full.name} push waits for the destination rank to finish reading "
                            f"the buffer two calls ago"}
     return Context(
-        **_common(s, [dep]), consts=consts,
+        **_common(s, [dep]), consts=consts, tma=_tma_ok(s, full.dtype, [k, b.local_shape[1]]),
         symmetric={full.name: ((2, m, k), full.dtype), dep.signal: ((consts["SLOTS"],), "int32"),
                    "ctl": ((4,), "int32")},
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={c.name: (c.local_shape, c.dtype)}, waits=waits, notify_slot=notify,
-        sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal))
+        sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal,
+                               signals=[dep.signal]))
 
 
 def _gemm_rs(s: Schedule) -> Context:

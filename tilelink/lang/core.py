@@ -185,7 +185,8 @@ def _spin(sig_ptr, expected, limit, abort_ptr):
     obs = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
     it = tl.full((), 0, tl.int64)
     aborted = tl.full((), 0, tl.int32)
-    go = obs < expected
+    # cyclic comparison (int32 wrap-around): epochs keep counting past 2**31 - 1
+    go = (obs - expected) < 0
     while go:
         # the abort flag, once every _POLL iterations starting with the first; an atomic
         # read, because a plain (even volatile) load may be served from a non-coherent cache
@@ -194,7 +195,7 @@ def _spin(sig_ptr, expected, limit, abort_ptr):
             aborted = tl.atomic_add(abort_ptr, 0, sem="acquire", scope="sys")
         it += 1
         obs = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
-        go = (obs < expected) & (aborted == 0) & (it <= limit)
+        go = ((obs - expected) < 0) & (aborted == 0) & (it <= limit)
     return obs, it
 
 
@@ -223,6 +224,9 @@ def _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me):
 def wait(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me):
     """Spin until the int32 signal at ``sig_ptr`` is ``>= expected``; return what was observed.
 
+    ``>=`` is cyclic, as CUDA's stream waits compare: ``(int32)(observed - expected) >= 0``, so
+    epochs may wrap around 2**31 (producers and consumers stay less than 2**31 apart).
+
     Ordering: every read of the signal is an **acquire** at **system** scope, and the CTA
     leaves through a barrier, so every load the CTA issues after ``wait`` returns (at least
     those made dependent on the token with ``consume_token``) sees every write the producer
@@ -243,7 +247,7 @@ def wait(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me):
     work; the host turns the record into an error naming the wait).
     """
     obs, it = _spin(sig_ptr, expected, limit, abort_ptr)
-    if obs < expected:
+    if (obs - expected) < 0:
         _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me)
     tl.debug_barrier()
     return obs

@@ -71,11 +71,12 @@ def check(bp: BoundPattern, result: EmulationResult) -> CheckReport:
 
 def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
             config: dict | None = None, *, seed: int = 0, calls: int = 1, delays: bool = False,
-            timeout: float = 120.0, fault: str | None = None):
+            timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1):
     """Run the generated kernel in the emulated world; returns (schedule, result).
 
     `calls` back-to-back calls get fresh inputs each (seed, seed + 1, ...); `delays` adds a
-    random sleep before each launch on each rank; `fault` injects a failure for testing
+    random sleep before each launch on each rank; `first_epoch` numbers the first call
+    (start near 2**31 to cross the int32 wrap-around); `fault` injects a failure for testing
     diagnostics: "skip_rank:R" (rank R never launches) or "drop_notify" (the producer never
     signals its data: what a mapping pointing at a slot nobody notifies looks like).
     """
@@ -88,7 +89,8 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
 
     sites = load_module(source).WAIT_SITES
     res = run_emulated(source, s.bound.world, ins, timeout=timeout, delays=delays, seed=seed,
-                       fault=fault, describe_wait=lambda rec: describe_wait(s, sites, rec))
+                       fault=fault, describe_wait=lambda rec: describe_wait(s, sites, rec),
+                       first_epoch=first_epoch)
     return s, res
 
 

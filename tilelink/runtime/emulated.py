@@ -154,7 +154,12 @@ def _purge_triton_modules():
             del sys.modules[name]
 
 
-def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq):
+def wrap_epoch(n: int) -> int:
+    """Epoch `n` as the int32 the kernels and signal words hold (wraps past 2**31 - 1)."""
+    return (n + 2**31) % 2**32 - 2**31
+
+
+def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_epoch=1):
     try:
         _purge_triton_modules()
         from ..codegen.compile import load_module
@@ -168,7 +173,7 @@ def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq):
         for i, (ins, outs) in enumerate(calls):
             if delays:
                 time.sleep(rng.random() * 0.05)
-            mod.launch(rt, ins, outs, epoch=i + 1)
+            mod.launch(rt, ins, outs, epoch=wrap_epoch(first_epoch + i))
             rt.join()
         errq.put((rank, None))
     except BaseException:
@@ -177,11 +182,13 @@ def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq):
 
 def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[torch.Tensor]]],
                  *, timeout: float = 120.0, delays: bool = False, seed: int = 0,
-                 fault: str | None = None, describe_wait=None) -> EmulationResult:
+                 fault: str | None = None, describe_wait=None,
+                 first_epoch: int = 1) -> EmulationResult:
     """Run a generated module on `world` emulated ranks for each call's inputs.
 
     `describe_wait(record) -> str` turns a diagnostic record into words (the caller knows
     the plan); raises HangError if any wait gave up, TileLinkError if a rank failed.
+    `first_epoch` numbers the first call (tests start near 2**31 to cross the int32 wrap).
     """
     from ..codegen.compile import load_module
 
@@ -197,6 +204,9 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     heaps = []
     for _ in range(world):
         heaps.append({k: arena.take(s, TORCH_DTYPES[d]).zero_() for k, (s, d) in sym_shapes.items()})
+    for h in heaps:
+        if hasattr(mod, "init_signals"):
+            mod.init_signals(h, wrap_epoch(first_epoch))
     heap_bases = torch.tensor([min(t.data_ptr() for t in h.values()) for h in heaps],
                               dtype=torch.int64)
     abort = arena.take((1,), torch.int32).zero_()
@@ -227,7 +237,7 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     for r in range(world):
         args = dict(rt_args, symmetric=heaps[r])
         p = ctx.Process(target=_rank_main, args=(r, source, args, calls_by_rank[r], delays, seed,
-                                                 fault, errq), daemon=True)
+                                                 fault, errq, first_epoch), daemon=True)
         p.start()
         procs.append(p)
     results = _watch(procs, errq, abort, timeout)

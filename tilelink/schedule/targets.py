@@ -18,10 +18,11 @@ class Target:
     num_sms: int  # co-resident persistent programs (one per SM / CU)
     lang: str  # tilelink.lang.<lang>
     dot_fp32: bool  # upcast bf16 dot operands (the interpreter's bf16 dot is wrong)
+    tma: bool = False  # tensor descriptors (Hopper's TMA) for GEMM operand loads
 
 
 TARGETS = {
-    "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False),
+    "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False, True),
     "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False),
     "hip:gfx942": Target("hip:gfx942", "hip", "gfx942", 64, 304, "amd", False),
     "interp": Target("interp", "interp", None, 32, 8, "interp", True),
