@@ -147,7 +147,7 @@ def _ag_gemm(s: Schedule) -> Context:
     return Context(
         **_common(s, [dep]), consts=consts, tma=_tma_ok(s, full.dtype, [k, b.local_shape[1]]),
         symmetric={full.name: ((2, m, k), full.dtype), dep.signal: ((consts["SLOTS"],), "int32"),
-                   "ctl": ((4,), "int32")},
+                   "ctl": ((4 + bp.world,), "int32")},
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={c.name: (c.local_shape, c.dtype)}, waits=waits, notify_slot=notify,
         sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal,
@@ -181,7 +181,7 @@ def _gemm_rs(s: Schedule) -> Context:
     return Context(
         **_common(s, [dep]), consts=consts,
         symmetric={"stage": ((2, bp.world, m // bp.world, n), c.dtype),
-                   dep.signal: ((consts["SLOTS"],), "int32"), "ctl": ((4,), "int32")},
+                   dep.signal: ((consts["SLOTS"],), "int32"), "ctl": ((4 + bp.world,), "int32")},
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={out.name: (out.local_shape, out.dtype)}, waits=waits, notify_slot=notify,
         sites=sites, extra=dict(a=a.name, b=b.name, c=c.name, out=out.name, sig=dep.signal))

@@ -34,7 +34,9 @@ def describe_wait(s: Schedule, mod_sites: dict, rec: dict) -> str:
             what = (f"{dep.signal}[{rec['slot']}] = producer tile ({tile}) of {dep.producer.op}, "
                     f"from rank {dep.producer.rank(idx)}")
     elif rec["site"] == 1:
-        what = "ctl[1] (buffer released)"
+        slot = rec["slot"]
+        what = (f"ctl[{slot}] (buffer released by rank {slot - 4})" if slot >= 4
+                else f"ctl[{slot}] (buffer released)")
     return (f"rank {rec['rank']}, program {pid} ({role} role): {site}; waited on {what}: "
             f"expected >= {rec['expected']}, observed {rec['observed']}")
 
