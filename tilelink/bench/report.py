@@ -1,0 +1,410 @@
+"""Benchmark records, the table, the chart and a progress bar. Needs no GPU.
+
+A `BenchResult` holds what one shape measured: milliseconds per system (steady state and
+single call), errors, failures, and the FLOPs and bytes the shape must do and move. The
+derived numbers — floor, TFLOP/s, TileLink / floor, speedups — are computed here from those
+fields only, so they can be recomputed from a saved JSON.
+
+Systems (keys of `steady_ms` / `single_ms`):
+
+    tilelink     the TileLink op
+    nccl_cublas  NCCL collective, then cuBLAS matmul (or matmul then collective): no overlap
+    async_tp     torch async-TP (torch.ops.symm_mem fused ops)
+    gemm         cuBLAS matmul of the per-rank shape alone
+    nccl_comm    the NCCL collective alone, same bytes
+    ce_comm      copy-engine peer copies of the same bytes alone
+
+floor = max(gemm, fastest of nccl_comm / ce_comm): no overlapped kernel runs much faster.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SYSTEMS = ("tilelink", "nccl_cublas", "async_tp", "gemm", "nccl_comm", "ce_comm")
+NAMES = {"tilelink": "TileLink", "nccl_cublas": "NCCL+cuBLAS", "async_tp": "torch async-TP",
+         "gemm": "cuBLAS GEMM alone", "nccl_comm": "NCCL comm alone",
+         "ce_comm": "copy-engine comm alone", "floor": "floor"}
+BASELINES = ("nccl_cublas", "async_tp")  # what TileLink's speedup is reported over
+COMM = ("nccl_comm", "ce_comm")
+LABELS = {"all_gather>gemm": "AG-GEMM", "gemm>reduce_scatter": "GEMM-RS"}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+
+
+# ---------------------------------------------------------------- what a shape must do
+
+
+def flops_per_rank(bp) -> int:
+    """Floating-point operations one rank's GEMM(s) must do (2·m·n·k per gemm, local shapes).
+
+    AG-GEMM: the gathered [M, K] times this rank's [K, N/W]; GEMM-RS: [M, K/W] times
+    [K/W, N]. Both are 2·M·N·K / W per rank.
+    """
+    total = 0
+    for op in bp.ops:
+        if op.kind == "gemm":
+            a, b = (bp.tensors[x].local_shape for x in op.args)
+            total += 2 * a[0] * a[1] * b[1]
+    return total
+
+
+def comm_bytes_per_rank(bp) -> int:
+    """Bytes one rank receives from its peers in the pattern's collectives.
+
+    all_gather: the W-1 peer shards of the gathered tensor; reduce_scatter: the W-1 peer
+    partials of this rank's output rows (the bytes on the wire; the sums are extra work).
+    """
+    total = 0
+    w = bp.world
+    for op in bp.ops:
+        if op.kind in ("all_gather", "reduce_scatter"):
+            src = bp.tensors[op.args[0]]
+            # all_gather: one shard (the input's local shape) from each peer;
+            # reduce_scatter: each peer's partial of this rank's rows (the output's shape).
+            block = src.local_shape if op.kind == "all_gather" else \
+                bp.tensors[op.result].local_shape
+            n = 1
+            for d in block:
+                n *= d
+            total += (w - 1) * n * DTYPE_BYTES.get(src.dtype, 2)
+    return total
+
+
+# ---------------------------------------------------------------- the record
+
+
+@dataclass
+class BenchResult:
+    """One shape's measurements (all times in ms, max over ranks)."""
+
+    pattern: str
+    signature: str
+    sizes: dict[str, Any]
+    world: int
+    flops_per_rank: int
+    comm_bytes_per_rank: int
+    config: str = ""
+    steady_ms: dict[str, float] = field(default_factory=dict)
+    single_ms: dict[str, float] = field(default_factory=dict)
+    spread_ms: dict[str, list[float]] = field(default_factory=dict)  # [min, max] of repeats
+    max_abs_err: dict[str, float] = field(default_factory=dict)      # vs fp32 reference
+    rel_err: dict[str, float] = field(default_factory=dict)          # ||x-ref|| / ||ref||
+    tl_vs_nccl_cublas_max_abs: float | None = None                   # TileLink vs NCCL+cuBLAS
+    failed: dict[str, str] = field(default_factory=dict)             # system -> why
+    notes: dict[str, str] = field(default_factory=dict)              # system -> what is timed
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.signature, self.signature)
+
+    @property
+    def shape(self) -> str:
+        return " ".join(f"{k}={self.sizes[k]}" for k in ("M", "N", "K") if k in self.sizes)
+
+    @property
+    def ok(self) -> bool:
+        return "tilelink" not in self.failed and "tilelink" in self.steady_ms
+
+    def comm_ms(self) -> float | None:
+        """The fastest communication alone."""
+        ts = [self.steady_ms[k] for k in COMM if k in self.steady_ms]
+        return min(ts) if ts else None
+
+    def floor_ms(self) -> float | None:
+        """max(GEMM alone, fastest comm alone); None without the GEMM time."""
+        g, c = self.steady_ms.get("gemm"), self.comm_ms()
+        if g is None:
+            return None
+        return g if c is None else max(g, c)
+
+    def tflops(self, system: str = "tilelink") -> float | None:
+        """TFLOP/s per GPU of `system` (its steady time, this rank's FLOPs)."""
+        t = self.steady_ms.get(system)
+        return self.flops_per_rank / (t * 1e-3) / 1e12 if t else None
+
+    def comm_gbps(self, system: str) -> float | None:
+        """GB/s received per rank by a comm-alone system."""
+        t = self.steady_ms.get(system)
+        return self.comm_bytes_per_rank / (t * 1e-3) / 1e9 if t else None
+
+    def vs_floor(self, system: str = "tilelink") -> float | None:
+        t, f = self.steady_ms.get(system), self.floor_ms()
+        return t / f if t and f else None
+
+    def speedup(self, baseline: str) -> float | None:
+        """baseline time / TileLink time (> 1: TileLink is faster)."""
+        t, b = self.steady_ms.get("tilelink"), self.steady_ms.get(baseline)
+        return b / t if t and b else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BenchResult:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def dump_json(results: list[BenchResult], meta: dict, path: str | None = None) -> str:
+    """The JSON text of a run (meta + records + derived numbers); written to `path` if given."""
+    rows = []
+    for r in results:
+        d = r.to_dict()
+        d["derived"] = {"floor_ms": r.floor_ms(), "tflops": r.tflops(),
+                        "vs_floor": r.vs_floor(),
+                        **{f"speedup_over_{b}": r.speedup(b) for b in BASELINES}}
+        rows.append(d)
+    text = json.dumps({"meta": meta, "results": rows}, indent=1, sort_keys=False)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    return text
+
+
+def load_json(path: str) -> tuple[dict, list[BenchResult]]:
+    """(meta, results) from a file written by `dump_json`."""
+    with open(path) as f:
+        d = json.load(f)
+    return d.get("meta", {}), [BenchResult.from_dict(r) for r in d["results"]]
+
+
+def collect_meta(command: str = "") -> dict:
+    """Date, host, GPU, versions and the command: what docs/perf.md records per table."""
+    import datetime
+    import platform
+    import subprocess
+
+    meta: dict[str, Any] = {"date": datetime.date.today().isoformat(),
+                            "host": platform.node(), "python": platform.python_version(),
+                            "command": command}
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+        meta["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            meta["gpu"] = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+            try:
+                meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            except Exception:
+                pass
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        meta["tilelink_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            timeout=5).stdout.strip()
+    except Exception:
+        pass
+    return meta
+
+
+# ---------------------------------------------------------------- tables
+
+
+def _f(x: float | None, fmt: str = ".3f", suffix: str = "") -> str:
+    return "—" if x is None else f"{x:{fmt}}{suffix}"
+
+
+COLUMNS = ("pattern", "M", "N", "K", "TileLink ms", "TFLOP/s", "1-call ms", "NCCL+cuBLAS ms",
+           "async-TP ms", "GEMM ms", "NCCL comm ms", "CE comm ms", "floor ms", "TL/floor",
+           "× NCCL+cuBLAS", "× async-TP", "max err", "status")
+
+
+def table_rows(results: list[BenchResult]) -> list[list[str]]:
+    """One row of `COLUMNS` per result (steady-state ms unless the column says otherwise)."""
+    rows = []
+    for r in results:
+        s = r.steady_ms
+        status = "ok" if r.ok else "FAILED"
+        bad = [NAMES[k] for k in r.failed if k != "tilelink"]
+        if bad:
+            status += " (" + ", ".join(bad) + " failed)"
+        rows.append([r.label, *(str(r.sizes.get(k, "")) for k in "MNK"),
+                     _f(s.get("tilelink")), _f(r.tflops(), ".0f"),
+                     _f(r.single_ms.get("tilelink")), _f(s.get("nccl_cublas")),
+                     _f(s.get("async_tp")), _f(s.get("gemm")), _f(s.get("nccl_comm")),
+                     _f(s.get("ce_comm")), _f(r.floor_ms()), _f(r.vs_floor(), ".2f"),
+                     _f(r.speedup("nccl_cublas"), ".2f", "×"),
+                     _f(r.speedup("async_tp"), ".2f", "×"),
+                     _f(r.max_abs_err.get("tilelink"), ".3g"), status])
+    return rows
+
+
+def format_table(results: list[BenchResult], markdown: bool = False) -> str:
+    """The summary table: one line per shape, aligned text or GitHub markdown."""
+    rows = table_rows(results)
+    if markdown:
+        lines = ["| " + " | ".join(COLUMNS) + " |",
+                 "|" + "|".join("---" if i < 4 or i == len(COLUMNS) - 1 else "---:"
+                                for i in range(len(COLUMNS))) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
+              for i, c in enumerate(COLUMNS)]
+    out = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths))]
+    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
+    return "\n".join(out)
+
+
+def format_detail(r: BenchResult) -> str:
+    """One shape, one line per system: steady / single-call ms, TFLOP/s or GB/s, ratios."""
+    head = (f"{r.label} {r.pattern} {r.shape} W={r.world}"
+            + (f"  config: {r.config}" if r.config else ""))
+    lines = [head, f"  {'system':<24}{'steady ms':>10}{'1-call ms':>11}{'rate':>14}"
+                   f"{'vs floor':>10}{'TL speedup':>12}  check"]
+    for k in SYSTEMS:
+        if k not in r.steady_ms and k not in r.failed:
+            continue
+        if k in COMM:
+            rate = _f(r.comm_gbps(k), ".0f", " GB/s")
+        else:
+            rate = _f(r.tflops(k), ".0f", " TFLOP/s")
+        sp = "" if k in ("tilelink",) or k in COMM or k == "gemm" else _f(r.speedup(k), ".2f", "×")
+        check = (f"FAILED: {r.failed[k]}" if k in r.failed else
+                 f"max abs err {r.max_abs_err[k]:.3g}, rel {r.rel_err.get(k, 0):.2g}"
+                 if k in r.max_abs_err else "")
+        lines.append(f"  {NAMES[k]:<24}{_f(r.steady_ms.get(k)):>10}{_f(r.single_ms.get(k)):>11}"
+                     f"{rate:>14}{_f(r.vs_floor(k), '.2f'):>10}{sp:>12}  {check}")
+    lines.append(f"  {'floor = max(GEMM, fastest comm)':<34}{_f(r.floor_ms()):>10}")
+    if r.tl_vs_nccl_cublas_max_abs is not None:
+        lines.append(f"  TileLink vs NCCL+cuBLAS: max abs difference "
+                     f"{r.tl_vs_nccl_cublas_max_abs:.3g}")
+    if not r.ok:
+        lines.append(f"  *** TileLink FAILED: {r.failed.get('tilelink', 'not measured')} ***")
+    return "\n".join(lines)
+
+
+def format_markdown_section(results: list[BenchResult], meta: dict,
+                            png: str | None = None) -> str:
+    """A docs/perf.md section: date, host, versions, the command, the table, the chart."""
+    vers = ", ".join(f"{k} {meta[k]}" for k in ("torch", "cuda", "triton", "nccl", "python")
+                     if meta.get(k))
+    lines = [f"### {meta.get('date', '?')}: {meta.get('gpu', '?')} ({meta.get('host', '?')})",
+             "", f"Versions: {vers}; tilelink {meta.get('tilelink_commit', '?')}.", "",
+             "Reproduce:", "", "```", meta.get("command", "?"), "```", "",
+             "Steady-state ms per call (back-to-back calls, CUDA events after warm-up, max "
+             "over ranks); `1-call ms` is one TileLink call started from idle. TFLOP/s per "
+             "GPU. floor = max(cuBLAS GEMM alone, fastest comm alone). `× X` = X's time / "
+             "TileLink's.", "", format_table(results, markdown=True)]
+    if png:
+        lines += ["", f"![TileLink vs baselines]({png})"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- chart
+
+PLOTTED = ("tilelink", "async_tp", "nccl_cublas", "gemm")
+COLORS = {"tilelink": "#1f77b4", "async_tp": "#ff7f0e", "nccl_cublas": "#7f7f7f",
+          "gemm": "#2ca02c"}
+
+
+def plot(results: list[BenchResult], path: str, title: str = "") -> bool:
+    """PNG bar chart: per shape, each system's time / floor (lower is better; floor = 1).
+
+    One panel per pattern kind; TileLink's absolute ms is written above its bar. Returns
+    False (after saying so on stderr) when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("tilelink bench: matplotlib is not installed; no chart drawn "
+              "(pip install matplotlib, or draw it later: tools/plot_bench.py RESULTS.json "
+              "OUT.png)", file=sys.stderr)
+        return False
+    kinds = []
+    for r in results:
+        if r.label not in kinds:
+            kinds.append(r.label)
+    fig, axes = plt.subplots(1, max(1, len(kinds)), squeeze=False,
+                             figsize=(max(6.0, 1.9 * len(results) + 2), 4.6),
+                             gridspec_kw={"width_ratios": [max(1, sum(r.label == k for r in results))
+                                                           for k in kinds] or [1]})
+    width = 0.8 / len(PLOTTED)
+    for ax, kind in zip(axes[0], kinds):
+        rs = [r for r in results if r.label == kind]
+        for j, sysk in enumerate(PLOTTED):
+            xs, ys = [], []
+            for i, r in enumerate(rs):
+                v = r.vs_floor(sysk)
+                if v is not None:
+                    xs.append(i + (j - (len(PLOTTED) - 1) / 2) * width)
+                    ys.append(v)
+            bars = ax.bar(xs, ys, width, label=NAMES[sysk], color=COLORS[sysk])
+            if sysk == "tilelink":
+                for x, r, b in zip(xs, [r for r in rs if r.vs_floor(sysk) is not None], bars):
+                    ax.annotate(f"{r.steady_ms['tilelink']:.3g} ms"
+                                + ("" if r.ok else " FAILED"), (x, b.get_height()),
+                                ha="center", va="bottom", fontsize=7, rotation=90,
+                                xytext=(0, 2), textcoords="offset points")
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xticks(range(len(rs)))
+        ax.set_xticklabels([f"{r.sizes.get('M')}×{r.sizes.get('N')}\n×{r.sizes.get('K')}"
+                            for r in rs], fontsize=8)
+        ax.set_title(f"{kind} (W={rs[0].world})", fontsize=10)
+        ax.set_ylabel("time / floor (lower is better)")
+        ax.set_ylim(0, max([1.2] + [r.vs_floor(s) or 0 for r in rs for s in PLOTTED]) * 1.18)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------- progress
+
+
+class Progress:
+    """A progress bar on stderr: redrawn in place on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, label: str = "bench", stream=None, width: int = 28):
+        self.total, self.done, self.label, self.width = max(1, total), 0, label, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.text = ""
+
+    def _bar(self) -> str:
+        n = int(self.width * self.done / self.total)
+        return (f"{self.label} [{'#' * n}{'.' * (self.width - n)}] "
+                f"{self.done}/{self.total} {self.text}")
+
+    def update(self, n: int = 1, text: str = "") -> None:
+        """Advance by `n` steps; `text` says what runs next."""
+        self.done = min(self.total, self.done + n)
+        self.text = text
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self._bar()[:200])
+        else:
+            self.stream.write(f"[{self.done}/{self.total}] {text}\n")
+        self.stream.flush()
+
+    def write(self, text: str, out=None) -> None:
+        """Print `text` (stdout by default) without tearing the bar."""
+        out = out if out is not None else sys.stdout
+        if self.tty:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+        out.write(text + "\n")
+        out.flush()
+        if self.tty:
+            self.stream.write(self._bar()[:200])
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

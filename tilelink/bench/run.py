@@ -1,0 +1,231 @@
+"""The per-rank benchmark body: TileLink and every baseline, same inputs, checked, timed.
+
+`bench_rank(rank, world, specs, opts)` runs in every rank (spawned by
+`tilelink.runtime.launcher.launch_world`, torch.distributed with NCCL initialised and the
+CUDA device set) and returns the list of `BenchResult` (rank 0's is the one reported; all
+numbers in it are already maxima over ranks).
+
+Per shape:
+  1. compile TileLink's op (`runtime.gpu.compile_op`) and draw this rank's inputs once
+     (`op.make_inputs(seed)`): every system below runs on exactly these tensors;
+  2. fp32 reference of the pattern output (inputs gathered with NCCL, TF32 off);
+  3. check every system once against it (outputs poisoned with NaN first where they are
+     preallocated; comm-alone systems: bit-exact bytes). TileLink is also compared with
+     NCCL+cuBLAS (max abs difference). Failures are agreed over ranks, reported loudly,
+     and a failed system is not timed — its row is marked FAILED;
+  4. steady state: `rounds` rounds, each timing every passing system once
+     (`timing.steady_state_ms`, interleaved so drift hits all alike); median kept, the
+     [min, max] spread recorded;
+  5. single-call latency from idle (`timing.single_call_ms`) of every passing system.
+Nothing timed includes compilation: each system has run (check + warm-up) before.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+from .report import (NAMES, SYSTEMS, BenchResult, Progress, comm_bytes_per_rank,
+                     flops_per_rank, format_detail)
+
+
+@dataclass
+class Spec:
+    """One shape to run: pattern source, -D values, --config values."""
+
+    pattern: str
+    values: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+
+@dataclass
+class Options:
+    warmup: int = 5
+    iters: int = 20
+    rounds: int = 3
+    reps: int = 5
+    seed: int = 0
+    systems: tuple[str, ...] = SYSTEMS
+
+
+def steps_per_shape(opts: Options) -> int:
+    """Progress steps of one shape: compile, check, rounds × systems, single calls."""
+    return 3 + opts.rounds * len(opts.systems)
+
+
+def bench_rank(rank: int, world: int, specs: list[Spec], opts: Options) -> list[BenchResult]:
+    """Every spec on this rank; prints each shape's detail (rank 0) as it finishes."""
+    import torch
+    import torch.distributed as dist
+
+    from ..frontend import load_pattern
+
+    group = dist.group.WORLD
+    progress = (Progress(len(specs) * steps_per_shape(opts), "tilelink bench")
+                if rank == 0 else None)
+    results = []
+    for spec in specs:
+        bp = load_pattern(spec.pattern).bind(spec.values, world)
+        res = bench_one(bp, spec.config, group, opts, progress)
+        results.append(res)
+        if progress is not None:
+            progress.write(format_detail(res) + "\n")
+        gc.collect()
+        torch.cuda.empty_cache()
+    if progress is not None:
+        progress.close()
+    return results
+
+
+def _agree(group, max_abs: float, rel: float, ok: bool) -> tuple[float, float, bool]:
+    """Worst error and `ok` of all ranks (every rank then takes the same decisions)."""
+    from .timing import max_over_ranks
+
+    m, r, bad = max_over_ranks([max_abs, rel, 0.0 if ok else 1.0], group)
+    return m, r, bad == 0.0
+
+
+def _step(progress, text: str) -> None:
+    if progress is not None:
+        progress.update(1, text)
+
+
+def _loud(rank: int, msg: str) -> None:
+    print(f"\n*** tilelink bench, rank {rank}: {msg} ***", file=sys.stderr, flush=True)
+
+
+def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchResult:
+    """Check and time TileLink and the baselines on one bound pattern (see module doc)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..ir.expr import WORLD
+    from ..runtime.gpu import compile_op
+    from . import baselines as bl
+    from .timing import single_call_ms, steady_state_ms
+
+    rank = dist.get_rank(group)
+    res = BenchResult(pattern=bp.name, signature=bp.signature(),
+                      sizes={k: v for k, v in bp.env.items() if k != WORLD}, world=bp.world,
+                      flops_per_rank=flops_per_rank(bp), comm_bytes_per_rank=comm_bytes_per_rank(bp))
+    fns = {}
+    shape = f"{res.label} {res.shape}"
+
+    # 1. TileLink: compile, inputs (shared by every system).
+    _step(progress, f"{shape}: compiling TileLink")
+    try:
+        op = compile_op(bp, config=config or None, group=group)
+        res.config = str(op.config)
+        inputs = op.make_inputs(opts.seed)
+        fns["tilelink"] = lambda: op(**inputs)
+        res.notes["tilelink"] = f"compile_op(...)(**inputs), config {res.config}"
+    except Exception as e:  # noqa: BLE001 — still measure the baselines, row FAILED
+        traceback.print_exc(file=sys.stderr)
+        op = None
+        res.failed["tilelink"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        if rank == 0:
+            _loud(rank, f"TileLink could not be built for {shape}: {res.failed['tilelink']}")
+        inputs = _fallback_inputs(bp, opts.seed, rank)
+
+    # 2. Reference and baselines on the same inputs.
+    _step(progress, f"{shape}: checking every system against the fp32 reference")
+    ref = bl.reference(bp, inputs, group)
+    base = bl.build(bp, inputs, group)
+    k = _reduction_len(bp)
+    dtype = bp.tensors[bp.pattern.outputs[0]].dtype
+    slack = 2.0 if res.signature.endswith("reduce_scatter") else 1.0  # two roundings
+
+    # 3. Checks (NCCL+cuBLAS first: TileLink is compared with its output too).
+    order = ["nccl_cublas", "tilelink"] + [s for s in SYSTEMS if s not in ("nccl_cublas",
+                                                                          "tilelink")]
+    nccl_out = None
+    for key in order:
+        if key not in opts.systems or key in res.failed:
+            continue
+        try:
+            if key == "tilelink":
+                out = fns["tilelink"]()
+                torch.cuda.synchronize()
+                m, r, ok = bl.compare(out, ref, k, dtype, slack)
+                if nccl_out is not None:
+                    d = float((out.float() - nccl_out.float()).abs().max())
+                    res.tl_vs_nccl_cublas_max_abs = _agree(group, d, 0.0, True)[0]
+            else:
+                m, r, ok = base[key].check(ref)
+                res.notes[key] = base[key].note
+                if key == "nccl_cublas":
+                    nccl_out = base[key].fn().clone()  # same inputs: same output
+                    torch.cuda.synchronize()
+                fns[key] = base[key].fn
+        except Exception as e:  # noqa: BLE001 — a baseline that cannot run is reported
+            traceback.print_exc(file=sys.stderr)
+            m, r, ok = float("inf"), float("inf"), False
+            res.failed[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        m, r, ok = _agree(group, m, r, ok)
+        res.max_abs_err[key], res.rel_err[key] = m, r
+        if not ok:
+            res.failed.setdefault(key, f"MISMATCH vs fp32 reference: max abs err {m:.3g}, "
+                                       f"rel err {r:.3g}")
+            fns.pop(key, None)
+            if rank == 0:
+                _loud(rank, f"{NAMES[key]} on {shape}: {res.failed[key]} — not timed, "
+                      "row marked FAILED" if key == "tilelink" else
+                      f"{NAMES[key]} on {shape}: {res.failed[key]} — not timed")
+    del ref, nccl_out
+    fns = {key: f for key, f in fns.items() if key in opts.systems and key not in res.failed}
+
+    # 4. Steady state, interleaved rounds.
+    runs: dict[str, list[float]] = {key: [] for key in fns}
+    for i in range(opts.rounds):
+        for key in SYSTEMS:
+            if key not in opts.systems:
+                continue
+            _step(progress, f"{shape}: steady state {NAMES[key]} (round {i + 1}/{opts.rounds})")
+            if key in fns:
+                runs[key].append(steady_state_ms(fns[key], warmup=opts.warmup,
+                                                 iters=opts.iters, group=group))
+    for key, ts in runs.items():
+        res.steady_ms[key] = statistics.median(ts)
+        res.spread_ms[key] = [min(ts), max(ts)]
+
+    # 5. Single call from idle.
+    _step(progress, f"{shape}: single-call latency")
+    for key in SYSTEMS:
+        if key in fns:
+            res.single_ms[key] = single_call_ms(fns[key], reps=opts.reps, group=group)
+    dist.barrier(group=group)
+    del fns, base, op, inputs
+    return res
+
+
+def _reduction_len(bp) -> int:
+    """Global K: the length of the sums the tolerance scales with.
+
+    The gemm's inner dimension, times W when a reduce_scatter then sums the ranks' partials.
+    """
+    k = 1
+    for op in bp.ops:
+        if op.kind == "gemm":
+            k = bp.tensors[op.args[0]].local_shape[1]
+    if any(op.kind == "reduce_scatter" for op in bp.ops):
+        k *= bp.world
+    return k
+
+
+def _fallback_inputs(bp, seed: int, rank: int) -> dict:
+    """This rank's random inputs when TileLink's op (and its make_inputs) could not be built."""
+    import torch
+
+    from ..runtime.reference import TORCH_DTYPES
+
+    out = {}
+    for d in bp.pattern.inputs:
+        t = bp.tensors[d.name]
+        same = t.placement.kind == "replicated"  # one value on every rank
+        gen = torch.Generator(device="cuda").manual_seed(seed * 1009 + (0 if same else rank + 1))
+        out[d.name] = torch.randn(t.local_shape, generator=gen, device="cuda").to(
+            TORCH_DTYPES[t.dtype])
+    return out

@@ -1,0 +1,159 @@
+"""`tilelink bench`: TileLink against its baselines on real GPUs, one table (issue #5).
+
+    tilelink bench examples/ag_gemm.tl -D M=8192 -D N=8192 -D K=8192 --world-size 2
+    tilelink bench --suite design --json bench.json --plot docs/bench.png
+
+Measures in one run, on the same inputs: TileLink, NCCL+cuBLAS (no overlap), torch async-TP,
+cuBLAS GEMM alone, the communication alone (NCCL and the copy engine) and the floor
+max(GEMM, fastest comm). Headline: steady-state ms of back-to-back calls (CUDA events, after
+warm-up, max over ranks); beside it one call's latency from idle. Needs W CUDA GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+# DESIGN.md's shapes (bf16, N and K global): pattern file -> [(M, N, K), ...]
+DESIGN_SUITE = {
+    "ag_gemm.tl": [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 49152, 12288),
+                   (2048, 28672, 8192), (1024, 8192, 8192)],
+    "gemm_rs.tl": [(8192, 8192, 28672), (8192, 8192, 29568), (8192, 8192, 8192),
+                   (2048, 8192, 28672)],
+}
+ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser(
+        "bench", help="time a pattern against NCCL+cuBLAS, torch async-TP, GEMM and comm alone",
+        description="Measure, in one run and on the same inputs: TileLink, NCCL+cuBLAS (no "
+        "overlap), torch async-TP, cuBLAS GEMM alone, the communication alone (NCCL and the "
+        "copy engine), and the floor max(GEMM, fastest comm). Headline: steady-state ms of "
+        "back-to-back calls (CUDA events, after warm-up, max over ranks); beside it one "
+        "call's latency from idle. Needs --world-size CUDA GPUs.", epilog="On the reference host export "
+        + " ".join(f"{v}={'0' if v.startswith('NCCL') else '1'}" for v in ENV)
+        + " (multicast off).")
+    b.add_argument("pattern", nargs="?", help="a .tl file, or path/to/file.py:function")
+    b.add_argument("--suite", choices=["design"], help="run DESIGN.md's 9 shapes "
+                   "(examples/ag_gemm.tl and examples/gemm_rs.tl) instead of one pattern")
+    b.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
+                   help="give a pattern parameter a value (repeatable)")
+    b.add_argument("--world-size", "-W", type=int, default=2, help="number of ranks/GPUs "
+                   "(default 2)")
+    b.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="TileLink schedule config values (default: the op's own choice)")
+    b.add_argument("--json", metavar="PATH", help="write the results (and run metadata) here")
+    b.add_argument("--plot", metavar="PNG", help="draw the chart here (needs matplotlib)")
+    b.add_argument("--markdown", action="store_true", help="print the docs/perf.md section "
+                   "(markdown table, date, host, versions, command) after the table")
+    b.add_argument("--warmup", type=int, default=5, help="calls before each timed batch "
+                   "(default 5)")
+    b.add_argument("--iters", type=int, default=20, help="back-to-back calls per timed batch "
+                   "(default 20)")
+    b.add_argument("--rounds", type=int, default=3, help="timed batches per system, "
+                   "interleaved; the median is reported (default 3)")
+    b.add_argument("--reps", type=int, default=5, help="single calls from idle; median "
+                   "(default 5)")
+    b.add_argument("--seed", type=int, default=0, help="random input seed (default 0)")
+
+
+def specs_from_args(args) -> list:
+    """The shapes to run, each bound once here (on the CPU) so bad input fails early."""
+    from ..errors import TileLinkError
+    from ..frontend import load_pattern
+    from ..bench.run import Spec
+    from .main import _defines
+
+    config = _defines(args.config, "--config")
+    if args.suite:
+        if args.pattern or args.defines:
+            raise TileLinkError("--suite design runs fixed shapes; give no pattern and no -D",
+                                hint="tilelink bench --suite design -W 2")
+        root = Path(__file__).resolve().parent.parent.parent / "examples"
+        specs = [Spec(str(root / f), {"M": m, "N": n, "K": k}, config)
+                 for f, shapes in DESIGN_SUITE.items() for m, n, k in shapes]
+    elif args.pattern:
+        specs = [Spec(args.pattern, _defines(args.defines, "-D"), config)]
+    else:
+        raise TileLinkError("bench needs a pattern or --suite design",
+                            hint="tilelink bench examples/ag_gemm.tl -D M=8192 -W 2")
+    if args.world_size < 1:
+        raise TileLinkError(f"--world-size must be >= 1, got {args.world_size}")
+    for s in specs:
+        load_pattern(s.pattern).bind(s.values, args.world_size)
+    return specs
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def command_line(args) -> str:
+    """The command that reproduces this run (with the multicast-off environment if set)."""
+    env = [f"{v}={os.environ[v]}" for v in ENV if v in os.environ]
+    parts = ["tilelink", "bench"]
+    parts += ["--suite", args.suite] if args.suite else [args.pattern]
+    for d in args.defines or []:
+        parts += ["-D", d]
+    parts += ["--world-size", str(args.world_size)]
+    if args.config:
+        parts += ["--config", *args.config]
+    for flag in ("warmup", "iters", "rounds", "reps", "seed"):
+        parts += [f"--{flag}", str(getattr(args, flag))]
+    if args.json:
+        parts += ["--json", args.json]
+    if args.plot:
+        parts += ["--plot", args.plot]
+    return " ".join(env + [shlex.join(parts)])
+
+
+def run(args) -> int:
+    """Exit 0: every TileLink row checked and timed; 1: some row FAILED; 2: cannot run."""
+    from ..bench.report import (collect_meta, dump_json, format_markdown_section,
+                                format_table, plot)
+    from ..bench.run import Options
+
+    specs = specs_from_args(args)
+    n = gpu_count()
+    if n < args.world_size:
+        print(f"tilelink bench: needs {args.world_size} CUDA GPUs, found {n}. Benchmarks are "
+              "not meaningful on the emulated world (CPU processes, Triton interpreter); to "
+              "check a pattern without GPUs use: tilelink run PATTERN --check",
+              file=sys.stderr)
+        return 2
+    from ..bench.run import bench_rank
+    from ..runtime.launcher import launch_world
+
+    opts = Options(warmup=args.warmup, iters=args.iters, rounds=args.rounds, reps=args.reps,
+                   seed=args.seed)
+    results = launch_world(bench_rank, args.world_size, specs, opts)
+    if int(os.environ.get("RANK", "0")) != 0 or results is None:
+        return 0  # under torchrun: rank 0 reports
+    meta = collect_meta(command_line(args))
+    print(format_table(results))
+    if args.json:
+        dump_json(results, meta, args.json)
+        print(f"results: {args.json}", file=sys.stderr)
+    if args.plot and plot(results, args.plot, title=_title(meta)):
+        print(f"chart: {args.plot}", file=sys.stderr)
+    if args.markdown:
+        print()
+        print(format_markdown_section(results, meta, args.plot))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        print(f"tilelink bench: {len(failed)} of {len(results)} row(s) FAILED (see above)",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _title(meta: dict) -> str:
+    return (f"TileLink vs baselines — {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}, "
+            f"triton {meta.get('triton', '?')}, {meta.get('date', '')}")
