@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import TileLinkError
@@ -54,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--calls", type=int, default=1, help="back-to-back calls, fresh inputs each")
     r.add_argument("--delays", action="store_true", help="random delay before each rank's launch")
     r.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds before stuck waits are stopped and reported (default 120)")
+                   help="emulated world: seconds before stuck waits are stopped and reported "
+                   "(default 120)")
+    r.add_argument("--emulate", action="store_true",
+                   help="use the emulated world even when GPUs are present")
+    r.add_argument("--backend", choices=("torch", "nvshmem"), default="torch",
+                   help="GPU symmetric memory: torch symmetric memory (default) or NVSHMEM")
+    r.add_argument("--graph", action="store_true",
+                   help="GPU: capture one call in a CUDA graph and replay it --calls times")
+    r.add_argument("--spin-limit", type=int, default=None,
+                   help="GPU: spins before a wait gives up and is reported (~1 us each)")
     for name in SUBCOMMANDS:
         module = _subcommand(name)
         if module is not None:
@@ -107,8 +117,16 @@ def cmd_run(args) -> int:
     from ..frontend import load_pattern
     from ..runtime import check, emulate
 
+    from ..runtime.launcher import gpu_count, under_torchrun
+
     pat = load_pattern(args.pattern)
-    bp = pat.bind(_defines(args.defines, "-D"), args.world_size)
+    values = _defines(args.defines, "-D")
+    bp = pat.bind(values, args.world_size)
+    if not args.emulate and (under_torchrun() or gpu_count() >= args.world_size):
+        return _run_gpu(args, values)
+    if gpu_count():
+        why = "--emulate given" if args.emulate else f"only {gpu_count()} GPU(s) visible"
+        print(f"tilelink: {why}", file=sys.stderr)
     print(f"tilelink: no GPU in use: running {bp.name} on the emulated world "
           f"({bp.world} CPU processes, Triton interpreter)", file=sys.stderr)
     s, res = emulate(bp, config=_defines(args.config, "--config"), seed=args.seed,
@@ -122,6 +140,41 @@ def cmd_run(args) -> int:
         print(line)
     print("check: " + ("OK, matches the torch reference" if rep.ok else "MISMATCH"))
     return 0 if rep.ok else 1
+
+
+def _run_gpu(args, values: dict) -> int:
+    """`tilelink run` on GPUs: spawn the ranks (or join torchrun's), report per rank."""
+    from ..runtime.gpu_run import RunSpec, run_rank
+    from ..runtime.launcher import launch_world, under_torchrun
+
+    spec = RunSpec(args.pattern, values, _defines(args.config, "--config"), calls=args.calls,
+                   seed=args.seed, check=args.check, delays=args.delays, graph=args.graph,
+                   backend=args.backend, spin_limit=args.spin_limit, timing_iters=20)
+    print(f"tilelink: running on {args.world_size} GPU rank(s), symmetric memory backend "
+          f"{args.backend}", file=sys.stderr)
+    res = launch_world(run_rank, args.world_size, spec)
+    if under_torchrun() and int(os.environ["RANK"]) != 0:  # rank 0 reports for everyone
+        return 0
+    ok = True
+    print(f"{res['pattern']}: {res['sizes']}; W = {res['world']}")
+    for r in res["ranks"]:
+        print(f"rank {r['rank']} ({r['device']}): config {r['config']}")
+        if r["hang"]:
+            ok = False
+            print(f"  {r['hang']}")
+            continue
+        ms = f"{r['ms_per_call']:.3f} ms per call (steady state, max over ranks)" \
+            if r["ms_per_call"] is not None else ""
+        print(f"  {r['calls']} call(s); {ms}")
+        for name, (ae, re_) in r["errors"].items():
+            print(f"  {name}: max abs error {ae:.3g}, max rel error {re_:.3g}")
+        if args.check:
+            ok &= r["bad_calls"] == 0
+            if r["bad_calls"]:
+                print(f"  {r['bad_calls']} call(s) MISMATCHED")
+    if args.check:
+        print("check: " + ("OK, matches the torch reference" if ok else "MISMATCH"))
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,381 @@
+"""Run generated kernels on GPUs inside a torch.distributed program.
+
+    import tilelink.runtime.gpu as tkg
+    op = tkg.compile_op(pattern, values={"M": 8192}, group=None)   # once, collectively
+    c = op(a, b)                       # on the current stream, back to back, graph-capturable
+
+`compile_op` binds the pattern to the group's world size, schedules it for this GPU, renders
+and imports the module (once per source: the kernel cache), allocates its symmetric heap,
+initialises the signals, and compiles the kernel with one collective warm-up call. Each call
+then launches the kernel with the next epoch; signals are never reset and no host barrier
+is needed between calls (double buffers are released by signals; see DESIGN.md).
+
+Copy-engine communication runs on a side stream: peer copies (cudaMemcpyAsync), each chunk
+followed by a stream write of its signal, and stream waits for buffer releases
+(`stream_ops`); the side stream forks from and joins back into the caller's stream.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from ..codegen import render_triton
+from ..codegen.compile import load_module
+from ..errors import ConfigError, HangError, NotSupportedError, TileLinkError
+from ..ir import BoundPattern, Pattern
+from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
+from ..schedule import get_target, make_schedule
+from .api import _drop_data_notifies, describe_wait
+from .emulated import wrap_epoch
+from .reference import TORCH_DTYPES
+from .symmetric import SymmetricHeap
+
+# Spin bound of every wait, in iterations (~1 us each on an H200): a broken producer ends
+# in a HangError after about this many microseconds instead of a hung GPU.
+DEFAULT_SPIN_LIMIT = int(os.environ.get("TILELINK_SPIN_LIMIT", 20_000_000))
+
+
+def device_target():
+    """The tilelink target of the current CUDA device (cuda:90 on Hopper, cuda:80 on Ampere)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    name = "cuda:90" if major >= 9 else "cuda:80"
+    t = get_target(name)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    from dataclasses import replace
+
+    return replace(t, num_sms=sms)
+
+
+class CopyEngine:
+    """Copy-engine ops of a generated module, enqueued on a side stream in order."""
+
+    def __init__(self, heap: SymmetricHeap):
+        import torch
+
+        self.heap = heap
+        self.stream = torch.cuda.Stream()
+        self.pending_waits: list[tuple[int, int]] = []  # (address, value) of recent waits
+        self.flat = [{k: v.view(-1) for k, v in peer.items()} for peer in heap.peers]
+
+    def run(self, ops: list[tuple]) -> None:
+        """Fork from the current stream, enqueue `ops` on the side stream (not joined yet)."""
+        import torch
+
+        from . import stream_ops
+
+        if not ops:
+            return
+        side = self.stream
+        side.wait_stream(torch.cuda.current_stream())  # inputs are ready on the caller's stream
+        self.pending_waits = []
+        with torch.cuda.stream(side):
+            for op in ops:
+                kind = op[0]
+                if kind == "copy":
+                    _, src, peer, buf, offset = op
+                    src = src.reshape(-1)
+                    dst = self.flat[peer][buf][offset:offset + src.numel()]
+                    dst.copy_(src, non_blocking=True)  # contiguous same-dtype: cudaMemcpyAsync
+                    src.record_stream(side)
+                elif kind == "signal":
+                    _, peer, buf, idx, value = op
+                    stream_ops.write_value32(side, self.flat[peer][buf][idx].data_ptr(), value)
+                elif kind == "wait":
+                    _, peer, buf, idx, value = op
+                    addr = self.flat[peer][buf][idx].data_ptr()
+                    self.pending_waits.append((addr, value))
+                    stream_ops.wait_value32(side, addr, value)
+                else:
+                    raise TileLinkError(f"unknown copy-engine op {kind!r}")
+
+    def join(self) -> None:
+        """Make the caller's stream wait for everything enqueued on the side stream."""
+        import torch
+
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+    def unstick(self) -> None:
+        """After a failure: satisfy the side stream's waits so it drains (stream waits have
+        no bound of their own). Writes from a fresh stream, which nothing blocks."""
+        import torch
+
+        from . import stream_ops
+
+        s = torch.cuda.Stream()
+        for addr, value in self.pending_waits:
+            stream_ops.write_value32(s, addr, value)
+        s.synchronize()
+
+
+@dataclass
+class GpuRankRuntime:
+    """What a generated module's `launch` sees on a GPU rank (same names as the emulator's)."""
+
+    rank: int
+    world: int
+    symmetric: dict
+    heap_bases: object
+    abort: object
+    diag: object
+    spin_limit: int
+    engine: CopyEngine | None = field(default=None, repr=False)
+
+    def copy_engine(self, ops: list[tuple]) -> None:
+        if ops:
+            self.engine.run(ops)
+
+
+class TileLinkOp:
+    """A pattern compiled for one process group: call it like a function on local tensors."""
+
+    def __init__(self, bound: BoundPattern, schedule, module, heap: SymmetricHeap, group,
+                 spin_limit: int):
+        import torch
+
+        self.bound, self.schedule, self.config = bound, schedule, schedule.config
+        self.module, self.heap, self.group = module, heap, group
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.input_names = tuple(d.name for d in bound.pattern.inputs)
+        self.output_names = tuple(module.OUTPUTS)
+        self.copy_engine = self.config.comm == "copy_engine"
+        abort = torch.zeros(1, dtype=torch.int32, device=self.device)
+        diag = torch.zeros(DIAG_WORDS, dtype=torch.int32, device=self.device)
+        engine = CopyEngine(heap) if self.copy_engine else None
+        self.rt = GpuRankRuntime(heap.rank, heap.world, heap.tensors, heap.heap_bases, abort,
+                                 diag, spin_limit, engine)
+        self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
+        self._lock = threading.Lock()
+
+    # ---- inputs and outputs -------------------------------------------------------------
+
+    def make_inputs(self, seed: int = 0) -> dict:
+        """Random local inputs for this rank, on this op's device."""
+        from .dist_reference import make_local_inputs
+
+        return make_local_inputs(self.bound, self.rt.rank, seed, self.device)
+
+    def _bind(self, args, kwargs) -> dict:
+        import torch
+
+        if len(args) > len(self.input_names):
+            raise TileLinkError(f"{self.bound.name} takes {len(self.input_names)} inputs "
+                                f"({', '.join(self.input_names)}); got {len(args)}")
+        given = dict(zip(self.input_names, args))
+        for k, v in kwargs.items():
+            if k not in self.input_names:
+                raise TileLinkError(f"{self.bound.name} has no input '{k}'",
+                                    hint="inputs: " + ", ".join(self.input_names))
+            if k in given:
+                raise TileLinkError(f"input '{k}' given twice")
+            given[k] = v
+        missing = [n for n in self.input_names if n not in given]
+        if missing:
+            raise TileLinkError(f"{self.bound.name}: missing input(s) {', '.join(missing)}")
+        for name in self.input_names:
+            t = given[name]
+            shape, dtype = self.module.INPUTS[name]
+            want = TORCH_DTYPES[dtype]
+            where = f"input '{name}' of {self.bound.name}"
+            if not isinstance(t, torch.Tensor):
+                raise TileLinkError(f"{where} must be a torch.Tensor, not {type(t).__name__}")
+            if t.device != self.device:
+                raise TileLinkError(f"{where} is on {t.device}; this op runs on {self.device}",
+                                    hint=f"move it: {name}.to('{self.device}')")
+            if t.dtype != want:
+                raise TileLinkError(f"{where} has dtype {t.dtype}; the pattern says {dtype}",
+                                    hint=f"convert it: {name}.to({want})")
+            if tuple(t.shape) != tuple(shape):
+                raise TileLinkError(f"{where} has shape {tuple(t.shape)}; this rank's shard is "
+                                    f"{tuple(shape)} ({self.bound.sizes_str()}, W = "
+                                    f"{self.bound.world})",
+                                    hint="compile the op for these sizes (values=...)")
+            if not t.is_contiguous():
+                raise TileLinkError(f"{where} is not contiguous",
+                                    hint=f"pass {name}.contiguous()")
+        return given
+
+    # ---- calls --------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        """Run one call on the current stream; returns the output (or a tuple of outputs)."""
+        import torch
+
+        ins = self._bind(args, kwargs)
+        if self.copy_engine and torch.cuda.is_current_stream_capturing():
+            raise NotSupportedError(
+                "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
+                "operations carry the epoch as a constant",
+                hint="compile with config comm=sm for graph capture")
+        outs = {name: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
+                for name, (shape, dtype) in self.module.OUTPUTS.items()}
+        self._launch(ins, outs)
+        vals = tuple(outs[n] for n in self.output_names)
+        return vals[0] if len(vals) == 1 else vals
+
+    def _launch(self, ins, outs) -> None:
+        with self._lock:
+            epoch = wrap_epoch(self.epoch)
+            self.epoch += 1
+        self.module.launch(self.rt, ins, outs, epoch)
+        if self.rt.engine is not None:
+            self.rt.engine.join()
+
+    def check_diagnostics(self) -> None:
+        """Synchronize; raise HangError naming every wait that gave up (the GPU watchdog)."""
+        import torch
+
+        torch.cuda.synchronize()
+        diag = self.rt.diag.cpu()
+        count = int(diag[0])
+        if not count:
+            return
+        if self.rt.engine is not None:
+            self.rt.engine.unstick()
+        keys = ("rank", "program", "site", "slot", "expected", "observed", "spins", "reason")
+        words = []
+        for i in range(min(count, (len(diag) - DIAG_HEADER) // DIAG_FIELDS)):
+            base = DIAG_HEADER + i * DIAG_FIELDS
+            rec = dict(zip(keys, (int(x) for x in diag[base:base + DIAG_FIELDS])))
+            words.append(describe_wait(self.schedule, self.module.WAIT_SITES, rec))
+        self.rt.diag.zero_()
+        self.rt.abort.zero_()
+        raise HangError(f"rank {self.rt.rank}: {count} wait(s) gave up after "
+                        f"{self.rt.spin_limit} spins\n" + "\n".join(f"  {w}" for w in words),
+                        hint="the wait names the producer tile and the pattern line it needed")
+
+
+def _op_key(bp: BoundPattern, cfg, backend, group, spin_limit, fault) -> tuple:
+    import torch
+
+    return (bp.pattern.name, bp.signature(), bp.sizes_str(), bp.world, str(cfg), backend,
+            getattr(group, "group_name", None), torch.cuda.current_device(), spin_limit, fault)
+
+
+_OPS: dict[tuple, TileLinkOp] = {}
+
+
+def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
+               config: dict | None = None, group=None, *, backend: str = "torch",
+               spin_limit: int | None = None, tuned: bool = True, fault: str | None = None,
+               verbose: bool = False) -> TileLinkOp:
+    """Compile `pattern` for the ranks of `group` (default: the world); collective call.
+
+    `config`: schedule overrides (dict of KEY=VALUE strings, or a Config); without any, the
+    tuner's cached best config for this pattern, sizes and GPU is used when one exists
+    (`tuned=False` skips the lookup). `backend`: "torch" (torch symmetric memory) or
+    "nvshmem". Ops are cached per (pattern, sizes, config, backend, group, device): a second
+    call returns the same op. `fault` ("drop_notify") is for testing the watchdog.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise TileLinkError("compile_op needs torch.distributed to be initialised",
+                            hint="call torch.distributed.init_process_group('nccl') first, or "
+                            "use `tilelink run`, which starts the ranks itself")
+    world = dist.get_world_size(group)
+    if isinstance(pattern, BoundPattern):
+        bp = pattern
+        if bp.world != world:
+            raise ConfigError(f"the pattern was bound for W = {bp.world} but the group has "
+                              f"{world} ranks")
+    else:
+        bp = pattern.bind(values or {}, world)
+    target = device_target()
+    overrides, base = {}, None
+    if config is not None and not isinstance(config, dict):
+        base = config
+    elif config:
+        overrides = {k: str(v) for k, v in config.items()}
+    elif tuned:
+        base = _tuned_config(bp, verbose)
+    s = make_schedule(bp, target, overrides, base=base)
+    limit = spin_limit or DEFAULT_SPIN_LIMIT
+    key = _op_key(bp, s.config, backend, group, limit, fault)
+    if key in _OPS:
+        return _OPS[key]
+    source = render_triton(s)
+    if fault == "drop_notify":
+        source = _drop_data_notifies(source)
+    elif fault:
+        raise ConfigError(f"unknown fault '{fault}'", hint="faults: drop_notify")
+    mod = load_module(source, name=f"tilelink_gpu_{bp.name}")
+    if getattr(mod, "TMA", False):
+        _set_triton_allocator()
+    heap = SymmetricHeap(mod.SYMMETRIC, group, backend)
+    if hasattr(mod, "init_signals"):
+        mod.init_signals(heap.tensors, 1)
+    torch.cuda.synchronize()
+    heap.barrier()  # every rank's signals are initialised before anyone's first call
+    op = TileLinkOp(bp, s, mod, heap, group, limit)
+    _warm_up(op)
+    _OPS[key] = op
+    return op
+
+
+class _CompileOnly:
+    """Stands in for the module's kernel during warm-up: `kernel[grid](...)` compiles (Triton's
+    `warmup`) and launches nothing."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
+
+
+def _warm_up(op: TileLinkOp) -> None:
+    """Compile the kernel before the first call (no launch, no communication), so ranks that
+    finish compiling at different times never spin on each other and no call pays the JIT."""
+    import torch
+
+    from ..codegen.compile import kernel_of
+
+    kernel = kernel_of(op.module)
+    name = next(k for k, v in vars(op.module).items() if v is kernel)
+    ins = {k: torch.zeros(shape, dtype=TORCH_DTYPES[d], device=op.device)
+           for k, (shape, d) in op.module.INPUTS.items()}
+    outs = {k: torch.empty(shape, dtype=TORCH_DTYPES[d], device=op.device)
+            for k, (shape, d) in op.module.OUTPUTS.items()}
+    engine, op.rt.engine = op.rt.engine, None
+    setattr(op.module, name, _CompileOnly(kernel))
+    try:
+        op.rt.copy_engine = lambda ops: None
+        op.module.launch(op.rt, ins, outs, 1)
+    finally:
+        setattr(op.module, name, kernel)
+        op.rt.engine = engine
+        del op.rt.copy_engine  # back to the class's method
+    op.heap.barrier()
+
+
+def _set_triton_allocator() -> None:
+    """Device-side TMA descriptors need global scratch memory from Triton's allocator."""
+    import torch
+    import triton
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(alloc)
+
+
+def _tuned_config(bp: BoundPattern, verbose: bool):
+    """The tuner's cached config for this pattern on this GPU, if `tilelink tune` ran."""
+    try:
+        from ..tune.cache import lookup
+    except ImportError:
+        return None
+    import torch
+
+    found = lookup(bp, torch.cuda.get_device_name())
+    if found is None:
+        return None
+    cfg, path = found
+    if verbose:
+        print(f"tilelink: using the tuned config from {path}: {cfg}")
+    return cfg

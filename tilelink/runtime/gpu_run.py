@@ -1,0 +1,137 @@
+"""One rank's body of `tilelink run` on GPUs (and of the `dist` tests).
+
+`run_rank(rank, world, spec)` compiles the pattern for the world, makes fresh random
+inputs per call, runs the calls back to back with no host synchronisation between them
+(optionally with a random GPU-side delay before each rank's launch: the stress mode), or
+captures one call in a CUDA graph and replays it, checks every call against the NCCL +
+torch reference, and returns a summary; run under `launcher.launch_world`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunSpec:
+    """What to run: the pattern and its sizes, the schedule, and how to exercise it."""
+
+    pattern: str  # a .tl path or path.py:function
+    values: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    calls: int = 1
+    seed: int = 0
+    check: bool = True
+    delays: bool = False  # random busy-wait on the GPU before each launch (race stress)
+    graph: bool = False  # capture one call in a CUDA graph, replay it `calls` times
+    backend: str = "torch"
+    spin_limit: int | None = None
+    fault: str | None = None  # "drop_notify": the watchdog test
+    timing_iters: int = 0  # >0: also time this many back-to-back calls (steady state)
+
+
+def _delay(rng: random.Random) -> None:
+    import torch
+
+    # up to ~100 us of GPU time on the caller's stream before the launch
+    torch.cuda._sleep(rng.randrange(0, 200_000))
+
+
+def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
+    """Run `spec` on this rank; rank 0's return value holds every rank's summary."""
+    import torch
+    import torch.distributed as dist
+
+    from ..errors import TileLinkError
+    from ..frontend import load_pattern
+    from .dist_reference import evaluate_local
+    from .gpu import compile_op
+    from .reference import compare, tolerance
+
+    bp = load_pattern(spec.pattern).bind(spec.values, world)
+    op = compile_op(bp, config=spec.config or None, backend=spec.backend,
+                    spin_limit=spec.spin_limit, fault=spec.fault, tuned=not spec.config)
+    summary = {"rank": rank, "config": str(op.config), "calls": spec.calls, "errors": {},
+               "bad_calls": 0, "hang": None, "ms_per_call": None, "device":
+               torch.cuda.get_device_name()}
+    rng = random.Random(spec.seed * 7919 + rank)
+    inputs = [op.make_inputs(spec.seed + i) for i in range(spec.calls)]
+    outputs = []
+    try:
+        if spec.graph:
+            outputs = _graph_replays(op, inputs)
+        else:
+            for ins in inputs:
+                if spec.delays:
+                    _delay(rng)
+                outputs.append(op(**ins))
+        op.check_diagnostics()
+    except TileLinkError as e:
+        summary["hang"] = f"{type(e).__name__}: {e}"
+    if summary["hang"] is None and spec.check:
+        k = max((t.shape[-1] for t in bp.tensors.values()), default=1)
+        for ins, out in zip(inputs, outputs):
+            want = evaluate_local(bp, ins)
+            outs = out if isinstance(out, tuple) else (out,)
+            bad = False
+            for name, got in zip(op.output_names, outs):
+                ae, re_ = compare(got, want[name])
+                prev = summary["errors"].get(name, (0.0, 0.0))
+                summary["errors"][name] = (max(prev[0], ae), max(prev[1], re_))
+                atol, rtol = tolerance(bp.tensors[name].dtype, k)
+                bad |= bool(torch.isnan(got.float()).any()) or not torch.allclose(
+                    got.float(), want[name].float(), atol=atol * max(1, world), rtol=rtol)
+            summary["bad_calls"] += int(bad)
+    if summary["hang"] is None and spec.timing_iters:
+        summary["ms_per_call"] = _steady_ms(op, inputs[0], spec.timing_iters)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, summary)
+    return {"pattern": bp.name, "sizes": bp.sizes_str(), "world": world, "ranks": everyone}
+
+
+def _graph_replays(op, inputs) -> list:
+    """Capture one call (static input/output tensors) and replay it once per input."""
+    import torch
+
+    static_in = {k: v.clone() for k, v in inputs[0].items()}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            static_out = op(**static_in)
+    torch.cuda.current_stream().wait_stream(s)
+    outs = []
+    for ins in inputs:
+        for k, v in ins.items():
+            static_in[k].copy_(v)
+        graph.replay()
+        outs.append(static_out.clone() if not isinstance(static_out, tuple)
+                    else tuple(o.clone() for o in static_out))
+    return outs
+
+
+def _steady_ms(op, ins, iters: int) -> float:
+    """Back-to-back calls timed with CUDA events, max over ranks (ms per call)."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        op(**ins)
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        op(**ins)
+    end.record()
+    torch.cuda.synchronize()
+    t = torch.tensor([start.elapsed_time(end) / iters], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def run_many(rank: int, world: int, specs: list[RunSpec]) -> list[dict]:
+    """Run several specs in one world (one process start-up for a whole test suite)."""
+    return [run_rank(rank, world, spec) for spec in specs]

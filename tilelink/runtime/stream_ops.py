@@ -1,0 +1,65 @@
+"""CUDA stream memory operations: wait for / write a 32-bit word in stream order.
+
+The copy engine's signals must be stream memory operations, not kernels: a kernel queued
+behind a persistent kernel that fills every SM never runs (DESIGN.md, hang 1). These call
+the driver's cuStreamWaitValue32 / cuStreamWriteValue32 through ctypes, so no extra
+package is needed.
+
+- wait: the stream stalls until `(int32)(*addr - value) >= 0` (cyclic >=, the same
+  comparison `tilelink.lang.wait` uses, so epochs may wrap around).
+- write: `*addr = value`, preceded by a memory barrier (the driver's default), so every
+  copy earlier on the stream is visible before the signal is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+from ..errors import TileLinkError
+
+CU_STREAM_WAIT_VALUE_GEQ = 0x0
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0
+
+
+@lru_cache(maxsize=1)
+def _driver():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise TileLinkError(f"cannot load the CUDA driver (libcuda.so.1): {e}") from None
+    fns = {}
+    for name in ("cuStreamWaitValue32", "cuStreamWriteValue32"):
+        for sym in (f"{name}_v2", name):
+            f = getattr(lib, sym, None)
+            if f is not None:
+                f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+                f.restype = ctypes.c_int
+                fns[name] = f
+                break
+        else:
+            raise TileLinkError(f"the CUDA driver has no {name}")
+    return fns
+
+
+def _check(code: int, what: str) -> None:
+    if code != 0:
+        raise TileLinkError(f"{what} failed with CUDA driver error {code}")
+
+
+def _u32(value: int) -> int:
+    return value & 0xFFFFFFFF
+
+
+def wait_value32(stream, address: int, value: int) -> None:
+    """Enqueue on `stream` (a torch.cuda.Stream): wait until the word at `address` >= value."""
+    code = _driver()["cuStreamWaitValue32"](ctypes.c_void_p(stream.cuda_stream), address,
+                                            _u32(value), CU_STREAM_WAIT_VALUE_GEQ)
+    _check(code, "cuStreamWaitValue32")
+
+
+def write_value32(stream, address: int, value: int) -> None:
+    """Enqueue on `stream`: write `value` to the word at `address` (after earlier work)."""
+    code = _driver()["cuStreamWriteValue32"](ctypes.c_void_p(stream.cuda_stream), address,
+                                             _u32(value), CU_STREAM_WRITE_VALUE_DEFAULT)
+    _check(code, "cuStreamWriteValue32")
