@@ -34,6 +34,7 @@ from .symmetric import SymmetricHeap
 
 # Spin bound of every wait, in iterations (~1 us each on an H200): a broken producer ends
 # in a HangError after about this many microseconds instead of a hung GPU.
+SHOW_RECORDS = 6  # diagnostic records spelled out in a HangError (the rest are counted)
 DEFAULT_SPIN_LIMIT = int(os.environ.get("TILELINK_SPIN_LIMIT", 20_000_000))
 
 
@@ -243,8 +244,11 @@ class TileLinkOp:
             words.append(describe_wait(self.schedule, self.module.WAIT_SITES, rec))
         self.rt.diag.zero_()
         self.rt.abort.zero_()
+        shown = words[:SHOW_RECORDS]
+        if len(words) > len(shown) or count > len(words):
+            shown.append(f"... and {count - len(shown)} more")
         raise HangError(f"rank {self.rt.rank}: {count} wait(s) gave up after "
-                        f"{self.rt.spin_limit} spins\n" + "\n".join(f"  {w}" for w in words),
+                        f"{self.rt.spin_limit} spins\n" + "\n".join(f"  {w}" for w in shown),
                         hint="the wait names the producer tile and the pattern line it needed")
 
 

@@ -1,0 +1,47 @@
+"""Run the dist test cases (tests/test_dist.py) directly and print one line per case and rank.
+
+    python tools/dist_cases.py [--only REGEX] [--nvshmem]
+
+Faster to read than pytest's output when iterating on a GPU host; the tests are the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.test_dist import CASES, NVSHMEM_CASES, WATCHDOG  # noqa: E402
+from tilelink.runtime.gpu_run import run_many  # noqa: E402
+from tilelink.runtime.launcher import launch_world  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--only", default=".*", help="regex over case names")
+    p.add_argument("--nvshmem", action="store_true", help="the NVSHMEM cases")
+    args = p.parse_args()
+    pool = NVSHMEM_CASES if args.nvshmem else CASES | WATCHDOG
+    cases = {k: v for k, v in pool.items() if re.search(args.only, k)}
+    t0 = time.time()
+    results = launch_world(run_many, 2, list(cases.values()))
+    bad = 0
+    for name, res in zip(cases, results):
+        for r in res["ranks"]:
+            errs = " ".join(f"{k}: abs {a:.3g}" for k, (a, _) in r["errors"].items())
+            status = "HANG" if r["hang"] else ("BAD" if r["bad_calls"] else "ok")
+            bad += status != "ok"
+            print(f"{name:<16} rank {r['rank']} {status:<4} calls={r['calls']} "
+                  f"bad={r['bad_calls']} {errs} cfg=[{r['config']}]")
+            if r["hang"]:
+                print("   " + r["hang"].replace("\n", "\n   "))
+    print(f"{len(cases)} case(s) in {time.time() - t0:.1f} s; {bad} not ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
