@@ -19,8 +19,8 @@ rank's M/W output rows (the sums are not part of the transfer).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -202,7 +202,7 @@ def collect_meta(command: str = "") -> dict:
     try:
         meta["tilelink_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            timeout=5).stdout.strip()
+            timeout=5, check=False).stdout.strip()
     except Exception:
         pass
     return meta
@@ -260,8 +260,8 @@ def format_detail(r: BenchResult) -> str:
     """One shape, one line per system: steady / single-call ms, TFLOP/s or GB/s, ratios."""
     head = (f"{r.label} {r.pattern} {r.shape} W={r.world}"
             + (f"  config: {r.config}" if r.config else ""))
-    lines = [head, f"  {'system':<24}{'steady ms':>10}{'1-call ms':>11}{'rate':>14}"
-                   f"{'vs floor':>10}{'TL speedup':>12}  check"]
+    lines = [head, (f"  {'system':<24}{'steady ms':>10}{'1-call ms':>11}{'rate':>14}"
+                    f"{'vs floor':>10}{'TL speedup':>12}  check")]
     for k in SYSTEMS:
         if k not in r.steady_ms and k not in r.failed:
             continue
@@ -275,7 +275,8 @@ def format_detail(r: BenchResult) -> str:
                  if k in r.max_abs_err else "")
         lines.append(f"  {NAMES[k]:<24}{_f(r.steady_ms.get(k)):>10}{_f(r.single_ms.get(k)):>11}"
                      f"{rate:>14}{_f(r.vs_floor(k), '.2f'):>10}{sp:>12}  {check}")
-    lines.append(f"  {'floor = max(GEMM, fastest comm)':<34}{_f(r.floor_ms()):>10}")
+    lines.append(f"  {'floor':<24}{_f(r.floor_ms()):>10}{'':>11}{'':>14}{'1.00':>10}{'':>12}"
+                 "  = max(GEMM alone, fastest comm alone)")
     if r.tl_vs_nccl_cublas_max_abs is not None:
         lines.append(f"  TileLink vs NCCL+cuBLAS: max abs difference "
                      f"{r.tl_vs_nccl_cublas_max_abs:.3g}")
@@ -292,10 +293,10 @@ def format_markdown_section(results: list[BenchResult], meta: dict,
     lines = [f"### {meta.get('date', '?')}: {meta.get('gpu', '?')} ({meta.get('host', '?')})",
              "", f"Versions: {vers}; tilelink {meta.get('tilelink_commit', '?')}.", "",
              "Reproduce:", "", "```", meta.get("command", "?"), "```", "",
-             "Steady-state ms per call (back-to-back calls, CUDA events after warm-up, max "
-             "over ranks); `1-call ms` is one TileLink call started from idle. TFLOP/s per "
-             "GPU. floor = max(cuBLAS GEMM alone, fastest comm alone). `× X` = X's time / "
-             "TileLink's.", "", format_table(results, markdown=True)]
+             ("Steady-state ms per call (back-to-back calls, CUDA events after warm-up, max "
+              "over ranks); `1-call ms` is one TileLink call started from idle. TFLOP/s per "
+              "GPU. floor = max(cuBLAS GEMM alone, fastest comm alone). `× X` = X's time / "
+              "TileLink's."), "", format_table(results, markdown=True)]
     if png:
         lines += ["", f"![TileLink vs baselines]({png})"]
     return "\n".join(lines)
@@ -304,6 +305,7 @@ def format_markdown_section(results: list[BenchResult], meta: dict,
 # ---------------------------------------------------------------- chart
 
 PLOTTED = ("tilelink", "async_tp", "nccl_cublas", "gemm")
+CLIP = 2.5  # time / floor above this is drawn cut (and labelled), so the rest stays legible
 COLORS = {"tilelink": "#1f77b4", "async_tp": "#ff7f0e", "nccl_cublas": "#7f7f7f",
           "gemm": "#2ca02c"}
 
@@ -329,7 +331,7 @@ def plot(results: list[BenchResult], path: str, title: str = "") -> bool:
         if r.label not in kinds:
             kinds.append(r.label)
     fig, axes = plt.subplots(1, max(1, len(kinds)), squeeze=False,
-                             figsize=(max(6.0, 1.9 * len(results) + 2), 4.6),
+                             figsize=(max(6.0, 1.4 * len(results) + 2.5), 4.6),
                              gridspec_kw={"width_ratios": [max(1, sum(r.label == k for r in results))
                                                            for k in kinds] or [1]})
     width = 0.8 / len(PLOTTED)
@@ -342,7 +344,13 @@ def plot(results: list[BenchResult], path: str, title: str = "") -> bool:
                 if v is not None:
                     xs.append(i + (j - (len(PLOTTED) - 1) / 2) * width)
                     ys.append(v)
-            bars = ax.bar(xs, ys, width, label=NAMES[sysk], color=COLORS[sysk])
+            bars = ax.bar(xs, [min(y, CLIP) for y in ys], width, label=NAMES[sysk],
+                          color=COLORS[sysk])
+            for x, y in zip(xs, ys):
+                if y > CLIP:  # a bar off the scale: cut at CLIP, its value written on it
+                    ax.annotate(f"{y:.1f}×", (x, CLIP), ha="center", va="top", fontsize=7,
+                                rotation=90, color="white", xytext=(0, -3),
+                                textcoords="offset points")
             if sysk == "tilelink":
                 for x, r, b in zip(xs, [r for r in rs if r.vs_floor(sysk) is not None], bars):
                     ax.annotate(f"{r.steady_ms['tilelink']:.3g} ms"
@@ -355,7 +363,8 @@ def plot(results: list[BenchResult], path: str, title: str = "") -> bool:
                             for r in rs], fontsize=8)
         ax.set_title(f"{kind} (W={rs[0].world})", fontsize=10)
         ax.set_ylabel("time / floor (lower is better)")
-        ax.set_ylim(0, max([1.2] + [r.vs_floor(s) or 0 for r in rs for s in PLOTTED]) * 1.18)
+        top = max([1.2] + [min(CLIP, r.vs_floor(s) or 0) for r in rs for s in PLOTTED])
+        ax.set_ylim(0, top * 1.18)
     axes[0][0].legend(fontsize=8, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=9)

@@ -28,8 +28,15 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-from .report import (NAMES, SYSTEMS, BenchResult, Progress, comm_bytes_per_rank,
-                     flops_per_rank, format_detail)
+from .report import (
+    NAMES,
+    SYSTEMS,
+    BenchResult,
+    Progress,
+    comm_bytes_per_rank,
+    flops_per_rank,
+    format_detail,
+)
 
 
 @dataclass
@@ -149,6 +156,7 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
             if key == "tilelink":
                 out = fns["tilelink"]()
                 torch.cuda.synchronize()
+                _diagnostics(op)  # a wait that gave up makes any output meaningless
                 m, r, ok = bl.compare(out, ref, k, dtype, slack)
                 if nccl_out is not None:
                     d = float((out.float() - nccl_out.float()).abs().max())
@@ -196,9 +204,26 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     for key in SYSTEMS:
         if key in fns:
             res.single_ms[key] = single_call_ms(fns[key], reps=opts.reps, group=group)
+    # A wait that gave up while timed would have produced fast garbage: re-check.
+    if "tilelink" in fns:
+        err = ""
+        try:
+            _diagnostics(op)
+        except Exception as e:  # noqa: BLE001
+            err = f"{type(e).__name__} while timed: {str(e).splitlines()[0][:160]}"
+        if not _agree(group, 0.0, 0.0, not err)[2]:
+            res.failed["tilelink"] = err or "a peer rank's wait gave up while timed"
+            if rank == 0:
+                _loud(rank, f"TileLink on {shape}: {res.failed['tilelink']} — row FAILED")
     dist.barrier(group=group)
-    del fns, base, op, inputs
     return res
+
+
+def _diagnostics(op) -> None:
+    """Raise if any of the op's bounded waits gave up (the GPU watchdog's records)."""
+    check = getattr(op, "check_diagnostics", None)
+    if check is not None:
+        check()
 
 
 def _reduction_len(bp) -> int:
@@ -216,16 +241,9 @@ def _reduction_len(bp) -> int:
 
 
 def _fallback_inputs(bp, seed: int, rank: int) -> dict:
-    """This rank's random inputs when TileLink's op (and its make_inputs) could not be built."""
+    """This rank's inputs when TileLink's op could not be built: the ones it would draw."""
     import torch
 
-    from ..runtime.reference import TORCH_DTYPES
+    from ..runtime.dist_reference import make_local_inputs
 
-    out = {}
-    for d in bp.pattern.inputs:
-        t = bp.tensors[d.name]
-        same = t.placement.kind == "replicated"  # one value on every rank
-        gen = torch.Generator(device="cuda").manual_seed(seed * 1009 + (0 if same else rank + 1))
-        out[d.name] = torch.randn(t.local_shape, generator=gen, device="cuda").to(
-            TORCH_DTYPES[t.dtype])
-    return out
+    return make_local_inputs(bp, rank, seed, torch.device("cuda", torch.cuda.current_device()))

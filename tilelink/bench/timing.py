@@ -27,7 +27,7 @@ but compilation belongs outside the timed program altogether (build and call onc
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

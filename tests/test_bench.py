@@ -1,0 +1,432 @@
+"""tilelink bench: what runs without a GPU (records, ratios, table, JSON, chart, CLI refusal,
+FLOP counting, timing logic, the fp32 reference over gloo), and end-to-end GPU runs (dist)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import sys
+
+import pytest
+import torch
+
+from tilelink.bench import report, timing
+from tilelink.bench.report import (
+    BenchResult,
+    Progress,
+    comm_bytes_per_rank,
+    dump_json,
+    flops_per_rank,
+    format_detail,
+    format_markdown_section,
+    format_table,
+    load_json,
+)
+from tilelink.cli.main import main
+from tilelink.frontend import load_pattern
+
+from .conftest import EXAMPLES, ROOT
+
+AG = str(EXAMPLES / "ag_gemm.tl")
+RS = str(EXAMPLES / "gemm_rs.tl")
+
+
+def _result(**steady) -> BenchResult:
+    ms = {"tilelink": 0.80, "nccl_cublas": 1.00, "async_tp": 0.90, "gemm": 0.70,
+          "nccl_comm": 0.30, "ce_comm": 0.20}
+    ms.update(steady)
+    ms = {k: v for k, v in ms.items() if v is not None}
+    return BenchResult(pattern="ag_gemm", signature="all_gather>gemm",
+                       sizes={"M": 8192, "N": 8192, "K": 8192, "dtype": "bf16"}, world=2,
+                       flops_per_rank=2 * 8192 * 4096 * 8192,
+                       comm_bytes_per_rank=4096 * 8192 * 2, config="comm=copy_engine",
+                       steady_ms=ms, single_ms={"tilelink": 0.95},
+                       max_abs_err={"tilelink": 0.5}, rel_err={"tilelink": 1e-3})
+
+
+# ---------------------------------------------------------------- FLOPs and bytes
+
+
+@pytest.mark.parametrize("w", [1, 2, 4])
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (2048, 28672, 8192), (1024, 8192, 8192)])
+def test_flops_and_bytes_ag_gemm(w, m, n, k):
+    bp = load_pattern(AG).bind({"M": m, "N": n, "K": k}, w)
+    assert flops_per_rank(bp) == 2 * m * (n // w) * k
+    assert comm_bytes_per_rank(bp) == (w - 1) * (m // w) * k * 2  # peer shards of a, bf16
+
+
+@pytest.mark.parametrize("w", [1, 2, 4])
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 28672), (2048, 8192, 28672)])
+def test_flops_and_bytes_gemm_rs(w, m, n, k):
+    bp = load_pattern(RS).bind({"M": m, "N": n, "K": k}, w)
+    assert flops_per_rank(bp) == 2 * m * n * (k // w)
+    assert comm_bytes_per_rank(bp) == (w - 1) * (m // w) * n * 2  # peer partials of my rows
+
+
+# ---------------------------------------------------------------- ratios
+
+
+def test_floor_is_max_of_gemm_and_fastest_comm():
+    r = _result()
+    assert r.comm_ms() == 0.20 and r.floor_ms() == 0.70
+    assert _result(ce_comm=None, nccl_comm=0.9).floor_ms() == 0.9       # comm bound
+    assert _result(nccl_comm=None).floor_ms() == 0.70
+    assert _result(nccl_comm=None, ce_comm=None).floor_ms() == 0.70      # no comm measured
+    assert _result(gemm=None).floor_ms() is None
+
+
+def test_ratios_and_rates():
+    r = _result()
+    assert r.vs_floor() == pytest.approx(0.80 / 0.70)
+    assert r.speedup("nccl_cublas") == pytest.approx(1.25)
+    assert r.speedup("async_tp") == pytest.approx(0.90 / 0.80)
+    assert r.tflops() == pytest.approx(2 * 8192 * 4096 * 8192 / 0.8e-3 / 1e12)
+    assert r.comm_gbps("ce_comm") == pytest.approx(4096 * 8192 * 2 / 0.2e-3 / 1e9)
+    assert r.ok and r.label == "AG-GEMM" and r.shape == "M=8192 N=8192 K=8192"
+    missing = _result(tilelink=None, async_tp=None)
+    assert missing.speedup("async_tp") is None and missing.tflops() is None
+    assert not missing.ok
+
+
+def test_failed_row_is_marked():
+    r = _result()
+    r.failed["tilelink"] = "MISMATCH vs fp32 reference: max abs err 3e+10"
+    assert not r.ok
+    table = format_table([r])
+    assert "FAILED" in table
+    assert "TileLink FAILED" in format_detail(r)
+    r2 = _result()
+    r2.failed["async_tp"] = "RuntimeError: boom"
+    assert r2.ok and "torch async-TP failed" in format_table([r2])
+
+
+# ---------------------------------------------------------------- table, JSON
+
+
+def test_table_has_every_number():
+    rows = [_result(), _result(tilelink=1.2)]
+    rows[1].signature, rows[1].pattern = "gemm>reduce_scatter", "gemm_rs"
+    text = format_table(rows)
+    lines = text.splitlines()
+    assert len(lines) == 3 and "TileLink ms" in lines[0] and "× async-TP" in lines[0]
+    assert "AG-GEMM" in lines[1] and "GEMM-RS" in lines[2]
+    assert "1.25×" in lines[1] and "1.14" in lines[1]  # speedup over NCCL+cuBLAS, TL/floor
+    assert "0.83×" in lines[2]                          # slower than NCCL+cuBLAS: below 1
+    md = format_table(rows, markdown=True).splitlines()
+    assert all(line.count("|") == len(report.COLUMNS) + 1 for line in md)
+    detail = format_detail(rows[0])
+    for name in report.NAMES.values():
+        assert name in detail
+    assert "GB/s" in detail and "TFLOP/s" in detail
+
+
+def test_json_round_trip(tmp_path):
+    rs = [_result(), _result(async_tp=None)]
+    rs[1].failed["async_tp"] = "RuntimeError: x"
+    meta = {"date": "2026-11-22", "host": "h", "command": "tilelink bench --suite design"}
+    path = tmp_path / "b.json"
+    dump_json(rs, meta, str(path))
+    raw = json.loads(path.read_text())
+    assert raw["results"][0]["derived"]["speedup_over_nccl_cublas"] == pytest.approx(1.25)
+    assert raw["results"][0]["derived"]["floor_ms"] == pytest.approx(0.70)
+    meta2, back = load_json(str(path))
+    assert meta2 == meta and back == rs
+
+
+def test_markdown_section_names_how_to_reproduce():
+    meta = {"date": "2026-11-22", "gpu": "2x NVIDIA H200", "host": "h", "torch": "2.11.0",
+            "triton": "3.6.0", "command": "NCCL_NVLS_ENABLE=0 tilelink bench --suite design"}
+    text = format_markdown_section([_result()], meta, "bench.png")
+    assert "2026-11-22" in text and "2x NVIDIA H200" in text and "torch 2.11.0" in text
+    assert "tilelink bench --suite design" in text and "![" in text and "| AG-GEMM |" in text
+
+
+def test_collect_meta_runs_without_gpu():
+    meta = report.collect_meta("tilelink bench x")
+    assert meta["command"] == "tilelink bench x" and "torch" in meta and "date" in meta
+
+
+# ---------------------------------------------------------------- chart
+
+
+def test_plot_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    rs = [_result(), _result(tilelink=0.5)]
+    rs[1].sizes = {"M": 1024, "N": 8192, "K": 8192}
+    rs.append(_result())
+    rs[2].signature = "gemm>reduce_scatter"
+    out = tmp_path / "c.png"
+    assert report.plot(rs, str(out), title="t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert not report.plot([_result()], str(tmp_path / "c.png"))
+    assert "matplotlib is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_plot_tool_from_json(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import plot_bench
+    finally:
+        sys.path.pop(0)
+    path = tmp_path / "b.json"
+    dump_json([_result()], {"date": "d"}, str(path))
+    assert plot_bench.main([str(path), "--table", "--detail"]) == 0
+    out = capsys.readouterr().out
+    assert "TileLink ms" in out and "= max(GEMM alone, fastest comm alone)" in out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    png = tmp_path / "c.png"
+    assert plot_bench.main([str(path), str(png)]) == 0 and png.exists()
+
+
+# ---------------------------------------------------------------- progress
+
+
+def test_progress_plain_lines_when_not_a_tty():
+    err, out = io.StringIO(), io.StringIO()
+    p = Progress(3, stream=err)
+    p.update(1, "compiling")
+    p.write("a result", out=out)
+    p.update(1, "timing")
+    p.close()
+    assert err.getvalue() == "[1/3] compiling\n[2/3] timing\n"
+    assert out.getvalue() == "a result\n"
+
+
+def test_progress_redraws_on_a_tty():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err, out = Tty(), io.StringIO()
+    p = Progress(4, "bench", stream=err, width=8)
+    p.update(2, "half")
+    p.write("row", out=out)
+    p.close()
+    text = err.getvalue()
+    assert "\r\x1b[2K" in text and "bench [####....] 2/4 half" in text and text.endswith("\n")
+    assert out.getvalue() == "row\n"
+
+
+# ---------------------------------------------------------------- timing logic (fake events)
+
+
+class _FakeClock:
+    """Stands in for CUDA: events read a counter that every fn() call advances by 1 ms."""
+
+    def __init__(self):
+        self.now = 0.0
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self, stream=None):
+                self.t = clock.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+        self.Event = Event
+
+    def fn(self):
+        self.now += 1.0
+
+
+def test_steady_state_and_single_call_logic(monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(torch.cuda, "Event", clock.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock.fn()
+
+    assert timing.steady_state_ms(fn, warmup=3, iters=10) == pytest.approx(1.0)
+    assert len(calls) == 13  # warm-up calls are not timed
+    calls.clear()
+    assert timing.single_call_ms(fn, reps=4) == pytest.approx(1.0)
+    assert len(calls) == 5
+    with pytest.raises(ValueError):
+        timing.steady_state_ms(fn, iters=0)
+    assert timing.max_over_ranks([1.0, 2.0]) == [1.0, 2.0]  # no torch.distributed here
+
+
+# ---------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import tilelink.cli.bench as cli_bench
+
+    monkeypatch.setattr(cli_bench, "gpu_count", lambda: 0)
+
+
+@pytest.mark.parametrize("argv", [["bench", AG, "-D", "M=8192"], ["bench", "--suite", "design"],
+                                  ["bench", RS, "-W", "2"]])
+def test_cli_refuses_without_gpus(argv, no_gpu, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "needs 2 CUDA GPUs, found 0" in err and "emulated world" in err
+    assert "Traceback" not in err
+
+
+def test_cli_refuses_with_too_few_gpus(monkeypatch, capsys):
+    import tilelink.cli.bench as cli_bench
+
+    monkeypatch.setattr(cli_bench, "gpu_count", lambda: 1)
+    assert main(["bench", AG]) == 2
+    assert "needs 2 CUDA GPUs, found 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["bench"], "needs a pattern or --suite design"),
+    (["bench", AG, "-D", "Q=3"], "has no parameter 'Q'"),
+    (["bench", "--suite", "design", "-D", "M=4"], "give no pattern and no -D"),
+    (["bench", AG, "-W", "3"], "does not divide"),
+])
+def test_cli_bad_input_exit_2(argv, msg, no_gpu, capsys):
+    assert main(argv) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_cli_help_lists_bench(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--suite", "--json", "--plot", "--warmup", "--iters", "--world-size"):
+        assert flag in out
+
+
+def test_design_suite_has_the_nine_shapes():
+    import argparse
+
+    from tilelink.cli.bench import specs_from_args
+
+    args = argparse.Namespace(suite="design", pattern=None, defines=None, config=["a=b"],
+                              world_size=2)
+    specs = specs_from_args(args)
+    assert len(specs) == 9
+    assert [s.values for s in specs][:2] == [{"M": 8192, "N": 8192, "K": 8192},
+                                             {"M": 8192, "N": 28672, "K": 8192}]
+    assert sum(s.pattern.endswith("gemm_rs.tl") for s in specs) == 4
+    assert all(s.config == {"a": "b"} for s in specs)
+
+
+def test_command_line_reproduces(monkeypatch):
+    import argparse
+
+    from tilelink.cli.bench import command_line
+
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    args = argparse.Namespace(suite=None, pattern="examples/ag_gemm.tl", defines=["M=1024"],
+                              world_size=2, config=["comm=sm"], warmup=5, iters=20, rounds=3,
+                              reps=5, seed=0, json="b.json", plot=None)
+    cmd = command_line(args)
+    assert cmd.startswith("NCCL_NVLS_ENABLE=0 tilelink bench examples/ag_gemm.tl -D M=1024 ")
+    assert "--config comm=sm" in cmd and "--json b.json" in cmd
+
+
+# ---------------------------------------------------------------- baselines (no GPU parts)
+
+
+def test_roles_and_unsupported_patterns():
+    from tilelink.bench.baselines import roles
+    from tilelink.errors import NotSupportedError
+
+    assert roles(load_pattern(AG).bind({}, 2)) == {"a": "a", "b": "b"}
+    assert roles(load_pattern(RS).bind({}, 2)) == {"a": "a", "b": "b"}
+    with pytest.raises(NotSupportedError, match="no baselines"):
+        roles(load_pattern(str(EXAMPLES / "gemm_ar.tl")).bind({}, 2))
+
+
+def test_compare_catches_nan_and_wrong_tiles():
+    from tilelink.bench.baselines import compare
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(256, 128, generator=g) * 30
+    good = ref.to(torch.bfloat16)
+    assert compare(good, ref, 1024, "bf16")[2]
+    bad = good.clone()
+    bad[0, 0] = float("nan")
+    assert not compare(bad, ref, 1024, "bf16")[2]
+    bad = good.clone()
+    bad[:16, :16] = 0  # one wrong tile: small in norm, caught elementwise
+    m, _, ok = compare(bad, ref, 1024, "bf16")
+    assert not ok and m > 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_reference_worker(rank, world, port, path, values):
+    import torch.distributed as dist
+
+    from tilelink.bench.baselines import reference
+    from tilelink.runtime.reference import evaluate, make_inputs
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        bp = load_pattern(path).bind(values, world)
+        allin = make_inputs(bp, 3)
+        mine = {k: v[rank] for k, v in allin.items()}
+        got = reference(bp, mine, None)
+        want = evaluate(bp, allin)[bp.pattern.outputs[0]][rank]
+        # evaluate rounds to bf16 at op boundaries; ours stays fp32: within bf16 rounding
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert torch.allclose(got, want.float(), rtol=2**-7, atol=0.05 * (values["K"] ** 0.5))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("path,world", [(AG, 2), (RS, 2), (RS, 3)])
+def test_fp32_reference_over_gloo(path, world):
+    import torch.multiprocessing as mp
+
+    values = {"M": 96, "N": 48, "K": 96}
+    mp.spawn(_gloo_reference_worker, args=(world, _free_port(), path, values), nprocs=world)
+
+
+# ---------------------------------------------------------------- GPU end to end
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("path,defines", [
+    (AG, ["M=1024", "N=1024", "K=512"]),
+    (RS, ["M=1024", "N=512", "K=1024"]),
+])
+def test_bench_end_to_end_on_two_gpus(path, defines, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    argv = ["bench", path, "-W", "2", "--json", str(out), "--warmup", "2", "--iters", "5",
+            "--rounds", "1", "--reps", "2"]
+    for d in defines:
+        argv += ["-D", d]
+    assert main(argv) == 0, capsys.readouterr().err
+    meta, (r,) = load_json(str(out))
+    assert r.ok and not r.failed, r.failed
+    assert set(r.steady_ms) == set(report.SYSTEMS) and set(r.single_ms) == set(report.SYSTEMS)
+    assert all(v > 0 for v in r.steady_ms.values())
+    assert r.floor_ms() == max(r.steady_ms["gemm"],
+                               min(r.steady_ms["nccl_comm"], r.steady_ms["ce_comm"]))
+    assert all(r.rel_err[k] < 1e-2 for k in ("tilelink", "nccl_cublas", "async_tp", "gemm"))
+    assert r.rel_err["ce_comm"] == 0.0 and r.tl_vs_nccl_cublas_max_abs is not None
+    assert "gpu" in meta and "TileLink ms" in capsys.readouterr().out
