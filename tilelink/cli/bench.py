@@ -62,9 +62,9 @@ def add_parser(sub) -> None:
 
 def specs_from_args(args) -> list:
     """The shapes to run, each bound once here (on the CPU) so bad input fails early."""
+    from ..bench.run import Spec
     from ..errors import TileLinkError
     from ..frontend import load_pattern
-    from ..bench.run import Spec
     from .main import _defines
 
     config = _defines(args.config, "--config")
@@ -117,8 +117,7 @@ def command_line(args) -> str:
 
 def run(args) -> int:
     """Exit 0: every TileLink row checked and timed; 1: some row FAILED; 2: cannot run."""
-    from ..bench.report import (collect_meta, dump_json, format_markdown_section,
-                                format_table, plot)
+    from ..bench.report import collect_meta, dump_json, format_markdown_section, format_table, plot
     from ..bench.run import Options
 
     specs = specs_from_args(args)
