@@ -1,0 +1,149 @@
+"""Measurement back ends: `measure(config) -> seconds`, raising when the config fails.
+
+* `EmulatedMeasure` runs the generated kernel in the emulated world (CPU processes, Triton
+  interpreter) and checks it against the torch reference; a mismatch raises. Its times
+  are wall-clock seconds of the emulation and mean nothing about a GPU (`meaningful` is
+  False): this back end proves that every config of the space is a correct kernel.
+* `GpuMeasure` compiles the op for a config and times back-to-back calls (CUDA events,
+  max over ranks). It runs on every rank, in the same order, and agrees on failures with
+  an all-reduce so that no rank goes on to a collective the others skipped.
+
+GPU modules (tilelink.runtime.gpu, tilelink.bench, torch.distributed) are imported
+inside the GPU path only, so this module imports on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import NotSupportedError, TileLinkError
+from ..ir import BoundPattern
+from ..schedule import Config, Target
+
+
+class MismatchError(TileLinkError):
+    """A config ran but its output differs from the non-overlapped torch reference."""
+
+    kind = "mismatch"
+
+
+class EmulatedMeasure:
+    """Run each config on the emulated world and check it; returns the wall time (seconds)."""
+
+    meaningful = False
+
+    def __init__(self, bound: BoundPattern, *, calls: int = 2, seed: int = 0,
+                 timeout: float = 60.0):
+        # two back-to-back calls: the second reuses the symmetric buffers (epoch parity,
+        # buffer release), which is where schedule bugs show up
+        self.bound, self.calls, self.seed, self.timeout = bound, calls, seed, timeout
+        self.checks: dict[Config, list[str]] = {}
+
+    def __call__(self, cfg: Config) -> float:
+        from ..runtime import check, emulate
+
+        values = {k: str(v) for k, v in cfg.as_dict().items()}
+        start = time.monotonic()
+        _, res = emulate(self.bound, config=values, seed=self.seed, calls=self.calls,
+                         timeout=self.timeout)
+        rep = check(self.bound, res)
+        self.checks[cfg] = rep.lines
+        if not rep.ok:
+            raise MismatchError("output differs from the torch reference: " + "; ".join(rep.lines))
+        return time.monotonic() - start
+
+
+def gpu_device() -> tuple[str, Target]:
+    """(device name, TileLink target with this GPU's SM count) of the current GPU."""
+    import torch
+
+    from ..runtime.gpu import device_target
+
+    if not torch.cuda.is_available():
+        raise NotSupportedError("no GPU is visible to torch", hint="run with --emulate")
+    return torch.cuda.get_device_name(), device_target()
+
+
+class GpuMeasure:
+    """Compile and time each config on this rank's GPU (call it on every rank, same order)."""
+
+    meaningful = True
+
+    def __init__(self, bound: BoundPattern, *, group=None, warmup: int = 5, iters: int = 20,
+                 seed: int = 0):
+        self.bound, self.group, self.warmup, self.iters, self.seed = (bound, group, warmup,
+                                                                       iters, seed)
+
+    def _any(self, flag: bool) -> bool:
+        """True on every rank if `flag` is True on any rank (all-reduce MAX)."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
+    def agree(self, stop: bool) -> bool:
+        """`sync` for search.tune: stop when any rank wants to (time limits differ by clock)."""
+        return self._any(stop)
+
+    def __call__(self, cfg: Config) -> float:
+        import torch
+
+        from ..bench.timing import steady_state_ms
+        from ..runtime.gpu import compile_op
+
+        op = inputs = None
+        err: BaseException | None = None
+        try:  # compile, first call and a sanity check: failures here are per config
+            op = compile_op(self.bound, config=cfg, group=self.group)
+            inputs = op.make_inputs(self.seed)
+            out = op(**inputs)
+            torch.cuda.synchronize()
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            if not all(bool(torch.isfinite(o.float()).all()) for o in outs
+                       if o.is_floating_point()):
+                raise MismatchError("the output has NaN or Inf on random inputs")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of a config is that config's result
+            err = e
+        if self._any(err is not None):  # every rank skips the timing together
+            raise err if err is not None else TileLinkError("the config failed on another rank")
+        ms = steady_state_ms(lambda: op(**inputs), warmup=self.warmup, iters=self.iters,
+                             group=self.group)
+        return ms / 1e3
+
+
+def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 20,
+              seed: int = 0) -> dict[str, float] | None:
+    """Steady-state ms of NCCL+cuBLAS, cuBLAS alone, the comm alone, and the floor
+    max(GEMM, fastest comm), from tilelink.bench's baselines; None where that is not
+    available. Collective: call on every rank."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from ..bench import baselines as bl
+        from ..bench.timing import steady_state_ms
+        from ..runtime.dist_reference import make_local_inputs
+    except ImportError:
+        return None
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        systems = bl.build(bound, make_local_inputs(bound, rank, seed, device), group)
+    except TileLinkError:
+        return None  # no baselines for this signature
+    ms = {}
+    for key in ("nccl_cublas", "gemm", "ce_comm", "nccl_comm"):
+        if key in systems:
+            ms[key] = steady_state_ms(systems[key].fn, warmup=warmup, iters=iters, group=group)
+    comm = [ms[k] for k in ("ce_comm", "nccl_comm") if k in ms]
+    if "gemm" in ms:
+        ms["floor"] = max(ms["gemm"], min(comm)) if comm else ms["gemm"]
+    del systems
+    torch.cuda.empty_cache()
+    return ms
