@@ -28,6 +28,11 @@ CONFIGS = [
                                        "comm_block_n": "64"}),
     (RS, 8, {"M": "1024", "K": "512"}, {"comm_programs": "32", "block_m": "64",
                                         "group_m": "1"}),
+    # GEMM-RS with the copy engine: tiles staged locally, counted per chunk; ragged shapes
+    (RS, 2, {}, {"comm": "copy_engine", "comm_programs": "8", "block_m": "128"}),
+    (RS, 4, {"M": "600", "K": "512", "N": "200"}, {"comm": "copy_engine", "comm_programs": "4",
+                                                  "block_m": "64", "comm_block_m": "32",
+                                                  "order": "natural"}),
 ]
 TARGETS = ("cuda:90", "cuda:80", "hip:gfx942")
 
@@ -66,8 +71,9 @@ def test_waits_come_from_the_plan():
 
 def test_invalid_configs_are_rejected_with_reasons():
     bp = RS.bind({}, 2)
-    with pytest.raises(ConfigError, match="copy_engine is not implemented for gemm>reduce_scatter"):
-        make_schedule(bp, get_target("cuda:90"), {"comm": "copy_engine"})
+    with pytest.raises(ConfigError, match="reduce role's programs with comm=copy_engine"):
+        make_schedule(bp, get_target("cuda:90"), {"comm": "copy_engine", "num_programs": "8",
+                                                  "comm_programs": "8"})
     with pytest.raises(ConfigError, match="power of two"):
         make_schedule(bp, get_target("cuda:90"), {"block_m": "96"})
     with pytest.raises(ConfigError, match="leaves no program for compute"):
@@ -85,3 +91,30 @@ def test_plan_only_patterns_say_so_for_triton(tmp_path):
     assert s.plan.deps and s.plan.render()
     with pytest.raises(NotSupportedError, match="--emit plan"):
         render_triton(s)
+
+
+@pytest.mark.parametrize("world,m,block_m,chunk", [(1, 33, 32, 32), (2, 66, 64, 16),
+                                                    (3, 99, 16, 64), (4, 96, 64, 16),
+                                                    (4, 100, 128, 16), (3, 300, 32, 32)])
+def test_gemm_rs_copy_engine_counts_match_the_kernel_increments(world, m, block_m, chunk):
+    # The copy engine waits for epoch * TILES_PER_CHUNK[i] (from the plan's mapping); the
+    # kernel adds 1 to chunk i for every tile whose rows meet it (closed form over its rows).
+    # The two must agree on every chunk, ragged and straddling tiles included.
+    from tilelink.codegen.compile import load_module
+
+    s = make_schedule(RS.bind({"M": str(m), "N": "40", "K": str(24 * world)}, world),
+                      get_target("interp"), {"comm": "copy_engine", "block_m": str(block_m),
+                                             "comm_block_m": str(chunk)})
+    src = render_triton(s)
+    mod = load_module(src)
+    loop = next(line.strip() for line in src.splitlines()
+                if line.strip().startswith("for i in range(") and "row_lo" in line)
+    bounds = loop[len("for i in range("):-len("):")]
+    counts = [0] * len(mod.TILES_PER_CHUNK)
+    for pid_m in range(-(-m // block_m)):
+        row_lo = pid_m * block_m
+        row_hi = min(row_lo + block_m, m)
+        for i in eval(f"range({bounds})", {"row_lo": row_lo, "row_hi": row_hi}):
+            counts[i] += mod.NUM_N
+    assert counts == mod.TILES_PER_CHUNK
+    assert len(counts) == world * mod.CHUNKS and min(counts) >= mod.NUM_N

@@ -33,6 +33,13 @@ def test_gemm_rs_matches_reference(world):
     _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world})
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_gemm_rs_copy_engine_matches_reference(world):
+    # tiles staged locally and counted per (destination rank, chunk); the copy engine ships
+    # each chunk once its count is complete. 33 rows per rank: chunks and tiles are ragged.
+    _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world}, {"comm": "copy_engine"})
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_other_dtypes(dtype):
     _run(AG, 2, {"M": 64, "N": 64, "K": 32, "dtype": dtype})
@@ -44,12 +51,30 @@ def test_back_to_back_calls_with_random_delays_reuse_buffers_safely():
     _run(AG, 3, {"M": 96, "N": 48, "K": 32}, {"comm": "sm"}, calls=5, delays=True, seed=3)
     _run(AG, 2, {"M": 96, "N": 48, "K": 32}, {"comm": "copy_engine"}, calls=5, delays=True)
     _run(RS, 3, {"M": 96, "N": 40, "K": 48}, {}, calls=5, delays=True, seed=5)
+    # counters are cumulative (call n waits for n * tiles per chunk) and never reset
+    _run(RS, 3, {"M": 99, "N": 40, "K": 72}, {"comm": "copy_engine"}, calls=5, delays=True,
+         seed=7)
 
 
 def test_tile_sizes_larger_than_a_rank_slice():
     # block_m 64 > 24 rows per rank: one tile reads (AG) or feeds (RS) several ranks.
     _run(AG, 4, {"M": 96, "N": 64, "K": 32}, {"block_m": "64", "comm_block_m": "16"})
     _run(RS, 4, {"M": 96, "N": 40, "K": 64}, {"block_m": "64", "comm_block_m": "16"})
+    # copy engine: a tile straddling ranks and chunks counts once in every chunk it meets
+    _run(RS, 4, {"M": 96, "N": 40, "K": 64}, {"comm": "copy_engine", "block_m": "64",
+                                             "comm_block_m": "16"}, calls=2)
+    # ...and tiles smaller than a chunk: several tiles complete one chunk
+    _run(RS, 3, {"M": 99, "N": 40, "K": 72}, {"comm": "copy_engine", "block_m": "16",
+                                             "comm_block_m": "64", "order": "natural",
+                                             "num_programs": "3", "comm_programs": "2"})
+
+
+def test_gemm_rs_copy_engine_counters_cross_the_int32_wrap():
+    # epochs 2**31 - 2 .. -2**31 + 1: counters (epoch * tiles per chunk) wrap long before the
+    # epoch does; the copy engine's waits compare cyclically, as cuStreamWaitValue32 does
+    _run(RS, 2, {"M": 66, "N": 40, "K": 48}, {"comm": "copy_engine", "block_m": "64",
+                                             "comm_block_m": "16"}, calls=4,
+         first_epoch=2**31 - 2)
 
 
 def test_a_rank_that_never_launches_is_reported_not_hung():
@@ -68,3 +93,66 @@ def test_a_producer_that_never_notifies_is_reported_on_every_rank():
     text = str(err.value)
     assert "stuck ranks: 0, 1" in text
     assert "reduce role" in text and "partial tile of c" in text and "gemm_rs.tl:5" in text
+
+
+# ---- a schedule forced to break the program-order rule (debug_reverse_roles) ----
+
+
+@pytest.mark.parametrize("comm", ["sm", "copy_engine"])
+def test_consumers_before_producers_hang_and_the_report_says_why(comm):
+    # The reduce role gets the LOWEST program ids: its programs wait on compute programs of
+    # their own rank with higher ids, which the interpreter never reaches (it runs a rank's
+    # programs in id order); the watchdog ends it and the report names the broken rule.
+    with pytest.raises(HangError) as err:
+        emulate(RS, 2, {"M": 64, "N": 32, "K": 32}, {"comm": comm, "debug_reverse_roles": "1"},
+                timeout=3)
+    text = str(err.value)
+    assert "program 0 (reduce role)" in text
+    site = "partial tile of c" if comm == "sm" else "copy engine of a rank to deliver"
+    assert site in text and "gemm_rs.tl:5" in text
+    assert "broke the program-order rule (debug_reverse_roles=1)" in text
+    assert "compute role (programs 1..3) of its own rank" in text
+    assert "higher program id" in text
+    if comm == "sm":
+        assert "from rank 0 (this rank)" in text
+
+
+def test_the_schedule_checker_flags_reversed_roles_statically():
+    from tilelink.schedule import get_target, make_schedule, program_order_violations
+
+    bp = RS.bind({}, 2)
+    s = make_schedule(bp, get_target("interp"), {"debug_reverse_roles": "1"})
+    assert [(r.name, r.first) for r in s.roles] == [("reduce", 0), ("compute", 1)]
+    (why,) = program_order_violations(s.roles)
+    assert "reduce role (programs 0..0) waits on the compute role (programs 1..3)" in why
+    text = s.render()
+    assert "check program order: BROKEN" in text and "program-order rule" in text
+    assert "debug_reverse_roles=1" in text
+    # every ordinary schedule keeps the rule
+    for pat in (AG, RS):
+        for comm in ("sm", "copy_engine"):
+            ok = make_schedule(pat.bind({}, 2), get_target("interp"), {"comm": comm})
+            assert not ok.program_order_violations()
+            assert "check program order: ok" in ok.render()
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])
+def test_reversed_roles_are_refused_on_gpu_targets(target, capsys):
+    from tilelink.cli.main import main
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target, make_schedule
+
+    with pytest.raises(ConfigError, match="breaks the program-order rule"):
+        make_schedule(RS.bind({}, 2), get_target(target), {"debug_reverse_roles": "1"})
+    rc = main(["compile", str(EXAMPLES / "gemm_rs.tl"), "--target", target, "--emit", "schedule",
+               "--config", "debug_reverse_roles=1"])
+    assert rc == 2 and "allowed only on the emulated target" in capsys.readouterr().err
+
+
+def test_reversed_roles_are_gemm_rs_only():
+    # the AG-GEMM template takes no role offsets (yet): refused, not silently ignored
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target, make_schedule
+
+    with pytest.raises(ConfigError, match="implemented for gemm>reduce_scatter only"):
+        make_schedule(AG.bind({}, 2), get_target("interp"), {"debug_reverse_roles": "1"})

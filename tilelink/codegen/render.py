@@ -154,8 +154,34 @@ def _ag_gemm(s: Schedule) -> Context:
                                signals=[dep.signal]))
 
 
+# GEMM-RS with comm=copy_engine: the reduce role waits on chunks the copy engine delivered.
+SITE_CE_CHUNK = 2
+
+
+def _tiles_per_chunk(dep: Dependency) -> list[int]:
+    """Per row chunk of the reduce_scatter (global index: destination rank * CHUNKS + chunk),
+    how many of ONE rank's GEMM tiles write into it, from the plan's derived mapping.
+
+    Every rank computes the same tile grid, so the count is the same on every rank; the copy
+    engine waits for a chunk's counter to reach epoch * this (each tile adds 1 per call).
+    """
+    prod, cons = dep.producer, dep.consumer
+    nchunks, ncols = cons.shape
+    counts = []
+    for i in range(nchunks):
+        tiles = set()
+        for q in range(ncols):
+            for slot in dep.wait_set((i, q)):
+                idx = prod.unlinear(slot)
+                if prod.rank(idx) == 0:
+                    tiles.add(idx)
+        counts.append(len(tiles))
+    return counts
+
+
 def _gemm_rs(s: Schedule) -> Context:
     bp = s.bound
+    cfg = s.config
     mm_op, rs_op = bp.ops
     (dep,) = s.plan.deps
     a, b = (bp.tensors[x] for x in mm_op.args)
@@ -166,25 +192,61 @@ def _gemm_rs(s: Schedule) -> Context:
     k = a.local_shape[1]
     grid = s.plan.grids[rs_op.result]
     chunk, col = grid.axes
+    ce = cfg.comm == "copy_engine"
+    # the reduce role stays on SMs with the copy engine too (it sums what the copy engine
+    # delivered); a role offset (debug_reverse_roles) only moves it to the lowest ids
+    reduce_n = cfg.comm_programs
     consts = _base_consts(s) | dict(M=m, N=n, K=k, M_LOCAL=m // bp.world,
                                     CHUNKS=chunk.tiling.per_segment, CN=col.tiling.tile,
-                                    NCOL=col.tiling.count, NUM_M=cdiv(m, s.config.block_m),
-                                    NUM_N=cdiv(n, s.config.block_n),
-                                    SLOTS=s.plan.signals[0].slots)
-    waits = render_waits(dep, {"chunk": ("row_lo", "row_hi"), "col": ("col_lo", "col_hi")},
-                         sig="sig_ptr", site=SITE_DATA, indent=12)
-    notify = slot_expr(dep.producer, {"rank": "me", "m": "pid_m", "n": "pid_n"})
-    sites = {SITE_DATA: f"reduce chunk of {out.name} waits for a partial tile of {c.name} "
-                        f"(gemm at {_loc(mm_op.loc)}, reduce_scatter at {_loc(rs_op.loc)})",
-             SITE_RELEASE: "compute waits for a destination rank to finish reducing what this "
+                                    NCOL=col.tiling.count, NUM_M=cdiv(m, cfg.block_m),
+                                    NUM_N=cdiv(n, cfg.block_n),
+                                    COMM_PROGRAMS=reduce_n,
+                                    COMPUTE_PROGRAMS=cfg.num_programs - reduce_n)
+    sites = {SITE_RELEASE: "compute waits for a destination rank to finish reducing what this "
                            "rank sent two calls ago"}
+    if ce:
+        nchunks = chunk.tiling.count  # W * CHUNKS
+        consts["SLOTS"] = nchunks
+        # slot s * CHUNKS + j on rank d: rank s's copy engine delivered chunk j of d's rows
+        waits = "\n".join([
+            "            # waits: every rank's copy engine delivered its partial of chunk j "
+            "(one slot per source rank and chunk)",
+            "            for s in range(WORLD):",
+            "                w_slot = s * CHUNKS + j",
+            f"                tok = tld.wait(sig_ptr + w_slot, epoch, spin_limit, abort_ptr, "
+            f"diag_ptr, {SITE_CE_CHUNK}, w_slot, me)"])
+        notify = ""
+        sites[SITE_CE_CHUNK] = (
+            f"reduce chunk of {out.name} waits for the copy engine of a rank to deliver its "
+            f"partial chunk of {c.name} (slot = source rank * {consts['CHUNKS']} + chunk; the "
+            f"copy engine first waits for that rank's gemm tiles of the chunk; gemm at "
+            f"{_loc(mm_op.loc)}, reduce_scatter at {_loc(rs_op.loc)})")
+        symmetric = {"stage": ((2, bp.world, m // bp.world, n), c.dtype),
+                     "send": ((2, m, n), c.dtype),  # this rank's partial product, staged
+                     "ready": ((nchunks,), "int32"), "count": ((nchunks,), "int32"),
+                     "ctl": ((4 + bp.world,), "int32")}
+        sig = "ready"
+        extra_ce = dict(tiles_per_chunk=_tiles_per_chunk(dep), site_ce=SITE_CE_CHUNK,
+                        chunk_first=chunk.tiling.closed_form("row_lo"),
+                        chunk_last=chunk.tiling.closed_form("row_hi - 1"))
+    else:
+        consts["SLOTS"] = s.plan.signals[0].slots
+        waits = render_waits(dep, {"chunk": ("row_lo", "row_hi"), "col": ("col_lo", "col_hi")},
+                             sig="sig_ptr", site=SITE_DATA, indent=12)
+        notify = slot_expr(dep.producer, {"rank": "me", "m": "pid_m", "n": "pid_n"})
+        sites[SITE_DATA] = (f"reduce chunk of {out.name} waits for a partial tile of {c.name} "
+                            f"(gemm at {_loc(mm_op.loc)}, reduce_scatter at {_loc(rs_op.loc)})")
+        symmetric = {"stage": ((2, bp.world, m // bp.world, n), c.dtype),
+                     dep.signal: ((consts["SLOTS"],), "int32"), "ctl": ((4 + bp.world,), "int32")}
+        sig = dep.signal
+        extra_ce = {}
     return Context(
-        **_common(s, [dep]), consts=consts,
-        symmetric={"stage": ((2, bp.world, m // bp.world, n), c.dtype),
-                   dep.signal: ((consts["SLOTS"],), "int32"), "ctl": ((4 + bp.world,), "int32")},
+        **_common(s, [dep]), consts=consts, symmetric=symmetric,
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={out.name: (out.local_shape, out.dtype)}, waits=waits, notify_slot=notify,
-        sites=sites, extra=dict(a=a.name, b=b.name, c=c.name, out=out.name, sig=dep.signal))
+        sites=dict(sorted(sites.items())),
+        extra=dict(a=a.name, b=b.name, c=c.name, out=out.name, sig=sig,
+                   reverse_roles=bool(cfg.debug_reverse_roles), **extra_ce))
 
 
 _CONTEXTS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs}

@@ -20,25 +20,64 @@ def schedule_for(pattern: Pattern | BoundPattern, world_size: int = 2, values=No
     return make_schedule(bp, get_target(target), config or {})
 
 
-def describe_wait(s: Schedule, mod_sites: dict, rec: dict) -> str:
-    """One diagnostic record in words: who waited, on what, for which tile, from which line."""
+def describe_wait(s: Schedule, mod_sites: dict, rec: dict, slot_words=None,
+                  explained: set | None = None) -> str:
+    """One diagnostic record in words: who waited, on what, for which tile, from which line.
+
+    `slot_words(site, slot)` (a generated module's `describe_slot`, if it has one) names
+    slots of sites the plan does not describe (e.g. the copy engine's chunk slots). When
+    the waiting role waits on a role of its own rank with higher program ids (a schedule
+    that breaks the program-order rule), the record says so: that is why the wait hung
+    (once per rank and role when `explained` collects what was said already).
+    """
     pid = rec["program"]
-    role = next((r.name for r in s.roles if r.first <= pid < r.first + r.count), "?")
+    role = next((r for r in s.roles if r.first <= pid < r.first + r.count), None)
     site = mod_sites.get(rec["site"], f"site {rec['site']}")
     what = f"slot {rec['slot']}"
-    if rec["site"] == 0 and s.plan.deps:
+    words = slot_words(rec["site"], rec["slot"]) if slot_words else None
+    if words:
+        what = words
+    elif rec["site"] == 0 and s.plan.deps:
         dep = s.plan.deps[0]
         if 0 <= rec["slot"] < dep.producer.size:
             idx = dep.producer.unlinear(rec["slot"])
             tile = ", ".join(f"{a.name}={i}" for a, i in zip(dep.producer.axes, idx))
+            src = dep.producer.rank(idx)
             what = (f"{dep.signal}[{rec['slot']}] = producer tile ({tile}) of {dep.producer.op}, "
-                    f"from rank {dep.producer.rank(idx)}")
+                    f"from rank {src}" + (" (this rank)" if src == rec["rank"] else ""))
     elif rec["site"] == 1:
         slot = rec["slot"]
         what = (f"ctl[{slot}] (buffer released by rank {slot - 4})" if slot >= 4
                 else f"ctl[{slot}] (buffer released)")
-    return (f"rank {rec['rank']}, program {pid} ({role} role): {site}; waited on {what}: "
-            f"expected >= {rec['expected']}, observed {rec['observed']}")
+    text = (f"rank {rec['rank']}, program {pid} ({role.name if role else '?'} role): {site}; "
+            f"waited on {what}: expected >= {rec['expected']}, observed {rec['observed']}")
+    if rec["site"] == 1:  # a release from the call before last: not a same-call producer
+        return text
+    key = (rec["rank"], role.name if role else None)
+    if explained is not None and key in explained:
+        return text
+    why = _program_order_words(s, role, pid)
+    if why and explained is not None:
+        explained.add(key)
+    return text + why
+
+
+def _program_order_words(s: Schedule, role, pid: int) -> str:
+    """Why a wait of `role` cannot be satisfied when its producers have higher program ids."""
+    if role is None:
+        return ""
+    by_name = {r.name: r for r in s.roles}
+    later = [by_name[n] for n in role.waits_on if n in by_name and by_name[n].count
+             and by_name[n].last > pid]
+    if not later:
+        return ""
+    names = ", ".join(f"the {p.name} role ({p.span})" for p in later)
+    flag = " (debug_reverse_roles=1)" if s.config.debug_reverse_roles else ""
+    return (f"\n    why: the schedule broke the program-order rule{flag}: this {role.name} "
+            f"program ({pid}) waits on {names} of its own rank, a producer with a higher "
+            f"program id; a program may only wait on lower program ids of its rank. The "
+            f"emulated world runs a rank's programs in id order, so that producer had not run "
+            f"(on a GPU it need not be co-scheduled either: a deadlock)")
 
 
 @dataclass
@@ -89,9 +128,13 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     ins = [make_inputs(s.bound, seed + i) for i in range(calls)]
     from ..codegen.compile import load_module
 
-    sites = load_module(source).WAIT_SITES
+    mod = load_module(source)
+    sites, slot_words = mod.WAIT_SITES, getattr(mod, "describe_slot", None)
+    explained: set = set()
     res = run_emulated(source, s.bound.world, ins, timeout=timeout, delays=delays, seed=seed,
-                       fault=fault, describe_wait=lambda rec: describe_wait(s, sites, rec),
+                       fault=fault,
+                       describe_wait=lambda rec: describe_wait(s, sites, rec, slot_words,
+                                                               explained),
                        first_epoch=first_epoch)
     return s, res
 

@@ -96,7 +96,8 @@ class RankRuntime:
                     _, peer, buf, idx, value = op
                     flag = self.peers[peer][buf]
                     start = time.monotonic()
-                    while int(flag[idx]) < value:
+                    # cyclic >= as cuStreamWaitValue32(GEQ): (int32)(observed - value) >= 0
+                    while wrap_epoch(int(flag[idx]) - value) < 0:
                         if int(self.abort[0]) or time.monotonic() - start > self.timeout:
                             self._error.append(f"copy engine of rank {self.rank} gave up waiting "
                                                f"for {buf}[{idx}] >= {value} on rank {peer} "

@@ -1,7 +1,8 @@
 """Schedule: configs and their space, targets, roles and the program split."""
 
 from .config import COMM_RESOURCES, ORDERS, Config, ConfigSpace
-from .schedule import KERNELS, Role, Schedule, default_config, make_schedule, require_kernel
+from .schedule import (KERNELS, Role, Schedule, default_config, make_schedule,
+                       program_order_violations, require_kernel)
 from .targets import TARGETS, Target, get_target
 
 __all__ = [
@@ -17,5 +18,6 @@ __all__ = [
     "default_config",
     "get_target",
     "make_schedule",
+    "program_order_violations",
     "require_kernel",
 ]

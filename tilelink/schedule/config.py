@@ -32,6 +32,10 @@ class Config:
     group_m: int = 8  # grouped ordering of output tiles (L2 reuse)
     stages: int = 3
     warps: int = 4
+    # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
+    # producers, breaking the program-order rule on purpose so that tests can check the
+    # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
+    debug_reverse_roles: int = 0
 
     def with_values(self, values: dict[str, str]) -> Config:
         """A copy with `KEY=VALUE` strings applied (from `--config`); unknown keys fail."""
@@ -56,7 +60,9 @@ class Config:
         return asdict(self)
 
     def __str__(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+        # debug knobs are shown only when set
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items()
+                        if not (k.startswith("debug_") and not v))
 
 
 def _pow2(x: int) -> bool:
@@ -79,7 +85,13 @@ class ConfigSpace:
     stages: tuple[int, ...] = (1, 2, 3, 4)
     warps: tuple[int, ...] = (4, 8)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
-    supports_copy_engine: tuple[str, ...] = ("all_gather>gemm",)
+    supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
+    # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce
+    # role sums what the copy engine delivered), sized by comm_programs
+    copy_engine_keeps_sm_role: tuple[str, ...] = ("gemm>reduce_scatter",)
+    # patterns whose kernel takes role offsets (debug_reverse_roles)
+    supports_reverse_roles: tuple[str, ...] = ("gemm>reduce_scatter",)
+    allow_debug: bool = False  # debug knobs that break GPU safety (emulated target only)
 
     def reasons(self, cfg: Config, signature: str) -> list[str]:
         """Why `cfg` is invalid for a pattern with op signature `signature` (empty: valid)."""
@@ -100,6 +112,22 @@ class ConfigSpace:
                        f"(num_programs={cfg.num_programs})")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:
             bad.append(f"comm=copy_engine is not implemented for {signature} yet; use comm=sm")
+        if (cfg.comm == "copy_engine" and signature in self.copy_engine_keeps_sm_role
+                and cfg.comm_programs >= cfg.num_programs):
+            bad.append(f"comm_programs={cfg.comm_programs} (the reduce role's programs with "
+                       f"comm=copy_engine) leaves no program for compute "
+                       f"(num_programs={cfg.num_programs})")
+        if cfg.debug_reverse_roles not in (0, 1):
+            bad.append(f"debug_reverse_roles={cfg.debug_reverse_roles} is not one of 0, 1")
+        elif cfg.debug_reverse_roles:
+            if not self.allow_debug:
+                bad.append("debug_reverse_roles=1 breaks the program-order rule (consumers get "
+                           "lower program ids than their producers): on a GPU the kernel can "
+                           "deadlock, so it is refused here; it is allowed only on the emulated "
+                           "target (interp), to test hang reports")
+            if signature not in self.supports_reverse_roles:
+                bad.append(f"debug_reverse_roles=1 is implemented for "
+                           f"{', '.join(self.supports_reverse_roles)} only, not {signature}")
         return bad
 
     def check(self, cfg: Config, signature: str) -> Config:

@@ -4,14 +4,16 @@
 the validated config, the plan for its tile sizes, and the roles of the persistent
 kernel. Roles are laid out so that a program only ever waits on programs with lower ids
 on its own rank (producers first), which keeps the kernel deadlock-free on a GPU and
-lets the interpreter run a rank's programs one after another.
+lets the interpreter run a rank's programs one after another. `program_order_violations`
+checks that rule on the roles (each role names the roles of its own rank it waits on);
+only the debug knob `debug_reverse_roles` (emulated target only) may break it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..errors import NotSupportedError
+from ..errors import ConfigError, NotSupportedError
 from ..ir import BoundPattern
 from ..plan import Plan, TileSizes, build_plan
 from .config import Config, ConfigSpace
@@ -29,6 +31,39 @@ class Role:
     first: int
     count: int
     what: str
+    # roles of the SAME rank whose programs this role waits on within one call, directly or
+    # through the copy engine (which waits on them): they must have lower program ids
+    waits_on: tuple[str, ...] = ()
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+    @property
+    def span(self) -> str:
+        return f"programs {self.first}..{self.last}"
+
+
+def program_order_violations(roles: tuple[Role, ...]) -> list[str]:
+    """Why the roles break the program-order rule (empty: they keep it).
+
+    The rule: within one rank, a program never waits on a program with a higher program id.
+    A GPU need not run a higher-id producer while a lower-id consumer spins (the grid may
+    not be co-resident, and the interpreter runs a rank's programs one after another), so
+    a consumer role must come entirely after every role it waits on.
+    """
+    by_name = {r.name: r for r in roles}
+    bad = []
+    for r in roles:
+        for name in r.waits_on:
+            p = by_name.get(name)
+            if p is None or p.count == 0 or r.count == 0:
+                continue
+            if p.last >= r.first:
+                bad.append(f"the {r.name} role ({r.span}) waits on the {p.name} role ({p.span}) "
+                           f"of its own rank, which has higher program ids: a program may only "
+                           f"wait on lower program ids of its rank (the program-order rule)")
+    return bad
 
 
 @dataclass
@@ -47,14 +82,26 @@ class Schedule:
                  f"config: {c}",
                  f"kernel: {self.kernel or 'none (plan only)'}", "roles (program ids):"]
         for r in self.roles:
-            lines.append(f"  {r.name:<9} {r.first}..{r.first + r.count - 1}  ({r.count}) {r.what}")
+            waits = f"; waits on {', '.join(r.waits_on)}" if r.waits_on else ""
+            lines.append(f"  {r.name:<9} {r.first}..{r.last}  ({r.count}) {r.what}{waits}")
+        bad = self.program_order_violations()
+        if bad:
+            lines.append("check program order: BROKEN, this schedule can hang (it is a debug "
+                         "schedule, refused on GPU targets)")
+            lines += [f"  {b}" for b in bad]
+        elif self.roles:
+            lines.append("check program order: ok (every role waits only on lower program ids "
+                         "of its rank)")
         lines += [f"note: {n}" for n in self.notes]
         lines += ["config space:", default_space(self.target).describe()]
         return "\n".join(lines)
 
+    def program_order_violations(self) -> list[str]:
+        return program_order_violations(self.roles)
+
 
 def default_space(target: Target) -> ConfigSpace:
-    return ConfigSpace(max_programs=target.num_sms)
+    return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp")
 
 
 def default_config(bp: BoundPattern, target: Target) -> Config:
@@ -73,30 +120,66 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     cfg = (base or default_config(bp, target)).with_values(overrides or {})
     if target.backend == "interp" and cfg.num_programs > target.num_sms:
         cfg = replace(cfg, num_programs=target.num_sms)
-    default_space(target).check(cfg, sig)
+    space = default_space(target)
+    space.check(cfg, sig)  # also refuses debug knobs on GPU targets
     plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
                                     cfg.comm_block_n if sig == "gemm>reduce_scatter" else 0))
     kernel = KERNELS.get(sig)
     notes = []
-    comm_n = cfg.comm_programs if cfg.comm == "sm" else 0
+    keeps_sm = cfg.comm == "sm" or sig in space.copy_engine_keeps_sm_role
+    comm_n = cfg.comm_programs if keeps_sm else 0
     compute_n = cfg.num_programs - comm_n
     if kernel == "ag_gemm":
         roles = ((Role("comm", 0, comm_n, "push this rank's chunks of the gathered input to "
                        "every rank, then notify each chunk's slot"),) if comm_n else ()) + (
             Role("compute", comm_n, compute_n, "persistent GEMM tiles; each waits on the chunks "
-                 "its rows come from"),)
+                 "its rows come from", waits_on=("comm",) if comm_n else ()),)
         if cfg.comm == "copy_engine":
             notes.append("communication: the copy engine pushes chunks on a side stream, each "
                          "followed by a stream write of its slot")
     elif kernel == "gemm_rs":
-        roles = (Role("compute", 0, compute_n, "persistent GEMM tiles, rows of the next rank "
-                      "first; each tile is pushed to the rank that owns its rows"),
-                 Role("reduce", compute_n, comm_n, "wait for every rank's tiles of a chunk of "
-                      "own rows, sum them"))
-        notes.append("reduce programs have the highest ids: they consume what compute produces")
+        if cfg.comm == "copy_engine":
+            compute_what = ("persistent GEMM tiles, rows of the next rank first; each tile is "
+                            "written to a local staging buffer and counted in every "
+                            "(destination rank, row chunk) counter it meets")
+            reduce_what = ("wait for every rank's copy of a chunk of own rows (signalled by the "
+                           "copy engines), sum them")
+            notes.append("communication: the copy engine (side stream, enqueued before the "
+                         "kernel) waits for a chunk's local counter to reach epoch * (tiles "
+                         "in the chunk), copies the chunk to its owner's stage buffer, then "
+                         "writes the owner's slot with a stream write; before the first copy "
+                         "to a rank it waits for that rank's release of the buffer. The reduce "
+                         "role waits on 'ready' (slot = source rank * chunks + chunk), not on "
+                         "the per-tile slots of the derived mapping, which gives the counts")
+        else:
+            compute_what = ("persistent GEMM tiles, rows of the next rank first; each tile is "
+                            "pushed to the rank that owns its rows")
+            reduce_what = "wait for every rank's tiles of a chunk of own rows, sum them"
+        compute = ("compute", compute_n, compute_what, ())
+        # the reduce role waits on compute (of every rank, own rank included): directly, or
+        # through the copy engine, which waits on compute's counters
+        reduce = ("reduce", comm_n, reduce_what, ("compute",))
+        order = (reduce, compute) if cfg.debug_reverse_roles else (compute, reduce)
+        roles, first = [], 0
+        for name, count, what, waits in order:
+            roles.append(Role(name, first, count, what, waits_on=waits))
+            first += count
+        roles = tuple(sorted(roles, key=lambda r: r.first))
+        if cfg.debug_reverse_roles:
+            notes.append("DEBUG debug_reverse_roles=1: the reduce role has the LOWEST program "
+                         "ids, so it waits on higher-id compute programs of its rank: this "
+                         "breaks the program-order rule on purpose (the emulated world must "
+                         "report the hang); never run it on a GPU")
+        else:
+            notes.append("reduce programs have the highest ids: they consume what compute "
+                         "produces")
     else:
         roles = ()
         notes.append(f"no kernel template for {sig} yet: --emit plan shows its mappings")
+    bad = program_order_violations(roles)
+    if bad and not (cfg.debug_reverse_roles and target.backend == "interp"):
+        raise ConfigError("the schedule breaks the program-order rule: " + "; ".join(bad),
+                          hint="only debug_reverse_roles=1 on the interp target may do this")
     if cfg.order == "own_first":
         notes.append("tile order: tiles whose data is local (ready first) run first")
     notes.append("overlapped plan (the non-overlapped fallback is chosen by the tuner; not yet)")
