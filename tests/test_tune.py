@@ -1,0 +1,408 @@
+"""The tuner without GPUs: space, cost model, cache, search, and the emulated dry run."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import replace
+
+import pytest
+
+from tilelink.cli.main import main
+from tilelink.frontend import load_pattern
+from tilelink.schedule import COMM_RESOURCES, Config, get_target
+from tilelink.schedule.schedule import default_space
+from tilelink.tune import cache, cost, space
+from tilelink.tune.search import default_budget, plan_order, tune
+
+from .conftest import EXAMPLES
+
+AG = str(EXAMPLES / "ag_gemm.tl")
+RS = str(EXAMPLES / "gemm_rs.tl")
+H200 = cost.H200
+
+
+def bound(path, world=2, **sizes):
+    return load_pattern(path).bind(sizes, world)
+
+
+DESIGN_SHAPES = [(AG, {"M": 8192, "N": 8192, "K": 8192}), (AG, {"M": 1024, "N": 8192, "K": 8192}),
+                 (AG, {"M": 2048, "N": 28672, "K": 8192}), (RS, {"M": 8192, "N": 8192, "K": 28672}),
+                 (RS, {"M": 2048, "N": 8192, "K": 28672})]
+
+
+# ---------------------------------------------------------------- space
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942", "interp"])
+@pytest.mark.parametrize("path,sizes", DESIGN_SHAPES[:1] + DESIGN_SHAPES[3:4]
+                         + [(AG, {"M": 64, "N": 64, "K": 32}), (RS, {"M": 64, "N": 64, "K": 32})])
+def test_space_is_nonempty_valid_and_without_duplicates(target, path, sizes):
+    bp = bound(path, **sizes)
+    t = get_target(target)
+    cands = space.candidates(bp, t)
+    assert cands and len(set(cands)) == len(cands)
+    sp = default_space(t)
+    for c in cands:
+        assert sp.reasons(c, bp.signature()) == [], c
+        assert c.debug_reverse_roles == 0 if hasattr(c, "debug_reverse_roles") else True
+
+
+def test_cuda_space_is_sensible():
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    cands = space.candidates(bp, get_target("cuda:90"))
+    assert {c.num_programs for c in cands} == {132}
+    assert {c.comm_programs for c in cands if c.comm == "sm"} == {8, 16, 32}
+    assert {c.comm for c in cands} >= {"sm", "copy_engine"}
+    assert all(c.block_m in (64, 128, 256) and c.block_n in (64, 128, 256) for c in cands)
+    assert all(space.smem_bytes(c) <= 232_448 for c in cands)  # 128x256x64 x 4 stages is out
+    # a smaller GPU of the same target: the persistent grid never exceeds its SMs
+    assert {c.num_programs for c in space.candidates(bp, get_target("cuda:90"), 114)} == {114}
+
+
+def test_interp_space_is_small_and_covers_every_structural_knob():
+    bp = bound(AG, M=64, N=64, K=32)
+    cands = space.candidates(bp, get_target("interp"))
+    assert len(cands) <= 16
+    assert {c.comm for c in cands} == {"sm", "copy_engine"}
+    assert {c.order for c in cands} == {"own_first", "natural"}
+    assert {c.comm_programs for c in cands if c.comm == "sm"} == {1, 2}
+    assert {c.comm_block_m for c in cands} == {16, 32}
+
+
+def test_fallback_is_a_candidate_exactly_when_the_schedule_offers_it():
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    cands = space.candidates(bp, get_target("cuda:90"))
+    assert any(space.is_fallback(c) for c in cands) == ("none" in COMM_RESOURCES)
+
+
+def test_blocks_larger_than_the_problem_are_clamped_not_duplicated():
+    bp = bound(AG, M=256, N=64, K=64)  # per rank: M_LOCAL=128, N/W=32
+    cands = space.candidates(bp, get_target("cuda:90"))
+    assert all(c.block_n <= 32 and c.block_k <= 64 and c.comm_block_m <= 128 for c in cands)
+    assert len(set(cands)) == len(cands)
+
+
+def test_pin_fixes_knobs_and_rejects_impossible_pins():
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    t = get_target("cuda:90")
+    pinned = space.pin(space.candidates(bp, t), {"comm": "sm", "comm_programs": "16"}, bp, t)
+    assert pinned and all(c.comm == "sm" and c.comm_programs == 16 for c in pinned)
+    from tilelink.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="block_m=48"):
+        space.pin(space.candidates(bp, t), {"block_m": "48"}, bp, t)
+    with pytest.raises(ConfigError, match="unknown config key"):
+        space.pin(space.candidates(bp, t), {"blockm": "64"}, bp, t)
+
+
+# ---------------------------------------------------------------- cost model
+
+
+def test_device_table():
+    assert cost.device_spec("NVIDIA H200") is cost.H200
+    assert cost.device_spec("NVIDIA H200 NVL") is cost.H200
+    assert cost.device_spec("Some Future GPU") is cost.GENERIC
+    assert cost.device_spec(None) is cost.GENERIC
+
+
+@pytest.mark.parametrize("path", [AG, RS])
+def test_model_is_monotone_in_m(path):
+    cfg = Config(comm="sm", comm_programs=16, num_programs=132, block_m=128, block_n=256,
+                 block_k=64, comm_block_m=128, comm_block_n=128, stages=3, warps=8)
+    times = [cost.estimate(bound(path, M=m, N=8192, K=8192), cfg, H200).total
+             for m in (1024, 2048, 4096, 8192, 16384)]
+    assert times == sorted(times) and times[0] < times[-1]
+
+
+def test_more_comm_programs_move_data_faster_until_the_link_saturates():
+    bw = [cost.sm_copy_gbs(H200, c, 64 * cost.MB) for c in (4, 8, 16, 32, 64, 132)]
+    assert bw == sorted(bw)
+    assert bw[-1] < cost._interp(H200.ce_gbs, 64 * cost.MB) * 1.01  # never beats the CE
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    base = Config(comm="sm", num_programs=132, block_m=128, block_n=256, block_k=64,
+                  comm_block_m=128, comm_block_n=128, stages=3, warps=8)
+    comm = [cost.estimate(bp, replace(base, comm_programs=c), H200).comm for c in (8, 16, 32)]
+    assert comm[0] > comm[1] > comm[2]
+    # ...but they are taken from the GEMM
+    gemm = [cost.estimate(bp, replace(base, comm_programs=c), H200).gemm for c in (8, 16, 32)]
+    assert gemm[0] < gemm[1] < gemm[2]
+
+
+def test_wave_quantization_is_visible():
+    cfg = Config(block_m=128, block_n=128, block_k=64, stages=3, warps=8)
+    p = 100
+    one_wave = cost.gemm_ms(H200, 128 * p, 128, 4096, cfg, p)  # exactly p tiles
+    one_more = cost.gemm_ms(H200, 128 * (p + 1), 128, 4096, cfg, p)  # p + 1 tiles
+    two_waves = cost.gemm_ms(H200, 128 * 2 * p, 128, 4096, cfg, p)
+    assert one_more / one_wave > 1.3  # one extra tile costs a (partial) wave
+    assert one_more < two_waves
+
+
+def test_small_tiles_and_few_stages_are_slower():
+    big = Config(block_m=128, block_n=256, block_k=64, stages=3, warps=8)
+    assert cost.tile_efficiency(big) == pytest.approx(1.0)
+    assert cost.tile_efficiency(replace(big, block_m=64, block_n=64)) < 0.8
+    assert cost.tile_efficiency(replace(big, stages=1)) < cost.tile_efficiency(big)
+    assert cost.tile_efficiency(replace(big, warps=4)) < cost.tile_efficiency(big)  # spills
+
+
+@pytest.mark.parametrize("path,sizes", DESIGN_SHAPES)
+def test_model_agrees_with_design_facts(path, sizes):
+    bp = bound(path, **sizes)
+    cands = space.candidates(bp, get_target("cuda:90"))
+    ranked = cost.rank(bp, cands, H200)
+    best, best_ms = ranked[0]
+    floor = cost.floor_ms(bp, H200)
+    assert floor <= best_ms < 1.3 * floor
+    worst = ranked[-1][1]
+    assert worst > best_ms
+    if path == AG and sizes["M"] == 8192:  # DESIGN.md: the copy engine is the fastest mover
+        assert best.comm == "copy_engine"
+        eight = min(ms for c, ms in ranked if c.comm == "sm" and c.comm_programs == 8)
+        assert eight > best_ms
+
+
+# ---------------------------------------------------------------- cache
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILELINK_CACHE", str(tmp_path))
+    return tmp_path / "tune"
+
+
+def test_cache_round_trip(cache_root):
+    bp = bound(AG, M=512, N=256, K=128)
+    cfg = Config(comm="copy_engine", block_m=128)
+    assert cache.lookup(bp, "NVIDIA H200") is None
+    path = cache.store(bp, "NVIDIA H200", cfg, time_ms=0.5, results=[{"ms": 0.5}])
+    assert path.parent == cache_root and path.exists()
+    assert list(cache_root.glob("*.tmp")) == []  # written atomically
+    got, where = cache.lookup(bp, "NVIDIA H200")
+    assert got == cfg and where == path
+    assert cache.tuned_config(bp, "NVIDIA H200")[0] == cfg
+    assert cache.read_entry(path)["time_ms"] == 0.5
+
+
+def test_cache_key_changes_with_world_device_and_sizes(cache_root):
+    bp = bound(AG, M=512, N=256, K=128)
+    p = cache.cache_path(bp, "NVIDIA H200")
+    assert cache.cache_path(bound(AG, world=4, M=512, N=256, K=128), "NVIDIA H200") != p
+    assert cache.cache_path(bp, "NVIDIA H100") != p
+    assert cache.cache_path(bound(AG, M=1024, N=256, K=128), "NVIDIA H200") != p
+    assert cache.cache_path(bound(RS, M=512, N=256, K=128), "NVIDIA H200") != p
+    assert cache.cache_path(bound(AG, M=512, N=256, K=128), "NVIDIA H200") == p
+    cache.store(bp, "NVIDIA H200", Config())
+    assert cache.lookup(bp, "NVIDIA H100") is None
+    assert cache.lookup(bound(AG, world=4, M=512, N=256, K=128), "NVIDIA H200") is None
+
+
+def test_cache_key_includes_library_versions(cache_root, monkeypatch):
+    bp = bound(AG, M=512, N=256, K=128)
+    p = cache.cache_path(bp, "NVIDIA H200")
+    monkeypatch.setattr(cache, "versions", lambda: {"torch": "9", "triton": "9",
+                                                    "tilelink": "9"})
+    assert cache.cache_path(bp, "NVIDIA H200") != p
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": 1, "key": ', "",
+                                     '{"format": 1, "key": {}, "config": {}}',
+                                     "[1, 2]"])
+def test_corrupt_or_partial_cache_file_is_ignored_with_a_warning(cache_root, content):
+    bp = bound(AG, M=512, N=256, K=128)
+    path = cache.cache_path(bp, "NVIDIA H200")
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.warns(cache.TuneCacheWarning, match="ignoring tune cache file"):
+        assert cache.lookup(bp, "NVIDIA H200") is None
+
+
+def test_cached_config_with_unknown_or_invalid_fields_is_ignored(cache_root):
+    bp = bound(AG, M=512, N=256, K=128)
+    path = cache.store(bp, "NVIDIA H200", Config())
+    data = json.loads(path.read_text())
+    data["config"]["no_such_knob"] = 1
+    path.write_text(json.dumps(data))
+    with pytest.warns(cache.TuneCacheWarning, match="no_such_knob"):
+        assert cache.lookup(bp, "NVIDIA H200") is None
+    cache.store(bp, "NVIDIA H200", Config(block_m=48))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.lookup(bp, "NVIDIA H200") is not None  # no target: not validated
+    with pytest.warns(cache.TuneCacheWarning, match="not valid"):
+        assert cache.lookup(bp, "NVIDIA H200", target=get_target("cuda:90")) is None
+
+
+# ---------------------------------------------------------------- search
+
+
+class FakeMeasure:
+    """Times from a formula; fails configs with order=natural and comm_programs=32."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, cfg):
+        self.calls.append(cfg)
+        if cfg.comm == "sm" and cfg.comm_programs == 32 and cfg.order == "natural":
+            raise RuntimeError("boom")
+        return 1e-3 * (1 + 0.01 * cfg.comm_programs + (cfg.block_n == 128) * 0.05)
+
+
+def test_search_measures_at_most_a_quarter_in_model_order():
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    t = get_target("cuda:90")
+    fake = FakeMeasure()
+    res = tune(bp, t, fake, device="NVIDIA H200")
+    n = len(space.candidates(bp, t))
+    assert len(fake.calls) == len(res.measured) == default_budget(n) <= n // 4
+    assert [tr.model_rank for tr in res.measured] == list(range(len(res.measured)))
+    assert fake.calls == [tr.config for tr in res.measured]  # measured in model order
+    assert res.best is not None and res.best.ok
+    assert all(tr.model_ms > 0 for tr in res.trials)
+    assert [tr.seconds for tr in res.ranked] == sorted(tr.seconds for tr in res.ranked)
+
+
+def test_search_records_failures_and_respects_budget_and_exhaustive():
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    t = get_target("cuda:90")
+    res = tune(bp, t, FakeMeasure(), budget=5, device="NVIDIA H200")
+    assert len(res.measured) == 5
+    full = tune(bp, t, FakeMeasure(), exhaustive=True, device="NVIDIA H200")
+    assert len(full.measured) == len(full.trials)
+    bad = full.failures
+    assert bad and all("RuntimeError: boom" in tr.error for tr in bad)
+    assert all(tr.seconds is None for tr in bad)
+    assert full.best.config.comm_programs != 32 or full.best.config.order != "natural"
+    pruned = full.pruned_best()
+    assert pruned is not None and pruned.seconds >= full.best.seconds
+
+
+def test_search_time_limit_and_sync():
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    t = get_target("cuda:90")
+    asked = []
+
+    def sync(stop):
+        asked.append(stop)
+        return len(asked) > 2  # "another rank" wants to stop after two measurements
+
+    res = tune(bp, t, FakeMeasure(), exhaustive=True, sync=sync, device="NVIDIA H200")
+    assert len(res.measured) == 2 and "time limit" in res.stopped
+    res = tune(bp, t, FakeMeasure(), exhaustive=True, time_limit=1e-9, device="NVIDIA H200")
+    assert len(res.measured) == 1  # at least one config is always measured
+
+
+def test_fallback_is_always_measured():
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    t = get_target("cuda:90")
+    cands = space.candidates(bp, t)
+    if not any(space.is_fallback(c) for c in cands):
+        cands = cands + [Config(comm="none", num_programs=132)]
+    ranked = cost.rank(bp, cands, H200)
+    for budget in (1, 3, len(cands)):
+        order = plan_order(ranked, budget)
+        assert len(order) == budget
+        assert any(space.is_fallback(ranked[i][0]) for i in order)
+    measured = []
+    tune(bp, t, lambda c: measured.append(c) or 1e-3, budget=1, candidates=cands,
+         device="NVIDIA H200")
+    assert [space.is_fallback(c) for c in measured] == [True]
+
+
+# ---------------------------------------------------------------- the command
+
+
+@pytest.mark.parametrize("path", [AG, RS])
+def test_emulated_dry_run_checks_every_config(path, capsys):
+    rc = main(["tune", path, "-D", "M=64", "-D", "N=64", "-D", "K=32", "--world-size", "2",
+               "--emulate"])
+    out, err = capsys.readouterr()
+    bp = bound(path, M=64, N=64, K=32)
+    n = len(space.candidates(bp, get_target("interp")))
+    assert rc == 0, out + err
+    assert f"checked {n} of {n} configs" in out and "all match the torch reference" in out
+    assert out.count("n/a (emulated)") >= n and "FAILED" not in out
+    assert "emulated" in err
+
+
+def test_emulated_budget_limits_the_run(capsys, cache_root):
+    rc = main(["tune", AG, "-D", "M=64", "-D", "N=64", "-D", "K=32", "-W", "2", "--emulate",
+               "--budget", "2", "--config", "comm=sm"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "checked 2 of 8 configs" in out  # comm=sm: 2 programs x 2 chunks x 2 orders
+    assert not cache_root.exists()  # emulated times are not meaningful: nothing cached
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["tune", AG, "-D", "Q=3", "--emulate"], "has no parameter 'Q'"),
+    (["tune", AG, "-D", "M", "--emulate"], "is not NAME=VALUE"),
+    (["tune", AG, "--budget", "0", "--emulate"], "--budget must be >= 1"),
+    (["tune", AG, "--time", "-1", "--emulate"], "--time must be > 0"),
+    (["tune", AG, "--config", "blockm=3", "--emulate"], "unknown config key"),
+    (["tune", str(EXAMPLES / "flash_decode.tl"), "--emulate"], "no kernel to tune"),
+])
+def test_bad_input_exits_2_without_traceback(argv, msg, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+
+
+def test_gpu_table_shows_ratio_to_floor_and_speedup():
+    from tilelink.cli.tune import _table
+
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    res = tune(bp, get_target("cuda:90"), FakeMeasure(), device="NVIDIA H200")
+    text = _table(res, bp, {"floor": 1.0, "nccl_cublas": 1.5}, 3, meaningful=True)
+    lines = text.splitlines()
+    assert "vs floor" in lines[0] and "vs NCCL+cuBLAS" in lines[0]
+    assert len(lines) == 1 + 3 + 1 and "floor = max(cuBLAS GEMM, fastest comm)" in lines[-1]
+    best = res.ranked[0]
+    assert f"{best.ms:.2f}x" in lines[1] and f"{1.5 / best.ms:.2f}x" in lines[1]
+    bare = _table(res, bp, None, 3, meaningful=True)  # no bench: no such columns
+    assert "vs floor" not in bare
+
+
+def test_gpu_flow_with_fakes_stores_then_reuses_the_winner(monkeypatch, capsys, cache_root):
+    """The GPU command's plumbing (ranks, table, cache, reuse) with fake GPUs and timings."""
+    import torch
+
+    from tilelink.runtime import launcher
+    from tilelink.schedule import TARGETS
+    from tilelink.tune import measure
+
+    calls = []
+
+    class FakeGpuMeasure(FakeMeasure):
+        def __init__(self, bp, **kw):
+            super().__init__()
+
+        def agree(self, stop):
+            return stop
+
+        def __call__(self, cfg):
+            calls.append(cfg)
+            return super().__call__(cfg)
+
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 2)
+    monkeypatch.setattr(launcher, "launch_world", lambda fn, w, *a: fn(0, w, *a))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(measure, "GpuMeasure", FakeGpuMeasure)
+    monkeypatch.setattr(measure, "gpu_device", lambda: ("NVIDIA H200", TARGETS["cuda:90"]))
+    monkeypatch.setattr(measure, "baselines", lambda bp, **kw: {"floor": 0.9,
+                                                                 "nccl_cublas": 1.4})
+    argv = ["tune", AG, "-D", "M=8192", "-D", "N=8192", "-D", "K=8192", "-W", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    n = len(space.candidates(bound(AG, M=8192, N=8192, K=8192), get_target("cuda:90")))
+    assert len(calls) == default_budget(n) and f"measured {len(calls)} of {n}" in out
+    assert "vs floor" in out and "vs NCCL+cuBLAS" in out and "cached in" in out
+    cached = cache.lookup(bound(AG, M=8192, N=8192, K=8192), "NVIDIA H200")
+    assert cached is not None
+    calls.clear()
+    assert main(argv) == 0  # second time: the cache answers, nothing is measured
+    assert calls == [] and "using the tuned config cached in" in capsys.readouterr().out
+    assert main(argv + ["--exhaustive"]) == 0
+    out = capsys.readouterr().out
+    assert len(calls) == n and "model-pruned vs exhaustive" in out and "perf.md row" in out
