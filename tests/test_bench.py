@@ -430,3 +430,127 @@ def test_bench_end_to_end_on_two_gpus(path, defines, tmp_path, capsys):
     assert all(r.rel_err[k] < 1e-2 for k in ("tilelink", "nccl_cublas", "async_tp", "gemm"))
     assert r.rel_err["ce_comm"] == 0.0 and r.tl_vs_nccl_cublas_max_abs is not None
     assert "gpu" in meta and "TileLink ms" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the per-rank body on gloo
+
+
+class _Event:
+    """CPU stand-in for torch.cuda.Event (host clock)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _fake_gpu_world():
+    """Make bench_one's GPU-only parts run on CPU/gloo: CUDA calls, the TileLink op (the
+    torch reference), symmetric peer buffers (emulated with all_gather). async-TP stays
+    real, so it fails on CPU — which exercises the failure path."""
+    import torch.distributed as dist
+
+    import tilelink.bench.baselines as bl
+    import tilelink.bench.timing as tm
+    from tilelink.runtime import gpu
+    from tilelink.runtime.dist_reference import evaluate_local, make_local_inputs
+
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.Event = _Event
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.empty_cache = lambda: None
+
+    def max_over_ranks(values, group=None):
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return t.tolist()
+
+    tm.max_over_ranks = max_over_ranks
+
+    class PeerBuffers:
+        def __init__(self, block, dtype, group):
+            self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+            self.local = torch.full((self.world, *block), float("nan"), dtype=dtype)
+            self.peers = {p: None for p in range(self.world) if p != self.rank}
+            self.group = group
+
+        def push_fn(self, blocks):
+            def push():
+                for p in range(self.world):
+                    src = blocks.get(p, torch.zeros_like(self.local[0])).contiguous()
+                    got = [torch.empty_like(src) for _ in range(self.world)]
+                    dist.all_gather(got, src, group=self.group)
+                    if p == self.rank:
+                        for q in self.peers:
+                            self.local[q].copy_(got[q])
+            return push
+
+    bl.PeerBuffers = PeerBuffers
+    bl.enable_symm_mem = lambda group: None
+
+    class Op:
+        def __init__(self, bp, group, wrong):
+            self.bound, self.group, self.config, self.wrong = bp, group, "comm=fake", wrong
+
+        def make_inputs(self, seed):
+            return make_local_inputs(self.bound, dist.get_rank(), seed, torch.device("cpu"))
+
+        def __call__(self, **ins):
+            out = evaluate_local(self.bound, ins, self.group)[self.bound.pattern.outputs[0]]
+            if self.wrong and dist.get_rank() == 1:
+                out[-1, -1] += 100  # one wrong element, on one rank only
+            return out
+
+        def check_diagnostics(self):
+            pass
+
+    gpu.compile_op = lambda bp, config=None, group=None: Op(bp, group, bool(config))
+
+
+def _bench_body_worker(rank, world, port, path, wrong, q):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        _fake_gpu_world()
+        from tilelink.bench.run import Options, Spec, bench_rank
+
+        spec = Spec(path, {"M": 64, "N": 32, "K": 64}, {"wrong": "1"} if wrong else {})
+        res = bench_rank(rank, world, [spec], Options(warmup=1, iters=2, rounds=2, reps=2))
+        if rank == 0:
+            q.put(res[0].to_dict())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [AG, RS])
+@pytest.mark.parametrize("wrong", [False, True])
+def test_bench_body_on_cpu_gloo(path, wrong):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    mp.spawn(_bench_body_worker, args=(2, _free_port(), path, wrong, q), nprocs=2)
+    r = BenchResult.from_dict(q.get())
+    assert set(r.failed) == ({"async_tp", "tilelink"} if wrong else {"async_tp"})
+    assert "NotImplementedError" in r.failed["async_tp"]  # no CPU async-TP: reported, untimed
+    timed = {"nccl_cublas", "gemm", "nccl_comm", "ce_comm"} | (set() if wrong else {"tilelink"})
+    assert set(r.steady_ms) == timed and set(r.single_ms) == timed
+    assert all(len(r.spread_ms[k]) == 2 for k in timed)
+    assert r.rel_err["ce_comm"] == 0.0 and r.rel_err["nccl_cublas"] < 1e-2
+    if wrong:  # a mismatch on rank 1 alone marks rank 0's row FAILED
+        assert not r.ok and "MISMATCH" in r.failed["tilelink"]
+        assert r.max_abs_err["tilelink"] > 50
+    else:
+        assert r.ok and r.tl_vs_nccl_cublas_max_abs is not None

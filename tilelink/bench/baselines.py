@@ -199,6 +199,24 @@ class PeerBuffers:
 # ---------------------------------------------------------------- the builders
 
 
+def _symm_op(name: str):
+    """torch.ops.symm_mem.<name> (registered when torch's symmetric memory module loads)."""
+    import torch.distributed._symmetric_memory
+
+    return getattr(torch.ops.symm_mem, name)
+
+
+def _or_raise_later(make):
+    """`make()`, or — if this torch lacks what it needs — a callable raising that error, so
+    only that baseline's check fails (and is reported), not the whole shape."""
+    try:
+        return make()
+    except Exception:  # noqa: BLE001
+        def unavailable():
+            raise e
+        return unavailable
+
+
 def _exact_check(got_fn, want_fn, poison=()):
     """A comm check: poison the receive buffer, move once, compare bit for bit."""
     def check(_ref):
@@ -259,12 +277,14 @@ def _build_ag_gemm(bp, inputs, group) -> dict[str, Baseline]:
 
     enable_symm_mem(group)
 
-    op = torch.ops.symm_mem.fused_all_gather_matmul
-    kw = ({"return_A": False} if any(x.name == "return_A" for x in op.default._schema.arguments)
-          else {})  # older torch always returns the gathered A too
+    def make_async_tp():
+        op = _symm_op("fused_all_gather_matmul")
+        kw = ({"return_A": False} if any(x.name == "return_A"
+                                         for x in op.default._schema.arguments)
+              else {})  # older torch always returns the gathered A too
+        return lambda: op(a, [b], 0, gname, **kw)[1][0]
 
-    def async_tp():
-        return op(a, [b], 0, gname, **kw)[1][0]
+    async_tp = _or_raise_later(make_async_tp)
 
     # GEMM alone: the gathered operand already in place (gathered once, here).
     a_gemm = _gather0(a, group)
@@ -335,8 +355,11 @@ def _build_gemm_rs(bp, inputs, group) -> dict[str, Baseline]:
 
     enable_symm_mem(group)
 
-    def async_tp():
-        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, gname)
+    def make_async_tp():
+        op = _symm_op("fused_matmul_reduce_scatter")
+        return lambda: op(a, b, "sum", 0, gname)
+
+    async_tp = _or_raise_later(make_async_tp)
 
     partial_gemm = torch.empty_like(partial)
 
@@ -363,14 +386,16 @@ def _build_gemm_rs(bp, inputs, group) -> dict[str, Baseline]:
         _sync_barrier(group)
         return torch.cat([bufs.local[p] for p in sorted(bufs.peers)])
 
+    def partials_of_my_rows():
+        """[W, M/W, N]: every rank's partial of this rank's rows (all partials gathered)."""
+        return _gather0(src, group).view(w, m, n)[:, rank * rows:(rank + 1) * rows]
+
     def ce_want():
-        # What each peer sent: its partial of this rank's rows (gathered with NCCL to check).
-        allp = _gather0(src[rank * rows:(rank + 1) * rows].contiguous(), group).view(w, rows, n)
+        allp = partials_of_my_rows()
         return torch.cat([allp[p] for p in range(w) if p != rank])
 
     def rs_want():
-        mine = _gather0(src[rank * rows:(rank + 1) * rows].contiguous(), group).view(w, rows, n)
-        return mine.float().sum(0)
+        return partials_of_my_rows().float().sum(0)
 
     def nccl_comm_check(_ref):
         out_comm.fill_(float("nan"))

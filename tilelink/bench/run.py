@@ -130,7 +130,7 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
         fns["tilelink"] = lambda: op(**inputs)
         res.notes["tilelink"] = f"compile_op(...)(**inputs), config {res.config}"
     except Exception as e:  # noqa: BLE001 — still measure the baselines, row FAILED
-        traceback.print_exc(file=sys.stderr)
+        _report_exception(rank, "tilelink", e)
         op = None
         res.failed["tilelink"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         if rank == 0:
@@ -169,7 +169,7 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
                     torch.cuda.synchronize()
                 fns[key] = base[key].fn
         except Exception as e:  # noqa: BLE001 — a baseline that cannot run is reported
-            traceback.print_exc(file=sys.stderr)
+            _report_exception(rank, key, e)
             m, r, ok = float("inf"), float("inf"), False
             res.failed[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         m, r, ok = _agree(group, m, r, ok)
@@ -217,6 +217,16 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
                 _loud(rank, f"TileLink on {shape}: {res.failed['tilelink']} — row FAILED")
     dist.barrier(group=group)
     return res
+
+
+def _report_exception(rank: int, key: str, e: Exception) -> None:
+    """Rank 0 prints the traceback; other ranks one line (they usually fail alike)."""
+    if rank == 0:
+        print(f"tilelink bench: {NAMES[key]} raised:", file=sys.stderr)
+        traceback.print_exception(e, file=sys.stderr)
+    else:
+        print(f"tilelink bench, rank {rank}: {NAMES[key]} raised {type(e).__name__}: "
+              f"{str(e).splitlines()[0][:160] if str(e) else ''}", file=sys.stderr)
 
 
 def _diagnostics(op) -> None:
