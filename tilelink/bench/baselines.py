@@ -211,9 +211,11 @@ def _or_raise_later(make):
     only that baseline's check fails (and is reported), not the whole shape."""
     try:
         return make()
-    except Exception:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
+        err = e  # `e` itself is unbound once the except block ends
+
         def unavailable():
-            raise e
+            raise err
         return unavailable
 
 
