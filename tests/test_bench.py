@@ -185,7 +185,8 @@ def test_plot_tool_from_json(tmp_path, capsys):
     except ImportError:
         return
     png = tmp_path / "c.png"
-    assert plot_bench.main([str(path), str(png)]) == 0 and png.exists()
+    assert plot_bench.main([str(path), str(path), "-o", str(png), "--markdown"]) == 0
+    assert png.exists() and capsys.readouterr().out.count("| AG-GEMM |") == 2
 
 
 # ---------------------------------------------------------------- progress
@@ -326,6 +327,10 @@ def test_design_suite_has_the_nine_shapes():
                                              {"M": 8192, "N": 28672, "K": 8192}]
     assert sum(s.pattern.endswith("gemm_rs.tl") for s in specs) == 4
     assert all(s.config == {"a": "b"} for s in specs)
+    args.suite = "design-rs"
+    assert [s.values["K"] for s in specs_from_args(args)] == [28672, 29568, 8192, 28672]
+    args.suite = "design-ag"
+    assert len(specs_from_args(args)) == 5
 
 
 def test_command_line_reproduces(monkeypatch):

@@ -23,6 +23,8 @@ DESIGN_SUITE = {
     "gemm_rs.tl": [(8192, 8192, 28672), (8192, 8192, 29568), (8192, 8192, 8192),
                    (2048, 8192, 28672)],
 }
+SUITES = {"design": ("ag_gemm.tl", "gemm_rs.tl"), "design-ag": ("ag_gemm.tl",),
+          "design-rs": ("gemm_rs.tl",)}
 ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 
 
@@ -37,8 +39,9 @@ def add_parser(sub) -> None:
         + " ".join(f"{v}={'0' if v.startswith('NCCL') else '1'}" for v in ENV)
         + " (multicast off).")
     b.add_argument("pattern", nargs="?", help="a .tl file, or path/to/file.py:function")
-    b.add_argument("--suite", choices=["design"], help="run DESIGN.md's 9 shapes "
-                   "(examples/ag_gemm.tl and examples/gemm_rs.tl) instead of one pattern")
+    b.add_argument("--suite", choices=sorted(SUITES), help="run DESIGN.md's shapes instead "
+                   "of one pattern: design = all 9 (examples/ag_gemm.tl and "
+                   "examples/gemm_rs.tl), design-ag / design-rs = the 5 AG-GEMM / 4 GEMM-RS")
     b.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
     b.add_argument("--world-size", "-W", type=int, default=2, help="number of ranks/GPUs "
@@ -70,11 +73,11 @@ def specs_from_args(args) -> list:
     config = _defines(args.config, "--config")
     if args.suite:
         if args.pattern or args.defines:
-            raise TileLinkError("--suite design runs fixed shapes; give no pattern and no -D",
-                                hint="tilelink bench --suite design -W 2")
+            raise TileLinkError(f"--suite {args.suite} runs fixed shapes; give no pattern "
+                                "and no -D", hint="tilelink bench --suite design -W 2")
         root = Path(__file__).resolve().parent.parent.parent / "examples"
         specs = [Spec(str(root / f), {"M": m, "N": n, "K": k}, config)
-                 for f, shapes in DESIGN_SUITE.items() for m, n, k in shapes]
+                 for f in SUITES[args.suite] for m, n, k in DESIGN_SUITE[f]]
     elif args.pattern:
         specs = [Spec(args.pattern, _defines(args.defines, "-D"), config)]
     else:
