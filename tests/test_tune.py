@@ -406,3 +406,17 @@ def test_gpu_flow_with_fakes_stores_then_reuses_the_winner(monkeypatch, capsys, 
     assert main(argv + ["--exhaustive"]) == 0
     out = capsys.readouterr().out
     assert len(calls) == n and "model-pruned vs exhaustive" in out and "perf.md row" in out
+
+
+@pytest.mark.dist
+def test_gpu_tune_measures_caches_and_reuses(tmp_path, monkeypatch, capsys):
+    """On 2 GPUs: a small budgeted tune stores a winner that a second run reuses."""
+    monkeypatch.setenv("TILELINK_CACHE", str(tmp_path))
+    argv = ["tune", AG, "-D", "M=2048", "-D", "N=2048", "-D", "K=1024", "-W", "2",
+            "--budget", "3", "--iters", "5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "measured 3 of" in out and "cached in" in out
+    assert len(list((tmp_path / "tune").glob("ag_gemm-*.json"))) == 1
+    assert main(argv) == 0
+    assert "using the tuned config cached in" in capsys.readouterr().out
