@@ -105,7 +105,7 @@ def test_consumers_before_producers_hang_and_the_report_says_why(comm):
     # programs in id order); the watchdog ends it and the report names the broken rule.
     with pytest.raises(HangError) as err:
         emulate(RS, 2, {"M": 64, "N": 32, "K": 32}, {"comm": comm, "debug_reverse_roles": "1"},
-                timeout=3)
+                timeout=2)
     text = str(err.value)
     assert "program 0 (reduce role)" in text
     site = "partial tile of c" if comm == "sm" else "copy engine of a rank to deliver"
