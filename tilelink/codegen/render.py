@@ -242,6 +242,7 @@ def _gemm_rs(s: Schedule) -> Context:
         extra_ce = {}
     return Context(
         **_common(s, [dep]), consts=consts, symmetric=symmetric,
+        tma=_tma_ok(s, c.dtype, [k, n]),
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={out.name: (out.local_shape, out.dtype)}, waits=waits, notify_slot=notify,
         sites=dict(sorted(sites.items())),
