@@ -110,7 +110,7 @@ def _base_consts(s: Schedule) -> dict:
                 COMPUTE_PROGRAMS=cfg.num_programs - comm, BM=cfg.block_m, BN=cfg.block_n,
                 BK=cfg.block_k, CB=cfg.comm_block_m, COPY_BK=cfg.comm_block_n,
                 GROUP_M=cfg.group_m, STAGES=cfg.stages, OWN_FIRST=int(cfg.order == "own_first"),
-                NUM_WARPS=cfg.warps)
+                NUM_WARPS=cfg.warps, FLATTEN=cfg.flatten)
 
 
 _ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

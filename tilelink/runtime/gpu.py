@@ -62,8 +62,13 @@ class CopyEngine:
         self.pending_waits: list[tuple[int, int]] = []  # (address, value) of recent waits
         self.flat = [{k: v.view(-1) for k, v in peer.items()} for peer in heap.peers]
 
-    def run(self, ops: list[tuple]) -> None:
-        """Fork from the current stream, enqueue `ops` on the side stream (not joined yet)."""
+    def run(self, ops: list[tuple], ready) -> None:
+        """Enqueue `ops` on the side stream once event `ready` (inputs written) has fired.
+
+        Called after the kernel is launched: the kernel starts while the host is still
+        enqueueing copies (the host's enqueue time is then off the critical path), and
+        nothing the kernel waits on is queued behind it on its own stream.
+        """
         import torch
 
         from . import stream_ops
@@ -71,7 +76,7 @@ class CopyEngine:
         if not ops:
             return
         side = self.stream
-        side.wait_stream(torch.cuda.current_stream())  # inputs are ready on the caller's stream
+        side.wait_event(ready)
         self.pending_waits = []
         with torch.cuda.stream(side):
             for op in ops:
@@ -125,9 +130,11 @@ class GpuRankRuntime:
     spin_limit: int
     engine: CopyEngine | None = field(default=None, repr=False)
 
+    pending: list = field(default_factory=list, repr=False)
+
     def copy_engine(self, ops: list[tuple]) -> None:
-        if ops:
-            self.engine.run(ops)
+        """Take this call's copy-engine ops; the op enqueues them right after the kernel."""
+        self.pending = ops
 
 
 class TileLinkOp:
@@ -218,24 +225,57 @@ class TileLinkOp:
         return vals[0] if len(vals) == 1 else vals
 
     def _launch(self, ins, outs) -> None:
+        import torch
+
         with self._lock:
             epoch = wrap_epoch(self.epoch)
             self.epoch += 1
-        self.module.launch(self.rt, ins, outs, epoch)
-        if self.rt.engine is not None:
-            self.rt.engine.join()
+        if self.rt.engine is None:
+            self.module.launch(self.rt, ins, outs, epoch)
+            return
+        ready = torch.cuda.Event()
+        ready.record()  # the inputs (and whatever came before) are written
+        self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
+        self.kernel_done = torch.cuda.Event()
+        self.kernel_done.record()
+        ops, self.rt.pending = self.rt.pending, []
+        self.rt.engine.run(ops, ready)
+        self.rt.engine.join()
 
-    def check_diagnostics(self) -> None:
-        """Synchronize; raise HangError naming every wait that gave up (the GPU watchdog)."""
+    def check_diagnostics(self, timeout: float = 120.0) -> None:
+        """Wait for the last call; raise HangError naming every wait that gave up (the GPU
+        watchdog). Bounded: the kernel's waits are (spin limit), and a copy engine still
+        waiting `timeout` s after the kernel ended is released and reported."""
+        import time
+
         import torch
 
-        torch.cuda.synchronize()
-        diag = self.rt.diag.cpu()
+        if self.rt.engine is None:
+            torch.cuda.synchronize()
+            diag = self.rt.diag.cpu()
+        else:
+            # the caller's stream joins the side stream: read the records on another stream
+            getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
+            side_done = torch.cuda.Event()
+            side_done.record(self.rt.engine.stream)
+            reader = torch.cuda.Stream()
+            with torch.cuda.stream(reader):
+                diag = self.rt.diag.to("cpu", non_blocking=False)
+            deadline = time.monotonic() + (0 if int(diag[0]) else timeout)
+            while not side_done.query() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if not side_done.query():
+                waits = list(self.rt.engine.pending_waits)
+                self.rt.engine.unstick()
+                torch.cuda.synchronize()
+                if not int(diag[0]):
+                    raise HangError(f"rank {self.rt.rank}: the copy engine was still waiting "
+                                    f"{timeout:g} s after the kernel ended; its waits "
+                                    f"(address, value): {waits}")
+            torch.cuda.synchronize()
         count = int(diag[0])
         if not count:
             return
-        if self.rt.engine is not None:
-            self.rt.engine.unstick()
         keys = ("rank", "program", "site", "slot", "expected", "observed", "spins", "reason")
         words = []
         for i in range(min(count, (len(diag) - DIAG_HEADER) // DIAG_FIELDS)):

@@ -32,6 +32,7 @@ class Config:
     group_m: int = 8  # grouped ordering of output tiles (L2 reuse)
     stages: int = 3
     warps: int = 4
+    flatten: int = 0  # GPU: software-pipeline the K loop across consecutive tiles (tl.range)
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -84,6 +85,7 @@ class ConfigSpace:
     group_m: tuple[int, ...] = (1, 4, 8)
     stages: tuple[int, ...] = (1, 2, 3, 4)
     warps: tuple[int, ...] = (4, 8)
+    flatten: tuple[int, ...] = (0, 1)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
     # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce

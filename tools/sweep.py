@@ -1,0 +1,68 @@
+"""Time a few schedule configs of one pattern side by side, in one GPU world.
+
+    python tools/sweep.py examples/ag_gemm.tl -D M=8192 N=8192 K=8192 \
+        --configs "comm=copy_engine" "comm=copy_engine block_n=256 flatten=1"
+
+Each config is compiled with `compile_op`, checked once against the NCCL + torch reference
+and timed (steady state: back-to-back calls, CUDA events, max over ranks). For quick A/B
+experiments while tuning by hand; `tilelink tune` and `tilelink bench` are the real tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _rank(rank, world, pattern, values, configs, iters):
+    import torch
+
+    from tilelink.bench.timing import steady_state_ms
+    from tilelink.frontend import load_pattern
+    from tilelink.runtime.dist_reference import evaluate_local
+    from tilelink.runtime.gpu import compile_op
+    from tilelink.runtime.reference import compare
+
+    bp = load_pattern(pattern).bind(values, world)
+    rows = []
+    for text in configs:
+        cfg = dict(kv.split("=") for kv in text.split())
+        try:
+            op = compile_op(bp, config=cfg)
+            ins = op.make_inputs(0)
+            out = op(**ins)
+            op.check_diagnostics()
+            err = compare(out, evaluate_local(bp, ins)[op.output_names[0]])[0]
+            ms = steady_state_ms(lambda: op(**ins), warmup=5, iters=iters)
+            op.check_diagnostics()
+            rows.append((text, ms, err, ""))
+        except Exception as e:  # keep sweeping; report it
+            rows.append((text, float("nan"), float("nan"), f"{type(e).__name__}: {e}"[:300]))
+        torch.cuda.synchronize()
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pattern")
+    p.add_argument("-D", nargs="*", default=[])
+    p.add_argument("--configs", nargs="+", required=True)
+    p.add_argument("-W", "--world-size", type=int, default=2)
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args()
+    from tilelink.runtime.launcher import launch_world
+
+    values = dict(kv.split("=") for kv in args.D)
+    rows = launch_world(_rank, args.world_size, args.pattern, values, args.configs, args.iters)
+    print(f"{args.pattern} {values} W={args.world_size}")
+    for text, ms, err, note in rows:
+        print(f"  {ms:8.3f} ms  err {err:6.3g}  {text}  {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
