@@ -134,4 +134,16 @@ def _steady_ms(op, ins, iters: int) -> float:
 
 def run_many(rank: int, world: int, specs: list[RunSpec]) -> list[dict]:
     """Run several specs in one world (one process start-up for a whole test suite)."""
-    return [run_rank(rank, world, spec) for spec in specs]
+    import time
+
+    out = []
+    for i, spec in enumerate(specs):
+        t0 = time.monotonic()
+        if rank == 0:  # progress, so a stuck case is visible in the log
+            print(f"[{i + 1}/{len(specs)}] {spec.pattern} {spec.values} {spec.config} "
+                  f"calls={spec.calls}{' graph' if spec.graph else ''}"
+                  f"{' delays' if spec.delays else ''}", flush=True)
+        out.append(run_rank(rank, world, spec))
+        if rank == 0:
+            print(f"    done in {time.monotonic() - t0:.1f} s", flush=True)
+    return out

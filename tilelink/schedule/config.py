@@ -79,7 +79,8 @@ class ConfigSpace:
     block_m: tuple[int, ...] = (16, 32, 64, 128)
     block_n: tuple[int, ...] = (16, 32, 64, 128, 256)
     block_k: tuple[int, ...] = (16, 32, 64)
-    comm_block_m: tuple[int, ...] = (16, 32, 64, 128, 256)
+    # chunk rows: small chunks suit SM pushes; the copy engine wants few large copies
+    comm_block_m: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     comm_block_n: tuple[int, ...] = (16, 32, 64, 128, 256)
     order: tuple[str, ...] = ORDERS
     group_m: tuple[int, ...] = (1, 4, 8)
