@@ -23,10 +23,10 @@ CONFIGS = [
                                           "comm_block_m": "64", "block_k": "32"}),
     (AG, 2, {"M": "300", "K": "100"}, {"comm": "copy_engine", "block_m": "128",
                                         "block_n": "32", "order": "natural"}),
-    (RS, 2, {}, {"comm_programs": "16", "block_m": "128", "block_n": "64"}),
-    (RS, 4, {"M": "512", "K": "512"}, {"comm_programs": "8", "comm_block_m": "32",
+    (RS, 2, {}, {"comm": "sm", "comm_programs": "16", "block_m": "128", "block_n": "64"}),
+    (RS, 4, {"M": "512", "K": "512"}, {"comm": "sm", "comm_programs": "8", "comm_block_m": "32",
                                        "comm_block_n": "64"}),
-    (RS, 8, {"M": "1024", "K": "512"}, {"comm_programs": "32", "block_m": "64",
+    (RS, 8, {"M": "1024", "K": "512"}, {"comm": "sm", "comm_programs": "32", "block_m": "64",
                                         "group_m": "1"}),
     # GEMM-RS with the copy engine: tiles staged locally, counted per chunk; ragged shapes
     (RS, 2, {}, {"comm": "copy_engine", "comm_programs": "8", "block_m": "128"}),
@@ -53,7 +53,7 @@ def test_generated_kernel_compiles(case, target):
 
 
 def test_header_names_pattern_config_and_mappings():
-    s = make_schedule(AG.bind({}, 2), get_target("cuda:90"), {})
+    s = make_schedule(AG.bind({}, 2), get_target("cuda:90"), {"comm": "sm"})
     src = render_triton(s)
     head = src.split('"""')[1]
     assert "pattern 'ag_gemm'" in head and "W = 2" in head
@@ -63,7 +63,8 @@ def test_header_names_pattern_config_and_mappings():
 
 def test_waits_come_from_the_plan():
     # Change the chunk size: the closed form in the kernel follows the plan's tiling.
-    s = make_schedule(AG.bind({"M": "300"}, 3), get_target("cuda:90"), {"comm_block_m": "64"})
+    s = make_schedule(AG.bind({"M": "300"}, 3), get_target("cuda:90"),
+                      {"comm": "sm", "comm_block_m": "64"})
     src = render_triton(s)
     dep = s.plan.deps[0]
     assert dep.closed[0].tiling.closed_form("row_lo") in src
@@ -77,7 +78,8 @@ def test_invalid_configs_are_rejected_with_reasons():
     with pytest.raises(ConfigError, match="power of two"):
         make_schedule(bp, get_target("cuda:90"), {"block_m": "96"})
     with pytest.raises(ConfigError, match="leaves no program for compute"):
-        make_schedule(bp, get_target("cuda:90"), {"num_programs": "8", "comm_programs": "8"})
+        make_schedule(bp, get_target("cuda:90"), {"comm": "sm", "num_programs": "8",
+                                                  "comm_programs": "8"})
     with pytest.raises(ConfigError, match="unknown config key 'blockm'"):
         make_schedule(bp, get_target("cuda:90"), {"blockm": "64"})
 
@@ -118,3 +120,18 @@ def test_gemm_rs_copy_engine_counts_match_the_kernel_increments(world, m, block_
             counts[i] += mod.NUM_N
     assert counts == mod.TILES_PER_CHUNK
     assert len(counts) == world * mod.CHUNKS and min(counts) >= mod.NUM_N
+
+
+def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
+    small = make_schedule(AG.bind({"M": "1024", "N": "8192", "K": "8192"}, 2),
+                          get_target("cuda:90"))
+    assert small.config.comm == "none" and small.kernel is None
+    assert "non-overlapped plan chosen" in small.render() and "GFLOP" in small.render()
+    with pytest.raises(NotSupportedError, match="no kernel is generated"):
+        render_triton(small)
+    big = make_schedule(AG.bind({"M": "8192", "N": "8192", "K": "8192"}, 2),
+                        get_target("cuda:90"))
+    assert big.config.comm == "copy_engine" and big.config.comm_block_m == 2048
+    rs = make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "28672"}, 2),
+                       get_target("cuda:90"))
+    assert rs.config.comm == "sm" and rs.config.flatten == 1

@@ -156,3 +156,19 @@ def test_reversed_roles_are_gemm_rs_only():
 
     with pytest.raises(ConfigError, match="implemented for gemm>reduce_scatter only"):
         make_schedule(AG.bind({}, 2), get_target("interp"), {"debug_reverse_roles": "1"})
+
+
+@pytest.mark.parametrize("comm", ["sm", "copy_engine"])
+def test_ag_own_rows_are_read_in_place(comm):
+    # 32 rows per rank = block_m: no tile straddles two ranks, so a rank's own tiles read the
+    # input directly (nobody copies them, nothing to wait for); the others still wait
+    from tilelink.codegen import render_triton
+
+    s, _ = _run(AG, 4, {"M": 128, "N": 64, "K": 32}, {"comm": comm}, calls=3, delays=True)
+    assert "OWN_DIRECT = 1" in render_triton(s)
+
+
+def test_the_non_overlapped_plan_runs_too():
+    # comm=none has no kernel: it is the NCCL + cuBLAS computation (the reference, here)
+    s, res = _run(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"}, calls=2)
+    assert s.kernel is None and len(res.outputs) == 2

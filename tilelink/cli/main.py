@@ -101,7 +101,14 @@ def cmd_compile(args) -> int:
         print(format_pattern(pat, bp))
         return 0
     target = get_target(args.target)
-    s = make_schedule(bp, target, _defines(args.config, "--config"))
+    overrides = _defines(args.config, "--config")
+    s = make_schedule(bp, target, overrides)
+    if s.config.comm == "none" and args.emit not in ("plan", "schedule") and \
+            "comm" not in overrides:
+        # the default plan runs NCCL + cuBLAS at these sizes; show the overlapped kernel
+        print(f"tilelink: note: {s.notes[0]}; showing the overlapped kernel instead",
+              file=sys.stderr)
+        s = make_schedule(bp, target, overrides, allow_fallback=False)
     if args.emit == "plan":
         print(s.plan.render())
     elif args.emit == "schedule":

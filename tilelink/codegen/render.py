@@ -139,6 +139,10 @@ def _ag_gemm(s: Schedule) -> Context:
     waits = render_waits(dep, {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"),
                                "n": ("col_lo", "col_hi")},
                          sig="sig_ptr", site=SITE_DATA, indent=12)
+    names = {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"), "n": ("col_lo", "col_hi")}
+    waits_nested = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=16)
+    # own rows straight from the input when no tile straddles two ranks' rows
+    own_direct = int(bp.world > 1 and (m // bp.world) % s.config.block_m == 0)
     notify = slot_expr(dep.producer, {"chunk": "me * CHUNKS + j"})
     sites = {SITE_DATA: f"compute tile of {c.name} = gemm(...) waits for a chunk of {full.name} "
                         f"(all_gather at {_loc(ag_op.loc)}, used at {_loc(mm_op.loc)})",
@@ -151,7 +155,8 @@ def _ag_gemm(s: Schedule) -> Context:
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={c.name: (c.local_shape, c.dtype)}, waits=waits, notify_slot=notify,
         sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal,
-                               signals=[dep.signal]))
+                               signals=[dep.signal], own_direct=own_direct,
+                               waits_nested=waits_nested))
 
 
 # GEMM-RS with comm=copy_engine: the reduce role waits on chunks the copy engine delivered.

@@ -122,6 +122,11 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     signals its data: what a mapping pointing at a slot nobody notifies looks like).
     """
     s = schedule_for(pattern, world_size, values, config, "interp")
+    if s.config.comm == "none":
+        # the non-overlapped plan has no kernel: it *is* the reference computation (NCCL +
+        # cuBLAS on GPUs); run it so tools that sweep configs treat every plan alike
+        ins = [make_inputs(s.bound, seed + i) for i in range(calls)]
+        return s, EmulationResult(ins, [evaluate(s.bound, x) for x in ins], 0.0)
     source = render_triton(s)
     if fault == "drop_notify":
         source = _drop_data_notifies(source)

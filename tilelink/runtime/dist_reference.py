@@ -30,8 +30,13 @@ def make_local_inputs(bp: BoundPattern, rank: int, seed: int, device) -> dict[st
     return out
 
 
-def evaluate_local(bp: BoundPattern, inputs: dict[str, torch.Tensor], group=None) -> dict:
-    """Every pattern output for this rank, computed without overlap (collective call)."""
+def evaluate_local(bp: BoundPattern, inputs: dict[str, torch.Tensor], group=None,
+                   exact: bool = True) -> dict:
+    """Every pattern output for this rank, computed without overlap (collective call).
+
+    `exact`: fp32 matmuls and reductions (the checking reference); else in the pattern's
+    dtype (cuBLAS bf16 GEMM, NCCL reduction in bf16): the non-overlapped plan itself.
+    """
     import torch.distributed as dist
 
     vals = dict(inputs)
@@ -46,16 +51,17 @@ def evaluate_local(bp: BoundPattern, inputs: dict[str, torch.Tensor], group=None
             dist.all_gather_into_tensor(full, x, group=group)
             res = full.movedim(0, attrs["dim"]).contiguous()
         elif op.kind == "reduce_scatter":
-            x = xs[0].float().movedim(attrs["dim"], 0).contiguous()
+            x = (xs[0].float() if exact else xs[0]).movedim(attrs["dim"], 0).contiguous()
             part = torch.empty((x.shape[0] // w, *x.shape[1:]), dtype=x.dtype, device=x.device)
             dist.reduce_scatter_tensor(part, x, group=group)
             res = part.movedim(0, attrs["dim"]).to(dtype).contiguous()
         elif op.kind == "all_reduce":
-            res = xs[0].float().contiguous()
+            res = (xs[0].float() if exact else xs[0]).contiguous()
             dist.all_reduce(res, group=group)
             res = res.to(dtype)
         elif op.kind == "gemm":
-            res = (xs[0].float() @ xs[1].float()).to(dtype)
+            res = ((xs[0].float() @ xs[1].float()).to(dtype) if exact
+                   else torch.matmul(xs[0], xs[1]))
         else:
             raise NotSupportedError(f"no GPU reference for op '{op.kind}' yet", op.loc)
         vals[op.result] = res

@@ -292,6 +292,45 @@ class TileLinkOp:
                         hint="the wait names the producer tile and the pattern line it needed")
 
 
+class FallbackOp(TileLinkOp):
+    """The non-overlapped plan (comm=none): NCCL collective, then cuBLAS GEMM (torch ops).
+
+    Same interface as TileLinkOp, so callers need not care which plan the schedule chose.
+    """
+
+    def __init__(self, bound: BoundPattern, schedule, group):
+        import torch
+
+        self.bound, self.schedule, self.config, self.group = bound, schedule, schedule.config, group
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.input_names = tuple(d.name for d in bound.pattern.inputs)
+        self.output_names = tuple(bound.pattern.outputs)
+
+        class _Layout:  # what _bind reads
+            INPUTS = {n: (bound.tensors[n].local_shape, bound.tensors[n].dtype)
+                      for n in self.input_names}
+
+        self.module = _Layout
+        self.rt = type("Rank", (), {"rank": dist_rank(group)})()
+
+    def __call__(self, *args, **kwargs):
+        from .dist_reference import evaluate_local
+
+        ins = self._bind(args, kwargs)
+        outs = evaluate_local(self.bound, ins, self.group, exact=False)
+        vals = tuple(outs[n] for n in self.output_names)
+        return vals[0] if len(vals) == 1 else vals
+
+    def check_diagnostics(self, timeout: float = 120.0) -> None:
+        """Nothing spins in the non-overlapped plan."""
+
+
+def dist_rank(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
+
+
 def _op_key(bp: BoundPattern, cfg, backend, group, spin_limit, fault) -> tuple:
     import torch
 
@@ -341,6 +380,11 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     limit = spin_limit or DEFAULT_SPIN_LIMIT
     key = _op_key(bp, s.config, backend, group, limit, fault)
     if key in _OPS:
+        return _OPS[key]
+    if s.config.comm == "none":
+        if verbose:
+            print(f"tilelink: {bp.name}: non-overlapped plan (comm=none)")
+        _OPS[key] = FallbackOp(bp, s, group)
         return _OPS[key]
     source = render_triton(s)
     if fault == "drop_notify":

@@ -12,7 +12,10 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from ..errors import ConfigError, closest
 
-COMM_RESOURCES = ("sm", "copy_engine")
+# "none": the non-overlapped plan (NCCL collective, then cuBLAS GEMM), for shapes where
+# overlap cannot pay; no kernel is generated for it
+COMM_RESOURCES = ("sm", "copy_engine", "none")
+FALLBACK_SIGNATURES = ("all_gather>gemm", "gemm>reduce_scatter")
 ORDERS = ("own_first", "natural")
 
 
@@ -113,6 +116,8 @@ class ConfigSpace:
         if cfg.comm == "sm" and cfg.comm_programs >= cfg.num_programs:
             bad.append(f"comm_programs={cfg.comm_programs} leaves no program for compute "
                        f"(num_programs={cfg.num_programs})")
+        if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
+            bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:
             bad.append(f"comm=copy_engine is not implemented for {signature} yet; use comm=sm")
         if (cfg.comm == "copy_engine" and signature in self.copy_engine_keeps_sm_role

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from ..errors import ConfigError, NotSupportedError
 from ..ir import BoundPattern
 from ..plan import Plan, TileSizes, build_plan
-from .config import Config, ConfigSpace
+from .config import FALLBACK_SIGNATURES, Config, ConfigSpace
 from .targets import Target
 
 # Op signatures with a kernel template; the rest stop at the plan.
@@ -104,28 +104,75 @@ def default_space(target: Target) -> ConfigSpace:
     return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp")
 
 
-def default_config(bp: BoundPattern, target: Target) -> Config:
-    """A reasonable starting point; the tuner improves on it."""
+# Below this many FLOPs of GEMM per rank (~0.2 ms on an H200) the overlapped kernel's fixed
+# costs (the first chunk's transfer, side-stream setup) are a large share of the time and
+# NCCL + cuBLAS is as fast: the default is then the non-overlapped plan. Measured on 2x H200
+# (docs/perf.md): see the M = 1024 rows.
+FALLBACK_GEMM_FLOPS = 150e9
+
+
+def gemm_flops_per_rank(bp: BoundPattern) -> float:
+    """FLOPs of the pattern's GEMMs on one rank (local shapes)."""
+    total = 0.0
+    for op in bp.ops:
+        if op.kind == "gemm":
+            a, b = (bp.tensors[x] for x in op.args)
+            total += 2.0 * a.local_shape[0] * a.local_shape[1] * b.local_shape[1]
+    return total
+
+
+def _pow2_at_most(x: int) -> int:
+    return 1 << max(0, int(x).bit_length() - 1)
+
+
+def default_config(bp: BoundPattern, target: Target,
+                   allow_fallback: bool = True) -> tuple[Config, str | None]:
+    """A starting point (the tuner improves on it) and, when it is the non-overlapped
+    fallback, why. `allow_fallback=False`: always an overlapped config (to show a kernel)."""
     if target.backend == "interp":
         return Config(num_programs=4, comm_programs=1, block_m=32, block_n=32, block_k=32,
-                      comm_block_m=32, comm_block_n=32, stages=1)
-    return Config(num_programs=target.num_sms, comm_programs=16, block_m=128, block_n=128,
+                      comm_block_m=32, comm_block_n=32, stages=1), None
+    sig = bp.signature()
+    base = Config(num_programs=target.num_sms, comm_programs=16, block_m=128, block_n=256,
                   block_k=64, comm_block_m=128, comm_block_n=128, stages=3, warps=8)
+    flops = gemm_flops_per_rank(bp)
+    if (allow_fallback and sig in FALLBACK_SIGNATURES and bp.world > 1
+            and 0 < flops < FALLBACK_GEMM_FLOPS):
+        return replace(base, comm="none"), (
+            f"non-overlapped plan chosen: the GEMM is {flops / 1e9:.0f} GFLOP per rank "
+            f"(< {FALLBACK_GEMM_FLOPS / 1e9:.0f}, about 0.2 ms on an H200), too short to "
+            "hide the first chunk's transfer and the side-stream setup behind; NCCL + "
+            "cuBLAS is as fast there (measured, docs/perf.md)")
+    if sig == "all_gather>gemm":
+        # the copy engine is the fastest mover (DESIGN.md); a few large chunks per rank
+        rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
+        chunk = min(2048, max(128, _pow2_at_most(max(1, rows // 2))))
+        return replace(base, comm="copy_engine", comm_block_m=chunk), None
+    if sig == "gemm>reduce_scatter":
+        return replace(base, flatten=1), None
+    return base, None
 
 
 def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | None = None,
-                  base: Config | None = None) -> Schedule:
-    """Validate the config (defaults + overrides) and lay out roles and the plan."""
+                  base: Config | None = None, allow_fallback: bool = True) -> Schedule:
+    """Validate the config (defaults + overrides) and lay out roles and the plan.
+
+    `allow_fallback=False` keeps the default overlapped even where the non-overlapped plan
+    would be chosen (for showing kernels)."""
     sig = bp.signature()
-    cfg = (base or default_config(bp, target)).with_values(overrides or {})
+    default, why_default = default_config(bp, target, allow_fallback)
+    cfg = (base or default).with_values(overrides or {})
     if target.backend == "interp" and cfg.num_programs > target.num_sms:
         cfg = replace(cfg, num_programs=target.num_sms)
     space = default_space(target)
     space.check(cfg, sig)  # also refuses debug knobs on GPU targets
     plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
                                     cfg.comm_block_n if sig == "gemm>reduce_scatter" else 0))
-    kernel = KERNELS.get(sig)
+    kernel = KERNELS.get(sig) if cfg.comm != "none" else None
     notes = []
+    if cfg.comm == "none":
+        notes.append(why_default if base is None and why_default and not overrides else
+                     "non-overlapped plan (comm=none): NCCL collective, then cuBLAS GEMM")
     keeps_sm = cfg.comm == "sm" or sig in space.copy_engine_keeps_sm_role
     comm_n = cfg.comm_programs if keeps_sm else 0
     compute_n = cfg.num_programs - comm_n
@@ -173,6 +220,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         else:
             notes.append("reduce programs have the highest ids: they consume what compute "
                          "produces")
+    elif cfg.comm == "none":
+        roles = ()
     else:
         roles = ()
         notes.append(f"no kernel template for {sig} yet: --emit plan shows its mappings")
@@ -182,11 +231,20 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                           hint="only debug_reverse_roles=1 on the interp target may do this")
     if cfg.order == "own_first":
         notes.append("tile order: tiles whose data is local (ready first) run first")
-    notes.append("overlapped plan (the non-overlapped fallback is chosen by the tuner; not yet)")
+    if cfg.comm != "none":
+        notes.append(f"overlapped plan; the non-overlapped one (comm=none) is the default "
+                     f"below {FALLBACK_GEMM_FLOPS / 1e9:.0f} GFLOP of GEMM per rank, and a "
+                     "candidate of `tilelink tune`")
     return Schedule(bp, target, cfg, plan, roles, kernel, tuple(notes))
 
 
 def require_kernel(s: Schedule) -> str:
+    if s.config.comm == "none":
+        raise NotSupportedError(
+            "comm=none is the non-overlapped plan (NCCL collective, then cuBLAS GEMM): no "
+            "kernel is generated for it", s.bound.pattern.loc,
+            "tilelink run and the Python API execute it with torch; --emit schedule says why "
+            "it was chosen; --config comm=copy_engine (or sm) gives the overlapped kernel")
     if s.kernel is None:
         raise NotSupportedError(
             f"kernel generation for {s.bound.signature()} is not implemented yet",

@@ -137,7 +137,9 @@ def _fallback(bp: BoundPattern, target: Target, num_programs: int) -> Config | N
     """The non-overlapped candidate, where the schedule layer knows `comm="none"`."""
     if FALLBACK not in config_mod.COMM_RESOURCES:
         return None
-    cfg = replace(default_config(bp, target), comm=FALLBACK, num_programs=num_programs)
+    # tile knobs mean nothing to the fallback: one canonical representative
+    cfg = replace(Config(), comm=FALLBACK, num_programs=num_programs)
+    cfg = _canonical(cfg, bp.signature(), extents(bp))
     space = default_space(target)
     return cfg if not space.reasons(cfg, bp.signature()) else None
 
