@@ -135,3 +135,15 @@ def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
     rs = make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "28672"}, 2),
                        get_target("cuda:90"))
     assert rs.config.comm == "sm" and rs.config.flatten == 1
+
+
+@pytest.mark.parametrize("pattern,sizes", [
+    (AG, {"M": "8192", "N": "8192", "K": "8192"}),
+    (RS, {"M": "8192", "N": "8192", "K": "28672"}),
+])
+def test_hopper_defaults_fit_in_shared_memory(pattern, sizes):
+    # the GPU would refuse to launch (OutOfResources) a kernel over the 227 KB per-block limit;
+    # catch it here, without a GPU
+    s = make_schedule(pattern.bind(sizes, 2), get_target("cuda:90"))
+    kernel = compile_module(render_triton(s), get_target("cuda:90"))
+    assert kernel.metadata.shared <= 232448, kernel.metadata.shared

@@ -143,6 +143,10 @@ def _ag_gemm(s: Schedule) -> Context:
     waits_nested = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=16)
     # own rows straight from the input when no tile straddles two ranks' rows
     own_direct = int(bp.world > 1 and (m // bp.world) % s.config.block_m == 0)
+    if own_direct and s.config.flatten:
+        # the TMA path builds one descriptor per tile in a reused scratch slot; flattening
+        # would prefetch the next tile's rows while this tile's descriptor is still in use
+        consts["FLATTEN"] = 0
     notify = slot_expr(dep.producer, {"chunk": "me * CHUNKS + j"})
     sites = {SITE_DATA: f"compute tile of {c.name} = gemm(...) waits for a chunk of {full.name} "
                         f"(all_gather at {_loc(ag_op.loc)}, used at {_loc(mm_op.loc)})",

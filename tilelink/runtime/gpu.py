@@ -204,6 +204,11 @@ class TileLinkOp:
             if not t.is_contiguous():
                 raise TileLinkError(f"{where} is not contiguous",
                                     hint=f"pass {name}.contiguous()")
+            if t.data_ptr() % 16:
+                # TMA descriptors and vector loads need 16-byte aligned bases
+                raise TileLinkError(f"{where} starts at an address that is not 16-byte "
+                                    "aligned (a view into another tensor?)",
+                                    hint=f"pass {name}.clone()")
         return given
 
     # ---- calls --------------------------------------------------------------------------
