@@ -24,6 +24,7 @@ SMALL = {"M": "1024", "N": "512", "K": "512"}
 SM = {"comm": "sm", "comm_programs": "16"}
 CE = {"comm": "copy_engine"}
 RS_CE = {"comm": "copy_engine", "comm_programs": "16"}
+RS_AFTER = {"comm": "sm", "reduce_after": "1"}
 
 CASES = {
     "ag_sm_even": RunSpec(AG, EVEN, SM, calls=5),
@@ -34,6 +35,12 @@ CASES = {
     "rs_sm_ragged": RunSpec(RS, RAGGED_RS, SM, calls=5),
     "rs_ce_even": RunSpec(RS, EVEN, RS_CE, calls=5),
     "rs_ce_ragged": RunSpec(RS, RAGGED_RS, RS_CE, calls=5),
+    # reduce_after=1: the reduce as a second kernel after the GEMM kernel
+    "rs_after_even": RunSpec(RS, EVEN, RS_AFTER, calls=5),
+    "rs_after_ragged": RunSpec(RS, RAGGED_RS, RS_AFTER, calls=5),
+    "rs_after_1000": RunSpec(RS, SMALL, RS_AFTER, calls=1000),
+    "rs_after_delays": RunSpec(RS, RAGGED_RS, RS_AFTER, calls=100, delays=True, seed=5),
+    "rs_after_graph": RunSpec(RS, EVEN, RS_AFTER, calls=20, graph=True),
     # 1,000 back-to-back calls, fresh inputs each, no host synchronisation in between
     "ag_sm_1000": RunSpec(AG, SMALL, SM, calls=1000),
     "ag_ce_1000": RunSpec(AG, SMALL, CE, calls=1000),

@@ -172,3 +172,10 @@ def test_the_non_overlapped_plan_runs_too():
     # comm=none has no kernel: it is the NCCL + cuBLAS computation (the reference, here)
     s, res = _run(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"}, calls=2)
     assert s.kernel is None and len(res.outputs) == 2
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gemm_rs_reduce_after_the_gemm_kernel(world):
+    # reduce_after=1: a second kernel sums what every rank's GEMM kernel pushed
+    _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world},
+         {"comm": "sm", "reduce_after": "1"}, calls=4, delays=True)

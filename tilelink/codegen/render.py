@@ -204,13 +204,15 @@ def _gemm_rs(s: Schedule) -> Context:
     ce = cfg.comm == "copy_engine"
     # the reduce role stays on SMs with the copy engine too (it sums what the copy engine
     # delivered); a role offset (debug_reverse_roles) only moves it to the lowest ids
-    reduce_n = cfg.comm_programs
+    reduce_n = 0 if cfg.reduce_after else cfg.comm_programs
     consts = _base_consts(s) | dict(M=m, N=n, K=k, M_LOCAL=m // bp.world,
                                     CHUNKS=chunk.tiling.per_segment, CN=col.tiling.tile,
                                     NCOL=col.tiling.count, NUM_M=cdiv(m, cfg.block_m),
                                     NUM_N=cdiv(n, cfg.block_n),
                                     COMM_PROGRAMS=reduce_n,
                                     COMPUTE_PROGRAMS=cfg.num_programs - reduce_n)
+    if cfg.reduce_after:  # the second kernel's grid: one program per SM
+        consts |= dict(REDUCE_PROGRAMS=cfg.num_programs, REDUCE_WARPS=8)
     sites = {SITE_RELEASE: "compute waits for a destination rank to finish reducing what this "
                            "rank sent two calls ago"}
     if ce:
@@ -256,7 +258,8 @@ def _gemm_rs(s: Schedule) -> Context:
         outputs={out.name: (out.local_shape, out.dtype)}, waits=waits, notify_slot=notify,
         sites=dict(sorted(sites.items())),
         extra=dict(a=a.name, b=b.name, c=c.name, out=out.name, sig=sig,
-                   reverse_roles=bool(cfg.debug_reverse_roles), **extra_ce))
+                   reverse_roles=bool(cfg.debug_reverse_roles),
+                   reduce_after=bool(cfg.reduce_after), **extra_ce))
 
 
 _CONTEXTS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs}

@@ -426,21 +426,23 @@ def _warm_up(op: TileLinkOp) -> None:
     finish compiling at different times never spin on each other and no call pays the JIT."""
     import torch
 
-    from ..codegen.compile import kernel_of
+    from triton.runtime.jit import JITFunction
 
-    kernel = kernel_of(op.module)
-    name = next(k for k, v in vars(op.module).items() if v is kernel)
+    kernels = {k: v for k, v in vars(op.module).items()
+               if k.endswith("_kernel") and isinstance(v, JITFunction)}
     ins = {k: torch.zeros(shape, dtype=TORCH_DTYPES[d], device=op.device)
            for k, (shape, d) in op.module.INPUTS.items()}
     outs = {k: torch.empty(shape, dtype=TORCH_DTYPES[d], device=op.device)
             for k, (shape, d) in op.module.OUTPUTS.items()}
     engine, op.rt.engine = op.rt.engine, None
-    setattr(op.module, name, _CompileOnly(kernel))
+    for name, kernel in kernels.items():  # every kernel of the module (GEMM-RS may have two)
+        setattr(op.module, name, _CompileOnly(kernel))
     try:
         op.rt.copy_engine = lambda ops: None
         op.module.launch(op.rt, ins, outs, 1)
     finally:
-        setattr(op.module, name, kernel)
+        for name, kernel in kernels.items():
+            setattr(op.module, name, kernel)
         op.rt.engine = engine
         del op.rt.copy_engine  # back to the class's method
     op.heap.barrier()

@@ -36,6 +36,9 @@ class Config:
     stages: int = 3
     warps: int = 4
     flatten: int = 0  # GPU: software-pipeline the K loop across consecutive tiles (tl.range)
+    # reduce_scatter: 1 = sum in a second kernel on every SM right after the GEMM kernel (the
+    # GEMM gets every SM; only the last chunks' sums are exposed); 0 = a role of the kernel
+    reduce_after: int = 0
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -90,6 +93,7 @@ class ConfigSpace:
     stages: tuple[int, ...] = (1, 2, 3, 4)
     warps: tuple[int, ...] = (4, 8)
     flatten: tuple[int, ...] = (0, 1)
+    reduce_after: tuple[int, ...] = (0, 1)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
     # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce
@@ -116,6 +120,8 @@ class ConfigSpace:
         if cfg.comm == "sm" and cfg.comm_programs >= cfg.num_programs:
             bad.append(f"comm_programs={cfg.comm_programs} leaves no program for compute "
                        f"(num_programs={cfg.num_programs})")
+        if cfg.reduce_after and not (signature == "gemm>reduce_scatter" and cfg.comm == "sm"):
+            bad.append("reduce_after=1 applies to gemm>reduce_scatter with comm=sm only")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
             bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:

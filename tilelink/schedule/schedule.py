@@ -202,6 +202,11 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
             compute_what = ("persistent GEMM tiles, rows of the next rank first; each tile is "
                             "pushed to the rank that owns its rows")
             reduce_what = "wait for every rank's tiles of a chunk of own rows, sum them"
+        if cfg.reduce_after:
+            comm_n, compute_n = 0, cfg.num_programs
+            notes.append("reduce_after=1: the reduce runs as a second kernel on every SM, "
+                         "launched right after the GEMM kernel (which never waits on it); it "
+                         "waits for every rank's tiles of a chunk of own rows and sums them")
         compute = ("compute", compute_n, compute_what, ())
         # the reduce role waits on compute (of every rank, own rank included): directly, or
         # through the copy engine, which waits on compute's counters
@@ -211,8 +216,10 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         for name, count, what, waits in order:
             roles.append(Role(name, first, count, what, waits_on=waits))
             first += count
-        roles = tuple(sorted(roles, key=lambda r: r.first))
-        if cfg.debug_reverse_roles:
+        roles = tuple(sorted((r for r in roles if r.count), key=lambda r: r.first))
+        if cfg.reduce_after:
+            pass  # said above
+        elif cfg.debug_reverse_roles:
             notes.append("DEBUG debug_reverse_roles=1: the reduce role has the LOWEST program "
                          "ids, so it waits on higher-id compute programs of its rank: this "
                          "breaks the program-order rule on purpose (the emulated world must "
