@@ -134,7 +134,7 @@ def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
     assert big.config.comm == "copy_engine" and big.config.comm_block_m == 2048
     rs = make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "28672"}, 2),
                        get_target("cuda:90"))
-    assert rs.config.comm == "sm" and rs.config.flatten == 1
+    assert rs.config.comm == "sm" and rs.config.flatten == 1 and rs.config.reduce_after == 1
 
 
 @pytest.mark.parametrize("pattern,sizes", [

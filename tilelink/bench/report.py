@@ -175,6 +175,7 @@ def collect_meta(command: str = "") -> dict:
     """Date, host, GPU, versions and the command: what docs/perf.md records per table."""
     import datetime
     import platform
+    import os
     import subprocess
 
     meta: dict[str, Any] = {"date": datetime.date.today().isoformat(),
@@ -199,12 +200,16 @@ def collect_meta(command: str = "") -> dict:
         meta["triton"] = triton.__version__
     except ImportError:
         pass
-    try:
-        meta["tilelink_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            timeout=5, check=False).stdout.strip()
-    except Exception:
-        pass
+    # TILELINK_COMMIT wins: a copied working tree (e.g. on a lent GPU host) may carry a
+    # stale .git
+    meta["tilelink_commit"] = os.environ.get("TILELINK_COMMIT", "")
+    if not meta["tilelink_commit"]:
+        try:
+            meta["tilelink_commit"] = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                timeout=5, check=False).stdout.strip()
+        except Exception:
+            pass
     return meta
 
 

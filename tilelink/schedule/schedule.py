@@ -149,7 +149,9 @@ def default_config(bp: BoundPattern, target: Target,
         chunk = min(2048, max(128, _pow2_at_most(max(1, rows // 2))))
         return replace(base, comm="copy_engine", comm_block_m=chunk), None
     if sig == "gemm>reduce_scatter":
-        return replace(base, flatten=1), None
+        # the GEMM on every SM, the sum in a second kernel right after it: measured faster
+        # than a reduce role on 4-16 SMs (docs/perf.md)
+        return replace(base, flatten=1, reduce_after=1), None
     return base, None
 
 
