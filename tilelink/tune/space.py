@@ -52,7 +52,9 @@ class Knobs:
 # engine's bandwidth and 8 CTAs is far below it, so 8/16/32 spans the trade-off; comm
 # chunks of 128/256 rows trade signal count against the exposed first chunk. Every value
 # multiplies GPU tuning time (each config is a compile), so the lists stay short.
-CUDA = Knobs(comm_programs=(8, 16, 32), comm_block_m=(128, 256), comm_block_n=(128,),
+# Chunk rows: 128 suits SM pushes; the copy engine wants a few large copies (2048 rows
+# measured best on 2x H200, docs/perf.md).
+CUDA = Knobs(comm_programs=(8, 16, 32), comm_block_m=(128, 2048), comm_block_n=(128,),
              tiles=((128, 256, 64, 3, 8), (128, 128, 64, 4, 8)),
              order=("own_first", "natural"), group_m=(8,), num_programs=None,
              smem_bytes=232_448)
@@ -166,15 +168,22 @@ def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None) -> 
         probe = Config(comm=res)
         progs = knobs.comm_programs if uses_comm_programs(probe, sig, space) else \
             (Config().comm_programs,)
-        comm_settings += [(res, cp, cbm, cbn) for cp in progs for cbm in knobs.comm_block_m
+        comm_settings += [(res, cp, cbm, cbn, 0) for cp in progs for cbm in knobs.comm_block_m
                           for cbn in knobs.comm_block_n]
+        if res == "sm" and sig == "gemm>reduce_scatter" and target.backend != "interp":
+            # the reduce as a second kernel after the GEMM (comm_programs unused)
+            comm_settings += [(res, Config().comm_programs, cbm, cbn, 1)
+                              for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
     tiles = [t + (gm,) for t in knobs.tiles for gm in knobs.group_m]
     out: dict[Config, None] = {}  # ordered set
-    for (res, cp, cbm, cbn), (bm, bn, bk, st, wp, gm), order in itertools.product(
+    # flatten helps the GEMM-RS kernel's K loop (measured); the AG kernel reads its own rows
+    # through a per-tile descriptor, which rules flatten out there
+    flatten = int(sig == "gemm>reduce_scatter" and target.backend == "cuda")
+    for (res, cp, cbm, cbn, after), (bm, bn, bk, st, wp, gm), order in itertools.product(
             comm_settings, tiles, knobs.order):
         cfg = Config(comm=res, comm_programs=cp, num_programs=programs, block_m=bm, block_n=bn,
                      block_k=bk, comm_block_m=cbm, comm_block_n=cbn, order=order, group_m=gm,
-                     stages=st, warps=wp)
+                     stages=st, warps=wp, flatten=flatten, reduce_after=after)
         cfg = _canonical(cfg, sig, ext)
         if knobs.smem_bytes is not None and smem_bytes(cfg) > knobs.smem_bytes:
             continue
