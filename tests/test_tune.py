@@ -424,3 +424,14 @@ def test_gpu_tune_measures_caches_and_reuses(tmp_path, monkeypatch, capsys):
     assert len(list((tmp_path / "tune").glob("ag_gemm-*.json"))) == 1
     assert main(argv) == 0
     assert "using the tuned config cached in" in capsys.readouterr().out
+
+
+def test_model_puts_the_second_kernel_reduce_first_for_long_k_gemm_rs():
+    # measured on 2x H200 (docs/perf.md): reduce_after=1 was the fastest GEMM-RS config at
+    # 8192 x 8192 x 28672; the model must rank it inside the quarter that gets measured
+    bp = bound(RS, M=8192, N=8192, K=28672)
+    cands = space.candidates(bp, get_target("cuda:90"))
+    ranked = cost.rank(bp, cands, cost.device_spec("NVIDIA H200"))
+    top = [c for c, _ in ranked[:len(cands) // 4]]
+    assert any(c.reduce_after for c in top)
+    assert all(c.comm_block_m * c.comm_block_n <= 16384 for c in cands)  # no spilling reduces

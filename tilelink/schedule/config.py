@@ -120,6 +120,11 @@ class ConfigSpace:
         if cfg.comm == "sm" and cfg.comm_programs >= cfg.num_programs:
             bad.append(f"comm_programs={cfg.comm_programs} leaves no program for compute "
                        f"(num_programs={cfg.num_programs})")
+        if signature == "gemm>reduce_scatter" and cfg.comm_block_m * cfg.comm_block_n > 16384:
+            # the reduce role holds a comm_block_m x comm_block_n fp32 tile in registers
+            bad.append(f"comm_block_m x comm_block_n = {cfg.comm_block_m * cfg.comm_block_n} "
+                       "exceeds 16384: the reduce tile (fp32, in registers) would spill "
+                       "(measured 1.2-4x slower)")
         if cfg.reduce_after and not (signature == "gemm>reduce_scatter" and cfg.comm == "sm"):
             bad.append("reduce_after=1 applies to gemm>reduce_scatter with comm=sm only")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:

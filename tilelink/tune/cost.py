@@ -228,6 +228,8 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
         return Estimate(gemm + comm, gemm, comm, comm)
     comm_progs = cfg.comm_programs if uses_comm_programs(cfg, bp.signature()) else 0
+    if getattr(cfg, "reduce_after", 0):
+        comm_progs = 0  # the GEMM kernel has every SM; the reduce is a second kernel
     programs = min(cfg.num_programs, dev.num_sms)
     compute = max(1, programs - comm_progs)
     gemm, tile_ms = _gemm(dev, m, n, k, cfg, compute, elem)
@@ -275,8 +277,14 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
         last_push = cfg.block_m * cfg.block_n * elem / (sm_copy_gbs(dev, 1, nbytes) * 1e9) * 1e3
         reducers = max(1, cfg.comm_programs) if cfg.comm == "sm" else compute
     push = nbytes / (push_bw * 1e9) * 1e3
-    red_bw = min(dev.hbm_gbs, reducers * dev.local_cta_gbs)
     reduce_bytes = (w + 1) * rows * cols * elem  # read W partials, write the sum
+    if getattr(cfg, "reduce_after", 0):
+        # a second kernel on every SM after the GEMM: the whole sum is exposed, but at HBM
+        # bandwidth, plus one launch and one signal round trip
+        after = reduce_bytes / (dev.hbm_gbs * 1e9) * 1e3 + dev.launch_us * 1e-3 + lat
+        total = max(gemm, push) + after
+        return Estimate(total, gemm, push, total - gemm)
+    red_bw = min(dev.hbm_gbs, reducers * dev.local_cta_gbs)
     reduce = reduce_bytes / (red_bw * 1e9) * 1e3 + math.ceil(chunks / reducers) * lat
     last_reduce = (w + 1) * chunk_rows * chunk_cols * elem / (dev.local_cta_gbs * 1e9) * 1e3
     tail = last_push + lat + last_reduce

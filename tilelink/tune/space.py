@@ -238,13 +238,17 @@ def describe(cfg: Config, sig: str) -> str:
     if is_fallback(cfg):
         return "comm=none (no overlap: NCCL collective, then cuBLAS)"
     parts = [f"comm={cfg.comm}"]
-    if uses_comm_programs(cfg, sig):
+    if cfg.reduce_after:
+        parts.append("reduce_after=1")
+    elif uses_comm_programs(cfg, sig):
         parts.append(f"comm_programs={cfg.comm_programs}")
     parts.append(f"comm_block_m={cfg.comm_block_m}")
     if cfg.comm == "sm" or sig != "all_gather>gemm":
         parts.append(f"comm_block_n={cfg.comm_block_n}")
     parts += [f"tile={cfg.block_m}x{cfg.block_n}x{cfg.block_k}", f"stages={cfg.stages}",
               f"warps={cfg.warps}", f"order={cfg.order}"]
+    if cfg.flatten:
+        parts.append("flatten=1")
     return " ".join(parts)
 
 
