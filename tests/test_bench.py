@@ -518,7 +518,7 @@ def _fake_gpu_world():
         def check_diagnostics(self):
             pass
 
-    gpu.compile_op = lambda bp, config=None, group=None: Op(bp, group, bool(config))
+    gpu.compile_op = lambda bp, config=None, group=None, **kw: Op(bp, group, bool(config))
 
 
 def _bench_body_worker(rank, world, port, path, wrong, q):

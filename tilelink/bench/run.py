@@ -125,7 +125,7 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     # 1. TileLink: compile, inputs (shared by every system).
     _step(progress, f"{shape}: compiling TileLink")
     try:
-        op = compile_op(bp, config=config or None, group=group)
+        op = compile_op(bp, config=config or None, group=group, verbose=rank == 0)
         res.config = str(op.config)
         inputs = op.make_inputs(opts.seed)
         fns["tilelink"] = lambda: op(**inputs)

@@ -380,7 +380,7 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     elif config:
         overrides = {k: str(v) for k, v in config.items()}
     elif tuned:
-        base = _tuned_config(bp, verbose)
+        base = _tuned_config(bp, verbose, target)
     s = make_schedule(bp, target, overrides, base=base)
     limit = spin_limit or DEFAULT_SPIN_LIMIT
     key = _op_key(bp, s.config, backend, group, limit, fault)
@@ -459,15 +459,14 @@ def _set_triton_allocator() -> None:
     triton.set_allocator(alloc)
 
 
-def _tuned_config(bp: BoundPattern, verbose: bool):
-    """The tuner's cached config for this pattern on this GPU, if `tilelink tune` ran."""
-    try:
-        from ..tune.cache import lookup
-    except ImportError:
-        return None
+def _tuned_config(bp: BoundPattern, verbose: bool, target=None):
+    """The tuner's cached config for this pattern on this GPU, if `tilelink tune` ran
+    (a cached config that is no longer valid is ignored with a warning)."""
     import torch
 
-    found = lookup(bp, torch.cuda.get_device_name())
+    from ..schedule.tuned import tuned_config
+
+    found = tuned_config(bp, torch.cuda.get_device_name(), target=target)
     if found is None:
         return None
     cfg, path = found

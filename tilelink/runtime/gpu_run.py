@@ -51,7 +51,8 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
 
     bp = load_pattern(spec.pattern).bind(spec.values, world)
     op = compile_op(bp, config=spec.config or None, backend=spec.backend,
-                    spin_limit=spec.spin_limit, fault=spec.fault, tuned=not spec.config)
+                    spin_limit=spec.spin_limit, fault=spec.fault, tuned=not spec.config,
+                    verbose=rank == 0)  # says so when a tuned config is used
     summary = {"rank": rank, "config": str(op.config), "calls": spec.calls, "errors": {},
                "bad_calls": 0, "hang": None, "ms_per_call": None, "device":
                torch.cuda.get_device_name()}
