@@ -7,6 +7,8 @@ torch reference on the same inputs.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tilelink.runtime.gpu_run import RunSpec, run_many
@@ -71,10 +73,17 @@ WATCHDOG = {
 }
 
 
-def _world(cases: dict) -> dict:
-    from tilelink.runtime.launcher import launch_world
+# ranks per world: 2 by default; TILELINK_DIST_WORLD=4 or 8 on larger hosts (the shapes
+# divide by 2, 4 and 8)
+WORLD = int(os.environ.get("TILELINK_DIST_WORLD", "2"))
 
-    results = launch_world(run_many, 2, list(cases.values()))
+
+def _world(cases: dict) -> dict:
+    from tilelink.runtime.launcher import gpu_count, launch_world
+
+    if gpu_count() < WORLD:
+        pytest.skip(f"TILELINK_DIST_WORLD={WORLD} needs {WORLD} GPUs")
+    results = launch_world(run_many, WORLD, list(cases.values()))
     return dict(zip(cases, results))
 
 

@@ -179,3 +179,10 @@ def test_gemm_rs_reduce_after_the_gemm_kernel(world):
     # reduce_after=1: a second kernel sums what every rank's GEMM kernel pushed
     _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world},
          {"comm": "sm", "reduce_after": "1"}, calls=4, delays=True)
+
+
+@pytest.mark.parametrize("comm", ["sm", "copy_engine"])
+def test_eight_ranks(comm):
+    # W = 8 (what an 8-GPU host would run), ragged per-rank slices, two back-to-back calls
+    _run(AG, 8, {"M": 8 * 24, "N": 8 * 8, "K": 32}, {"comm": comm}, calls=2)
+    _run(RS, 8, {"M": 8 * 20, "N": 40, "K": 8 * 8}, {"comm": comm}, calls=2)

@@ -24,11 +24,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--only", default=".*", help="regex over case names")
     p.add_argument("--nvshmem", action="store_true", help="the NVSHMEM cases")
+    p.add_argument("-W", "--world-size", type=int, default=2)
     args = p.parse_args()
     pool = NVSHMEM_CASES if args.nvshmem else CASES | WATCHDOG
     cases = {k: v for k, v in pool.items() if re.search(args.only, k)}
     t0 = time.time()
-    results = launch_world(run_many, 2, list(cases.values()))
+    results = launch_world(run_many, args.world_size, list(cases.values()))
     bad = 0
     for name, res in zip(cases, results):
         for r in res["ranks"]:
