@@ -80,7 +80,9 @@ class Schedule:
         c = self.config
         lines = [f"schedule of {self.bound.name} ({self.bound.sizes_str()}) for {self.target.name}",
                  f"config: {c}",
-                 f"kernel: {self.kernel or 'none (plan only)'}", "roles (program ids):"]
+                 "kernel: " + (self.kernel or (
+                     "none: the non-overlapped plan (NCCL collective, then cuBLAS GEMM)"
+                     if c.comm == "none" else "none (plan only)")), "roles (program ids):"]
         for r in self.roles:
             waits = f"; waits on {', '.join(r.waits_on)}" if r.waits_on else ""
             lines.append(f"  {r.name:<9} {r.first}..{r.last}  ({r.count}) {r.what}{waits}")
@@ -238,7 +240,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     if bad and not (cfg.debug_reverse_roles and target.backend == "interp"):
         raise ConfigError("the schedule breaks the program-order rule: " + "; ".join(bad),
                           hint="only debug_reverse_roles=1 on the interp target may do this")
-    if cfg.order == "own_first":
+    if cfg.order == "own_first" and cfg.comm != "none":
         notes.append("tile order: tiles whose data is local (ready first) run first")
     if cfg.comm != "none":
         notes.append(f"overlapped plan; the non-overlapped one (comm=none) is the default "
