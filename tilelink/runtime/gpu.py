@@ -249,7 +249,9 @@ class TileLinkOp:
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Wait for the last call; raise HangError naming every wait that gave up (the GPU
-        watchdog). Bounded: the kernel's waits are (spin limit), and a copy engine still
+        watchdog). After a HangError the op's signals may be out of step with its peers':
+        do not call it again (the op cache keeps it, so that every rank's cache stays
+        the same; a hang is a bug to fix, not a state to resume from). Bounded: the kernel's waits are (spin limit), and a copy engine still
         waiting `timeout` s after the kernel ended is released and reported."""
         import time
 
