@@ -155,7 +155,7 @@ def _ag_gemm(s: Schedule) -> Context:
     return Context(
         **_common(s, [dep]), consts=consts, tma=_tma_ok(s, full.dtype, [k, b.local_shape[1]]),
         symmetric={full.name: ((2, m, k), full.dtype), dep.signal: ((consts["SLOTS"],), "int32"),
-                   "ctl": ((4 + bp.world,), "int32")},
+                   "ctl": ((4 + 2 * bp.world,), "int32")},
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={c.name: (c.local_shape, c.dtype)}, waits=waits, notify_slot=notify,
         sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal,
@@ -235,7 +235,7 @@ def _gemm_rs(s: Schedule) -> Context:
         symmetric = {"stage": ((2, bp.world, m // bp.world, n), c.dtype),
                      "send": ((2, m, n), c.dtype),  # this rank's partial product, staged
                      "ready": ((nchunks,), "int32"), "count": ((nchunks,), "int32"),
-                     "ctl": ((4 + bp.world,), "int32")}
+                     "ctl": ((4 + 2 * bp.world,), "int32")}
         sig = "ready"
         extra_ce = dict(tiles_per_chunk=_tiles_per_chunk(dep), site_ce=SITE_CE_CHUNK,
                         chunk_first=chunk.tiling.closed_form("row_lo"),
@@ -248,7 +248,7 @@ def _gemm_rs(s: Schedule) -> Context:
         sites[SITE_DATA] = (f"reduce chunk of {out.name} waits for a partial tile of {c.name} "
                             f"(gemm at {_loc(mm_op.loc)}, reduce_scatter at {_loc(rs_op.loc)})")
         symmetric = {"stage": ((2, bp.world, m // bp.world, n), c.dtype),
-                     dep.signal: ((consts["SLOTS"],), "int32"), "ctl": ((4 + bp.world,), "int32")}
+                     dep.signal: ((consts["SLOTS"],), "int32"), "ctl": ((4 + 2 * bp.world,), "int32")}
         sig = dep.signal
         extra_ce = {}
     return Context(

@@ -113,8 +113,24 @@ class CopyEngine:
 
         s = torch.cuda.Stream()
         for addr, value in self.pending_waits:
-            stream_ops.write_value32(s, addr, value)
+            current = _word_at(self.flat, addr, s)
+            if current is None or ((current - value + 2**31) % 2**32 - 2**31) < 0:
+                stream_ops.write_value32(s, addr, value)  # only words still behind
         s.synchronize()
+
+
+def _word_at(flat: list[dict], addr: int, stream) -> int | None:
+    """The int32 at device address `addr` inside one of the heap's buffers, read on `stream`
+    (which nothing blocks), or None if it is not in the heap."""
+    import torch
+
+    for peer in flat:
+        for t in peer.values():
+            start = t.data_ptr()
+            if start <= addr < start + t.numel() * t.element_size():
+                with torch.cuda.stream(stream):
+                    return int(t[(addr - start) // t.element_size()].item())
+    return None
 
 
 @dataclass
@@ -232,20 +248,26 @@ class TileLinkOp:
     def _launch(self, ins, outs) -> None:
         import torch
 
-        with self._lock:
+        # One launch at a time per op, and the host's epoch moves only once the kernel is
+        # launched: it must stay equal to the device's count of calls (ctl[2] + 1), which the
+        # copy engine's signal values and buffer choice rely on.
+        with self._lock, torch.cuda.device(self.device):
+            if getattr(self.module, "TMA", False):
+                _set_triton_allocator()  # a context variable: per thread, so per call
             epoch = wrap_epoch(self.epoch)
+            if self.rt.engine is None:
+                self.module.launch(self.rt, ins, outs, epoch)
+                self.epoch += 1
+                return
+            ready = torch.cuda.Event()
+            ready.record()  # the inputs (and whatever came before) are written
+            self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
             self.epoch += 1
-        if self.rt.engine is None:
-            self.module.launch(self.rt, ins, outs, epoch)
-            return
-        ready = torch.cuda.Event()
-        ready.record()  # the inputs (and whatever came before) are written
-        self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
-        self.kernel_done = torch.cuda.Event()
-        self.kernel_done.record()
-        ops, self.rt.pending = self.rt.pending, []
-        self.rt.engine.run(ops, ready)
-        self.rt.engine.join()
+            self.kernel_done = torch.cuda.Event()
+            self.kernel_done.record()
+            ops, self.rt.pending = self.rt.pending, []
+            self.rt.engine.run(ops, ready)
+            self.rt.engine.join()
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Wait for the last call; raise HangError naming every wait that gave up (the GPU
@@ -288,7 +310,8 @@ class TileLinkOp:
         for i in range(min(count, (len(diag) - DIAG_HEADER) // DIAG_FIELDS)):
             base = DIAG_HEADER + i * DIAG_FIELDS
             rec = dict(zip(keys, (int(x) for x in diag[base:base + DIAG_FIELDS])))
-            words.append(describe_wait(self.schedule, self.module.WAIT_SITES, rec))
+            words.append(describe_wait(self.schedule, self.module.WAIT_SITES, rec,
+                                       getattr(self.module, "describe_slot", None)))
         self.rt.diag.zero_()
         self.rt.abort.zero_()
         shown = words[:SHOW_RECORDS]
@@ -338,6 +361,20 @@ def dist_rank(group) -> int:
     return dist.get_rank(group)
 
 
+def _agree(choice: str, group) -> None:
+    """Every rank must build the same op (same buffers, slots and bounds): a config taken from
+    a per-rank tuner cache or environment could differ. Collective."""
+    import torch.distributed as dist
+
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, choice, group=group)
+    if len(set(everyone)) > 1:
+        lines = "\n".join(f"  rank {r}: {c}" for r, c in enumerate(everyone))
+        raise ConfigError("the ranks chose different schedules for one op:\n" + lines,
+                          hint="pass the same config (or the same tuner cache, "
+                          "TILELINK_CACHE) to every rank")
+
+
 def _op_key(bp: BoundPattern, cfg, backend, group, spin_limit, fault) -> tuple:
     import torch
 
@@ -385,6 +422,7 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
         base = _tuned_config(bp, verbose, target)
     s = make_schedule(bp, target, overrides, base=base)
     limit = spin_limit or DEFAULT_SPIN_LIMIT
+    _agree(f"{s.config} spin_limit={limit} backend={backend} fault={fault}", group)
     key = _op_key(bp, s.config, backend, group, limit, fault)
     if key in _OPS:
         return _OPS[key]
@@ -396,6 +434,9 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     source = render_triton(s)
     if fault == "drop_notify":
         source = _drop_data_notifies(source)
+        if source == render_triton(s):
+            raise ConfigError("fault drop_notify has nothing to drop in this kernel (the copy "
+                              "engine signals its data)", hint="use comm=sm")
     elif fault:
         raise ConfigError(f"unknown fault '{fault}'", hint="faults: drop_notify")
     mod = load_module(source, name=f"tilelink_gpu_{bp.name}")

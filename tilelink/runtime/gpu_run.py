@@ -70,6 +70,12 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
         op.check_diagnostics()
     except TileLinkError as e:
         summary["hang"] = f"{type(e).__name__}: {e}"
+    # checking and timing are collective: every rank must skip them if any rank's wait gave up
+    hung = torch.tensor([int(summary["hang"] is not None)], device="cuda")
+    dist.all_reduce(hung, op=dist.ReduceOp.MAX)
+    if int(hung) and summary["hang"] is None:
+        summary["hang"] = ("another rank's wait gave up (see its report); this rank's results "
+                           "were not checked")
     if summary["hang"] is None and spec.check:
         k = max((t.shape[-1] for t in bp.tensors.values()), default=1)
         for ins, out in zip(inputs, outputs):

@@ -122,8 +122,16 @@ def launch_world(fn, world_size: int, *args):
                 if p.is_alive():
                     p.terminate()
             break
+    while not results.empty():  # a result put just before its process exited
+        rank, status, value = results.get()
+        got.setdefault(rank, (status, value))
+        if status == "error" and first_error is None:
+            first_error = (rank, value)
     for p in procs:
-        p.join()
+        p.join(timeout=60)  # a rank stuck at exit (e.g. on a GPU stream) must not hang us
+        if p.is_alive():
+            p.kill()
+            p.join()
     if first_error:
         rank, tb = first_error
         raise TileLinkError(f"rank {rank} failed:\n{tb.rstrip()}")

@@ -78,6 +78,7 @@ class SymmetricHeap:
         device = torch.device("cuda", torch.cuda.current_device())
         self.raw = symm.empty(self.nbytes, dtype=torch.uint8, device=device)
         group = group or dist.group.WORLD
+        self.group = group
         self.handle = symm.rendezvous(self.raw, group.group_name)
         self.rank, self.world = self.handle.rank, self.handle.world_size
         ptrs = list(self.handle.buffer_ptrs)
@@ -97,5 +98,11 @@ class SymmetricHeap:
         return whole[start:start + _nbytes(shape, dtype)].view(TORCH_DTYPES[dtype]).view(shape)
 
     def barrier(self) -> None:
-        """A barrier among the heap's ranks (setup only: calls never need one)."""
-        self.handle.barrier()
+        """A host barrier among the heap's ranks after this rank's GPU work is done (setup
+        only: calls never need one). NCCL's barrier, with its timeout, rather than the
+        symmetric-memory barrier kernel, which would spin on the GPU if a peer never came."""
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.synchronize()
+        dist.barrier(group=self.group)
