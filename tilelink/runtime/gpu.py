@@ -252,12 +252,14 @@ class TileLinkOp:
         # launched: it must stay equal to the device's count of calls (ctl[2] + 1), which the
         # copy engine's signal values and buffer choice rely on.
         with self._lock, torch.cuda.device(self.device):
+            self._order_after_previous_call()
             if getattr(self.module, "TMA", False):
                 _set_triton_allocator()  # a context variable: per thread, so per call
             epoch = wrap_epoch(self.epoch)
             if self.rt.engine is None:
                 self.module.launch(self.rt, ins, outs, epoch)
                 self.epoch += 1
+                self._record_call_end()
                 return
             ready = torch.cuda.Event()
             ready.record()  # the inputs (and whatever came before) are written
@@ -268,6 +270,29 @@ class TileLinkOp:
             ops, self.rt.pending = self.rt.pending, []
             self.rt.engine.run(ops, ready)
             self.rt.engine.join()
+            self._record_call_end()
+
+    def _order_after_previous_call(self) -> None:
+        """Calls of one op must run one after another on the GPU (they share the epoch
+        counter, buffers and counters): a call on another stream than the last one first
+        waits for the last one to end."""
+        import torch
+
+        stream = torch.cuda.current_stream()
+        last = getattr(self, "_last_end", None)
+        if last is not None and stream != last[0] and \
+                not torch.cuda.is_current_stream_capturing():
+            stream.wait_event(last[1])
+
+    def _record_call_end(self) -> None:
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            return  # an event of a capture cannot be waited on outside it
+        if getattr(self, "_end_event", None) is None:
+            self._end_event = torch.cuda.Event()  # one event, re-recorded: no per-call alloc
+        self._end_event.record()
+        self._last_end = (torch.cuda.current_stream(), self._end_event)
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Wait for the last call; raise HangError naming every wait that gave up (the GPU
@@ -461,7 +486,16 @@ class _CompileOnly:
         self.kernel = kernel
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
+        def compile_and_load(*args, **kwargs):
+            compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
+            # load the module now too (cuModuleLoad), not inside the first real call, where
+            # it would happen while other kernels already spin (or inside a graph capture)
+            init = getattr(compiled, "_init_handles", None)
+            if init is not None:
+                init()
+            return compiled
+
+        return compile_and_load
 
 
 def _warm_up(op: TileLinkOp) -> None:
