@@ -19,6 +19,7 @@ floor = max(gemm, fastest of nccl_comm / ce_comm): no overlapped kernel runs muc
 
 from __future__ import annotations
 
+import re
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -202,7 +203,9 @@ def collect_meta(command: str = "") -> dict:
         pass
     # TILELINK_COMMIT wins: a copied working tree (e.g. on a lent GPU host) may carry a
     # stale .git
-    meta["tilelink_commit"] = os.environ.get("TILELINK_COMMIT", "")
+    commit = os.environ.get("TILELINK_COMMIT", "").strip()
+    # only something that looks like a commit hash is recorded as one
+    meta["tilelink_commit"] = commit if re.fullmatch(r"[0-9a-f]{7,40}", commit) else ""
     if not meta["tilelink_commit"]:
         try:
             meta["tilelink_commit"] = subprocess.run(

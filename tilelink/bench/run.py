@@ -56,11 +56,12 @@ class Options:
     reps: int = 5
     seed: int = 0
     systems: tuple[str, ...] = SYSTEMS
+    tuned: bool = False  # use a config cached by `tilelink tune` (else the default schedule)
 
 
 def steps_per_shape(opts: Options) -> int:
     """Progress steps of one shape: compile, check, rounds × systems, single calls."""
-    return 3 + opts.rounds * len(opts.systems)
+    return 3 + (opts.rounds + 1) * len(opts.systems)  # + the untimed warm-up round
 
 
 def bench_rank(rank: int, world: int, specs: list[Spec], opts: Options) -> list[BenchResult]:
@@ -125,11 +126,16 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     # 1. TileLink: compile, inputs (shared by every system).
     _step(progress, f"{shape}: compiling TileLink")
     try:
-        op = compile_op(bp, config=config or None, group=group, verbose=rank == 0)
+        # the default schedule, or --config; a tuner-cached config only with --tuned
+        op = compile_op(bp, config=config or None, group=group, verbose=rank == 0,
+                        tuned=opts.tuned)
         res.config = str(op.config)
+        source = "--config" if config else ("tuned cache or default" if opts.tuned
+                                            else "default")
         inputs = op.make_inputs(opts.seed)
         fns["tilelink"] = lambda: op(**inputs)
-        res.notes["tilelink"] = f"compile_op(...)(**inputs), config {res.config}"
+        res.notes["tilelink"] = (f"compile_op(...)(**inputs), config ({source}) {res.config}; "
+                                 "allocates its output on every call")
     except Exception as e:  # noqa: BLE001 — still measure the baselines, row FAILED
         _report_exception(rank, "tilelink", e)
         op = None
@@ -188,12 +194,20 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     del ref, nccl_out
     fns = {key: f for key, f in fns.items() if key in opts.systems and key not in res.failed}
 
-    # 4. Steady state, interleaved rounds.
+    # 4. Steady state, interleaved rounds. One untimed round first brings clocks and power
+    # to steady state; then each round starts at a different system (the same rotation on
+    # every rank), so no system always runs first, after an idle gap, or after the heaviest
+    # one: a fixed order measurably favoured the system run first.
     runs: dict[str, list[float]] = {key: [] for key in fns}
+    timed = [key for key in SYSTEMS if key in opts.systems]
+    for key in timed:
+        if key in fns:
+            _step(progress, f"{shape}: warming up {NAMES[key]}")
+            steady_state_ms(fns[key], warmup=opts.warmup, iters=opts.iters, group=group)
+    step = max(1, len(timed) // max(1, opts.rounds))
     for i in range(opts.rounds):
-        for key in SYSTEMS:
-            if key not in opts.systems:
-                continue
+        shift = (i * step) % max(1, len(timed))
+        for key in timed[shift:] + timed[:shift]:
             _step(progress, f"{shape}: steady state {NAMES[key]} (round {i + 1}/{opts.rounds})")
             if key in fns:
                 runs[key].append(steady_state_ms(fns[key], warmup=opts.warmup,
@@ -216,6 +230,10 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
             err = f"{type(e).__name__} while timed: {str(e).splitlines()[0][:160]}"
         if not _agree(group, 0.0, 0.0, not err)[2]:
             res.failed["tilelink"] = err or "a peer rank's wait gave up while timed"
+            # its times measured skipped work: keep them out of the table, JSON and chart
+            res.notes["tilelink_discarded_ms"] = (f"steady {res.steady_ms.pop('tilelink', None)}"
+                                                  f", 1-call {res.single_ms.pop('tilelink', None)}")
+            res.spread_ms.pop("tilelink", None)
             if rank == 0:
                 _loud(rank, f"TileLink on {shape}: {res.failed['tilelink']} — row FAILED")
     dist.barrier(group=group)

@@ -61,6 +61,9 @@ def add_parser(sub) -> None:
     b.add_argument("--reps", type=int, default=5, help="single calls from idle; median "
                    "(default 5)")
     b.add_argument("--seed", type=int, default=0, help="random input seed (default 0)")
+    b.add_argument("--tuned", action="store_true",
+                   help="use the config `tilelink tune` cached for each shape, if any (default: "
+                   "the schedule's default config, or --config)")
 
 
 def specs_from_args(args) -> list:
@@ -135,6 +138,7 @@ def run(args) -> int:
     from ..runtime.launcher import launch_world
 
     opts = Options(warmup=args.warmup, iters=args.iters, rounds=args.rounds, reps=args.reps,
+                   tuned=args.tuned,
                    seed=args.seed)
     results = launch_world(bench_rank, args.world_size, specs, opts)
     if int(os.environ.get("RANK", "0")) != 0 or results is None:

@@ -97,24 +97,52 @@ class GpuMeasure:
 
         op = inputs = None
         err: BaseException | None = None
-        try:  # compile, first call and a sanity check: failures here are per config
-            op = compile_op(self.bound, config=cfg, group=self.group)
+        try:  # compile, first call checked against the reference: failures are per config
+            op = compile_op(self.bound, config=cfg, group=self.group, tuned=False)
             inputs = op.make_inputs(self.seed)
             out = op(**inputs)
-            torch.cuda.synchronize()
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            if not all(bool(torch.isfinite(o.float()).all()) for o in outs
-                       if o.is_floating_point()):
-                raise MismatchError("the output has NaN or Inf on random inputs")
+            # a wait that gave up leaves the kernel skipping work: it must not be timed as a
+            # fast config (the diagnostics raise HangError, which fails the config)
+            op.check_diagnostics()
+            self._check(out, inputs)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - any failure of a config is that config's result
             err = e
         if self._any(err is not None):  # every rank skips the timing together
             raise err if err is not None else TileLinkError("the config failed on another rank")
-        ms = steady_state_ms(lambda: op(**inputs), warmup=self.warmup, iters=self.iters,
-                             group=self.group)
+        try:
+            ms = steady_state_ms(lambda: op(**inputs), warmup=self.warmup, iters=self.iters,
+                                 group=self.group)
+            op.check_diagnostics()  # nothing gave up while being timed
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001
+            err = e
+        if self._any(err is not None):
+            raise err if err is not None else TileLinkError("the config failed on another rank")
         return ms / 1e3
+
+    def _check(self, out, inputs) -> None:
+        """The first call's output against the fp32 reference (bench's check), else raise."""
+        import torch
+
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        try:
+            from ..bench.baselines import compare, reference
+        except ImportError:  # no bench layer: at least no NaN / Inf
+            if not all(bool(torch.isfinite(o.float()).all()) for o in outs
+                       if o.is_floating_point()):
+                raise MismatchError("the output has NaN or Inf on random inputs") from None
+            return
+        ref = reference(self.bound, inputs, self.group)
+        k = max(t.shape[-1] for t in self.bound.tensors.values())
+        dtype = next(iter(self.bound.tensors.values())).dtype
+        slack = 2.0 if self.bound.signature() == "gemm>reduce_scatter" else 1.0
+        max_abs, rel, ok = compare(outs[0], ref, k, dtype, slack)
+        if not ok:
+            raise MismatchError(f"the output differs from the reference (max abs error "
+                                f"{max_abs:.3g}, relative {rel:.3g})")
 
 
 def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 20,
