@@ -1,0 +1,80 @@
+"""The GPU Python API's input validation, checked on the CPU (no GPU, no process group).
+
+`TileLinkOp._bind` is what every call goes through; here it runs on an op whose device is
+the CPU, so the messages a user gets for wrong tensors are tested everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilelink.errors import TileLinkError
+from tilelink.frontend import load_text
+from tilelink.runtime.gpu import FallbackOp
+
+from .conftest import EXAMPLES
+
+AG = load_text(EXAMPLES / "ag_gemm.tl")
+
+
+def _op():
+    # a FallbackOp shell (its __init__ needs a GPU and a process group): only what _bind reads
+    op = object.__new__(FallbackOp)
+    bp = AG.bind({"M": "64", "N": "32", "K": "16"}, 2)
+    op.bound, op.device = bp, torch.device("cpu")
+    op.input_names = ("a", "b")
+
+    class Layout:
+        INPUTS = {n: (bp.tensors[n].local_shape, bp.tensors[n].dtype) for n in op.input_names}
+
+    op.module = Layout
+    return op
+
+
+def _good():
+    return torch.zeros(32, 16, dtype=torch.bfloat16), torch.zeros(16, 16, dtype=torch.bfloat16)
+
+
+def test_good_inputs_bind_by_position_and_name():
+    a, b = _good()
+    op = _op()
+    assert op._bind((a, b), {})["b"] is b
+    assert op._bind((a,), {"b": b})["a"] is a
+
+
+@pytest.mark.parametrize("mutate,message,hint", [
+    (lambda a, b: (a.float(), b), "has dtype torch.float32; the pattern says bf16", ".to("),
+    (lambda a, b: (a[:16], b), "has shape (16, 16); this rank's shard is (32, 16)", "values="),
+    (lambda a, b: (torch.zeros(32, 32, dtype=torch.bfloat16)[:, :16], b), "not contiguous",
+     ".contiguous()"),
+    (lambda a, b: (a.tolist(), b), "must be a torch.Tensor", ""),
+])
+def test_wrong_inputs_say_what_and_how_to_fix(mutate, message, hint):
+    a, b = mutate(*_good())
+    op = _op()
+    with pytest.raises(TileLinkError) as err:
+        op._bind((a, b), {})
+    assert message in str(err.value) and "input 'a'" in str(err.value)
+    assert hint in str(err.value)
+
+
+def test_missing_unknown_and_duplicate_inputs():
+    a, b = _good()
+    op = _op()
+    with pytest.raises(TileLinkError, match="missing input"):
+        op._bind((a,), {})
+    with pytest.raises(TileLinkError, match="has no input 'c'"):
+        op._bind((a, b), {"c": b})
+    with pytest.raises(TileLinkError, match="given twice"):
+        op._bind((a, b), {"a": a})
+    with pytest.raises(TileLinkError, match="takes 2 inputs"):
+        op._bind((a, b, b), {})
+
+
+def test_misaligned_views_are_refused():
+    a, b = _good()
+    flat = torch.zeros(32 * 16 + 1, dtype=torch.bfloat16)
+    shifted = flat[1:].view(32, 16)  # 2 bytes past an aligned base
+    with pytest.raises(TileLinkError, match="16-byte"):
+        _op()._bind((shifted, b), {})
