@@ -46,6 +46,15 @@ REASON_ABORTED = 2
 #: the spin reads the abort flag once every this many iterations.
 ABORT_POLL_INTERVAL = 256
 
+#: what every flavour module (nvidia, amd, interp) re-exports with ``from .core import *``:
+#: the layout constants and the target-independent primitives
+__all__ = [
+    "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
+    "DIAG_WORDS", "REASON_ABORTED", "REASON_TIMEOUT",
+    "add_token_zero", "notify", "notify_add", "num_ranks", "pull_tile", "push_tile", "rank",
+    "symm_at", "wait",
+]
+
 # the same numbers as constexprs, for use inside @triton.jit code
 _HDR = tl.constexpr(DIAG_HEADER)
 _NF = tl.constexpr(DIAG_FIELDS)

@@ -14,25 +14,7 @@ the end) was measured slower on an H200: 2.13 vs 1.76 us per CTA-to-CTA round tr
 import triton
 import triton.language as tl
 
-from .core import (  # noqa: F401  (re-exported: the target-independent primitives)
-    ABORT_POLL_INTERVAL,
-    DIAG_CAPACITY,
-    DIAG_FIELDS,
-    DIAG_HEADER,
-    DIAG_LAYOUT,
-    DIAG_WORDS,
-    REASON_ABORTED,
-    REASON_TIMEOUT,
-    add_token_zero,
-    notify,
-    notify_add,
-    num_ranks,
-    pull_tile,
-    push_tile,
-    rank,
-    symm_at,
-    wait,
-)
+from .core import *  # noqa: F403  (re-exported: core.__all__, the target-independent primitives)
 
 #: the lowering this module stands for (``tilelink.lang.module_for`` maps targets to modules)
 FLAVOUR = "nvidia"
