@@ -465,7 +465,7 @@ def _fake_gpu_world():
     import torch.distributed as dist
 
     import tilelink.bench.baselines as bl
-    import tilelink.bench.timing as tm
+    import tilelink.runtime.timing as tm
     from tilelink.runtime import gpu
     from tilelink.runtime.dist_reference import evaluate_local, make_local_inputs
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def _rank(rank, world, pattern, values, configs, iters):
     import torch
 
-    from tilelink.bench.timing import steady_state_ms
+    from tilelink.runtime.timing import steady_state_ms
     from tilelink.frontend import load_pattern
     from tilelink.runtime.dist_reference import evaluate_local
     from tilelink.runtime.gpu import compile_op

@@ -1,10 +1,12 @@
 """Benchmarks: TileLink against NCCL+cuBLAS, torch async-TP, GEMM and comm alone (issue #5).
 
-`timing` (events, steady state, single-call latency), `baselines` (per pattern signature),
+`timing` (events, steady state, single-call latency: `tilelink.runtime.timing`, which
+`tilelink run` uses too), `baselines` (per pattern signature),
 `report` (records, table, chart, progress), `run` (the per-rank benchmark body). GPU-only
 modules import torch.distributed lazily; `report` needs neither a GPU nor matplotlib.
 """
 
-from .timing import single_call_ms, steady_state_ms
+from ..runtime import timing  # noqa: F401  (tilelink.bench.timing, as before)
+from ..runtime.timing import single_call_ms, steady_state_ms
 
 __all__ = ["single_call_ms", "steady_state_ms"]

@@ -90,7 +90,7 @@ def bench_rank(rank: int, world: int, specs: list[Spec], opts: Options) -> list[
 
 def _agree(group, max_abs: float, rel: float, ok: bool) -> tuple[float, float, bool]:
     """Worst error and `ok` of all ranks (every rank then takes the same decisions)."""
-    from .timing import max_over_ranks
+    from ..runtime.timing import max_over_ranks
 
     m, r, bad = max_over_ranks([max_abs, rel, 0.0 if ok else 1.0], group)
     return m, r, bad == 0.0
@@ -113,7 +113,7 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     from ..ir.expr import WORLD
     from ..runtime.gpu import compile_op
     from . import baselines as bl
-    from .timing import single_call_ms, steady_state_ms
+    from ..runtime.timing import single_call_ms, steady_state_ms
 
     rank = dist.get_rank(group)
     res = BenchResult(pattern=bp.name, signature=bp.signature(),

@@ -91,7 +91,11 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
                     got.float(), want[name].float(), atol=atol * max(1, world), rtol=rtol)
             summary["bad_calls"] += int(bad)
     if summary["hang"] is None and spec.timing_iters:
-        summary["ms_per_call"] = _steady_ms(op, inputs[0], spec.timing_iters)
+        from .timing import steady_state_ms
+
+        ins = inputs[0]
+        summary["ms_per_call"] = steady_state_ms(lambda: op(**ins), warmup=3,
+                                                 iters=spec.timing_iters)
     everyone = [None] * world
     dist.all_gather_object(everyone, summary)
     return {"pattern": bp.name, "sizes": bp.sizes_str(), "world": world, "ranks": everyone}
@@ -117,26 +121,6 @@ def _graph_replays(op, inputs) -> list:
         outs.append(static_out.clone() if not isinstance(static_out, tuple)
                     else tuple(o.clone() for o in static_out))
     return outs
-
-
-def _steady_ms(op, ins, iters: int) -> float:
-    """Back-to-back calls timed with CUDA events, max over ranks (ms per call)."""
-    import torch
-    import torch.distributed as dist
-
-    for _ in range(3):
-        op(**ins)
-    torch.cuda.synchronize()
-    dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        op(**ins)
-    end.record()
-    torch.cuda.synchronize()
-    t = torch.tensor([start.elapsed_time(end) / iters], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
 
 
 def run_many(rank: int, world: int, specs: list[RunSpec]) -> list[dict]:

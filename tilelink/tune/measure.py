@@ -92,7 +92,7 @@ class GpuMeasure:
     def __call__(self, cfg: Config) -> float:
         import torch
 
-        from ..bench.timing import steady_state_ms
+        from ..runtime.timing import steady_state_ms
         from ..runtime.gpu import compile_op
 
         op = inputs = None
@@ -155,7 +155,7 @@ def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 
         import torch.distributed as dist
 
         from ..bench import baselines as bl
-        from ..bench.timing import steady_state_ms
+        from ..runtime.timing import steady_state_ms
         from ..runtime.dist_reference import make_local_inputs
     except ImportError:
         return None
