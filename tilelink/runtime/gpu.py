@@ -239,11 +239,16 @@ class TileLinkOp:
                 "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
                 "operations carry the epoch as a constant",
                 hint="compile with config comm=sm for graph capture")
-        outs = {name: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
-                for name, (shape, dtype) in self.module.OUTPUTS.items()}
+        outs = self._new_outputs()
         self._launch(ins, outs)
         vals = tuple(outs[n] for n in self.output_names)
         return vals[0] if len(vals) == 1 else vals
+
+    def _new_outputs(self) -> dict:
+        import torch
+
+        return {name: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
+                for name, (shape, dtype) in self.module.OUTPUTS.items()}
 
     def _launch(self, ins, outs) -> None:
         import torch
@@ -256,20 +261,18 @@ class TileLinkOp:
             if getattr(self.module, "TMA", False):
                 _set_triton_allocator()  # a context variable: per thread, so per call
             epoch = wrap_epoch(self.epoch)
-            if self.rt.engine is None:
-                self.module.launch(self.rt, ins, outs, epoch)
-                self.epoch += 1
-                self._record_call_end()
-                return
-            ready = torch.cuda.Event()
-            ready.record()  # the inputs (and whatever came before) are written
+            engine = self.rt.engine
+            if engine is not None:
+                ready = torch.cuda.Event()
+                ready.record()  # the inputs (and whatever came before) are written
             self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
             self.epoch += 1
-            self.kernel_done = torch.cuda.Event()
-            self.kernel_done.record()
-            ops, self.rt.pending = self.rt.pending, []
-            self.rt.engine.run(ops, ready)
-            self.rt.engine.join()
+            if engine is not None:
+                self.kernel_done = torch.cuda.Event()
+                self.kernel_done.record()
+                ops, self.rt.pending = self.rt.pending, []
+                engine.run(ops, ready)
+                engine.join()
             self._record_call_end()
 
     def _order_after_previous_call(self) -> None:
@@ -509,31 +512,28 @@ def _warm_up(op: TileLinkOp) -> None:
                if k.endswith("_kernel") and isinstance(v, JITFunction)}
     ins = {k: torch.zeros(shape, dtype=TORCH_DTYPES[d], device=op.device)
            for k, (shape, d) in op.module.INPUTS.items()}
-    outs = {k: torch.empty(shape, dtype=TORCH_DTYPES[d], device=op.device)
-            for k, (shape, d) in op.module.OUTPUTS.items()}
-    engine, op.rt.engine = op.rt.engine, None
     for name, kernel in kernels.items():  # every kernel of the module (GEMM-RS may have two)
         setattr(op.module, name, _CompileOnly(kernel))
     try:
-        op.rt.copy_engine = lambda ops: None
-        op.module.launch(op.rt, ins, outs, 1)
+        op.module.launch(op.rt, ins, op._new_outputs(), 1)
     finally:
         for name, kernel in kernels.items():
             setattr(op.module, name, kernel)
-        op.rt.engine = engine
-        del op.rt.copy_engine  # back to the class's method
+        op.rt.pending = []  # the copy-engine ops of this launch-that-wasn't: never enqueued
     op.heap.barrier()
+
+
+def _scratch(size: int, alignment: int, stream):
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _set_triton_allocator() -> None:
     """Device-side TMA descriptors need global scratch memory from Triton's allocator."""
-    import torch
     import triton
 
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device="cuda")
-
-    triton.set_allocator(alloc)
+    triton.set_allocator(_scratch)
 
 
 def _tuned_config(bp: BoundPattern, verbose: bool, target=None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import traceback
 
 from ..errors import TileLinkError
@@ -107,8 +108,6 @@ def launch_world(fn, world_size: int, *args):
         if results.empty():
             if not any(p.is_alive() for p in procs):
                 break
-            import time
-
             time.sleep(0.01)
             continue
         rank, status, value = results.get()
