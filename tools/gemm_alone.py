@@ -1,0 +1,87 @@
+"""TileLink's GEMM with no communication against cuBLAS, on one GPU (issue #5's 0.97x target).
+
+    python tools/gemm_alone.py                       # the per-rank GEMMs of DESIGN.md's M=8192 shapes
+    python tools/gemm_alone.py --shapes 8192x8192x8192 --configs "block_n=128" "stages=4"
+
+At world size 1 the AG-GEMM kernel has no peer to wait for: with `comm=copy_engine` every
+program runs persistent GEMM tiles over the local rows, so timing it times TileLink's GEMM
+(the generated kernel, its tile order and loads) and nothing else. Each shape is M x N x K of
+the GEMM one rank runs at W=2 in the bench (N already divided by 2 for AG). cuBLAS is
+`torch.matmul` on the same operands, timed the same way (back-to-back calls, CUDA events,
+median of interleaved rounds), and the output is checked against it first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# Per-rank GEMMs of the M = 8192 AG shapes in DESIGN.md at W = 2 (N / 2 per rank).
+DEFAULT_SHAPES = ["8192x4096x8192", "8192x14336x8192", "8192x24576x12288"]
+
+
+def _measure_all(rank, world, shapes, configs, rounds, iters) -> list[tuple]:
+    """One rank (W = 1, so compile_op has its process group): every shape x config."""
+    return [row for shape in shapes for row in _measure(shape, configs, rounds, iters)]
+
+
+def _measure(shape: str, configs: list[str], rounds: int, iters: int) -> list[tuple]:
+    import torch
+
+    from tilelink.frontend import load_pattern
+    from tilelink.runtime.gpu import compile_op
+    from tilelink.runtime.timing import steady_state_ms
+
+    m, n, k = (int(x) for x in shape.split("x"))
+    bp = load_pattern("examples/ag_gemm.tl").bind({"M": m, "N": n, "K": k}, 1)
+    flop = 2.0 * m * n * k
+    rows = []
+    for text in configs:
+        cfg = {"comm": "copy_engine", **dict(kv.split("=") for kv in text.split())}
+        try:
+            op = compile_op(bp, config=cfg)
+            ins = op.make_inputs(0)
+            a, b = ins["a"], ins["b"]
+            ref = torch.matmul(a, b)
+            out = op(**ins)
+            op.check_diagnostics()
+            err = (out.float() - ref.float()).abs().max().item()
+            tl_ms, cb_ms = [], []
+            for _ in range(rounds):  # interleaved so drift hits both alike
+                tl_ms.append(steady_state_ms(lambda: op(**ins), iters=iters))
+                cb_ms.append(steady_state_ms(lambda: torch.matmul(a, b), iters=iters))
+            t, c = statistics.median(tl_ms), statistics.median(cb_ms)
+            rows.append((shape, text or "(default)", t, c, flop / t / 1e9, flop / c / 1e9, err, ""))
+        except Exception as e:  # keep going; report it
+            rows.append((shape, text or "(default)", float("nan"), float("nan"), 0.0, 0.0,
+                         float("nan"), f"{type(e).__name__}: {e}"[:200]))
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="MxNxK, one GEMM each")
+    p.add_argument("--configs", nargs="+", default=[""],
+                   help='schedule configs to try, e.g. "block_n=128 stages=4" ("" = default)')
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args()
+    print(f"{'shape':>18} {'config':>28} {'TileLink ms':>11} {'cuBLAS ms':>9} "
+          f"{'TL TFLOP/s':>10} {'cuBLAS':>7} {'TL/cuBLAS thpt':>14}  max err")
+    from tilelink.runtime.launcher import launch_world
+
+    rows = launch_world(_measure_all, 1, args.shapes, args.configs, args.rounds, args.iters)
+    for s, cfg, t, c, tt, ct, err, note in rows:
+        ratio = tt / ct if ct else float("nan")
+        print(f"{s:>18} {cfg:>28} {t:11.3f} {c:9.3f} {tt:10.0f} {ct:7.0f} {ratio:14.3f}"
+              f"  {err:.3g} {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
