@@ -59,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 120)")
     r.add_argument("--emulate", action="store_true",
                    help="use the emulated world even when GPUs are present")
-    r.add_argument("--backend", choices=("torch", "nvshmem"), default="torch",
-                   help="GPU symmetric memory: torch symmetric memory (default) or NVSHMEM")
+    r.add_argument("--backend", choices=("torch", "nvshmem", "nvshmem-ptr"), default="torch",
+                   help="GPU symmetric memory: torch symmetric memory (default); nvshmem = the "
+                   "NVSHMEM heap with NVSHMEM's device-side put/signal linked into the kernel; "
+                   "nvshmem-ptr = the NVSHMEM heap through peer pointers")
     r.add_argument("--graph", action="store_true",
                    help="GPU: capture one call in a CUDA graph and replay it --calls times")
     r.add_argument("--spin-limit", type=int, default=None,

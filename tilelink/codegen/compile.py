@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import ConfigError
+from ..lang import flavour
 from ..schedule import Target
 
 STAGES = {"cuda": ("ttir", "ttgir", "llir", "ptx", "cubin"),
@@ -69,6 +70,9 @@ def compile_module(source: str, target: Target):
     src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     gpu = GPUTarget(target.backend, target.arch, target.warp_size)
     opts = {"num_warps": mod.NUM_WARPS}
+    extra = flavour(target.lang).launch_options(target.arch)  # e.g. NVSHMEM's device library
+    if "extern_libs" in extra:
+        opts["extern_libs"] = tuple(extra["extern_libs"].items())
     return triton.compile(src, target=gpu, options=opts)
 
 

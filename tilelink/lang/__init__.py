@@ -1,9 +1,11 @@
 """Device-side primitives of TileLink as ``@triton.jit`` functions on stock Triton.
 
-Three flavours with the same names and signatures, differing only in lowering:
+Four flavours with the same names and signatures, differing only in lowering:
 
 * :mod:`tilelink.lang.nvidia` — CUDA (inline PTX where it pays: per-thread acquire loads in the
   spin, the token dependency, ``fence.proxy.async``);
+* :mod:`tilelink.lang.nvshmem` — CUDA with NVSHMEM's device library: put/signal to other ranks
+  through ``nvshmemx_putmem_block`` / ``nvshmem_int_atomic_set`` (the path that leaves the node);
 * :mod:`tilelink.lang.amd` — ROCm / gfx942;
 * :mod:`tilelink.lang.interp` — the Triton interpreter and the emulated world (no inline asm).
 
@@ -27,7 +29,7 @@ Public functions (all ``@triton.jit``; see :mod:`tilelink.lang.core` for the mem
 ``pull_tile(ptrs, mask, peer, me, heap_bases, other=0)``, ``fence_proxy_async(HOPPER)``.
 """
 
-from . import amd, core, interp, nvidia
+from . import amd, core, interp, nvidia, nvshmem
 from .core import (
     ABORT_POLL_INTERVAL,
     DIAG_CAPACITY,
@@ -41,11 +43,20 @@ from .core import (
 
 #: the public primitives every flavour module defines, with these exact signatures
 PRIMITIVES = (
-    "rank", "num_ranks", "symm_at", "notify", "notify_add", "wait", "consume_token",
-    "push_tile", "pull_tile", "fence_proxy_async",
+    "rank", "num_ranks", "symm_at", "notify", "notify_add", "notify_peer", "wait",
+    "consume_token", "push_tile", "pull_tile", "put", "put_signal", "fence_proxy_async",
 )
 
 _BY_BACKEND = {"cuda": nvidia, "hip": amd, "interp": interp}
+_BY_NAME = {m.FLAVOUR: m for m in (nvidia, nvshmem, amd, interp)}
+
+
+def flavour(name: str):
+    """The flavour module called `name` (a Target's `lang`: nvidia, nvshmem, amd, interp)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"no tilelink.lang flavour {name!r}") from None
 
 
 def module_for(target: str):
@@ -78,5 +89,5 @@ def decode_diag(diag) -> tuple[int, list[dict]]:
 __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
     "DIAG_WORDS", "PRIMITIVES", "REASON_ABORTED", "REASON_TIMEOUT", "amd", "core", "decode_diag",
-    "interp", "module_for", "module_name", "nvidia",
+    "flavour", "interp", "module_for", "module_name", "nvidia", "nvshmem",
 ]

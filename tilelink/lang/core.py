@@ -51,9 +51,17 @@ ABORT_POLL_INTERVAL = 256
 __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
     "DIAG_WORDS", "REASON_ABORTED", "REASON_TIMEOUT",
-    "add_token_zero", "notify", "notify_add", "num_ranks", "pull_tile", "push_tile", "rank",
-    "symm_at", "wait",
+    "add_token_zero", "notify", "notify_add", "notify_peer", "num_ranks", "pull_tile",
+    "push_tile", "put", "put_signal", "rank", "symm_at", "wait", "launch_options",
 ]
+
+def launch_options(arch=None) -> dict:
+    """Extra keyword arguments for every launch of a kernel of this flavour (host side).
+
+    None here; the NVSHMEM flavour links its device library through them.
+    """
+    return {}
+
 
 # the same numbers as constexprs, for use inside @triton.jit code
 _HDR = tl.constexpr(DIAG_HEADER)
@@ -172,6 +180,45 @@ def notify_add(sig_ptr, value):
     """
     tl.debug_barrier()
     tl.atomic_add(sig_ptr, value, sem="release", scope="sys")
+
+
+@triton.jit
+def notify_peer(sig_ptr, value, peer, me, heap_bases):
+    """Set rank ``peer``'s copy of the int32 signal at ``sig_ptr`` (an address in *this*
+    rank's heap) to ``value``, after every write this CTA made before the call.
+
+    Here: ``notify(symm_at(sig_ptr, peer, me, heap_bases), value)`` (a store through the
+    peer mapping). The NVSHMEM flavour lowers it to ``nvshmem_fence`` + an NVSHMEM atomic set,
+    which also reaches ranks that are not mapped into this process (other nodes).
+    """
+    notify(symm_at(sig_ptr, peer, me, heap_bases), value)
+
+
+@triton.jit
+def put(dst_ptr, src_ptr, nelems, peer, me, heap_bases, BLOCK: tl.constexpr):
+    """Copy ``nelems`` contiguous elements from ``src_ptr`` (any memory of this GPU) to rank
+    ``peer``'s copy of ``dst_ptr`` (an address in *this* rank's heap). No signal: pair it with
+    :func:`notify_peer`, or use :func:`put_signal`.
+
+    Here: the CTA copies ``BLOCK`` elements at a time through :func:`symm_at` (plain loads and
+    stores, vectorised; masked tail). The NVSHMEM flavour lowers it to
+    ``nvshmemx_putmem_block``. Every thread of the CTA must call it.
+    """
+    remote = symm_at(dst_ptr, peer, me, heap_bases)
+    for i in range(0, nelems, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        mask = offs < nelems
+        tl.store(remote + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def put_signal(dst_ptr, src_ptr, nelems, sig_ptr, value, peer, me, heap_bases,
+               BLOCK: tl.constexpr):
+    """:func:`put`, then :func:`notify_peer` the int32 signal ``sig_ptr`` with ``value``: the
+    consumer on ``peer`` that waits for ``value`` sees the data. Every thread of the CTA must
+    call it."""
+    put(dst_ptr, src_ptr, nelems, peer, me, heap_bases, BLOCK)
+    notify_peer(sig_ptr, value, peer, me, heap_bases)
 
 
 @triton.jit

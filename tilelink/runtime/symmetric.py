@@ -12,9 +12,11 @@ so `symm_at(ptr, peer)` = `ptr - base[me] + base[peer]` holds for every buffer, 
 
 Backends, behind that one interface:
 - "torch": torch symmetric memory's CUDA backend (intra-node peer pointers over NVLink);
-- "nvshmem": torch symmetric memory's NVSHMEM backend (allocation in the NVSHMEM heap; peers
-  on this node are reached through the same peer pointers, so the generated kernel is the
-  same one).
+- "nvshmem": torch symmetric memory's NVSHMEM backend (allocation in the NVSHMEM heap). The
+  kernel is rendered with the NVSHMEM flavour of `tilelink.lang` (device-side put/signal from
+  NVSHMEM's device library; see `tilelink.runtime.nvshmem_device`);
+- "nvshmem-ptr": the same NVSHMEM heap, reached through peer pointers like "torch" (the
+  generated kernel is the plain CUDA one; intra-node only).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from ..errors import ConfigError
 from .reference import TORCH_DTYPES
 
 ALIGN = 256  # every buffer starts 256-byte aligned (TMA needs 16, vector loads 16)
-BACKENDS = ("torch", "nvshmem")
-_TORCH_NAMES = {"torch": "CUDA", "nvshmem": "NVSHMEM"}
+BACKENDS = ("torch", "nvshmem", "nvshmem-ptr")
+_TORCH_NAMES = {"torch": "CUDA", "nvshmem": "NVSHMEM", "nvshmem-ptr": "NVSHMEM"}
 
 
 def _nbytes(shape, dtype: str) -> int:
@@ -52,7 +54,7 @@ def select_backend(name: str) -> None:
     if name not in BACKENDS:
         raise ConfigError(f"unknown symmetric-memory backend '{name}'",
                           hint="backends: " + ", ".join(BACKENDS))
-    if name == "nvshmem" and not symm.is_nvshmem_available():
+    if _TORCH_NAMES[name] == "NVSHMEM" and not symm.is_nvshmem_available():
         raise ConfigError("the NVSHMEM backend is not available in this torch build",
                           hint="install nvidia-nvshmem-cu13, or use backend 'torch'")
     try:

@@ -24,6 +24,9 @@ class Target:
 TARGETS = {
     "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False, True),
     "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False),
+    # the same GPUs with NVSHMEM's device library linked (runtime backend "nvshmem")
+    "cuda:90+nvshmem": Target("cuda:90+nvshmem", "cuda", 90, 32, 132, "nvshmem", False, True),
+    "cuda:80+nvshmem": Target("cuda:80+nvshmem", "cuda", 80, 32, 108, "nvshmem", False),
     "hip:gfx942": Target("hip:gfx942", "hip", "gfx942", 64, 304, "amd", False),
     "interp": Target("interp", "interp", None, 32, 8, "interp", True),
 }
