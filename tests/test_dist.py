@@ -57,12 +57,26 @@ CASES = {
     "ag_sm_graph": RunSpec(AG, EVEN, SM, calls=20, graph=True),
     "rs_sm_graph": RunSpec(RS, EVEN, SM, calls=20, graph=True),
 }
+# backend "nvshmem": kernels linked with NVSHMEM's device library (put/signal through
+# nvshmemx_putmem_block / nvshmem_int_atomic_set); "nvshmem-ptr": the same heap through peer
+# pointers (the plain CUDA kernel). Both share one world (one torch symm-mem backend).
+NV, NV_PTR = {"backend": "nvshmem"}, {"backend": "nvshmem-ptr"}
 NVSHMEM_CASES = {
-    "ag_sm_even": RunSpec(AG, EVEN, SM, calls=5, backend="nvshmem"),
-    "ag_ce_ragged": RunSpec(AG, RAGGED_AG, CE, calls=5, backend="nvshmem"),
-    "rs_sm_ragged": RunSpec(RS, RAGGED_RS, SM, calls=5, backend="nvshmem"),
-    "rs_ce_even": RunSpec(RS, EVEN, RS_CE, calls=5, backend="nvshmem"),
-    "ag_sm_1000": RunSpec(AG, SMALL, SM, calls=1000, backend="nvshmem"),
+    "ag_sm_even": RunSpec(AG, EVEN, SM, calls=5, **NV),
+    "ag_sm_ragged": RunSpec(AG, RAGGED_AG, SM, calls=5, **NV),
+    "ag_ce_ragged": RunSpec(AG, RAGGED_AG, CE, calls=5, **NV),
+    "rs_sm_ragged": RunSpec(RS, RAGGED_RS, SM, calls=5, **NV),
+    "rs_ce_even": RunSpec(RS, EVEN, RS_CE, calls=5, **NV),
+    "rs_after_even": RunSpec(RS, EVEN, RS_AFTER, calls=5, **NV),
+    "ag_sm_1000": RunSpec(AG, SMALL, SM, calls=1000, **NV),
+    "ag_sm_delays": RunSpec(AG, RAGGED_AG, SM, calls=100, delays=True, seed=6, **NV),
+    "ag_sm_graph": RunSpec(AG, EVEN, SM, calls=20, graph=True, **NV),
+    "ptr_ag_sm_even": RunSpec(AG, EVEN, SM, calls=5, **NV_PTR),
+    "ptr_rs_ce_even": RunSpec(RS, EVEN, RS_CE, calls=5, **NV_PTR),
+}
+NVSHMEM_WATCHDOG = {
+    "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
+                                      check=False, **NV),
 }
 WATCHDOG = {
     # the producer never signals: every consumer wait must give up and be reported
@@ -94,7 +108,7 @@ def torch_results():
 
 @pytest.fixture(scope="module")
 def nvshmem_results():
-    return _world(NVSHMEM_CASES)
+    return _world(NVSHMEM_CASES | NVSHMEM_WATCHDOG)
 
 
 def _assert_ok(res):
@@ -114,9 +128,10 @@ def test_nvshmem(nvshmem_results, case):
     _assert_ok(nvshmem_results[case])
 
 
-@pytest.mark.parametrize("case", list(WATCHDOG))
-def test_watchdog_reports_a_broken_pattern(torch_results, case):
-    for r in torch_results[case]["ranks"]:
+@pytest.mark.parametrize("case", list(WATCHDOG) + list(NVSHMEM_WATCHDOG))
+def test_watchdog_reports_a_broken_pattern(torch_results, nvshmem_results, case):
+    results = torch_results if case in WATCHDOG else nvshmem_results
+    for r in results[case]["ranks"]:
         text = r["hang"] or ""
         assert "HangError" in text and "gave up" in text, text
         assert "waited on" in text and "expected >=" in text, text

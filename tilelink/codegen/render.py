@@ -108,7 +108,7 @@ def _base_consts(s: Schedule) -> dict:
     comm = cfg.comm_programs if cfg.comm == "sm" else 0
     return dict(NUM_PROGRAMS=cfg.num_programs, COMM_PROGRAMS=comm,
                 COMPUTE_PROGRAMS=cfg.num_programs - comm, BM=cfg.block_m, BN=cfg.block_n,
-                BK=cfg.block_k, CB=cfg.comm_block_m, COPY_BK=cfg.comm_block_n,
+                BK=cfg.block_k, CB=cfg.comm_block_m,
                 GROUP_M=cfg.group_m, STAGES=cfg.stages, OWN_FIRST=int(cfg.order == "own_first"),
                 NUM_WARPS=cfg.warps, FLATTEN=cfg.flatten)
 

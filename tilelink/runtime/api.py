@@ -145,10 +145,30 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
 
 
 def _drop_data_notifies(source: str) -> str:
-    """Test-only fault: remove every data-signal notify from a generated module."""
-    lines = []
+    """Test-only fault: remove every data-signal notify from a generated module.
+
+    A peer notify of a data signal becomes `pass`; a put-with-signal becomes the bare put
+    (the call is parsed, so its arguments may span lines).
+    """
+    import ast
+
+    lines, pending, call_indent = [], [], ""
     for line in source.splitlines():
-        if "tld.notify(tld.symm_at(sig_ptr" in line:
-            line = line[: len(line) - len(line.lstrip())] + "pass  # fault injected: no notify"
+        indent = line[: len(line) - len(line.lstrip())]
+        if pending or line.lstrip().startswith("tld.put_signal("):
+            call_indent = call_indent if pending else indent
+            pending.append(line.strip())
+            text = " ".join(pending)
+            try:
+                call = ast.parse(text).body[0].value
+            except SyntaxError:
+                continue  # the call goes on on the next line
+            pending = []
+            dst, src, n, _sig, _value, peer, me, bases, block = call.args
+            call.func.attr, call.args = "put", [dst, src, n, peer, me, bases, block]
+            lines.append(call_indent + ast.unparse(call) + "  # fault injected: no signal")
+            continue
+        if "tld.notify_peer(sig_ptr" in line:
+            line = indent + "pass  # fault injected: no notify"
         lines.append(line)
     return "\n".join(lines) + "\n"

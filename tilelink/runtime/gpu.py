@@ -30,7 +30,7 @@ from ..schedule import get_target, make_schedule
 from .api import _drop_data_notifies, describe_wait
 from .emulated import wrap_epoch
 from .reference import TORCH_DTYPES
-from .symmetric import SymmetricHeap
+from .symmetric import BACKENDS, SymmetricHeap
 
 # Spin bound of every wait, in iterations (~1 us each on an H200): a broken producer ends
 # in a HangError after about this many microseconds instead of a hung GPU.
@@ -38,13 +38,14 @@ SHOW_RECORDS = 6  # diagnostic records spelled out in a HangError (the rest are 
 DEFAULT_SPIN_LIMIT = int(os.environ.get("TILELINK_SPIN_LIMIT", 20_000_000))
 
 
-def device_target():
-    """The tilelink target of the current CUDA device (cuda:90 on Hopper, cuda:80 on Ampere)."""
+def device_target(backend: str = "torch"):
+    """The tilelink target of the current CUDA device (cuda:90 on Hopper, cuda:80 on Ampere;
+    with "+nvshmem" for the NVSHMEM backend, whose kernels link NVSHMEM's device library)."""
     import torch
 
     major, minor = torch.cuda.get_device_capability()
     name = "cuda:90" if major >= 9 else "cuda:80"
-    t = get_target(name)
+    t = get_target(name + ("+nvshmem" if backend == "nvshmem" else ""))
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     from dataclasses import replace
 
@@ -166,7 +167,9 @@ class TileLinkOp:
         self.input_names = tuple(d.name for d in bound.pattern.inputs)
         self.output_names = tuple(module.OUTPUTS)
         self.copy_engine = self.config.comm == "copy_engine"
-        abort = torch.zeros(1, dtype=torch.int32, device=self.device)
+        # the abort word is ctl[1] of the symmetric heap: a rank whose wait gave up raises
+        # every rank's at the end of its launch (abort_everywhere in the templates)
+        abort = heap.tensors["ctl"][1:2]
         diag = torch.zeros(DIAG_WORDS, dtype=torch.int32, device=self.device)
         engine = CopyEngine(heap) if self.copy_engine else None
         self.rt = GpuRankRuntime(heap.rank, heap.world, heap.tensors, heap.heap_bases, abort,
@@ -310,6 +313,7 @@ class TileLinkOp:
         if self.rt.engine is None:
             torch.cuda.synchronize()
             diag = self.rt.diag.cpu()
+            aborted = int(self.rt.abort.item())
         else:
             # the caller's stream joins the side stream: read the records on another stream
             getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
@@ -318,6 +322,7 @@ class TileLinkOp:
             reader = torch.cuda.Stream()
             with torch.cuda.stream(reader):
                 diag = self.rt.diag.to("cpu", non_blocking=False)
+                aborted = int(self.rt.abort.item())
             deadline = time.monotonic() + (0 if int(diag[0]) else timeout)
             while not side_done.query() and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -331,6 +336,13 @@ class TileLinkOp:
                                     f"(address, value): {waits}")
             torch.cuda.synchronize()
         count = int(diag[0])
+        if not count and aborted:
+            self.rt.abort.zero_()
+            raise HangError(f"rank {self.rt.rank}: a wait on another rank gave up, and that "
+                            "rank raised this rank's abort word: results since then are "
+                            "suspect (that rank's own check names the wait)",
+                            hint="run check_diagnostics on every rank; the rank with records "
+                            "has the cause")
         if not count:
             return
         keys = ("rank", "program", "site", "slot", "expected", "observed", "spins", "reason")
@@ -421,8 +433,9 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
 
     `config`: schedule overrides (dict of KEY=VALUE strings, or a Config); without any, the
     tuner's cached best config for this pattern, sizes and GPU is used when one exists
-    (`tuned=False` skips the lookup). `backend`: "torch" (torch symmetric memory) or
-    "nvshmem". Ops are cached per (pattern, sizes, config, backend, group, device): a second
+    (`tuned=False` skips the lookup). `backend`: "torch" (torch symmetric memory), "nvshmem"
+    (NVSHMEM heap, kernels use NVSHMEM's device-side put/signal) or "nvshmem-ptr" (NVSHMEM heap
+    through peer pointers). Ops are cached per (pattern, sizes, config, backend, group, device): a second
     call returns the same op. `fault` ("drop_notify") is for testing the watchdog.
     """
     import torch
@@ -440,7 +453,10 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
                               f"{world} ranks")
     else:
         bp = pattern.bind(values or {}, world)
-    target = device_target()
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown symmetric-memory backend '{backend}'",
+                          hint="backends: " + ", ".join(BACKENDS))
+    target = device_target(backend)
     overrides, base = {}, None
     if config is not None and not isinstance(config, dict):
         base = config
@@ -471,6 +487,10 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     if getattr(mod, "TMA", False):
         _set_triton_allocator()
     heap = SymmetricHeap(mod.SYMMETRIC, group, backend)
+    if target.lang == "nvshmem":
+        from .nvshmem_device import install_hook
+
+        install_hook()  # NVSHMEM is initialised now (the heap): register modules as compiled
     if hasattr(mod, "init_signals"):
         mod.init_signals(heap.tensors, 1)
     torch.cuda.synchronize()

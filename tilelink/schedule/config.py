@@ -30,7 +30,7 @@ class Config:
     block_n: int = 64
     block_k: int = 32
     comm_block_m: int = 64  # chunk rows moved (and signalled) at once
-    comm_block_n: int = 64  # reduce_scatter: chunk columns; copies move rows in pieces of this
+    comm_block_n: int = 64  # reduce_scatter: chunk columns (all_gather copies whole rows)
     order: str = "own_first"  # compute tile order: the tiles whose data is ready first go first
     group_m: int = 8  # grouped ordering of output tiles (L2 reuse)
     stages: int = 3

@@ -130,7 +130,7 @@ def _canonical(cfg: Config, sig: str, ext: dict[str, int]) -> Config:
     base = Config()
     if not uses_comm_programs(cfg, sig):  # no SM role that comm_programs would size
         cfg = replace(cfg, comm_programs=base.comm_programs)
-    if cfg.comm != "sm" and sig == "all_gather>gemm":  # comm_block_n: the SM copy's pieces
+    if sig == "all_gather>gemm":  # chunks are whole rows: comm_block_n means nothing here
         cfg = replace(cfg, comm_block_n=base.comm_block_n)
     return cfg
 
