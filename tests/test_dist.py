@@ -53,6 +53,9 @@ CASES = {
     "ag_ce_delays": RunSpec(AG, RAGGED_AG, CE, calls=100, delays=True, seed=2),
     "rs_sm_delays": RunSpec(RS, RAGGED_RS, SM, calls=100, delays=True, seed=3),
     "rs_ce_delays": RunSpec(RS, RAGGED_RS, RS_CE, calls=100, delays=True, seed=4),
+    # the non-overlapped plan (FallbackOp: NCCL into a buffer kept across calls, cuBLAS)
+    "ag_none_even": RunSpec(AG, EVEN, {"comm": "none"}, calls=20),
+    "rs_none_ragged": RunSpec(RS, RAGGED_RS, {"comm": "none"}, calls=20),
     # CUDA graph: one captured call replayed on fresh inputs (epochs live on the device)
     "ag_sm_graph": RunSpec(AG, EVEN, SM, calls=20, graph=True),
     "rs_sm_graph": RunSpec(RS, EVEN, SM, calls=20, graph=True),

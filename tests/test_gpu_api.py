@@ -78,3 +78,23 @@ def test_misaligned_views_are_refused():
     shifted = flat[1:].view(32, 16)  # 2 bytes past an aligned base
     with pytest.raises(TileLinkError, match="16-byte"):
         _op()._bind((shifted, b), {})
+
+
+def test_fallback_takes_the_lean_path_only_where_it_means_the_same():
+    """FallbackOp runs AG->GEMM / GEMM->RS with buffers set up once; every other pattern (or
+    a gather along another dim) goes through the generic non-overlapped evaluation."""
+    from tilelink.frontend.text import parse_text
+    from tilelink.runtime.gpu import _lean_operands
+
+    assert _lean_operands(AG.bind({}, 2)) == ("a", "b")
+    assert _lean_operands(load_text(EXAMPLES / "gemm_rs.tl").bind({}, 2)) == ("a", "b")
+    assert _lean_operands(load_text(EXAMPLES / "gemm_ar.tl").bind({}, 2)) is None
+    swapped = parse_text("""
+pattern swapped(M = 256, N = 192, K = 128, dtype = bf16)
+    a : [M, K] dtype shard(0)
+    b : [N, M] dtype
+    a_full = all_gather(a, dim = 0)
+    c = gemm(b, a_full)
+    return c
+""", "swapped.tl")
+    assert _lean_operands(swapped.bind({}, 2)) is None  # the gathered operand is on the right

@@ -383,16 +383,62 @@ class FallbackOp(TileLinkOp):
         self.module = _Layout
         self.rt = type("Rank", (), {"rank": dist_rank(group)})()
 
-    def __call__(self, *args, **kwargs):
-        from .dist_reference import evaluate_local
+        self._scratch = None  # gathered input / partial product, reused call after call
+        self._lean = _lean_operands(bound)
 
+    def __call__(self, *args, **kwargs):
         ins = self._bind(args, kwargs)
-        outs = evaluate_local(self.bound, ins, self.group, exact=False)
-        vals = tuple(outs[n] for n in self.output_names)
-        return vals[0] if len(vals) == 1 else vals
+        if self._lean is None:
+            from .dist_reference import evaluate_local
+
+            outs = evaluate_local(self.bound, ins, self.group, exact=False)
+            vals = tuple(outs[n] for n in self.output_names)
+            return vals[0] if len(vals) == 1 else vals
+        self._order_after_previous_call()  # the scratch buffer is shared by every call
+        out = self._lean_call(*(ins[n] for n in self._lean))
+        self._record_call_end()
+        return out
+
+    def _lean_call(self, a, b):
+        """NCCL into a buffer kept across calls, cuBLAS into a fresh output (what a user
+        would write by hand; evaluate_local allocates and re-checks everything per call)."""
+        import torch
+        import torch.distributed as dist
+
+        w = self.bound.world
+        if self.bound.ops[0].kind == "all_gather":
+            if self._scratch is None:
+                self._scratch = torch.empty((w * a.shape[0], a.shape[1]), dtype=a.dtype,
+                                            device=a.device)
+            dist.all_gather_into_tensor(self._scratch, a, group=self.group)
+            return torch.mm(self._scratch, b)
+        if self._scratch is None:
+            self._scratch = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        torch.mm(a, b, out=self._scratch)
+        out = torch.empty((a.shape[0] // w, b.shape[1]), dtype=a.dtype, device=a.device)
+        dist.reduce_scatter_tensor(out, self._scratch, group=self.group)
+        return out
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Nothing spins in the non-overlapped plan."""
+
+
+def _lean_operands(bp: BoundPattern) -> tuple[str, str] | None:
+    """(a, b) input names when the pattern is all_gather(a, dim 0) -> gemm(., b) or
+    gemm(a, b) -> reduce_scatter(., dim 0) on inputs directly: the shapes FallbackOp runs
+    with torch ops it sets up once. None: any other pattern (the generic path)."""
+    ops, inputs = bp.ops, {d.name for d in bp.pattern.inputs}
+    if bp.signature() == "all_gather>gemm":
+        ag, mm = ops
+        ok = (bp.op_attrs(ag).get("dim") == 0 and mm.args[0] == ag.result
+              and ag.args[0] in inputs and mm.args[1] in inputs)
+        return (ag.args[0], mm.args[1]) if ok else None
+    if bp.signature() == "gemm>reduce_scatter":
+        mm, rs = ops
+        ok = (bp.op_attrs(rs).get("dim") == 0 and rs.args[0] == mm.result
+              and all(x in inputs for x in mm.args))
+        return tuple(mm.args) if ok else None
+    return None
 
 
 def dist_rank(group) -> int:
