@@ -446,6 +446,42 @@ def test_stress_kernel_compiles_for_cuda90(mode):
         assert len(_guarded_tma(lines)) == 1
 
 
+def _generated_ag_ptx(drop_fence: bool) -> str:
+    """PTX of the generated AG-GEMM kernel (TMA operand loads, copy engine) for cuda:90,
+    optionally with the template's proxy fence removed from the source."""
+    from tilelink.codegen import render_triton
+    from tilelink.codegen.compile import compile_module
+    from tilelink.frontend import load_pattern
+    from tilelink.schedule import get_target, make_schedule
+
+    from .conftest import EXAMPLES
+
+    bp = load_pattern(str(EXAMPLES / "ag_gemm.tl")).bind({"M": "1024", "N": "512", "K": "256"}, 2)
+    s = make_schedule(bp, get_target("cuda:90"), {"comm": "copy_engine", "comm_block_m": "128"})
+    src = render_triton(s)
+    assert "tld.fence_proxy_async(True)" in src
+    if drop_fence:
+        src = src.replace("tld.fence_proxy_async(True)", "pass")
+    return compile_module(src, s.target).asm["ptx"]
+
+
+@pytest.mark.parametrize("drop_fence", [False, True])
+def test_generated_ag_kernel_fences_between_its_waits_and_tma_reads(drop_fence):
+    """The guard on the generated kernel itself: its TMA reads of rows that other agents
+    wrote come after an acquire spin and a `fence.proxy.async.global`. Without the fence in the
+    template this check fails (the `drop_fence` case asserts that it does), so removing it
+    cannot go unnoticed, even though no GPU run has shown stale data without it (above)."""
+    lines = _lines(_generated_ag_ptx(drop_fence))
+    acquire, fences, tma = (_where(lines, pat) for pat in (ACQUIRE, FENCE_GLOBAL, TMA_LOAD))
+    assert acquire and tma
+
+    def fenced() -> bool:
+        # some fence lies between an acquire (the wait's spin) and the first TMA read
+        return any(a < f < tma[0] for f in fences for a in acquire)
+
+    assert fenced() != drop_fence
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU stress test
 
