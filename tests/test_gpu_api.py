@@ -98,3 +98,47 @@ pattern swapped(M = 256, N = 192, K = 128, dtype = bf16)
     return c
 """, "swapped.tl")
     assert _lean_operands(swapped.bind({}, 2)) is None  # the gathered operand is on the right
+    both = parse_text("""
+pattern both(M = 256, N = 192, K = 128, dtype = bf16)
+    a : [M, K] dtype shard(0)
+    b : [K, N] dtype
+    a_full = all_gather(a, dim = 0)
+    c = gemm(a_full, b)
+    return a_full, c
+""", "both.tl")
+    assert _lean_operands(both.bind({}, 2)) is None  # two outputs: the generic path returns both
+
+
+def test_sizes_past_int32_offsets_are_refused_with_a_way_out():
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target, make_schedule
+
+    big = AG.bind({"M": "131072", "K": "8192"}, 2)  # a: 2**30 elements
+    with pytest.raises(ConfigError, match="int32 offsets") as err:
+        make_schedule(big, get_target("cuda:90"), {"comm": "copy_engine"})
+    assert "comm=none" in str(err.value)
+    assert make_schedule(big, get_target("cuda:90"), {"comm": "none"}).kernel is None
+
+
+def test_nvshmem_hook_is_reinstalled_and_chains(monkeypatch):
+    import triton
+
+    from tilelink.runtime import nvshmem_device
+
+    calls = []
+
+    def other(*args, **kwargs):  # e.g. torch's requires_nvshmem hook, which does not chain
+        calls.append(kwargs.get("key"))
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", other)
+    monkeypatch.setattr(nvshmem_device, "_installed", None)
+    nvshmem_device.install_hook()
+    ours = triton.knobs.runtime.jit_post_compile_hook
+    assert ours is not other
+    ours(key="k1", fn=None, compile={})  # not an NVSHMEM kernel: only the chained hook runs
+    assert calls == ["k1"]
+    nvshmem_device.install_hook()  # already ours: unchanged
+    assert triton.knobs.runtime.jit_post_compile_hook is ours
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", other)
+    nvshmem_device.install_hook()  # replaced since: installed again
+    assert triton.knobs.runtime.jit_post_compile_hook not in (other, None)

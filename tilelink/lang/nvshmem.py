@@ -11,10 +11,16 @@ how data and signals reach another rank:
   ``nvshmem_int_atomic_set`` on the peer's signal word.
 
 NVSHMEM picks the transport per peer (NVLink stores between GPUs of a node, the proxy or
-IBGDA across nodes), so these two reach ranks that are not mapped into this process. Waits stay
-acquire loads of *local* signal words, and :func:`symm_at` (used by ``push_tile`` /
-``pull_tile``) stays a peer-pointer computation: kernels that store register tiles straight
-into a peer (GEMM-RS's epilogue) are intra-node only even here.
+IBGDA across nodes), so these two are the calls that can reach ranks not mapped into this
+process. Waits stay acquire loads of *local* signal words, and :func:`symm_at` (used by
+``push_tile`` / ``pull_tile``) stays a peer-pointer computation.
+
+What is intra-node only today, even with this flavour: the runtime's heap maps every peer
+(`SymmetricHeap` takes each rank's pointer), GEMM-RS stores register tiles straight into a peer
+in its epilogue, the copy engine copies between mapped buffers, and AG's source rows (the
+user's input) are not registered with NVSHMEM (``nvshmemx_buffer_register``), which a network
+transport would need. PEs are global ranks: the runtime refuses process groups whose rank r
+is not global rank r.
 
 Linking: the kernel is compiled with ``extern_libs={"libnvshmem_device": <bitcode>}``
 (:func:`launch_options`), and every CUDA module that contains NVSHMEM device code must be

@@ -423,11 +423,28 @@ class FallbackOp(TileLinkOp):
         """Nothing spins in the non-overlapped plan."""
 
 
+def _check_world_order(group) -> None:
+    """NVSHMEM's device calls name PEs by global rank while kernels use the group's ranks:
+    the NVSHMEM lowering needs a group whose rank r is global rank r."""
+    import torch.distributed as dist
+
+    if group is None:
+        return
+    n = dist.get_world_size(group)
+    if [dist.get_global_rank(group, r) for r in range(n)] != list(range(n)):
+        raise NotSupportedError("backend 'nvshmem' needs a process group whose rank r is "
+                                "global rank r (NVSHMEM device calls address global PEs)",
+                                hint="use the default group, or backend 'nvshmem-ptr' / "
+                                "'torch' for subgroups")
+
+
 def _lean_operands(bp: BoundPattern) -> tuple[str, str] | None:
     """(a, b) input names when the pattern is all_gather(a, dim 0) -> gemm(., b) or
     gemm(a, b) -> reduce_scatter(., dim 0) on inputs directly: the shapes FallbackOp runs
     with torch ops it sets up once. None: any other pattern (the generic path)."""
     ops, inputs = bp.ops, {d.name for d in bp.pattern.inputs}
+    if list(bp.pattern.outputs) != [ops[-1].result]:
+        return None  # it returns more (or other) than the last op's result
     if bp.signature() == "all_gather>gemm":
         ag, mm = ops
         ok = (bp.op_attrs(ag).get("dim") == 0 and mm.args[0] == ag.result
@@ -503,6 +520,8 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
         raise ConfigError(f"unknown symmetric-memory backend '{backend}'",
                           hint="backends: " + ", ".join(BACKENDS))
     target = device_target(backend)
+    if target.lang == "nvshmem":
+        _check_world_order(group)
     overrides, base = {}, None
     if config is not None and not isinstance(config, dict):
         base = config
@@ -562,6 +581,10 @@ class _CompileOnly:
             init = getattr(compiled, "_init_handles", None)
             if init is not None:
                 init()
+            if "extern_libs" in kwargs:  # NVSHMEM lowering: register the module now too
+                from .nvshmem_device import init_compiled  # (idempotent; the hook may not run)
+
+                init_compiled(compiled)
             return compiled
 
         return compile_and_load

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..errors import NotSupportedError
 from ..lang.nvshmem import LIBRARY
 
-_installed = False
+_installed = None  # the hook this module installed
 _initialised: set[int] = set()  # CUmodule handles already registered with NVSHMEM
 
 
@@ -46,13 +46,16 @@ def _links_nvshmem(extern_libs) -> bool:
 
 def install_hook() -> None:
     """Make Triton register every kernel it compiles with the NVSHMEM device library with
-    NVSHMEM, right after compiling it (chains any hook already installed)."""
+    NVSHMEM, right after compiling it (chains any hook already installed). Installs it again
+    if someone replaced it since (torch's `requires_nvshmem` sets the hook without chaining);
+    the runtime also registers its kernels directly at warm-up, so a lost hook only matters
+    for later re-specialisations."""
     global _installed
-    if _installed:
-        return
     import triton
 
     previous = triton.knobs.runtime.jit_post_compile_hook
+    if _installed is not None and previous is _installed:
+        return
 
     def hook(*args, **kwargs):
         info, opts = kwargs.get("fn"), kwargs.get("compile") or {}
@@ -66,4 +69,4 @@ def install_hook() -> None:
         return None
 
     triton.knobs.runtime.jit_post_compile_hook = hook
-    _installed = True
+    _installed = hook

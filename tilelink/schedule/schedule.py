@@ -157,6 +157,25 @@ def default_config(bp: BoundPattern, target: Target,
     return base, None
 
 
+#: kernels index their buffers with int32 offsets; double-buffered symmetric buffers hold two
+#: copies of a gathered / staged tensor, so every tensor must stay under half of 2**31 elements
+_MAX_ELEMENTS = 2**30
+
+
+def _check_int32_offsets(bp: BoundPattern) -> None:
+    """Refuse sizes whose element offsets would wrap the kernels' int32 arithmetic (a silent
+    out-of-bounds access otherwise)."""
+    for name, t in bp.tensors.items():
+        n = 1
+        for d in t.shape:
+            n *= d
+        if n >= _MAX_ELEMENTS:
+            raise ConfigError(f"tensor '{name}' has {n} elements ({' x '.join(map(str, t.shape))}"
+                              f"); the overlapped kernels index with int32 offsets and take "
+                              f"fewer than {_MAX_ELEMENTS} per tensor",
+                              hint="use --config comm=none (NCCL + cuBLAS) or split the problem")
+
+
 def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | None = None,
                   base: Config | None = None, allow_fallback: bool = True) -> Schedule:
     """Validate the config (defaults + overrides) and lay out roles and the plan.
@@ -173,6 +192,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
                                     cfg.comm_block_n if sig == "gemm>reduce_scatter" else 0))
     kernel = KERNELS.get(sig) if cfg.comm != "none" else None
+    if kernel is not None:
+        _check_int32_offsets(bp)
     notes = []
     if cfg.comm == "none":
         notes.append(why_default if base is None and why_default and not overrides else
