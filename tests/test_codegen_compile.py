@@ -33,6 +33,9 @@ CONFIGS = [
     (RS, 4, {"M": "600", "K": "512", "N": "200"}, {"comm": "copy_engine", "comm_programs": "4",
                                                   "block_m": "64", "comm_block_m": "32",
                                                   "order": "natural"}),
+    # the copy engine ships staged chunks, the reduce runs as a second kernel
+    (RS, 2, {"M": "1000", "N": "520", "K": "1000"}, {"comm": "copy_engine", "reduce_after": "1",
+                                                    "num_programs": "8"}),
 ]
 TARGETS = ("cuda:90", "cuda:80", "hip:gfx942")
 

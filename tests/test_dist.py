@@ -27,6 +27,7 @@ SM = {"comm": "sm", "comm_programs": "16"}
 CE = {"comm": "copy_engine"}
 RS_CE = {"comm": "copy_engine", "comm_programs": "16"}
 RS_AFTER = {"comm": "sm", "reduce_after": "1"}
+RS_CE_AFTER = {"comm": "copy_engine", "reduce_after": "1"}
 
 CASES = {
     "ag_sm_even": RunSpec(AG, EVEN, SM, calls=5),
@@ -43,6 +44,12 @@ CASES = {
     "rs_after_1000": RunSpec(RS, SMALL, RS_AFTER, calls=1000),
     "rs_after_delays": RunSpec(RS, RAGGED_RS, RS_AFTER, calls=100, delays=True, seed=5),
     "rs_after_graph": RunSpec(RS, EVEN, RS_AFTER, calls=20, graph=True),
+    # the copy engine ships the staged chunks, the reduce runs after the GEMM kernel
+    # (added after the last GPU run of session 3: not yet run on GPUs)
+    "rs_ce_after_even": RunSpec(RS, EVEN, RS_CE_AFTER, calls=5),
+    "rs_ce_after_ragged": RunSpec(RS, RAGGED_RS, RS_CE_AFTER, calls=5),
+    "rs_ce_after_1000": RunSpec(RS, SMALL, RS_CE_AFTER, calls=1000),
+    "rs_ce_after_delays": RunSpec(RS, RAGGED_RS, RS_CE_AFTER, calls=100, delays=True, seed=7),
     # 1,000 back-to-back calls, fresh inputs each, no host synchronisation in between
     "ag_sm_1000": RunSpec(AG, SMALL, SM, calls=1000),
     "ag_ce_1000": RunSpec(AG, SMALL, CE, calls=1000),

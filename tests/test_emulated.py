@@ -174,11 +174,13 @@ def test_the_non_overlapped_plan_runs_too():
     assert s.kernel is None and len(res.outputs) == 2
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_gemm_rs_reduce_after_the_gemm_kernel(world):
-    # reduce_after=1: a second kernel sums what every rank's GEMM kernel pushed
+@pytest.mark.parametrize("world,comm", [(2, "sm"), (3, "sm"), (2, "copy_engine"),
+                                        (3, "copy_engine")])
+def test_gemm_rs_reduce_after_the_gemm_kernel(world, comm):
+    # reduce_after=1: a second kernel sums what every rank's GEMM kernel pushed (sm) or what
+    # every rank's copy engine delivered from the staged tiles (copy_engine)
     _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world},
-         {"comm": "sm", "reduce_after": "1"}, calls=4, delays=True)
+         {"comm": comm, "reduce_after": "1"}, calls=4, delays=True)
 
 
 @pytest.mark.parametrize("comm", ["sm", "copy_engine"])

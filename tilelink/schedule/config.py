@@ -125,14 +125,16 @@ class ConfigSpace:
             bad.append(f"comm_block_m x comm_block_n = {cfg.comm_block_m * cfg.comm_block_n} "
                        "exceeds 16384: the reduce tile (fp32, in registers) would spill "
                        "(measured 1.2-4x slower)")
-        if cfg.reduce_after and not (signature == "gemm>reduce_scatter" and cfg.comm == "sm"):
-            bad.append("reduce_after=1 applies to gemm>reduce_scatter with comm=sm only")
+        if cfg.reduce_after and not (signature == "gemm>reduce_scatter"
+                                     and cfg.comm in ("sm", "copy_engine")):
+            bad.append("reduce_after=1 applies to gemm>reduce_scatter with comm=sm or "
+                       "comm=copy_engine only")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
             bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:
             bad.append(f"comm=copy_engine is not implemented for {signature} yet; use comm=sm")
         if (cfg.comm == "copy_engine" and signature in self.copy_engine_keeps_sm_role
-                and cfg.comm_programs >= cfg.num_programs):
+                and not cfg.reduce_after and cfg.comm_programs >= cfg.num_programs):
             bad.append(f"comm_programs={cfg.comm_programs} (the reduce role's programs with "
                        f"comm=copy_engine) leaves no program for compute "
                        f"(num_programs={cfg.num_programs})")

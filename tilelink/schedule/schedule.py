@@ -216,8 +216,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                             "(destination rank, row chunk) counter it meets")
             reduce_what = ("wait for every rank's copy of a chunk of own rows (signalled by the "
                            "copy engines), sum them")
-            notes.append("communication: the copy engine (side stream, enqueued before the "
-                         "kernel) waits for a chunk's local counter to reach epoch * (tiles "
+            notes.append("communication: the copy engine (side stream, enqueued right after "
+                         "the kernel launch) waits for a chunk's local counter to reach epoch * (tiles "
                          "in the chunk), copies the chunk to its owner's stage buffer, then "
                          "writes the owner's slot with a stream write; before the first copy "
                          "to a rank it waits for that rank's release of the buffer. The reduce "
@@ -231,7 +231,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
             comm_n, compute_n = 0, cfg.num_programs
             notes.append("reduce_after=1: the reduce runs as a second kernel on every SM, "
                          "launched right after the GEMM kernel (which never waits on it); it "
-                         "waits for every rank's tiles of a chunk of own rows and sums them")
+                         "waits as the reduce role would (" + reduce_what + ")")
         compute = ("compute", compute_n, compute_what, ())
         # the reduce role waits on compute (of every rank, own rank included): directly, or
         # through the copy engine, which waits on compute's counters

@@ -112,6 +112,8 @@ def uses_comm_programs(cfg: Config, sig: str, space: ConfigSpace | None = None) 
     """Whether `cfg` runs an SM role sized by comm_programs (comm on SMs, or a kernel that
     keeps a reduce role next to the copy engine)."""
     space = space or ConfigSpace()
+    if getattr(cfg, "reduce_after", 0):
+        return False  # the reduce is a second kernel on every SM
     keeps = getattr(space, "copy_engine_keeps_sm_role", ())  # newer schedule layers only
     return cfg.comm == "sm" or (cfg.comm == "copy_engine" and sig in keeps)
 
@@ -170,8 +172,10 @@ def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None) -> 
             (Config().comm_programs,)
         comm_settings += [(res, cp, cbm, cbn, 0) for cp in progs for cbm in knobs.comm_block_m
                           for cbn in knobs.comm_block_n]
-        if res == "sm" and sig == "gemm>reduce_scatter" and target.backend != "interp":
-            # the reduce as a second kernel after the GEMM (comm_programs unused)
+        if res in ("sm", "copy_engine") and sig == "gemm>reduce_scatter" and \
+                target.backend != "interp":
+            # the reduce as a second kernel after the GEMM (comm_programs unused); with the
+            # copy engine the GEMM stages its tiles and the copy engine ships the chunks
             comm_settings += [(res, Config().comm_programs, cbm, cbn, 1)
                               for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
     tiles = [t + (gm,) for t in knobs.tiles for gm in knobs.group_m]
