@@ -44,12 +44,6 @@ CASES = {
     "rs_after_1000": RunSpec(RS, SMALL, RS_AFTER, calls=1000),
     "rs_after_delays": RunSpec(RS, RAGGED_RS, RS_AFTER, calls=100, delays=True, seed=5),
     "rs_after_graph": RunSpec(RS, EVEN, RS_AFTER, calls=20, graph=True),
-    # the copy engine ships the staged chunks, the reduce runs after the GEMM kernel
-    # (added after the last GPU run of session 3: not yet run on GPUs)
-    "rs_ce_after_even": RunSpec(RS, EVEN, RS_CE_AFTER, calls=5),
-    "rs_ce_after_ragged": RunSpec(RS, RAGGED_RS, RS_CE_AFTER, calls=5),
-    "rs_ce_after_1000": RunSpec(RS, SMALL, RS_CE_AFTER, calls=1000),
-    "rs_ce_after_delays": RunSpec(RS, RAGGED_RS, RS_CE_AFTER, calls=100, delays=True, seed=7),
     # 1,000 back-to-back calls, fresh inputs each, no host synchronisation in between
     "ag_sm_1000": RunSpec(AG, SMALL, SM, calls=1000),
     "ag_ce_1000": RunSpec(AG, SMALL, CE, calls=1000),
@@ -84,6 +78,15 @@ NVSHMEM_CASES = {
     "ptr_ag_sm_even": RunSpec(AG, EVEN, SM, calls=5, **NV_PTR),
     "ptr_rs_ce_even": RunSpec(RS, EVEN, RS_CE, calls=5, **NV_PTR),
 }
+# Added after the last GPU run (session 3): run in a world of their own, so a failure cannot
+# take the verified cases with it. Move them into CASES once they have passed on GPUs.
+NOT_YET_RUN = {
+    # the copy engine ships the staged chunks, the reduce runs after the GEMM kernel
+    "rs_ce_after_even": RunSpec(RS, EVEN, RS_CE_AFTER, calls=5),
+    "rs_ce_after_ragged": RunSpec(RS, RAGGED_RS, RS_CE_AFTER, calls=5),
+    "rs_ce_after_1000": RunSpec(RS, SMALL, RS_CE_AFTER, calls=1000),
+    "rs_ce_after_delays": RunSpec(RS, RAGGED_RS, RS_CE_AFTER, calls=100, delays=True, seed=7),
+}
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                                       check=False, **NV),
@@ -117,6 +120,11 @@ def torch_results():
 
 
 @pytest.fixture(scope="module")
+def new_results():
+    return _world(NOT_YET_RUN)
+
+
+@pytest.fixture(scope="module")
 def nvshmem_results():
     return _world(NVSHMEM_CASES | NVSHMEM_WATCHDOG)
 
@@ -131,6 +139,11 @@ def _assert_ok(res):
 @pytest.mark.parametrize("case", list(CASES))
 def test_torch_symmetric_memory(torch_results, case):
     _assert_ok(torch_results[case])
+
+
+@pytest.mark.parametrize("case", list(NOT_YET_RUN))
+def test_not_yet_run_on_gpus(new_results, case):
+    _assert_ok(new_results[case])
 
 
 @pytest.mark.parametrize("case", list(NVSHMEM_CASES))

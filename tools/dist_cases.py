@@ -1,6 +1,6 @@
 """Run the dist test cases (tests/test_dist.py) directly and print one line per case and rank.
 
-    python tools/dist_cases.py [--only REGEX] [--nvshmem]
+    python tools/dist_cases.py [--only REGEX] [--nvshmem | --new]
 
 Faster to read than pytest's output when iterating on a GPU host; the tests are the record.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_dist import CASES, NVSHMEM_CASES, WATCHDOG  # noqa: E402
+from tests.test_dist import CASES, NOT_YET_RUN, NVSHMEM_CASES, WATCHDOG  # noqa: E402
 from tilelink.runtime.gpu_run import run_many  # noqa: E402
 from tilelink.runtime.launcher import launch_world  # noqa: E402
 
@@ -24,9 +24,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--only", default=".*", help="regex over case names")
     p.add_argument("--nvshmem", action="store_true", help="the NVSHMEM cases")
+    p.add_argument("--new", action="store_true",
+                   help="the cases added since the last GPU run (tests/test_dist.py NOT_YET_RUN)")
     p.add_argument("-W", "--world-size", type=int, default=2)
     args = p.parse_args()
-    pool = NVSHMEM_CASES if args.nvshmem else CASES | WATCHDOG
+    pool = NVSHMEM_CASES if args.nvshmem else NOT_YET_RUN if args.new else CASES | WATCHDOG
     cases = {k: v for k, v in pool.items() if re.search(args.only, k)}
     t0 = time.time()
     results = launch_world(run_many, args.world_size, list(cases.values()))
