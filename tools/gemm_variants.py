@@ -46,6 +46,7 @@ import triton.language as tl
 # costs exactly what the generated kernel pays per tile (the repo root holds `tilelink`).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tilelink.lang import nvidia as tld
+from tilelink.runtime.timing import steady_state_ms
 
 DEFAULT_SHAPES = ["8192x4096x8192", "8192x14336x8192", "8192x24576x12288"]
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on H100 / H200 (227 KiB)
@@ -357,22 +358,6 @@ def make_runner(kn: dict, a, b, c, sync, num_sms: int):
     return run
 
 
-def steady_ms(fn, iters: int, warmup: int) -> float:
-    """Mean ms per call of `iters` back-to-back calls (CUDA events), after `warmup` calls."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def measure(shapes, names, extra, rounds, iters, warmup):
     """Check and time every variant on every shape against torch.matmul; print the table."""
     import torch
@@ -417,8 +402,8 @@ def measure(shapes, names, extra, rounds, iters, warmup):
                 err = (c.float() - ref.float()).abs().max().item()
                 ms_v, ms_c = [], []
                 for _ in range(rounds):  # interleaved, so clock / thermal drift hits both
-                    ms_v.append(steady_ms(run, iters, warmup))
-                    ms_c.append(steady_ms(cublas, iters, warmup))
+                    ms_v.append(steady_state_ms(run, warmup=warmup, iters=iters))
+                    ms_c.append(steady_state_ms(cublas, warmup=warmup, iters=iters))
                 tv, tc = statistics.median(ms_v), statistics.median(ms_c)
                 fv, fc = flop / tv / 1e9, flop / tc / 1e9
                 # bf16 output: ~1 ulp of the largest |value| is the expected error
