@@ -54,6 +54,7 @@ def test_flavours_expose_same_primitives_and_signatures():
         "(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me)")
     assert lang.module_for("cuda:90") is nvidia
     assert lang.module_for("hip:gfx942") is amd
+    assert lang.module_for("cuda:90+nvshmem") is lang.nvshmem
     assert lang.module_name("interp") == "tilelink.lang.interp"
     with pytest.raises(ValueError):
         lang.module_for("tpu")

@@ -47,8 +47,9 @@ PRIMITIVES = (
     "consume_token", "push_tile", "pull_tile", "put", "put_signal", "fence_proxy_async",
 )
 
-_BY_BACKEND = {"cuda": nvidia, "hip": amd, "interp": interp}
 _BY_NAME = {m.FLAVOUR: m for m in (nvidia, nvshmem, amd, interp)}
+#: the flavour of a target without a "+lowering" suffix, by backend
+_DEFAULT_FLAVOUR = {"cuda": "nvidia", "hip": "amd", "interp": "interp"}
 
 
 def flavour(name: str):
@@ -60,12 +61,13 @@ def flavour(name: str):
 
 
 def module_for(target: str):
-    """The flavour module for a target: ``"cuda"``/``"cuda:90"`` -> nvidia, ``"hip"``/
-    ``"hip:gfx942"`` -> amd, ``"interp"`` -> interp."""
-    backend = target.partition(":")[0]
+    """The flavour module for a target: ``"cuda"``/``"cuda:90"`` -> nvidia,
+    ``"cuda:90+nvshmem"`` -> nvshmem, ``"hip"``/``"hip:gfx942"`` -> amd, ``"interp"`` ->
+    interp."""
+    name, _, lowering = target.partition("+")
     try:
-        return _BY_BACKEND[backend]
-    except KeyError:
+        return flavour(lowering or _DEFAULT_FLAVOUR[name.partition(":")[0]])
+    except (KeyError, ValueError):
         raise ValueError(f"no tilelink.lang flavour for target {target!r}") from None
 
 

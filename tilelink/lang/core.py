@@ -51,8 +51,8 @@ ABORT_POLL_INTERVAL = 256
 __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
     "DIAG_WORDS", "REASON_ABORTED", "REASON_TIMEOUT",
-    "add_token_zero", "notify", "notify_add", "notify_peer", "num_ranks", "pull_tile",
-    "push_tile", "put", "put_signal", "rank", "symm_at", "wait", "launch_options",
+    "add_token_zero", "launch_options", "notify", "notify_add", "notify_peer", "num_ranks",
+    "pull_tile", "push_tile", "put", "put_signal", "rank", "symm_at", "wait",
 ]
 
 def launch_options(arch=None) -> dict:

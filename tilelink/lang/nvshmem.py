@@ -167,17 +167,22 @@ def device_library(arch: int | None = None) -> str:
         "TILELINK_NVSHMEM_BC at a libnvshmem_device.bc")
 
 
-_OPTIONS: dict = {}
+_OPTIONS: dict = {}  # arch -> launch options
+_ARCH_OF_DEVICE: dict = {}  # CUDA device index -> arch (launches ask once per device)
 
 
 def launch_options(arch: int | None = None) -> dict:
     """Keyword arguments every launch of a kernel of this flavour adds: the device library to
-    link (Triton keys its kernel cache on them, so warm-up and calls must pass the same)."""
+    link (Triton keys its kernel cache on them, so warm-up and calls must pass the same).
+    `arch` defaults to the current CUDA device's, looked up once per device."""
     if arch is None:
         import torch
 
-        major, minor = torch.cuda.get_device_capability()
-        arch = major * 10 + minor
+        device = torch.cuda.current_device()
+        if device not in _ARCH_OF_DEVICE:
+            major, minor = torch.cuda.get_device_capability(device)
+            _ARCH_OF_DEVICE[device] = major * 10 + minor
+        arch = _ARCH_OF_DEVICE[device]
     if arch not in _OPTIONS:
         _OPTIONS[arch] = {"extern_libs": {LIBRARY: device_library(arch)}}
     return _OPTIONS[arch]
