@@ -212,20 +212,38 @@ def _gemm_rs(s: Schedule) -> Context:
                                     COMM_PROGRAMS=reduce_n,
                                     COMPUTE_PROGRAMS=cfg.num_programs - reduce_n)
     if cfg.reduce_after:  # the second kernel's grid: one program per SM
-        consts |= dict(REDUCE_PROGRAMS=cfg.num_programs, REDUCE_WARPS=8)
+        import os  # EXPERIMENT (to be removed): A/B of the reduce kernel's grid
+        if os.environ.get("TILELINK_REDUCE_GRID") == "items":
+            items = chunk.tiling.per_segment * col.tiling.count
+            consts |= dict(REDUCE_PROGRAMS=items, REDUCE_WARPS=4)
+        else:
+            consts |= dict(REDUCE_PROGRAMS=cfg.num_programs, REDUCE_WARPS=8)
     sites = {SITE_RELEASE: "compute waits for a destination rank to finish reducing what this "
                            "rank sent two calls ago"}
     if ce:
         nchunks = chunk.tiling.count  # W * CHUNKS
         consts["SLOTS"] = nchunks
-        # slot s * CHUNKS + j on rank d: rank s's copy engine delivered chunk j of d's rows
-        waits = "\n".join([
-            "            # waits: every rank's copy engine delivered its partial of chunk j "
-            "(one slot per source rank and chunk)",
-            "            for s in range(WORLD):",
-            "                w_slot = s * CHUNKS + j",
-            f"                tok = tld.wait(sig_ptr + w_slot, epoch, spin_limit, abort_ptr, "
-            f"diag_ptr, {SITE_CE_CHUNK}, w_slot, me)"])
+        # slot s * CHUNKS + j on rank d: rank s's copy engine delivered chunk j of d's rows.
+        # With reduce_after the reduce kernel reads its own rank's partial in place (the GEMM
+        # kernel before it on the stream wrote it): no copy, so no wait for s == me.
+        consts["OWN_IN_PLACE"] = int(bool(cfg.reduce_after))
+        wait = (f"tok = tld.wait(sig_ptr + w_slot, epoch, spin_limit, abort_ptr, diag_ptr, "
+                f"{SITE_CE_CHUNK}, w_slot, me)")
+        if cfg.reduce_after:
+            waits = "\n".join([
+                "            # waits: every other rank's copy engine delivered its partial of "
+                "chunk j (one slot per source rank and chunk)",
+                "            for s in range(WORLD):",
+                "                if s != me:",
+                "                    w_slot = s * CHUNKS + j",
+                "                    " + wait])
+        else:
+            waits = "\n".join([
+                "            # waits: every rank's copy engine delivered its partial of chunk j "
+                "(one slot per source rank and chunk)",
+                "            for s in range(WORLD):",
+                "                w_slot = s * CHUNKS + j",
+                "                " + wait])
         notify = ""
         sites[SITE_CE_CHUNK] = (
             f"reduce chunk of {out.name} waits for the copy engine of a rank to deliver its "

@@ -106,9 +106,13 @@ class RankRuntime:
                             return
                         time.sleep(1e-4)
                 elif kind == "copy":
-                    _, src, peer, buf, offset = op
+                    _, src, src_off, count, peer, buf, offset = op
                     dst = self.peers[peer][buf].view(-1)
-                    dst[offset:offset + src.numel()].copy_(src.reshape(-1))
+                    if offset + count > dst.numel() or src_off + count > src.numel():
+                        raise ValueError(f"copy out of bounds: {count} elements from "
+                                         f"{src_off} of {tuple(src.shape)} into {buf}"
+                                         f"[{offset}:] ({dst.numel()} elements)")
+                    dst[offset:offset + count].copy_(src.reshape(-1)[src_off:src_off + count])
                 elif kind == "signal":
                     _, peer, buf, idx, value = op
                     self.peers[peer][buf][idx] = value

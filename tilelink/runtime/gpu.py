@@ -53,15 +53,27 @@ def device_target(backend: str = "torch"):
 
 
 class CopyEngine:
-    """Copy-engine ops of a generated module, enqueued on a side stream in order."""
+    """Copy-engine ops of a generated module, enqueued on a side stream in order.
+
+    The ops name buffers of the symmetric heap by (peer, buffer name, element index); they are
+    resolved here to raw device addresses once (at construction) and issued through the
+    driver (`stream_ops`), so one op costs a few microseconds of host time. Small shapes are
+    host-bound otherwise: through torch (a slice, `copy_`, a stream context per op) an
+    AG-GEMM call took ~400 us of host time against a 100 us GEMM (docs/perf.md).
+    """
 
     def __init__(self, heap: SymmetricHeap):
         import torch
 
         self.heap = heap
         self.stream = torch.cuda.Stream()
+        self.handle = self.stream.cuda_stream  # raw handle for the driver calls
         self.pending_waits: list[tuple[int, int]] = []  # (address, value) of recent waits
         self.flat = [{k: v.view(-1) for k, v in peer.items()} for peer in heap.peers]
+        # (base address, element size, element count) of every peer's buffers
+        self.bufs = [{k: (v.data_ptr(), v.element_size(), v.numel()) for k, v in peer.items()}
+                     for peer in self.flat]
+        self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
 
     def run(self, ops: list[tuple], ready) -> None:
         """Enqueue `ops` on the side stream once event `ready` (inputs written) has fired.
@@ -69,41 +81,61 @@ class CopyEngine:
         Called after the kernel is launched: the kernel starts while the host is still
         enqueueing copies (the host's enqueue time is then off the critical path), and
         nothing the kernel waits on is queued behind it on its own stream.
-        """
-        import torch
 
+        Ops: ("copy", src, src_offset, count, peer, buffer, dst_offset) copies `count`
+        elements of the contiguous tensor `src` from element `src_offset` into peer `peer`'s
+        buffer at element `dst_offset`; ("signal" | "wait", peer, buffer, index, value)
+        write / wait for (cyclic >=) the int32 word buffer[index] of peer `peer`.
+        """
         from . import stream_ops
 
         if not ops:
             return
-        side = self.stream
-        side.wait_event(ready)
-        self.pending_waits = []
-        with torch.cuda.stream(side):
-            for op in ops:
-                kind = op[0]
-                if kind == "copy":
-                    _, src, peer, buf, offset = op
-                    src = src.reshape(-1)
-                    dst = self.flat[peer][buf][offset:offset + src.numel()]
-                    dst.copy_(src, non_blocking=True)  # contiguous same-dtype: cudaMemcpyAsync
-                    src.record_stream(side)
-                elif kind == "signal":
-                    _, peer, buf, idx, value = op
-                    stream_ops.write_value32(side, self.flat[peer][buf][idx].data_ptr(), value)
-                elif kind == "wait":
-                    _, peer, buf, idx, value = op
-                    addr = self.flat[peer][buf][idx].data_ptr()
-                    self.pending_waits.append((addr, value))
-                    stream_ops.wait_value32(side, addr, value)
-                else:
-                    raise TileLinkError(f"unknown copy-engine op {kind!r}")
+        self.stream.wait_event(ready)
+        h, bufs = self.handle, self.bufs
+        self.pending_waits = waits = []
+        protected = []
+        for op in ops:
+            kind = op[0]
+            if kind == "copy":
+                _, src, src_off, count, peer, buf, dst_off = op
+                base, size, numel = bufs[peer][buf]
+                # raw addresses: check what a tensor slice would have checked, so a bad
+                # offset is an error here and never a copy over someone else's memory
+                if (src.element_size() != size or not src.is_contiguous() or src_off < 0
+                        or dst_off < 0 or src_off + count > src.numel()
+                        or dst_off + count > numel):
+                    raise TileLinkError(f"copy-engine op out of bounds: {count} elements "
+                                        f"from {src_off} of a {tuple(src.shape)} "
+                                        f"{src.dtype} tensor into {buf}[{dst_off}:] of "
+                                        f"rank {peer} ({numel} elements)")
+                stream_ops.copy_async(h, base + dst_off * size, src.data_ptr() + src_off * size,
+                                      count * size)
+                if not any(t is src for t in protected):
+                    src.record_stream(self.stream)  # its memory is not reused before the copy
+                    protected.append(src)
+            elif kind == "signal":
+                _, peer, buf, idx, value = op
+                stream_ops.write_value32(h, self._word(peer, buf, idx), value)
+            elif kind == "wait":
+                _, peer, buf, idx, value = op
+                addr = self._word(peer, buf, idx)
+                waits.append((addr, value))
+                stream_ops.wait_value32(h, addr, value)
+            else:
+                raise TileLinkError(f"unknown copy-engine op {kind!r}")
 
-    def join(self) -> None:
-        """Make the caller's stream wait for everything enqueued on the side stream."""
-        import torch
+    def _word(self, peer: int, buf: str, idx: int) -> int:
+        base, size, numel = self.bufs[peer][buf]
+        if size != 4 or not 0 <= idx < numel:
+            raise TileLinkError(f"copy-engine signal {buf}[{idx}] of rank {peer} is not an "
+                                f"int32 word of that buffer ({numel} elements of {size} B)")
+        return base + idx * 4
 
-        torch.cuda.current_stream().wait_stream(self.stream)
+    def join(self, stream) -> None:
+        """Make `stream` (the caller's) wait for everything enqueued on the side stream."""
+        self.done.record(self.stream)
+        stream.wait_event(self.done)
 
     def unstick(self) -> None:
         """After a failure: satisfy the side stream's waits so it drains (stream waits have
@@ -176,6 +208,9 @@ class TileLinkOp:
                                  diag, spin_limit, engine)
         self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
         self._lock = threading.Lock()
+        if engine is not None:
+            self._ready = torch.cuda.Event()  # inputs written (the side stream waits on it)
+            self.kernel_done = torch.cuda.Event()  # the kernel's end (check_diagnostics)
 
     # ---- inputs and outputs -------------------------------------------------------------
 
@@ -237,13 +272,14 @@ class TileLinkOp:
         import torch
 
         ins = self._bind(args, kwargs)
-        if self.copy_engine and torch.cuda.is_current_stream_capturing():
+        capturing = torch.cuda.is_current_stream_capturing()
+        if self.copy_engine and capturing:
             raise NotSupportedError(
                 "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
                 "operations carry the epoch as a constant",
                 hint="compile with config comm=sm for graph capture")
         outs = self._new_outputs()
-        self._launch(ins, outs)
+        self._launch(ins, outs, capturing)
         vals = tuple(outs[n] for n in self.output_names)
         return vals[0] if len(vals) == 1 else vals
 
@@ -253,52 +289,60 @@ class TileLinkOp:
         return {name: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
                 for name, (shape, dtype) in self.module.OUTPUTS.items()}
 
-    def _launch(self, ins, outs) -> None:
+    def _launch(self, ins, outs, capturing: bool = False) -> None:
         import torch
 
         # One launch at a time per op, and the host's epoch moves only once the kernel is
         # launched: it must stay equal to the device's count of calls (ctl[2] + 1), which the
-        # copy engine's signal values and buffer choice rely on.
+        # copy engine's signal values and buffer choice rely on. The host path is kept lean
+        # (one current-stream query, events reused): small shapes are host-bound otherwise.
         with self._lock, torch.cuda.device(self.device):
-            self._order_after_previous_call()
+            stream = torch.cuda.current_stream()
+            self._order_after_previous_call(stream, capturing)
             if getattr(self.module, "TMA", False):
                 _set_triton_allocator()  # a context variable: per thread, so per call
             epoch = wrap_epoch(self.epoch)
             engine = self.rt.engine
             if engine is not None:
-                ready = torch.cuda.Event()
-                ready.record()  # the inputs (and whatever came before) are written
+                # the inputs (and whatever came before) are written. One event re-recorded
+                # every call: a stream wait takes the record current when it is enqueued.
+                self._ready.record(stream)
             self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
             self.epoch += 1
             if engine is not None:
-                self.kernel_done = torch.cuda.Event()
-                self.kernel_done.record()
+                self.kernel_done.record(stream)
                 ops, self.rt.pending = self.rt.pending, []
-                engine.run(ops, ready)
-                engine.join()
-            self._record_call_end()
+                engine.run(ops, self._ready)
+                engine.join(stream)
+            self._record_call_end(stream, capturing)
 
-    def _order_after_previous_call(self) -> None:
+    def _order_after_previous_call(self, stream=None, capturing: bool | None = None) -> None:
         """Calls of one op must run one after another on the GPU (they share the epoch
         counter, buffers and counters): a call on another stream than the last one first
         waits for the last one to end."""
         import torch
 
-        stream = torch.cuda.current_stream()
         last = getattr(self, "_last_end", None)
-        if last is not None and stream != last[0] and \
-                not torch.cuda.is_current_stream_capturing():
+        if last is None:
+            return
+        stream = stream if stream is not None else torch.cuda.current_stream()
+        if capturing is None:
+            capturing = torch.cuda.is_current_stream_capturing()
+        if stream != last[0] and not capturing:
             stream.wait_event(last[1])
 
-    def _record_call_end(self) -> None:
+    def _record_call_end(self, stream=None, capturing: bool | None = None) -> None:
         import torch
 
-        if torch.cuda.is_current_stream_capturing():
+        if capturing is None:
+            capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:
             return  # an event of a capture cannot be waited on outside it
+        stream = stream if stream is not None else torch.cuda.current_stream()
         if getattr(self, "_end_event", None) is None:
             self._end_event = torch.cuda.Event()  # one event, re-recorded: no per-call alloc
-        self._end_event.record()
-        self._last_end = (torch.cuda.current_stream(), self._end_event)
+        self._end_event.record(stream)
+        self._last_end = (stream, self._end_event)
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Wait for the last call; raise HangError naming every wait that gave up (the GPU
@@ -394,9 +438,13 @@ class FallbackOp(TileLinkOp):
             outs = evaluate_local(self.bound, ins, self.group, exact=False)
             vals = tuple(outs[n] for n in self.output_names)
             return vals[0] if len(vals) == 1 else vals
-        self._order_after_previous_call()  # the scratch buffer is shared by every call
+        import torch
+
+        stream = torch.cuda.current_stream()
+        capturing = torch.cuda.is_current_stream_capturing()
+        self._order_after_previous_call(stream, capturing)  # the scratch buffer is shared
         out = self._lean_call(*(ins[n] for n in self._lean))
-        self._record_call_end()
+        self._record_call_end(stream, capturing)
         return out
 
     def _lean_call(self, a, b):
