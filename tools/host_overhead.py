@@ -3,9 +3,9 @@
     python tools/host_overhead.py examples/ag_gemm.tl -D M=1024 N=8192 K=8192 \
         --configs "comm=copy_engine" "comm=none"
 
-For each config: the op is compiled and warmed up, then `--calls` back-to-back calls are
-enqueued and the host time per call is measured (no sync inside; the GPU time per call is
-measured beside it with CUDA events). A call whose host time exceeds its GPU time leaves
+For each config: the op is compiled and warmed up; the host time per call is measured on 20
+back-to-back calls (no sync inside; few enough that the launch queue never fills), the GPU
+time per call on `--calls` calls with CUDA events. A call whose host time exceeds its GPU time leaves
 the GPU idle in steady state: small shapes are then host-bound. Rank 0 then repeats the
 calls under cProfile and prints the functions with the most own time.
 """
@@ -40,12 +40,18 @@ def _rank(rank, world, pattern, values, configs, calls, top):
             op(**ins)
         torch.cuda.synchronize()
         dist.barrier()
+        # host time on a few calls only: with many, the launch queue fills and the host then
+        # waits for the GPU, so the host time would read as the GPU time
+        t0 = time.perf_counter()
+        for _ in range(20):
+            op(**ins)
+        host_us = (time.perf_counter() - t0) * 1e6 / 20
+        torch.cuda.synchronize()
+        dist.barrier()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        t0 = time.perf_counter()
         for _ in range(calls):
             op(**ins)
-        host_us = (time.perf_counter() - t0) * 1e6 / calls
         end.record()
         end.synchronize()
         gpu_us = start.elapsed_time(end) * 1e3 / calls
