@@ -126,7 +126,8 @@ def test_gemm_rs_copy_engine_counts_match_the_kernel_increments(world, m, block_
 
 
 def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
-    small = make_schedule(AG.bind({"M": "1024", "N": "8192", "K": "8192"}, 2),
+    # 2 x 256 x 4096 x 8192 = 17 GFLOP per rank: below the threshold
+    small = make_schedule(AG.bind({"M": "256", "N": "8192", "K": "8192"}, 2),
                           get_target("cuda:90"))
     assert small.config.comm == "none" and small.kernel is None
     assert "non-overlapped plan chosen" in small.render() and "GFLOP" in small.render()
@@ -137,7 +138,20 @@ def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
     assert big.config.comm == "copy_engine" and big.config.comm_block_m == 2048
     rs = make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "28672"}, 2),
                        get_target("cuda:90"))
-    assert rs.config.comm == "sm" and rs.config.flatten == 1 and rs.config.reduce_after == 1
+    assert rs.config.comm == "copy_engine" and rs.config.flatten == 1
+    assert rs.config.reduce_after == 1
+
+
+def test_one_wave_ag_gemm_takes_two_waves_of_smaller_tiles_own_rows_first():
+    # AG M = 1024: 8 x 16 tiles of 128x256 fill less than one wave of 132 SMs; the default
+    # takes 128x128 tiles (two waves), tiles ordered row block by row block (group_m=1) so
+    # the first wave is this rank's rows, and the peers' shards in one chunk each
+    s = make_schedule(AG.bind({"M": "1024", "N": "8192", "K": "8192"}, 2),
+                      get_target("cuda:90"))
+    c = s.config
+    assert (c.comm, c.block_m, c.block_n, c.group_m, c.comm_block_m) == \
+        ("copy_engine", 128, 128, 1, 512)
+    render_triton(s)
 
 
 @pytest.mark.parametrize("pattern,sizes", [

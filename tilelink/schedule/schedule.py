@@ -106,11 +106,13 @@ def default_space(target: Target) -> ConfigSpace:
     return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp")
 
 
-# Below this many FLOPs of GEMM per rank (~0.2 ms on an H200) the overlapped kernel's fixed
-# costs (the first chunk's transfer, side-stream setup) are a large share of the time and
-# NCCL + cuBLAS is as fast: the default is then the non-overlapped plan. Measured on 2x H200
-# (docs/perf.md): see the M = 1024 rows.
-FALLBACK_GEMM_FLOPS = 150e9
+# Below this many FLOPs of GEMM per rank (~0.05 ms on an H200) the overlapped kernel's fixed
+# costs (the first chunk's transfer, side-stream setup, host launch work) are a large share
+# of the time and NCCL + cuBLAS is as fast: the default is then the non-overlapped plan.
+# Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the overlapped kernel took
+# 0.126 ms against NCCL + cuBLAS's 0.159 once the host path was lean; see the M = 512 row
+# for the threshold.
+FALLBACK_GEMM_FLOPS = 30e9
 
 
 def gemm_flops_per_rank(bp: BoundPattern) -> float:
@@ -148,13 +150,32 @@ def default_config(bp: BoundPattern, target: Target,
     if sig == "all_gather>gemm":
         # the copy engine is the fastest mover (DESIGN.md); a few large chunks per rank
         rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
+        if _output_tiles(bp, base) <= target.num_sms:
+            # one wave of 128x256 tiles or less (AG M = 1024): 128x128 tiles make two waves,
+            # the first on this rank's rows (group_m=1 keeps a group from spanning the
+            # ranks' rows) while the copy engine brings the peers' rows in one chunk each.
+            # Measured on 2x H200: 0.126 ms against 0.143 with group_m=8, 0.20 with
+            # 128x256 tiles and 0.159 for NCCL + cuBLAS (docs/perf.md)
+            return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=1,
+                           comm_block_m=max(16, _pow2_at_most(rows))), None
         chunk = min(2048, max(128, _pow2_at_most(max(1, rows // 2))))
         return replace(base, comm="copy_engine", comm_block_m=chunk), None
     if sig == "gemm>reduce_scatter":
-        # the GEMM on every SM, the sum in a second kernel right after it: measured faster
-        # than a reduce role on 4-16 SMs (docs/perf.md)
-        return replace(base, flatten=1, reduce_after=1), None
+        # the GEMM on every SM stores its tiles locally, the copy engine ships each finished
+        # chunk of 128 rows x 128 columns to its owner, a second kernel sums right after the
+        # GEMM. Measured on 2x H200 (docs/perf.md) against SM pushes from the GEMM's
+        # epilogue (which stall it): 8192^3 0.83 vs 0.99 ms, K = 28672 2.54 vs 2.75
+        return replace(base, comm="copy_engine", flatten=1, reduce_after=1), None
     return base, None
+
+
+def _output_tiles(bp: BoundPattern, cfg: Config) -> int:
+    """Output tiles of the pattern's (first) GEMM on one rank with `cfg`'s block sizes."""
+    for op in bp.ops:
+        if op.kind == "gemm":
+            a, b = (bp.tensors[x] for x in op.args)
+            return (-(-a.local_shape[0] // cfg.block_m)) * (-(-b.local_shape[1] // cfg.block_n))
+    return 0
 
 
 #: kernels index their buffers with int32 offsets; double-buffered symmetric buffers hold two

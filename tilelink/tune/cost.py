@@ -35,7 +35,9 @@ Overlapped time, for a collective feeding the GEMM (all_gather > gemm):
     tail     = the GEMM tiles that read the last chunk, computed after it lands
 
 and for a GEMM feeding the collective (gemm > reduce_scatter): compute programs push
-each tile to its owner in the tile's epilogue, reduce programs sum arrived chunks:
+each tile to its owner in the tile's epilogue (or stage it for the copy engine), reduce
+programs sum arrived chunks (or, with reduce_after, a second kernel sums after the GEMM:
+total = max(gemm [+ the epilogue stall of SM pushes], push) + the exposed sum):
 
     total = max(gemm, push, reduce) + tail
     tail  = the last tile's push + signal latency + the reduction of the last chunk
@@ -55,6 +57,8 @@ from ..schedule import Config
 from .space import extents, is_fallback, uses_comm_programs
 
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+# share of an epilogue's remote-store time that the GEMM does not hide (measured, see above)
+EPILOGUE_PUSH_STALL = 0.6
 MB = 1 << 20
 
 
@@ -282,7 +286,13 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
         # a second kernel on every SM after the GEMM: the whole sum is exposed, but at HBM
         # bandwidth, plus one launch and one signal round trip
         after = reduce_bytes / (dev.hbm_gbs * 1e9) * 1e3 + dev.launch_us * 1e-3 + lat
-        total = max(gemm, push) + after
+        if cfg.comm == "copy_engine":
+            total = max(gemm, push) + after
+        else:
+            # remote stores in the GEMM's epilogue stall it: on 2x H200 the GEMM kernel took
+            # 0.866 ms pushing 64 MB against 0.747 staging locally (8192^3, docs/perf.md),
+            # about 0.6 of the push time; K = 28672 lost about as much
+            total = max(gemm + EPILOGUE_PUSH_STALL * push, push) + after
         return Estimate(total, gemm, push, total - gemm)
     red_bw = min(dev.hbm_gbs, reducers * dev.local_cta_gbs)
     reduce = reduce_bytes / (red_bw * 1e9) * 1e3 + math.ceil(chunks / reducers) * lat

@@ -39,9 +39,8 @@ class Knobs:
     comm_programs: tuple[int, ...]
     comm_block_m: tuple[int, ...]
     comm_block_n: tuple[int, ...]
-    tiles: tuple[tuple[int, int, int, int, int], ...]  # (BM, BN, BK, stages, warps)
+    tiles: tuple[tuple[int, int, int, int, int, int], ...]  # (BM, BN, BK, stages, warps, group_m)
     order: tuple[str, ...]
-    group_m: tuple[int, ...]
     num_programs: int | None  # None: the target's SM count (the whole GPU)
     smem_bytes: int | None  # shared memory per CTA; None: do not filter by it
 
@@ -53,22 +52,24 @@ class Knobs:
 # chunks of 128/256 rows trade signal count against the exposed first chunk. Every value
 # multiplies GPU tuning time (each config is a compile), so the lists stay short.
 # Chunk rows: 128 suits SM pushes; the copy engine wants a few large copies (2048 rows
-# measured best on 2x H200, docs/perf.md).
+# measured best on 2x H200, docs/perf.md). group_m 8 groups output tiles for L2 reuse;
+# 128x128 tiles also come with group_m 1, which keeps a group from spanning two ranks' rows
+# when a rank has few row blocks (AG M = 1024: 0.126 vs 0.143 ms, docs/perf.md).
 CUDA = Knobs(comm_programs=(8, 16, 32), comm_block_m=(128, 2048), comm_block_n=(128,),
-             tiles=((128, 256, 64, 3, 8), (128, 128, 64, 4, 8)),
-             order=("own_first", "natural"), group_m=(8,), num_programs=None,
-             smem_bytes=232_448)
-CUDA80 = replace(CUDA, smem_bytes=166_912, tiles=((128, 256, 64, 3, 8), (128, 128, 64, 3, 8),
-                                                   (128, 128, 64, 4, 4)))
+             tiles=((128, 256, 64, 3, 8, 8), (128, 128, 64, 4, 8, 8), (128, 128, 64, 4, 8, 1)),
+             order=("own_first", "natural"), num_programs=None, smem_bytes=232_448)
+CUDA80 = replace(CUDA, smem_bytes=166_912, tiles=((128, 256, 64, 3, 8, 8),
+                                                   (128, 128, 64, 3, 8, 8),
+                                                   (128, 128, 64, 4, 4, 8)))
 # AMD's backend decides LDS use itself (its stream pipeliner keeps one LDS buffer at 2
 # stages), so the estimate below would be wrong there: no shared-memory filter.
-HIP = replace(CUDA, tiles=((128, 256, 64, 2, 8), (128, 128, 64, 2, 8)), smem_bytes=None)
+HIP = replace(CUDA, tiles=((128, 256, 64, 2, 8, 8), (128, 128, 64, 2, 8, 8)), smem_bytes=None)
 # Emulated world: tiny tiles; two values of every knob that changes the kernel's structure
 # (resource, comm program count, chunk rows smaller than / equal to the tile, order), so
 # CI runs each code path. Each config costs ~1 s there, hence one tile shape.
 INTERP = Knobs(comm_programs=(1, 2), comm_block_m=(16, 32), comm_block_n=(32,),
-               tiles=((32, 32, 16, 1, 4),),
-               order=("own_first", "natural"), group_m=(4,), num_programs=4, smem_bytes=None)
+               tiles=((32, 32, 16, 1, 4, 4),),
+               order=("own_first", "natural"), num_programs=4, smem_bytes=None)
 
 KNOBS = {"cuda:90": CUDA, "cuda:80": CUDA80, "hip:gfx942": HIP, "interp": INTERP}
 
@@ -172,13 +173,13 @@ def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None) -> 
             (Config().comm_programs,)
         comm_settings += [(res, cp, cbm, cbn, 0) for cp in progs for cbm in knobs.comm_block_m
                           for cbn in knobs.comm_block_n]
-        if res == "sm" and sig == "gemm>reduce_scatter" and target.backend != "interp":
-            # the reduce as a second kernel after the GEMM (comm_programs unused). (The copy
-            # engine with reduce_after=1 is valid too, but stays out of the space until it has
-            # been measured on GPUs: docs/perf.md)
+        if sig == "gemm>reduce_scatter" and target.backend != "interp":
+            # the reduce as a second kernel after the GEMM (comm_programs unused), with SM
+            # pushes or the copy engine (the default: measured fastest on every GEMM-RS
+            # shape of DESIGN.md, docs/perf.md)
             comm_settings += [(res, Config().comm_programs, cbm, cbn, 1)
                               for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
-    tiles = [t + (gm,) for t in knobs.tiles for gm in knobs.group_m]
+    tiles = list(knobs.tiles)
     out: dict[Config, None] = {}  # ordered set
     # flatten helps the GEMM-RS kernel's K loop (measured); the AG kernel reads its own rows
     # through a per-tile descriptor, which rules flatten out there
@@ -250,7 +251,7 @@ def describe(cfg: Config, sig: str) -> str:
     if cfg.comm == "sm" or sig != "all_gather>gemm":
         parts.append(f"comm_block_n={cfg.comm_block_n}")
     parts += [f"tile={cfg.block_m}x{cfg.block_n}x{cfg.block_k}", f"stages={cfg.stages}",
-              f"warps={cfg.warps}", f"order={cfg.order}"]
+              f"warps={cfg.warps}", f"order={cfg.order}", f"group_m={cfg.group_m}"]
     if cfg.flatten:
         parts.append("flatten=1")
     return " ".join(parts)
