@@ -36,6 +36,9 @@ CONFIGS = [
     # the copy engine ships staged chunks, the reduce runs as a second kernel
     (RS, 2, {"M": "1000", "N": "520", "K": "1000"}, {"comm": "copy_engine", "reduce_after": "1",
                                                     "num_programs": "8"}),
+    # ... or in the own tiles' epilogue (GPU only: needs co-resident programs); W = 3, N ragged
+    (RS, 3, {"M": "768", "N": "520", "K": "768"}, {"comm": "copy_engine", "reduce_after": "1",
+                                                  "fuse_reduce": "1", "group_m": "1"}),
 ]
 TARGETS = ("cuda:90", "cuda:80", "hip:gfx942")
 

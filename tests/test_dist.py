@@ -91,7 +91,13 @@ NVSHMEM_CASES = {
 }
 # Added after the last GPU run (session 3): run in a world of their own, so a failure cannot
 # take the verified cases with it. Move them into CASES once they have passed on GPUs.
-NOT_YET_RUN: dict = {}  # none at the moment (session 4 moved its cases into CASES)
+RS_FUSED = {"comm": "copy_engine", "reduce_after": "1", "fuse_reduce": "1"}
+NOT_YET_RUN = {
+    # fuse_reduce=1: own tiles add the peers' partials in the GEMM epilogue (GPU only)
+    "rs_fused_even": RunSpec(RS, EVEN, RS_FUSED, calls=5),
+    "rs_fused_1000": RunSpec(RS, SMALL, RS_FUSED | {"group_m": "1"}, calls=1000),
+    "rs_fused_delays": RunSpec(RS, EVEN, RS_FUSED, calls=100, delays=True, seed=9),
+}
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                                       check=False, **NV),

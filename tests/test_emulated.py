@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tilelink.errors import HangError
+from tilelink.codegen import render_triton
+from tilelink.errors import ConfigError, HangError
 from tilelink.frontend import load_text
 from tilelink.runtime import check, emulate
+from tilelink.schedule import get_target, make_schedule
 
 from .conftest import EXAMPLES
 
@@ -181,6 +183,31 @@ def test_gemm_rs_reduce_after_the_gemm_kernel(world, comm):
     # every rank's copy engine delivered from the staged tiles (copy_engine)
     _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world},
          {"comm": comm, "reduce_after": "1"}, calls=4, delays=True)
+
+
+def test_fused_reduce_is_refused_where_programs_run_one_after_another():
+    # fuse_reduce=1: own tiles wait, through the peers' copy engines, for the peers' other
+    # tiles, which every program computes first: it needs co-resident programs (a GPU's
+    # persistent grid). Run here, it deadlocked -- every rank's program 0 waiting for chunks
+    # that the peers' programs 1.. had not started -- and the emulator reported exactly
+    # that; the schedule now refuses it on the interpreter and names why.
+    with pytest.raises(ConfigError, match="resident at once"):
+        make_schedule(RS.bind({"M": 128, "N": 40, "K": 48}, 2), get_target("interp"),
+                      {"comm": "copy_engine", "reduce_after": "1", "fuse_reduce": "1",
+                       "group_m": "1"})
+
+
+def test_fused_reduce_refuses_tiles_that_straddle_ranks():
+    cuda = get_target("cuda:90")
+    with pytest.raises(ConfigError, match="block_m to divide the rows per rank"):
+        make_schedule(RS.bind({"M": 8192 + 64, "N": 8192, "K": 8192}, 2), cuda,
+                      {"comm": "copy_engine", "reduce_after": "1", "fuse_reduce": "1"})
+    with pytest.raises(ConfigError, match="group_m to divide the row blocks"):
+        make_schedule(RS.bind({"M": 768, "N": 8192, "K": 8192}, 2), cuda,
+                      {"comm": "copy_engine", "reduce_after": "1", "fuse_reduce": "1"})
+    with pytest.raises(ConfigError, match="reduce_after=1 and order=own_first"):
+        make_schedule(RS.bind({"M": 8192, "N": 8192, "K": 8192}, 2), cuda,
+                      {"comm": "sm", "reduce_after": "1", "fuse_reduce": "1"})
 
 
 @pytest.mark.parametrize("comm", ["sm", "copy_engine"])

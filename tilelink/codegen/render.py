@@ -254,6 +254,21 @@ def _gemm_rs(s: Schedule) -> Context:
         extra_ce = dict(tiles_per_chunk=_tiles_per_chunk(dep), site_ce=SITE_CE_CHUNK,
                         chunk_first=chunk.tiling.closed_form("row_lo"),
                         chunk_last=chunk.tiling.closed_form("row_hi - 1"))
+        if cfg.fuse_reduce:
+            # an own output tile (rows row_lo .. row_lo + BM of this rank) waits for the chunks
+            # of those rows from every other rank's copy engine
+            extra_ce["fused_waits"] = "\n".join([
+                "            # waits: every other rank's copy engine delivered its partial of "
+                "the chunks this tile's rows meet (slot = source rank * CHUNKS + chunk)",
+                "            for s in range(WORLD):",
+                "                if s != me:",
+                "                    for j in range((row_lo - me * M_LOCAL) // CB, tl.minimum("
+                "(row_lo + BM - 1 - me * M_LOCAL) // CB, CHUNKS - 1) + 1):",
+                "                        w_slot = s * CHUNKS + j",
+                "                        " + wait])
+            sites[SITE_CE_CHUNK] = sites[SITE_CE_CHUNK].replace(
+                f"reduce chunk of {out.name} waits", f"own tile of {out.name} (its GEMM done, "
+                f"adding the peers' partials in the epilogue) waits")
     else:
         consts["SLOTS"] = s.plan.signals[0].slots
         waits = render_waits(dep, {"chunk": ("row_lo", "row_hi"), "col": ("col_lo", "col_hi")},
@@ -273,7 +288,8 @@ def _gemm_rs(s: Schedule) -> Context:
         sites=dict(sorted(sites.items())),
         extra=dict(a=a.name, b=b.name, c=c.name, out=out.name, sig=sig,
                    reverse_roles=bool(cfg.debug_reverse_roles),
-                   reduce_after=bool(cfg.reduce_after), **extra_ce))
+                   reduce_after=bool(cfg.reduce_after), fuse_reduce=bool(cfg.fuse_reduce),
+                   **extra_ce))
 
 
 _CONTEXTS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs}

@@ -39,6 +39,10 @@ class Config:
     # reduce_scatter: 1 = sum in a second kernel on every SM right after the GEMM kernel (the
     # GEMM gets every SM; only the last chunks' sums are exposed); 0 = a role of the kernel
     reduce_after: int = 0
+    # GEMM-RS with comm=copy_engine and reduce_after=1: 1 = no second kernel; this rank's own
+    # output tiles (computed last) add the peers' partials in the GEMM's epilogue and store the
+    # result, so no sum is left after the GEMM
+    fuse_reduce: int = 0
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -94,6 +98,7 @@ class ConfigSpace:
     warps: tuple[int, ...] = (4, 8)
     flatten: tuple[int, ...] = (0, 1)
     reduce_after: tuple[int, ...] = (0, 1)
+    fuse_reduce: tuple[int, ...] = (0, 1)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
     # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce
@@ -102,6 +107,9 @@ class ConfigSpace:
     # patterns whose kernel takes role offsets (debug_reverse_roles)
     supports_reverse_roles: tuple[str, ...] = ("gemm>reduce_scatter",)
     allow_debug: bool = False  # debug knobs that break GPU safety (emulated target only)
+    # the target runs a rank's programs one after another (the Triton interpreter), so a
+    # schedule must not need its programs resident at once
+    sequential_programs: bool = False
 
     def reasons(self, cfg: Config, signature: str) -> list[str]:
         """Why `cfg` is invalid for a pattern with op signature `signature` (empty: valid)."""
@@ -129,6 +137,18 @@ class ConfigSpace:
                                      and cfg.comm in ("sm", "copy_engine")):
             bad.append("reduce_after=1 applies to gemm>reduce_scatter with comm=sm or "
                        "comm=copy_engine only")
+        if cfg.fuse_reduce and not (signature == "gemm>reduce_scatter"
+                                    and cfg.comm == "copy_engine" and cfg.reduce_after
+                                    and cfg.order == "own_first"):
+            bad.append("fuse_reduce=1 applies to gemm>reduce_scatter with comm=copy_engine, "
+                       "reduce_after=1 and order=own_first only (this rank's rows are "
+                       "computed last, once the peers' partials of them have arrived)")
+        if cfg.fuse_reduce and self.sequential_programs:
+            bad.append("fuse_reduce=1 needs every program of the kernel resident at once: an "
+                       "own tile's epilogue waits (through the peers' copy engines) for the "
+                       "peers' other tiles, which every program computes first. The emulated "
+                       "world runs a rank's programs one after another, so it would deadlock "
+                       "there; it runs on GPUs (persistent grid <= SMs; tests/test_dist.py)")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
             bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:

@@ -103,7 +103,8 @@ class Schedule:
 
 
 def default_space(target: Target) -> ConfigSpace:
-    return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp")
+    return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp",
+                       sequential_programs=target.backend == "interp")
 
 
 # Below this many FLOPs of GEMM per rank (~0.05 ms on an H200) the overlapped kernel's fixed
@@ -197,6 +198,21 @@ def _check_int32_offsets(bp: BoundPattern) -> None:
                               hint="use --config comm=none (NCCL + cuBLAS) or split the problem")
 
 
+def _check_fused_reduce(bp: BoundPattern, cfg: Config) -> None:
+    """fuse_reduce=1 puts this rank's own output rows in whole tiles and whole tile groups
+    at the end of the tile order (the kernel runs them in a second loop): refuse sizes where
+    a tile or a group of tiles would straddle two ranks' rows."""
+    rows = bp.tensors[bp.ops[-1].result].local_shape[0]  # M / W: this rank's output rows
+    if rows % cfg.block_m:
+        raise ConfigError(f"fuse_reduce=1 needs block_m to divide the rows per rank: M / W = "
+                          f"{rows}, block_m = {cfg.block_m}",
+                          hint="use a block_m that divides M / W, or fuse_reduce=0")
+    if (rows // cfg.block_m) % cfg.group_m:
+        raise ConfigError(f"fuse_reduce=1 needs group_m to divide the row blocks per rank "
+                          f"({rows // cfg.block_m} of {cfg.block_m} rows); group_m = "
+                          f"{cfg.group_m}", hint="use group_m=1, or fuse_reduce=0")
+
+
 def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | None = None,
                   base: Config | None = None, allow_fallback: bool = True) -> Schedule:
     """Validate the config (defaults + overrides) and lay out roles and the plan.
@@ -215,6 +231,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     kernel = KERNELS.get(sig) if cfg.comm != "none" else None
     if kernel is not None:
         _check_int32_offsets(bp)
+    if cfg.fuse_reduce:
+        _check_fused_reduce(bp, cfg)
     notes = []
     if cfg.comm == "none":
         notes.append(why_default if base is None and why_default and not overrides else
