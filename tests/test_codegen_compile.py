@@ -142,7 +142,13 @@ def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
     rs = make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "28672"}, 2),
                        get_target("cuda:90"))
     assert rs.config.comm == "copy_engine" and rs.config.flatten == 1
-    assert rs.config.reduce_after == 1
+    assert rs.config.reduce_after == 1 and rs.config.fuse_reduce == 0  # K / W = 14336: long
+    short_k = make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "8192"}, 2),
+                            get_target("cuda:90"))
+    assert short_k.config.fuse_reduce == 1  # K / W = 4096: the sum is worth fusing
+    ragged = make_schedule(RS.bind({"M": "8000", "N": "8192", "K": "8192"}, 2),
+                           get_target("cuda:90"))
+    assert ragged.config.fuse_reduce == 0  # 4000 rows per rank: tiles would straddle ranks
 
 
 def test_one_wave_ag_gemm_takes_two_waves_of_smaller_tiles_own_rows_first():

@@ -166,8 +166,28 @@ def default_config(bp: BoundPattern, target: Target,
         # chunk of 128 rows x 128 columns to its owner, a second kernel sums right after the
         # GEMM. Measured on 2x H200 (docs/perf.md) against SM pushes from the GEMM's
         # epilogue (which stall it): 8192^3 0.83 vs 0.99 ms, K = 28672 2.54 vs 2.75
-        return replace(base, comm="copy_engine", flatten=1, reduce_after=1), None
+        cfg = replace(base, comm="copy_engine", flatten=1, reduce_after=1)
+        if _fused_reduce_pays(bp, cfg):
+            cfg = replace(cfg, fuse_reduce=1)
+        return cfg, None
     return base, None
+
+
+# GEMM-RS: the sum after the GEMM reads W partials and writes the result, (W + 1) / (W * K/W)
+# of the GEMM's bytes per FLOP: it matters when the GEMM's K per rank is short. Fusing it
+# into the own tiles' epilogue measured (2x H200, docs/perf.md) 0.78 vs 0.83 ms at K/W = 4096,
+# a tie at K/W = 14336 with M = 2048, and 4% slower at K/W = 14336 with M = 8192.
+FUSE_REDUCE_MAX_K = 8192
+
+
+def _fused_reduce_pays(bp: BoundPattern, cfg: Config) -> bool:
+    """Whether the default GEMM-RS schedule sums in the own tiles' epilogue (fuse_reduce)."""
+    a = bp.tensors[bp.ops[0].args[0]]  # [M, K / W]: this rank's K
+    try:
+        _check_fused_reduce(bp, cfg)
+    except ConfigError:
+        return False  # tiles or groups would straddle two ranks' rows
+    return a.local_shape[1] <= FUSE_REDUCE_MAX_K
 
 
 def _output_tiles(bp: BoundPattern, cfg: Config) -> int:
