@@ -129,8 +129,8 @@ def test_gemm_rs_copy_engine_counts_match_the_kernel_increments(world, m, block_
 
 
 def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
-    # 2 x 256 x 4096 x 8192 = 17 GFLOP per rank: below the threshold
-    small = make_schedule(AG.bind({"M": "256", "N": "8192", "K": "8192"}, 2),
+    # 2 x 1024 x 4096 x 8192 = 69 GFLOP per rank: below the threshold
+    small = make_schedule(AG.bind({"M": "1024", "N": "8192", "K": "8192"}, 2),
                           get_target("cuda:90"))
     assert small.config.comm == "none" and small.kernel is None
     assert "non-overlapped plan chosen" in small.render() and "GFLOP" in small.render()
@@ -152,10 +152,11 @@ def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
 
 
 def test_one_wave_ag_gemm_takes_two_waves_of_smaller_tiles_own_rows_first():
-    # AG M = 1024: 8 x 16 tiles of 128x256 fill less than one wave of 132 SMs; the default
-    # takes 128x128 tiles (two waves), tiles ordered row block by row block (group_m=1) so
-    # the first wave is this rank's rows, and the peers' shards in one chunk each
-    s = make_schedule(AG.bind({"M": "1024", "N": "8192", "K": "8192"}, 2),
+    # AG M = 1024, K = 16384 (137 GFLOP per rank, above the fallback threshold): 8 x 16
+    # tiles of 128x256 fill less than one wave of 132 SMs; the default takes 128x128 tiles
+    # (two waves), tiles ordered row block by row block (group_m=1) so the first wave is
+    # this rank's rows, and the peers' shards in one chunk each
+    s = make_schedule(AG.bind({"M": "1024", "N": "8192", "K": "16384"}, 2),
                       get_target("cuda:90"))
     c = s.config
     assert (c.comm, c.block_m, c.block_n, c.group_m, c.comm_block_m) == \

@@ -107,13 +107,14 @@ def default_space(target: Target) -> ConfigSpace:
                        sequential_programs=target.backend == "interp")
 
 
-# Below this many FLOPs of GEMM per rank (~0.05 ms on an H200) the overlapped kernel's fixed
-# costs (the first chunk's transfer, side-stream setup, host launch work) are a large share
-# of the time and NCCL + cuBLAS is as fast: the default is then the non-overlapped plan.
-# Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the overlapped kernel took
-# 0.126 ms against NCCL + cuBLAS's 0.159 once the host path was lean; see the M = 512 row
-# for the threshold.
-FALLBACK_GEMM_FLOPS = 30e9
+# Below this many FLOPs of GEMM per rank (~0.15 ms on an H200) the overlapped kernel's fixed
+# costs (the first chunk's transfer, side-stream setup, ~100 us of host work per call) are
+# a large share of the time and NCCL + cuBLAS is as fast or faster: the default is then the
+# non-overlapped plan. Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the
+# overlapped kernel took 0.122 to 0.194 ms over four bench runs (host-bound: the host needs
+# about as long per call as the GPU), NCCL + cuBLAS 0.145 to 0.151; at 34 GFLOP (M = 512)
+# 0.131 against 0.088.
+FALLBACK_GEMM_FLOPS = 100e9
 
 
 def gemm_flops_per_rank(bp: BoundPattern) -> float:
@@ -152,11 +153,11 @@ def default_config(bp: BoundPattern, target: Target,
         # the copy engine is the fastest mover (DESIGN.md); a few large chunks per rank
         rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
         if _output_tiles(bp, base) <= target.num_sms:
-            # one wave of 128x256 tiles or less (AG M = 1024): 128x128 tiles make two waves,
-            # the first on this rank's rows (group_m=1 keeps a group from spanning the
-            # ranks' rows) while the copy engine brings the peers' rows in one chunk each.
-            # Measured on 2x H200: 0.126 ms against 0.143 with group_m=8, 0.20 with
-            # 128x256 tiles and 0.159 for NCCL + cuBLAS (docs/perf.md)
+            # one wave of 128x256 tiles or less: 128x128 tiles make two waves, the first on
+            # this rank's rows (group_m=1 keeps a group from spanning the ranks' rows) while
+            # the copy engine brings the peers' rows in one chunk each. Measured on 2x H200
+            # at AG M = 1024 (below the fallback threshold since; --config comm=copy_engine
+            # gets it): 0.126 ms against 0.143 with group_m=8 and 0.20 with 128x256 tiles
             return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=1,
                            comm_block_m=max(16, _pow2_at_most(rows))), None
         chunk = min(2048, max(128, _pow2_at_most(max(1, rows // 2))))
