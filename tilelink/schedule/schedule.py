@@ -287,7 +287,16 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
             compute_what = ("persistent GEMM tiles, rows of the next rank first; each tile is "
                             "pushed to the rank that owns its rows")
             reduce_what = "wait for every rank's tiles of a chunk of own rows, sum them"
-        if cfg.reduce_after:
+        if cfg.fuse_reduce:
+            comm_n, compute_n = 0, cfg.num_programs
+            compute_what += ("; this rank's own rows come last, in a second loop whose "
+                             "epilogue waits for every peer's copy of the tile's rows and "
+                             "adds them before storing the output")
+            notes.append("fuse_reduce=1: no reduce kernel and no own-chunk copy; the own "
+                         "tiles' epilogue sums. It needs every program resident at once "
+                         "(the persistent grid is <= the SMs), so the emulated world refuses "
+                         "it. Default where K per rank <= 8192 (measured, docs/perf.md)")
+        elif cfg.reduce_after:
             comm_n, compute_n = 0, cfg.num_programs
             notes.append("reduce_after=1: the reduce runs as a second kernel on every SM, "
                          "launched right after the GEMM kernel (which never waits on it); it "
