@@ -215,3 +215,25 @@ def test_eight_ranks(comm):
     # W = 8 (what an 8-GPU host would run), ragged per-rank slices, two back-to-back calls
     _run(AG, 8, {"M": 8 * 24, "N": 8 * 8, "K": 32}, {"comm": comm}, calls=2)
     _run(RS, 8, {"M": 8 * 20, "N": 40, "K": 8 * 8}, {"comm": comm}, calls=2)
+
+
+def test_copy_engine_op_out_of_bounds_is_an_error_not_a_write():
+    # copy ops carry raw element offsets (the GPU runtime turns them into addresses): one
+    # past the end of the destination must fail loudly, and nothing may be written
+    import torch
+
+    from tilelink.runtime.emulated import RankRuntime
+
+    dst = torch.zeros(8)
+    rt = RankRuntime(rank=0, world=1, symmetric={"buf": dst}, peers=[{"buf": dst}],
+                     heap_bases=torch.zeros(1, dtype=torch.int64),
+                     abort=torch.zeros(1, dtype=torch.int32),
+                     diag=torch.zeros(8, dtype=torch.int32), spin_limit=10, timeout=1.0)
+    rt.copy_engine([("copy", torch.ones(4), 0, 4, 0, "buf", 6)])
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        rt.join()
+    assert dst.sum() == 0
+    rt._error.clear()  # (a rank's copy-engine error is sticky; a fresh start for the check)
+    rt.copy_engine([("copy", torch.ones(4), 1, 3, 0, "buf", 5)])  # fits exactly
+    rt.join()
+    assert dst.tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
