@@ -174,3 +174,42 @@ def test_hopper_defaults_fit_in_shared_memory(pattern, sizes):
     s = make_schedule(pattern.bind(sizes, 2), get_target("cuda:90"))
     kernel = compile_module(render_triton(s), get_target("cuda:90"))
     assert kernel.metadata.shared <= 232448, kernel.metadata.shared
+
+
+@pytest.mark.parametrize("override", [{"comm": "sm"}, {"order": "natural"},
+                                      {"reduce_after": "0"}, {"comm": "none"}])
+def test_overrides_turn_off_what_the_default_added_but_they_invalidate(override):
+    # GEMM-RS 8192^3's default fuses the reduce (copy engine, reduce_after, own_first): an
+    # override that rules that out means "without it", not an error
+    s = make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "8192"}, 2),
+                      get_target("cuda:90"), override)
+    assert s.config.fuse_reduce == 0
+    if override.get("comm") == "none":
+        assert s.config.reduce_after == 0
+    # a knob the user sets stays, and an invalid combination says why
+    with pytest.raises(ConfigError, match="fuse_reduce=1 applies"):
+        make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "8192"}, 2),
+                      get_target("cuda:90"), {**override, "fuse_reduce": "1",
+                                              "comm": override.get("comm", "sm")})
+
+
+def test_one_wave_default_chunk_stays_in_the_space():
+    # 8192 rows per rank in one chunk would exceed the space's largest chunk (4096)
+    s = make_schedule(AG.bind({"M": "16384", "N": "512", "K": "16384"}, 2), get_target("cuda:90"))
+    assert s.config.comm_block_m == 4096
+
+
+def test_tuner_space_has_the_fused_reduce_only_where_it_can_run():
+    from tilelink.tune import space
+
+    t = get_target("cuda:90")
+    even = space.candidates(RS.bind({"M": "8192", "N": "8192", "K": "8192"}, 2), t)
+    assert any(c.fuse_reduce for c in even)
+    for c in even:
+        if c.fuse_reduce:
+            render_triton(make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "8192"}, 2), t,
+                                        base=c))
+    ragged = RS.bind({"M": "1000", "N": "8192", "K": "8192"}, 2)  # 500 rows per rank
+    assert not any(c.fuse_reduce for c in space.candidates(ragged, t))
+    with pytest.raises(ConfigError):
+        space.pin(space.candidates(ragged, t), {"fuse_reduce": "1"}, ragged, t)

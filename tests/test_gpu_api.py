@@ -142,3 +142,30 @@ def test_nvshmem_hook_is_reinstalled_and_chains(monkeypatch):
     monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", other)
     nvshmem_device.install_hook()  # replaced since: installed again
     assert triton.knobs.runtime.jit_post_compile_hook not in (other, None)
+
+
+def test_copy_engine_ops_are_checked_against_the_heap_before_any_launch():
+    # the GPU runtime issues copy-engine ops as raw addresses: every op is checked first
+    import torch
+
+    from tilelink.errors import TileLinkError
+    from tilelink.runtime.gpu import check_copy_ops
+
+    bufs = [{"full": (0x1000, 2, 64, torch.bfloat16), "sig": (0x2000, 4, 4, torch.int32)}]
+    src = torch.zeros(16, dtype=torch.bfloat16)
+    check_copy_ops([("copy", src, 0, 16, 0, "full", 48), ("signal", 0, "sig", 3, 1),
+                    ("wait", 0, "sig", 0, 5)], bufs)  # fits exactly
+    bad = [
+        ("copy", src, 0, 16, 0, "full", 49),  # one past the end of the destination
+        ("copy", src, 4, 16, 0, "full", 0),  # past the end of the source
+        ("copy", src, 0, -1, 0, "full", 0),  # a negative count would wrap to a huge size_t
+        ("copy", src, 0, 4, 1, "full", 0),  # no rank 1
+        ("copy", src, 0, 4, -1, "full", 0),  # a negative rank would index the last one
+        ("copy", src.float(), 0, 4, 0, "full", 0),  # dtype differs from the buffer's
+        ("signal", 0, "full", 0, 1),  # not an int32 word
+        ("wait", 0, "sig", 4, 1),  # past the end
+        ("poke", 0, "sig", 0, 1),
+    ]
+    for op in bad:
+        with pytest.raises(TileLinkError):
+            check_copy_ops([op], bufs)

@@ -108,7 +108,8 @@ class RankRuntime:
                 elif kind == "copy":
                     _, src, src_off, count, peer, buf, offset = op
                     dst = self.peers[peer][buf].view(-1)
-                    if offset + count > dst.numel() or src_off + count > src.numel():
+                    if (min(offset, count, src_off) < 0 or offset + count > dst.numel()
+                            or src_off + count > src.numel()):
                         raise ValueError(f"copy out of bounds: {count} elements from "
                                          f"{src_off} of {tuple(src.shape)} into {buf}"
                                          f"[{offset}:] ({dst.numel()} elements)")

@@ -70,22 +70,18 @@ class CopyEngine:
         self.handle = self.stream.cuda_stream  # raw handle for the driver calls
         self.pending_waits: list[tuple[int, int]] = []  # (address, value) of recent waits
         self.flat = [{k: v.view(-1) for k, v in peer.items()} for peer in heap.peers]
-        # (base address, element size, element count) of every peer's buffers
-        self.bufs = [{k: (v.data_ptr(), v.element_size(), v.numel()) for k, v in peer.items()}
-                     for peer in self.flat]
+        # (base address, element size, element count, dtype) of every peer's buffers
+        self.bufs = [{k: (v.data_ptr(), v.element_size(), v.numel(), v.dtype)
+                      for k, v in peer.items()} for peer in self.flat]
         self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
 
     def run(self, ops: list[tuple], ready) -> None:
-        """Enqueue `ops` on the side stream once event `ready` (inputs written) has fired.
+        """Enqueue `ops` (checked by `check_copy_ops` before the kernel launch) on the side
+        stream once event `ready` (inputs written) has fired.
 
         Called after the kernel is launched: the kernel starts while the host is still
         enqueueing copies (the host's enqueue time is then off the critical path), and
         nothing the kernel waits on is queued behind it on its own stream.
-
-        Ops: ("copy", src, src_offset, count, peer, buffer, dst_offset) copies `count`
-        elements of the contiguous tensor `src` from element `src_offset` into peer `peer`'s
-        buffer at element `dst_offset`; ("signal" | "wait", peer, buffer, index, value)
-        write / wait for (cyclic >=) the int32 word buffer[index] of peer `peer`.
         """
         from . import stream_ops
 
@@ -99,16 +95,7 @@ class CopyEngine:
             kind = op[0]
             if kind == "copy":
                 _, src, src_off, count, peer, buf, dst_off = op
-                base, size, numel = bufs[peer][buf]
-                # raw addresses: check what a tensor slice would have checked, so a bad
-                # offset is an error here and never a copy over someone else's memory
-                if (src.element_size() != size or not src.is_contiguous() or src_off < 0
-                        or dst_off < 0 or src_off + count > src.numel()
-                        or dst_off + count > numel):
-                    raise TileLinkError(f"copy-engine op out of bounds: {count} elements "
-                                        f"from {src_off} of a {tuple(src.shape)} "
-                                        f"{src.dtype} tensor into {buf}[{dst_off}:] of "
-                                        f"rank {peer} ({numel} elements)")
+                base, size = bufs[peer][buf][:2]
                 stream_ops.copy_async(h, base + dst_off * size, src.data_ptr() + src_off * size,
                                       count * size)
                 if not any(t is src for t in protected):
@@ -116,21 +103,12 @@ class CopyEngine:
                     protected.append(src)
             elif kind == "signal":
                 _, peer, buf, idx, value = op
-                stream_ops.write_value32(h, self._word(peer, buf, idx), value)
-            elif kind == "wait":
+                stream_ops.write_value32(h, bufs[peer][buf][0] + idx * 4, value)
+            else:  # "wait"
                 _, peer, buf, idx, value = op
-                addr = self._word(peer, buf, idx)
+                addr = bufs[peer][buf][0] + idx * 4
                 waits.append((addr, value))
                 stream_ops.wait_value32(h, addr, value)
-            else:
-                raise TileLinkError(f"unknown copy-engine op {kind!r}")
-
-    def _word(self, peer: int, buf: str, idx: int) -> int:
-        base, size, numel = self.bufs[peer][buf]
-        if size != 4 or not 0 <= idx < numel:
-            raise TileLinkError(f"copy-engine signal {buf}[{idx}] of rank {peer} is not an "
-                                f"int32 word of that buffer ({numel} elements of {size} B)")
-        return base + idx * 4
 
     def join(self, stream) -> None:
         """Make `stream` (the caller's) wait for everything enqueued on the side stream."""
@@ -150,6 +128,43 @@ class CopyEngine:
             if current is None or ((current - value + 2**31) % 2**32 - 2**31) < 0:
                 stream_ops.write_value32(s, addr, value)  # only words still behind
         s.synchronize()
+
+
+def check_copy_ops(ops: list[tuple], bufs: list[dict]) -> None:
+    """Raise TileLinkError for any copy-engine op that does not fit the heap, before anything
+    is launched. The ops become raw addresses (`CopyEngine.run`): this checks what a tensor
+    slice would have checked, so a bad op is an error here and never a write over someone
+    else's memory.
+
+    Ops: ("copy", src, src_offset, count, peer, buffer, dst_offset) copies `count` elements
+    of the contiguous tensor `src` from element `src_offset` into peer `peer`'s buffer at
+    element `dst_offset`; ("signal" | "wait", peer, buffer, index, value) write / wait for
+    (cyclic >=) the int32 word buffer[index] of peer `peer`. `bufs[peer][name]` is
+    (base address, element size, element count, dtype).
+    """
+    import torch
+
+    for op in ops:
+        kind = op[0]
+        if kind == "copy":
+            _, src, src_off, count, peer, buf, dst_off = op
+            where = f"{buf} of rank {peer}"
+            if not 0 <= peer < len(bufs) or buf not in bufs[peer]:
+                raise TileLinkError(f"copy-engine op names {where}, which the heap lacks")
+            _, _, numel, dtype = bufs[peer][buf]
+            if (src.dtype != dtype or not src.is_contiguous() or min(src_off, count, dst_off) < 0
+                    or src_off + count > src.numel() or dst_off + count > numel):
+                raise TileLinkError(f"copy-engine op out of bounds: {count} elements from "
+                                    f"{src_off} of a {tuple(src.shape)} {src.dtype} tensor "
+                                    f"into {where} at {dst_off} ({numel} x {dtype})")
+        elif kind in ("signal", "wait"):
+            _, peer, buf, idx, _value = op
+            if not 0 <= peer < len(bufs) or buf not in bufs[peer] or \
+                    bufs[peer][buf][3] != torch.int32 or not 0 <= idx < bufs[peer][buf][2]:
+                raise TileLinkError(f"copy-engine {kind} on {buf}[{idx}] of rank {peer}: not "
+                                    "an int32 word of the heap")
+        else:
+            raise TileLinkError(f"unknown copy-engine op {kind!r}")
 
 
 def _word_at(flat: list[dict], addr: int, stream) -> int | None:
@@ -182,7 +197,10 @@ class GpuRankRuntime:
     pending: list = field(default_factory=list, repr=False)
 
     def copy_engine(self, ops: list[tuple]) -> None:
-        """Take this call's copy-engine ops; the op enqueues them right after the kernel."""
+        """Take this call's copy-engine ops (checked now, before the kernel is launched); the
+        op enqueues them right after the kernel."""
+        if self.engine is not None:
+            check_copy_ops(ops, self.engine.bufs)
         self.pending = ops
 
 
@@ -272,14 +290,8 @@ class TileLinkOp:
         import torch
 
         ins = self._bind(args, kwargs)
-        capturing = torch.cuda.is_current_stream_capturing()
-        if self.copy_engine and capturing:
-            raise NotSupportedError(
-                "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
-                "operations carry the epoch as a constant",
-                hint="compile with config comm=sm for graph capture")
         outs = self._new_outputs()
-        self._launch(ins, outs, capturing)
+        self._launch(ins, outs)
         vals = tuple(outs[n] for n in self.output_names)
         return vals[0] if len(vals) == 1 else vals
 
@@ -289,7 +301,7 @@ class TileLinkOp:
         return {name: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
                 for name, (shape, dtype) in self.module.OUTPUTS.items()}
 
-    def _launch(self, ins, outs, capturing: bool = False) -> None:
+    def _launch(self, ins, outs) -> None:
         import torch
 
         # One launch at a time per op, and the host's epoch moves only once the kernel is
@@ -298,6 +310,12 @@ class TileLinkOp:
         # (one current-stream query, events reused): small shapes are host-bound otherwise.
         with self._lock, torch.cuda.device(self.device):
             stream = torch.cuda.current_stream()
+            capturing = torch.cuda.is_current_stream_capturing()
+            if self.copy_engine and capturing:
+                raise NotSupportedError(
+                    "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
+                    "operations carry the epoch as a constant",
+                    hint="compile with config comm=sm for graph capture")
             self._order_after_previous_call(stream, capturing)
             if getattr(self.module, "TMA", False):
                 _set_triton_allocator()  # a context variable: per thread, so per call

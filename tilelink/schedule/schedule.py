@@ -91,6 +91,12 @@ class Schedule:
             lines.append("check program order: BROKEN, this schedule can hang (it is a debug "
                          "schedule, refused on GPU targets)")
             lines += [f"  {b}" for b in bad]
+        elif self.roles and c.fuse_reduce:
+            lines.append("check program order: not enough here: fuse_reduce=1 needs every "
+                         "program resident at once (own tiles wait, through the peers' copy "
+                         "engines, on the peers' tiles of every program id); the persistent "
+                         "grid is <= the SMs, but another stream's kernel holding SMs on the "
+                         "ranks can stall it until the spin bound (HangError)")
         elif self.roles:
             lines.append("check program order: ok (every role waits only on lower program ids "
                          "of its rank)")
@@ -146,9 +152,9 @@ def default_config(bp: BoundPattern, target: Target,
             and 0 < flops < FALLBACK_GEMM_FLOPS):
         return replace(base, comm="none"), (
             f"non-overlapped plan chosen: the GEMM is {flops / 1e9:.0f} GFLOP per rank "
-            f"(< {FALLBACK_GEMM_FLOPS / 1e9:.0f}, about 0.2 ms on an H200), too short to "
-            "hide the first chunk's transfer and the side-stream setup behind; NCCL + "
-            "cuBLAS is as fast there (measured, docs/perf.md)")
+            f"(< {FALLBACK_GEMM_FLOPS / 1e9:.0f}, about 0.15 ms on an H200), too short to "
+            "hide the first chunk's transfer, the side-stream setup and the host's launch "
+            "work behind; NCCL + cuBLAS is as fast or faster there (measured, docs/perf.md)")
     if sig == "all_gather>gemm":
         # the copy engine is the fastest mover (DESIGN.md); a few large chunks per rank
         rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
@@ -158,8 +164,9 @@ def default_config(bp: BoundPattern, target: Target,
             # the copy engine brings the peers' rows in one chunk each. Measured on 2x H200
             # at AG M = 1024 (below the fallback threshold since; --config comm=copy_engine
             # gets it): 0.126 ms against 0.143 with group_m=8 and 0.20 with 128x256 tiles
+            chunk = min(max(ConfigSpace().comm_block_m), max(16, _pow2_at_most(rows)))
             return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=1,
-                           comm_block_m=max(16, _pow2_at_most(rows))), None
+                           comm_block_m=chunk), None
         chunk = min(2048, max(128, _pow2_at_most(max(1, rows // 2))))
         return replace(base, comm="copy_engine", comm_block_m=chunk), None
     if sig == "gemm>reduce_scatter":
@@ -184,9 +191,7 @@ FUSE_REDUCE_MAX_K = 8192
 def _fused_reduce_pays(bp: BoundPattern, cfg: Config) -> bool:
     """Whether the default GEMM-RS schedule sums in the own tiles' epilogue (fuse_reduce)."""
     a = bp.tensors[bp.ops[0].args[0]]  # [M, K / W]: this rank's K
-    try:
-        _check_fused_reduce(bp, cfg)
-    except ConfigError:
+    if fused_reduce_problems(bp, replace(cfg, fuse_reduce=1)):
         return False  # tiles or groups would straddle two ranks' rows
     return a.local_shape[1] <= FUSE_REDUCE_MAX_K
 
@@ -219,19 +224,45 @@ def _check_int32_offsets(bp: BoundPattern) -> None:
                               hint="use --config comm=none (NCCL + cuBLAS) or split the problem")
 
 
-def _check_fused_reduce(bp: BoundPattern, cfg: Config) -> None:
-    """fuse_reduce=1 puts this rank's own output rows in whole tiles and whole tile groups
-    at the end of the tile order (the kernel runs them in a second loop): refuse sizes where
-    a tile or a group of tiles would straddle two ranks' rows."""
+def fused_reduce_problems(bp: BoundPattern, cfg: Config) -> list[str]:
+    """Why `cfg`'s fuse_reduce=1 cannot run on `bp`'s sizes (empty: it can). The kernel puts
+    this rank's own output rows in whole tiles and whole tile groups at the end of the tile
+    order (a second loop): a tile or a group of tiles may not straddle two ranks' rows."""
+    if not cfg.fuse_reduce or bp.signature() != "gemm>reduce_scatter":
+        return []
     rows = bp.tensors[bp.ops[-1].result].local_shape[0]  # M / W: this rank's output rows
     if rows % cfg.block_m:
-        raise ConfigError(f"fuse_reduce=1 needs block_m to divide the rows per rank: M / W = "
-                          f"{rows}, block_m = {cfg.block_m}",
-                          hint="use a block_m that divides M / W, or fuse_reduce=0")
+        return [f"fuse_reduce=1 needs block_m to divide the rows per rank: M / W = {rows}, "
+                f"block_m = {cfg.block_m}"]
     if (rows // cfg.block_m) % cfg.group_m:
-        raise ConfigError(f"fuse_reduce=1 needs group_m to divide the row blocks per rank "
-                          f"({rows // cfg.block_m} of {cfg.block_m} rows); group_m = "
-                          f"{cfg.group_m}", hint="use group_m=1, or fuse_reduce=0")
+        return [f"fuse_reduce=1 needs group_m to divide the row blocks per rank "
+                f"({rows // cfg.block_m} of {cfg.block_m} rows); group_m = {cfg.group_m}"]
+    return []
+
+
+def _check_fused_reduce(bp: BoundPattern, cfg: Config) -> None:
+    bad = fused_reduce_problems(bp, cfg)
+    if bad:
+        raise ConfigError(bad[0], hint="use a block_m / group_m that divide the rows per rank "
+                          "(group_m=1 always does), or fuse_reduce=0")
+
+
+def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
+                    space: ConfigSpace) -> Config:
+    """Knobs the default turned on that the user's overrides make invalid are turned off
+    again: `--config comm=sm` on a GEMM-RS whose default is the copy engine with a fused
+    reduce means "SM pushes", not "an invalid fused reduce". A knob the user set stays."""
+    sig = bp.signature()
+    if "fuse_reduce" not in overrides and cfg.fuse_reduce:
+        probe = replace(cfg, fuse_reduce=0)
+        if space.reasons(cfg, sig) != space.reasons(probe, sig) or \
+                fused_reduce_problems(bp, cfg):
+            cfg = probe
+    if "reduce_after" not in overrides and cfg.reduce_after:
+        probe = replace(cfg, reduce_after=0)
+        if len(space.reasons(probe, sig)) < len(space.reasons(cfg, sig)):
+            cfg = probe
+    return cfg
 
 
 def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | None = None,
@@ -246,6 +277,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     if target.backend == "interp" and cfg.num_programs > target.num_sms:
         cfg = replace(cfg, num_programs=target.num_sms)
     space = default_space(target)
+    if overrides:
+        cfg = _drop_inherited(cfg, overrides, bp, space)
     space.check(cfg, sig)  # also refuses debug knobs on GPU targets
     plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
                                     cfg.comm_block_n if sig == "gemm>reduce_scatter" else 0))

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 
 from ..errors import NotSupportedError
 from ..ir import BoundPattern
-from ..schedule import KERNELS, Config, ConfigSpace, Target, default_config
+from ..schedule import KERNELS, Config, ConfigSpace, Target
 from ..schedule import config as config_mod
-from ..schedule.schedule import default_space
+from ..schedule.schedule import default_space, fused_reduce_problems
 
 FALLBACK = "none"  # comm resource meaning "no overlap: NCCL collective, then cuBLAS"
 
@@ -53,8 +53,8 @@ class Knobs:
 # multiplies GPU tuning time (each config is a compile), so the lists stay short.
 # Chunk rows: 128 suits SM pushes; the copy engine wants a few large copies (2048 rows
 # measured best on 2x H200, docs/perf.md). group_m 8 groups output tiles for L2 reuse;
-# 128x128 tiles also come with group_m 1, which keeps a group from spanning two ranks' rows
-# when a rank has few row blocks (AG M = 1024: 0.126 vs 0.143 ms, docs/perf.md).
+# 128x128 tiles also come with group_m 1 on Hopper, which keeps a group from spanning two
+# ranks' rows when a rank has few row blocks (AG M = 1024: 0.126 vs 0.143 ms, docs/perf.md).
 CUDA = Knobs(comm_programs=(8, 16, 32), comm_block_m=(128, 2048), comm_block_n=(128,),
              tiles=((128, 256, 64, 3, 8, 8), (128, 128, 64, 4, 8, 8), (128, 128, 64, 4, 8, 1)),
              order=("own_first", "natural"), num_programs=None, smem_bytes=232_448)
@@ -179,6 +179,10 @@ def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None) -> 
             # shape of DESIGN.md, docs/perf.md)
             comm_settings += [(res, Config().comm_programs, cbm, cbn, 1)
                               for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
+            if res == "copy_engine":
+                # ... and with the sum fused into the own tiles' epilogue (GPU only)
+                comm_settings += [(res, Config().comm_programs, cbm, cbn, 2)
+                                  for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
     tiles = list(knobs.tiles)
     out: dict[Config, None] = {}  # ordered set
     # flatten helps the GEMM-RS kernel's K loop (measured); the AG kernel reads its own rows
@@ -186,13 +190,16 @@ def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None) -> 
     flatten = int(sig == "gemm>reduce_scatter" and target.backend == "cuda")
     for (res, cp, cbm, cbn, after), (bm, bn, bk, st, wp, gm), order in itertools.product(
             comm_settings, tiles, knobs.order):
+        # after: 0 = a reduce role (or none), 1 = a reduce kernel after the GEMM, 2 = that
+        # reduce fused into the own tiles' epilogue (fuse_reduce=1)
         cfg = Config(comm=res, comm_programs=cp, num_programs=programs, block_m=bm, block_n=bn,
                      block_k=bk, comm_block_m=cbm, comm_block_n=cbn, order=order, group_m=gm,
-                     stages=st, warps=wp, flatten=flatten, reduce_after=after)
+                     stages=st, warps=wp, flatten=flatten, reduce_after=int(after > 0),
+                     fuse_reduce=int(after == 2))
         cfg = _canonical(cfg, sig, ext)
         if knobs.smem_bytes is not None and smem_bytes(cfg) > knobs.smem_bytes:
             continue
-        if space.reasons(cfg, sig):
+        if space.reasons(cfg, sig) or fused_reduce_problems(bp, cfg):
             continue
         out[cfg] = None
     fb = _fallback(bp, target, programs)
@@ -217,7 +224,7 @@ def pin(configs: list[Config], values: dict[str, str], bp: BoundPattern,
     first_bad: list[str] = []
     for c in configs:
         pinned = _canonical(c.with_values(values), sig, ext)
-        bad = space.reasons(pinned, sig)
+        bad = space.reasons(pinned, sig) + fused_reduce_problems(bp, pinned)
         if bad:
             first_bad = first_bad or bad
             continue
@@ -254,6 +261,8 @@ def describe(cfg: Config, sig: str) -> str:
               f"warps={cfg.warps}", f"order={cfg.order}", f"group_m={cfg.group_m}"]
     if cfg.flatten:
         parts.append("flatten=1")
+    if cfg.fuse_reduce:
+        parts.append("fuse_reduce=1")
     return " ".join(parts)
 
 
