@@ -151,7 +151,7 @@ def test_copy_engine_ops_are_checked_against_the_heap_before_any_launch():
     from tilelink.errors import TileLinkError
     from tilelink.runtime.gpu import check_copy_ops
 
-    bufs = [{"full": (0x1000, 2, 64, torch.bfloat16), "sig": (0x2000, 4, 4, torch.int32)}]
+    bufs = [{"full": (64, torch.bfloat16), "sig": (4, torch.int32)}]  # (elements, dtype)
     src = torch.zeros(16, dtype=torch.bfloat16)
     check_copy_ops([("copy", src, 0, 16, 0, "full", 48), ("signal", 0, "sig", 3, 1),
                     ("wait", 0, "sig", 0, 5)], bufs)  # fits exactly

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import HangError, TileLinkError
+from .copy_ops import buffer_layout, check_copy_ops
 from .reference import TORCH_DTYPES
 
 ALIGN = 256
@@ -90,6 +91,7 @@ class RankRuntime:
 
     def _run_ops(self, ops):
         try:
+            check_copy_ops(ops, buffer_layout(self.peers))  # nothing runs if any op is bad
             for op in ops:
                 kind = op[0]
                 if kind == "wait":
@@ -108,17 +110,10 @@ class RankRuntime:
                 elif kind == "copy":
                     _, src, src_off, count, peer, buf, offset = op
                     dst = self.peers[peer][buf].view(-1)
-                    if (min(offset, count, src_off) < 0 or offset + count > dst.numel()
-                            or src_off + count > src.numel()):
-                        raise ValueError(f"copy out of bounds: {count} elements from "
-                                         f"{src_off} of {tuple(src.shape)} into {buf}"
-                                         f"[{offset}:] ({dst.numel()} elements)")
                     dst[offset:offset + count].copy_(src.reshape(-1)[src_off:src_off + count])
-                elif kind == "signal":
+                else:  # "signal" (check_copy_ops refused any other kind)
                     _, peer, buf, idx, value = op
                     self.peers[peer][buf][idx] = value
-                else:
-                    raise ValueError(f"unknown copy-engine op {kind!r}")
         except Exception as e:  # surfaced by join()
             self._error.append(f"copy engine of rank {self.rank} failed: {e!r}")
 

@@ -28,6 +28,7 @@ from ..ir import BoundPattern, Pattern
 from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
 from ..schedule import get_target, make_schedule
 from .api import _drop_data_notifies, describe_wait
+from .copy_ops import buffer_layout, check_copy_ops
 from .emulated import wrap_epoch
 from .reference import TORCH_DTYPES
 from .symmetric import BACKENDS, SymmetricHeap
@@ -70,9 +71,11 @@ class CopyEngine:
         self.handle = self.stream.cuda_stream  # raw handle for the driver calls
         self.pending_waits: list[tuple[int, int]] = []  # (address, value) of recent waits
         self.flat = [{k: v.view(-1) for k, v in peer.items()} for peer in heap.peers]
-        # (base address, element size, element count, dtype) of every peer's buffers
-        self.bufs = [{k: (v.data_ptr(), v.element_size(), v.numel(), v.dtype)
-                      for k, v in peer.items()} for peer in self.flat]
+        # (base address, element size) of every peer's buffers, and their (element count,
+        # dtype) for check_copy_ops
+        self.bufs = [{k: (v.data_ptr(), v.element_size()) for k, v in peer.items()}
+                     for peer in self.flat]
+        self.layout = buffer_layout(self.flat)
         self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
 
     def run(self, ops: list[tuple], ready) -> None:
@@ -95,7 +98,7 @@ class CopyEngine:
             kind = op[0]
             if kind == "copy":
                 _, src, src_off, count, peer, buf, dst_off = op
-                base, size = bufs[peer][buf][:2]
+                base, size = bufs[peer][buf]
                 stream_ops.copy_async(h, base + dst_off * size, src.data_ptr() + src_off * size,
                                       count * size)
                 if not any(t is src for t in protected):
@@ -128,43 +131,6 @@ class CopyEngine:
             if current is None or ((current - value + 2**31) % 2**32 - 2**31) < 0:
                 stream_ops.write_value32(s, addr, value)  # only words still behind
         s.synchronize()
-
-
-def check_copy_ops(ops: list[tuple], bufs: list[dict]) -> None:
-    """Raise TileLinkError for any copy-engine op that does not fit the heap, before anything
-    is launched. The ops become raw addresses (`CopyEngine.run`): this checks what a tensor
-    slice would have checked, so a bad op is an error here and never a write over someone
-    else's memory.
-
-    Ops: ("copy", src, src_offset, count, peer, buffer, dst_offset) copies `count` elements
-    of the contiguous tensor `src` from element `src_offset` into peer `peer`'s buffer at
-    element `dst_offset`; ("signal" | "wait", peer, buffer, index, value) write / wait for
-    (cyclic >=) the int32 word buffer[index] of peer `peer`. `bufs[peer][name]` is
-    (base address, element size, element count, dtype).
-    """
-    import torch
-
-    for op in ops:
-        kind = op[0]
-        if kind == "copy":
-            _, src, src_off, count, peer, buf, dst_off = op
-            where = f"{buf} of rank {peer}"
-            if not 0 <= peer < len(bufs) or buf not in bufs[peer]:
-                raise TileLinkError(f"copy-engine op names {where}, which the heap lacks")
-            _, _, numel, dtype = bufs[peer][buf]
-            if (src.dtype != dtype or not src.is_contiguous() or min(src_off, count, dst_off) < 0
-                    or src_off + count > src.numel() or dst_off + count > numel):
-                raise TileLinkError(f"copy-engine op out of bounds: {count} elements from "
-                                    f"{src_off} of a {tuple(src.shape)} {src.dtype} tensor "
-                                    f"into {where} at {dst_off} ({numel} x {dtype})")
-        elif kind in ("signal", "wait"):
-            _, peer, buf, idx, _value = op
-            if not 0 <= peer < len(bufs) or buf not in bufs[peer] or \
-                    bufs[peer][buf][3] != torch.int32 or not 0 <= idx < bufs[peer][buf][2]:
-                raise TileLinkError(f"copy-engine {kind} on {buf}[{idx}] of rank {peer}: not "
-                                    "an int32 word of the heap")
-        else:
-            raise TileLinkError(f"unknown copy-engine op {kind!r}")
 
 
 def _word_at(flat: list[dict], addr: int, stream) -> int | None:
@@ -200,7 +166,7 @@ class GpuRankRuntime:
         """Take this call's copy-engine ops (checked now, before the kernel is launched); the
         op enqueues them right after the kernel."""
         if self.engine is not None:
-            check_copy_ops(ops, self.engine.bufs)
+            check_copy_ops(ops, self.engine.layout)
         self.pending = ops
 
 
