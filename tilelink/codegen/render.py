@@ -188,6 +188,26 @@ def _tiles_per_chunk(dep: Dependency) -> list[int]:
     return counts
 
 
+def _copy_engine_waits(comment: str, skip_own: bool, chunks: str | None = None) -> str:
+    """Kernel lines (at the tile body's indent) that wait on slot s * CHUNKS + j of "ready"
+    for every source rank s -- the rank's copy engine delivered chunk j of this rank's rows --
+    skipping this rank when its own partial is read in place, over the chunks `chunks` (a
+    range expression binding j) or the chunk j already in scope."""
+    indent = " " * 12
+    lines = [f"{indent}# {comment}", f"{indent}for s in range(WORLD):"]
+    indent += "    "
+    if skip_own:
+        lines.append(f"{indent}if s != me:")
+        indent += "    "
+    if chunks:
+        lines.append(f"{indent}for j in {chunks}:")
+        indent += "    "
+    lines += [f"{indent}w_slot = s * CHUNKS + j",
+              f"{indent}tok = tld.wait(sig_ptr + w_slot, epoch, spin_limit, abort_ptr, "
+              f"diag_ptr, {SITE_CE_CHUNK}, w_slot, me)"]
+    return "\n".join(lines)
+
+
 def _gemm_rs(s: Schedule) -> Context:
     bp = s.bound
     cfg = s.config
@@ -223,23 +243,10 @@ def _gemm_rs(s: Schedule) -> Context:
         # With reduce_after the reduce kernel reads its own rank's partial in place (the GEMM
         # kernel before it on the stream wrote it): no copy, so no wait for s == me.
         consts["OWN_IN_PLACE"] = int(bool(cfg.reduce_after))
-        wait = (f"tok = tld.wait(sig_ptr + w_slot, epoch, spin_limit, abort_ptr, diag_ptr, "
-                f"{SITE_CE_CHUNK}, w_slot, me)")
-        if cfg.reduce_after:
-            waits = "\n".join([
-                "            # waits: every other rank's copy engine delivered its partial of "
-                "chunk j (one slot per source rank and chunk)",
-                "            for s in range(WORLD):",
-                "                if s != me:",
-                "                    w_slot = s * CHUNKS + j",
-                "                    " + wait])
-        else:
-            waits = "\n".join([
-                "            # waits: every rank's copy engine delivered its partial of chunk j "
-                "(one slot per source rank and chunk)",
-                "            for s in range(WORLD):",
-                "                w_slot = s * CHUNKS + j",
-                "                " + wait])
+        own = "every other rank's" if cfg.reduce_after else "every rank's"
+        waits = _copy_engine_waits(f"waits: {own} copy engine delivered its partial of chunk j "
+                                   "(one slot per source rank and chunk)",
+                                   skip_own=bool(cfg.reduce_after))
         notify = ""
         sites[SITE_CE_CHUNK] = (
             f"reduce chunk of {out.name} waits for the copy engine of a rank to deliver its "
@@ -257,15 +264,11 @@ def _gemm_rs(s: Schedule) -> Context:
         if cfg.fuse_reduce:
             # an own output tile (rows row_lo .. row_lo + BM of this rank) waits for the chunks
             # of those rows from every other rank's copy engine
-            extra_ce["fused_waits"] = "\n".join([
-                "            # waits: every other rank's copy engine delivered its partial of "
-                "the chunks this tile's rows meet (slot = source rank * CHUNKS + chunk)",
-                "            for s in range(WORLD):",
-                "                if s != me:",
-                "                    for j in range((row_lo - me * M_LOCAL) // CB, tl.minimum("
-                "(row_lo + BM - 1 - me * M_LOCAL) // CB, CHUNKS - 1) + 1):",
-                "                        w_slot = s * CHUNKS + j",
-                "                        " + wait])
+            extra_ce["fused_waits"] = _copy_engine_waits(
+                "waits: every other rank's copy engine delivered its partial of the chunks "
+                "this tile's rows meet (slot = source rank * CHUNKS + chunk)", skip_own=True,
+                chunks="range((row_lo - me * M_LOCAL) // CB, tl.minimum((row_lo + BM - 1 - me "
+                       "* M_LOCAL) // CB, CHUNKS - 1) + 1)")
             sites[SITE_CE_CHUNK] = sites[SITE_CE_CHUNK].replace(
                 f"reduce chunk of {out.name} waits", f"own tile of {out.name} (its GEMM done, "
                 f"adding the peers' partials in the epilogue) waits")
