@@ -69,21 +69,27 @@ VARIANTS = {
     "flat_sub2_s4": ({"FLATTEN": True, "EPI_SPLIT": 2, "STAGES": 4},
                      "flatten + halves; the freed 32 KB buys a 4th stage"),
     "flat_sub2_s4_asmwait": ({"FLATTEN": True, "EPI_SPLIT": 2, "STAGES": 4, "TILE_SYNC": 3},
-                             "the above, with a loop-free (inline-asm) per-tile wait"),
+                             "the above, with the loop-free per-tile wait (tld.wait_flat)"),
     "ws": ({"WARP_SPEC": True, "num_warps": 4},
            "warp_specialize=True (Hopper autoWS: TMA producer + 2 MMA consumer warp groups)"),
-    "ws_asmwait": ({"WARP_SPEC": True, "num_warps": 4, "TILE_SYNC": 3},
-                   "the above with the loop-free per-tile wait + fence + token"),
+    "ws_asmwait": ({"WARP_SPEC": True, "num_warps": 4, "TILE_SYNC": 4},
+                   ("the above with a loop-free per-tile wait (the unbounded _asm_wait: "
+                    "wait_flat is not WS-safe) + fence + token")),
 }
 # Knobs that --extra may set: BASE's. TILE_SYNC: 0 none; 1 TileLink's (a `for` over the signal
 # chunks of the tile's rows, each a tld.wait, then fence + token); 2 one tld.wait, no chunk
-# loop; 3 one inline-asm spin (_asm_wait), no scf loop at all. HOST_DESC: descriptors built on
-# the host (TensorDescriptor kernel args) instead of tl.make_tensor_descriptor in the kernel.
+# loop; 3 one tld.wait_flat over the tile's chunks (its bounded spin is one inline-PTX op, no
+# scf loop at all); 4 the unbounded per-thread _asm_wait experiment (no barrier: what a
+# warp-specialized loop can take). HOST_DESC: descriptors built on the host (TensorDescriptor
+# kernel args) instead of tl.make_tensor_descriptor in the kernel.
 # What compiling for cuda:90 with Triton 3.6 showed (see --compile-only):
 # * flatten is silently NOT applied when the tile loop holds another loop (TILE_SYNC=1: the
 #   chunk `for`), and with TILE_SYNC=2 the tiles fuse but the fused loop is not software
 #   pipelined at all (no multi-buffered smem; tld.wait's scf.while sits in it). TILE_SYNC=3
-#   keeps both the fusion and the 3-4 stage pipeline.
+#   (tld.wait_flat) keeps both the fusion and the 3-4 stage pipeline; so does its give-up
+#   branch (an scf.if), but a tl.debug_barrier() in the tile loop would stop the pipeliner.
+# * tld.wait_flat is not WS-safe (autoWS copies its thread-0 spin and CTA-wide barrier.red
+#   into every partition), hence TILE_SYNC=4 for ws_asmwait.
 # * warp_specialize on Hopper (nvidia.passes.hopper autoWS) only acts with num_warps=4 (it then
 #   launches 12 warps: producer + 2 consumers, each consumer 64 x BN), and silently does
 #   nothing with num_warps=8, with flatten=True, or with tld.wait in the loop (TILE_SYNC=1/2:
@@ -106,9 +112,10 @@ def _tile_coords(t, num_m, num_n, GROUP_M: tl.constexpr):
 def _asm_wait(sig_ptr, expected):
     """Spin until the int32 at `sig_ptr` is >= `expected` (acquire, system scope); return it.
 
-    Every thread spins on its own `ld.acquire.sys` inside ONE inline-asm op, so the tile loop
-    holds no scf.while / scf.for besides the K loop: the shape that flatten and the software
-    pipeliner accept. Unbounded (no abort / give-up like tld.wait): an experiment only.
+    Every thread spins on its own `ld.acquire.sys` inside ONE inline-asm op and there is no
+    barrier, so it also works inside warp-specialized partitions (tld.wait_flat does not: its
+    CTA barrier and thread-0 spin assume every thread of the CTA runs it). Unbounded (no abort
+    / give-up like tld.wait_flat): an experiment only, kept for the ws_asmwait variant.
     """
     return tl.inline_asm_elementwise(
         """{
@@ -200,7 +207,13 @@ def gemm_kernel(a, b, c, flag_ptr, abort_ptr, diag_ptr, spin_limit,
                 for w in range(row // CHUNK_ROWS, (row + BM - 1) // CHUNK_ROWS + 1):
                     tok = tld.wait(flag_ptr + w, 1, spin_limit, abort_ptr, diag_ptr, 0, w, 0)
             elif TILE_SYNC == 3:
-                # loop-free wait: the spin is one inline-asm op, no scf loop in the tile loop
+                # loop-free wait (tld.wait_flat: the bounded spin over the tile's chunks is
+                # one inline-PTX op), so the tile loop holds no scf loop but the K loop
+                w = row // CHUNK_ROWS
+                tok = tld.wait_flat(flag_ptr + w, (row + BM - 1) // CHUNK_ROWS + 1 - w, 1,
+                                    spin_limit, abort_ptr, diag_ptr, 0, w, 0)
+            elif TILE_SYNC == 4:
+                # unbounded per-thread spin, no barrier (the warp-specialized experiment)
                 tok = _asm_wait(flag_ptr + row // CHUNK_ROWS, 1)
             else:
                 # one wait, no chunk loop (right when BM divides CHUNK_ROWS: a tile's rows

@@ -4,6 +4,10 @@ as ``from tilelink.lang import amd as tld``.
 Same names and signatures as :mod:`tilelink.lang.nvidia` and :mod:`tilelink.lang.interp`; only
 the lowerings differ. See :mod:`tilelink.lang.core` for the memory model, the symmetric heap and
 the diagnostic-record layout.
+
+``wait_flat`` is the shared one from :mod:`tilelink.lang.core`: an ``scf.while`` over the words,
+so unlike NVIDIA's it is *not* loop-free here (a ``flatten=True`` tile loop that calls it still
+fuses with its K loop, but is not software pipelined); same semantics and results.
 """
 
 import triton

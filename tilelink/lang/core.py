@@ -52,7 +52,7 @@ __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
     "DIAG_WORDS", "REASON_ABORTED", "REASON_TIMEOUT",
     "add_token_zero", "launch_options", "notify", "notify_add", "notify_peer", "num_ranks",
-    "pull_tile", "push_tile", "put", "put_signal", "rank", "symm_at", "wait",
+    "pull_tile", "push_tile", "put", "put_signal", "rank", "symm_at", "wait", "wait_flat",
 ]
 
 def launch_options(arch=None) -> dict:
@@ -305,6 +305,63 @@ def wait(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me):
     obs, it = _spin(sig_ptr, expected, limit, abort_ptr)
     if (obs - expected) < 0:
         _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me)
+    tl.debug_barrier()
+    return obs
+
+
+@triton.jit
+def wait_flat(sig_ptr, count, expected, limit, abort_ptr, diag_ptr, site, slot, me):
+    """:func:`wait` on ``count`` consecutive int32 signals: spin until every one of
+    ``sig_ptr[0:count]`` is ``>= expected`` (cyclic int32 compare, as in :func:`wait`).
+
+    This is the shared lowering (AMD, the interpreter): an ``scf.while`` loop, so it is *not*
+    loop-free here; :func:`tilelink.lang.nvidia.wait_flat` is the loop-free one (one inline-PTX
+    op). Every flavour has the same semantics, which for ``count == 1`` are exactly
+    :func:`wait`'s:
+
+    * the words are waited for in order, each with **acquire** loads at **system** scope (a
+      word that is already set costs one load); the CTA leaves through a barrier, so loads made
+      dependent on the token with ``consume_token`` see what the producers wrote before their
+      ``notify``. Every thread of the CTA must call it;
+    * one iteration counter (int64) for the whole call, not per word: a re-read of an unset
+      word is one iteration, ``limit`` bounds the total; the int32 abort flag at ``abort_ptr``
+      is read when the counter is a multiple of 256 (``ABORT_POLL_INTERVAL``; so at once when
+      the first unset word is met) and a non-zero flag stops the spin;
+    * on giving up (on word ``i``) it stops at that word (later words are not read) and
+      appends ONE diagnostic record like :func:`wait`'s, with ``slot + i`` in the slot field
+      (pass the first word's slot number), ``observed`` = word ``i``'s last value,
+      ``iterations`` = the shared counter; on a timeout it raises the abort flag.
+
+    Returns the token (int32): the value observed on the word that gave up (``< expected``,
+    cyclically), or the last word's value when every word was set (``>= expected``); with
+    ``count <= 0`` nothing is read and ``expected`` is returned.
+    """
+    exp = tl.cast(expected, tl.int32)
+    n = tl.cast(count, tl.int32)
+    obs = exp
+    if n > 0:
+        obs = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
+    i = tl.full((), 0, tl.int32)
+    it = tl.full((), 0, tl.int64)
+    aborted = tl.full((), 0, tl.int32)
+    # one loop for all words; the CTA stays together (every value is an acquire atomic that
+    # Triton broadcasts from one thread), see _spin
+    go = i < n
+    while go:
+        if (obs - exp) >= 0:
+            # word i is set: on to the next one (obs keeps the last word's value at the end)
+            i += 1
+            if i < n:
+                obs = tl.atomic_add(sig_ptr + i, 0, sem="acquire", scope="sys")
+            go = i < n
+        else:
+            if (it % _POLL) == 0:
+                aborted = tl.atomic_add(abort_ptr, 0, sem="acquire", scope="sys")
+            it += 1
+            obs = tl.atomic_add(sig_ptr + i, 0, sem="acquire", scope="sys")
+            go = ((obs - exp) >= 0) | ((aborted == 0) & (it <= limit))
+    if (obs - exp) < 0:
+        _record_giveup(obs, it, exp, abort_ptr, diag_ptr, site, slot + i, me)
     tl.debug_barrier()
     return obs
 

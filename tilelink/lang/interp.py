@@ -7,6 +7,9 @@ interpreter cannot run ``tl.inline_asm_elementwise`` (NotImplementedError), so e
 is plain Triton: atomics for the acquire reads, arithmetic for the token dependency. The
 interpreter runs a rank's programs one after another, so a wait can only be satisfied by another
 rank (process) or by a lower program id that already ran — the schedule's invariant.
+
+``wait_flat`` is the shared one from :mod:`tilelink.lang.core` (a ``while`` over the words, not
+loop-free as NVIDIA's inline-PTX one is); same semantics and results.
 """
 
 import triton
