@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tilelink.codegen import render_triton
-from tilelink.codegen.compile import compile_module
+from tilelink.codegen.compile import compile_module, kernel_names, load_module
 from tilelink.errors import ConfigError, NotSupportedError
 from tilelink.frontend import load_text
 from tilelink.schedule import get_target, make_schedule
@@ -39,6 +39,9 @@ CONFIGS = [
     # ... or in the own tiles' epilogue (GPU only: needs co-resident programs); W = 3, N ragged
     (RS, 3, {"M": "768", "N": "520", "K": "768"}, {"comm": "copy_engine", "reduce_after": "1",
                                                   "fuse_reduce": "1", "group_m": "1"}),
+    # the library GEMM (torch.mm) around three one-program sync kernels; W = 3, ragged
+    (AG, 3, {"M": "999", "N": "522", "K": "1000"}, {"comm": "copy_engine", "gemm": "library"}),
+    (AG, 8, {"M": "1024"}, {"comm": "copy_engine", "gemm": "library", "comm_block_m": "32"}),
 ]
 TARGETS = ("cuda:90", "cuda:80", "hip:gfx942")
 
@@ -49,13 +52,18 @@ def test_generated_kernel_compiles(case, target):
     pat, world, sizes, cfg = CONFIGS[case]
     s = make_schedule(pat.bind(sizes, world), get_target(target), cfg)
     source = render_triton(s)
-    compiled = compile_module(source, get_target(target))
-    if target.startswith("cuda"):
-        ptx = compiled.asm["ptx"]
-        # release stores / acquire loads at system scope carry the signals
-        assert ".sys" in ptx and "atom" in ptx
-    else:
-        assert "global_atomic" in compiled.asm["amdgcn"] or "flat_atomic" in compiled.asm["amdgcn"]
+    names = kernel_names(load_module(source))
+    assert names and names[0] == f"{s.bound.name}_" + ("gates_kernel" if s.config.gemm ==
+                                                       "library" else "kernel")
+    for name in names:  # every kernel the module launches (a second reduce kernel, sync kernels)
+        compiled = compile_module(source, get_target(target), name)
+        if target.startswith("cuda"):
+            ptx = compiled.asm["ptx"]
+            # release stores / acquire loads at system scope carry the signals
+            assert ".sys" in ptx and "atom" in ptx, name
+        else:
+            amdgcn = compiled.asm["amdgcn"]
+            assert "global_atomic" in amdgcn or "flat_atomic" in amdgcn, name
 
 
 def test_header_names_pattern_config_and_mappings():

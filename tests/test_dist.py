@@ -96,7 +96,14 @@ NVSHMEM_CASES = {
 }
 # Added after the last GPU run (session 3): run in a world of their own, so a failure cannot
 # take the verified cases with it. Move them into CASES once they have passed on GPUs.
-NOT_YET_RUN: dict = {}  # none at the moment (session 4 moved its cases into CASES)
+AG_LIB = {"comm": "copy_engine", "gemm": "library"}
+NOT_YET_RUN: dict = {
+    # gemm=library: torch.mm per source rank's rows, around one-program sync kernels
+    "ag_lib_even": RunSpec(AG, EVEN, AG_LIB, calls=5),
+    "ag_lib_ragged": RunSpec(AG, RAGGED_AG, AG_LIB | {"comm_block_m": "128"}, calls=5),
+    "ag_lib_1000": RunSpec(AG, SMALL, AG_LIB, calls=1000),
+    "ag_lib_delays": RunSpec(AG, RAGGED_AG, AG_LIB, calls=100, delays=True, seed=10),
+}
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                                       check=False, **NV),

@@ -237,3 +237,68 @@ def test_copy_engine_op_out_of_bounds_is_an_error_not_a_write():
     rt.copy_engine([("copy", torch.ones(4), 1, 3, 0, "buf", 5)])  # fits exactly
     rt.join()
     assert dst.tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
+
+
+LIB = {"comm": "copy_engine", "gemm": "library"}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ag_library_gemm_matches_reference(world):
+    # gemm=library: torch.mm per source rank's rows, in arrival order, around one-program
+    # sync kernels (gates, bounded waits on the derived chunk slots, release). Ragged:
+    # 50 rows per rank with 32-row chunks, N and K that divide nothing
+    _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+         LIB | {"comm_block_m": "32"}, calls=3)
+
+
+def test_ag_library_gemm_back_to_back_with_random_delays():
+    # 6 calls over 2 buffers with random host delays on each rank: a copy engine may only
+    # write a peer's buffer after that peer's done kernel released it (two calls earlier)
+    _run(AG, 3, {"M": 99, "N": 48, "K": 40}, LIB, calls=6, delays=True, seed=11)
+
+
+def test_ag_library_gemm_crosses_the_int32_epoch_wrap():
+    _run(AG, 2, {"M": 64, "N": 32, "K": 32}, LIB, calls=4, first_epoch=2**31 - 2)
+
+
+def test_ag_library_gemm_with_a_dropped_signal_is_reported_not_hung():
+    # the copy engine of every rank skips its data signals: each wait kernel gives up at its
+    # spin bound and the report names the library GEMM's wait
+    s = make_schedule(AG.bind({"M": 64, "N": 32, "K": 32}, 2), get_target("interp"), LIB)
+    assert s.kernel == "ag_gemm_lib"
+    src = render_triton(s).replace('ops.append(("signal"', 'pass  # ops.append(("signal"')
+    from tilelink.runtime.dist_reference import make_local_inputs
+    from tilelink.runtime.emulated import run_emulated
+
+    ins = [{n: [make_local_inputs(s.bound, r, 0, "cpu")[n] for r in range(2)]
+            for n in ("a", "b")}]
+    with pytest.raises(HangError) as err:
+        run_emulated(src, 2, ins, timeout=4, describe_wait=_describe(s))
+    text = str(err.value)
+    assert "stuck ranks: 0, 1" in text
+    assert "library GEMM of a source rank's rows of c" in text and "ag_gemm.tl:6" in text
+
+
+def _describe(s):
+    from tilelink.codegen.compile import load_module
+    from tilelink.runtime.api import describe_wait
+
+    mod = load_module(render_triton(s))
+    return lambda rec: describe_wait(s, mod.WAIT_SITES, rec, None)
+
+
+def test_library_gemm_knob_checks():
+    cuda = get_target("cuda:90")
+    bp = AG.bind({"M": 1024, "N": 8192, "K": 8192}, 2)
+    with pytest.raises(ConfigError, match="gemm=library applies to"):
+        make_schedule(bp, cuda, {"comm": "sm", "gemm": "library"})
+    with pytest.raises(ConfigError, match="gemm=library applies to"):
+        make_schedule(RS.bind({"M": 1024, "N": 8192, "K": 8192}, 2), cuda,
+                      {"comm": "copy_engine", "gemm": "library"})
+    s = make_schedule(bp, cuda, LIB)
+    assert s.kernel == "ag_gemm_lib" and "torch.mm" in render_triton(s)
+    assert "gemm=library" in s.render()
+    # a kernel knob given on top of a library default asks for TileLink's kernel
+    lib_default = make_schedule(bp, cuda, LIB)
+    s2 = make_schedule(bp, cuda, {"block_n": "128"}, base=lib_default.config)
+    assert s2.config.gemm == "triton" and s2.kernel == "ag_gemm"

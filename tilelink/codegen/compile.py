@@ -44,13 +44,26 @@ def load_module(source: str, name: str = "tilelink_generated") -> ModuleType:
     return mod
 
 
-def kernel_of(mod: ModuleType):
-    """The module's @triton.jit kernel (the one function named *_kernel)."""
-    return next(v for k, v in vars(mod).items() if k.endswith("_kernel"))
+def kernel_names(mod: ModuleType) -> list[str]:
+    """The module's @triton.jit kernels (functions named *_kernel), in definition order."""
+    return [k for k, v in vars(mod).items() if k.endswith("_kernel") and callable(v)]
 
 
-def compile_module(source: str, target: Target):
-    """Compile the generated kernel for a GPU target; returns Triton's compiled kernel."""
+def kernel_of(mod: ModuleType, name: str | None = None):
+    """The module's kernel `name`, or its first one (the main kernel)."""
+    names = kernel_names(mod)
+    if name is None:
+        return getattr(mod, names[0])
+    if name not in names:
+        raise ConfigError(f"the generated module has no kernel '{name}'",
+                          hint="kernels: " + ", ".join(names))
+    return getattr(mod, name)
+
+
+def compile_module(source: str, target: Target, kernel: str | None = None):
+    """Compile one kernel of the generated module (`kernel`, default the first) for a GPU
+    target; returns Triton's compiled kernel. Arguments named in the module's SIGNATURE are
+    typed from it; every other argument is a constexpr taken from the module's constants."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -59,17 +72,19 @@ def compile_module(source: str, target: Target):
         raise ConfigError(f"target {target.name} runs in the interpreter; nothing to compile",
                           hint="use --target cuda:90, cuda:80 or hip:gfx942")
     mod = load_module(source)
-    fn = kernel_of(mod)
+    fn = kernel_of(mod, kernel)
     consts = {}
     for name in fn.arg_names:
         if name not in mod.SIGNATURE:
             consts[name] = getattr(mod, name) if hasattr(mod, name) else None
-    consts["DOT_FP32"] = target.dot_fp32
-    sig = dict(mod.SIGNATURE)
+    if "DOT_FP32" in fn.arg_names:
+        consts["DOT_FP32"] = target.dot_fp32
+    sig = {k: v for k, v in mod.SIGNATURE.items() if k in fn.arg_names}
     sig.update({k: "constexpr" for k in consts})
     src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     gpu = GPUTarget(target.backend, target.arch, target.warp_size)
-    opts = {"num_warps": mod.NUM_WARPS}
+    warps = getattr(mod, "KERNEL_WARPS", {}).get(fn.__name__, mod.NUM_WARPS)
+    opts = {"num_warps": warps}
     extra = flavour(target.lang).launch_options(target.arch)  # e.g. NVSHMEM's device library
     if "extern_libs" in extra:
         opts["extern_libs"] = tuple(extra["extern_libs"].items())
@@ -77,10 +92,16 @@ def compile_module(source: str, target: Target):
 
 
 def emit_stage(source: str, target: Target, stage: str) -> str:
-    """One intermediate form (ttir, ttgir, llir, ptx, amdgcn) of the kernel as text."""
+    """One intermediate form (ttir, ttgir, llir, ptx, amdgcn) of every kernel of the module
+    as text (a module with several kernels gets a comment line naming each)."""
     stages = STAGES.get(target.backend, ())
     text_stages = [s for s in stages if s not in ("cubin", "hsaco")]
     if stage not in text_stages:
         raise ConfigError(f"--emit {stage} is not a stage of target {target.name}",
                           hint="stages: " + ", ".join(text_stages))
-    return compile_module(source, target).asm[stage]
+    names = kernel_names(load_module(source))
+    if len(names) == 1:
+        return compile_module(source, target).asm[stage]
+    mark = ";" if stage in ("llir", "amdgcn") else "//"
+    return "\n".join(f"{mark} ---- kernel {n} ----\n" + compile_module(source, target, n).asm[stage]
+                     for n in names)

@@ -6,7 +6,7 @@ context; the jinja2 templates in `tilelink/templates` only lay out loops and ifs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import jinja2
@@ -163,6 +163,27 @@ def _ag_gemm(s: Schedule) -> Context:
                                waits_nested=waits_nested))
 
 
+def _ag_gemm_lib(s: Schedule) -> Context:
+    """AG-GEMM with the library GEMM (gemm=library): the AG kernel's layout, copy-engine ops
+    and signals; the wait before a source rank's GEMM is derived from the same plan mapping,
+    for the rows of that rank's shard (`src`) and every column."""
+    ctx = _ag_gemm(s)
+    (dep,) = s.plan.deps
+    src_waits = render_waits(dep, {"rank": ("me", "me + 1"),
+                                   "m": ("src * M_LOCAL", "(src + 1) * M_LOCAL"),
+                                   "n": ("0", "N")},
+                             sig="sig_ptr", site=SITE_DATA, indent=4)
+    c = ctx.extra["c"]
+    sites = dict(ctx.sites)
+    sites[SITE_DATA] = sites[SITE_DATA].replace(f"compute tile of {c}",
+                                                f"the library GEMM of a source rank's rows of {c}")
+    sites[SITE_RELEASE] = ("opening the copy engine's gate waits for the destination rank to "
+                           "finish reading the buffer two calls ago")
+    consts = {k: ctx.consts[k] for k in ("M", "N", "K", "M_LOCAL", "CHUNKS", "CB", "SLOTS")}
+    return replace(ctx, consts=consts | dict(NUM_PROGRAMS=1, NUM_WARPS=1), tma=False,
+                   sites=sites, waits=src_waits)
+
+
 # GEMM-RS with comm=copy_engine: the reduce role waits on chunks the copy engine delivered.
 SITE_CE_CHUNK = 2
 
@@ -295,4 +316,4 @@ def _gemm_rs(s: Schedule) -> Context:
                    **extra_ce))
 
 
-_CONTEXTS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs}
+_CONTEXTS = {"ag_gemm": _ag_gemm, "ag_gemm_lib": _ag_gemm_lib, "gemm_rs": _gemm_rs}

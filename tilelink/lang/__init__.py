@@ -43,7 +43,7 @@ from .core import (
 
 #: the public primitives every flavour module defines, with these exact signatures
 PRIMITIVES = (
-    "rank", "num_ranks", "symm_at", "notify", "notify_add", "notify_peer", "wait",
+    "rank", "num_ranks", "symm_at", "notify", "notify_add", "notify_peer", "wait", "wait_flat",
     "consume_token", "push_tile", "pull_tile", "put", "put_signal", "fence_proxy_async",
 )
 

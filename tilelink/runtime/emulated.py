@@ -81,6 +81,10 @@ class RankRuntime:
     _thread: threading.Thread | None = field(default=None, repr=False)
     _error: list = field(default_factory=list, repr=False)
 
+    def launch_kernel(self, kernel, grid: tuple, args: tuple, options: dict) -> None:
+        """`kernel[grid](*args, **options)` (the interpreter runs the programs in turn)."""
+        kernel[grid](*args, **options)
+
     def copy_engine(self, ops: list[tuple]) -> None:
         """Run copy-engine ops on a side 'stream' (a thread), in order, while the kernel runs."""
         self.join()
@@ -162,6 +166,10 @@ def wrap_epoch(n: int) -> int:
 
 def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_epoch=1):
     try:
+        # torch ops in a forked rank (a library GEMM, gemm=library) must not use the intra-op
+        # thread pool: if the parent had started it, its threads do not exist after the fork
+        # and the first parallel op waits for them forever
+        torch.set_num_threads(1)
         _purge_triton_modules()
         from ..codegen.compile import load_module
 

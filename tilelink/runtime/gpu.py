@@ -161,6 +161,25 @@ class GpuRankRuntime:
     engine: CopyEngine | None = field(default=None, repr=False)
 
     pending: list = field(default_factory=list, repr=False)
+    stream: int = 0  # raw handle of the caller's stream, set for each call (TileLinkOp._launch)
+    compile_only: bool = False  # _warm_up: launch_kernel compiles and launches nothing
+    # (kernel, grid, options) -> FastLauncher
+    launchers: dict = field(default_factory=dict, repr=False)
+
+    def launch_kernel(self, kernel, grid: tuple, args: tuple, options: dict) -> None:
+        """Launch `kernel[grid](*args, **options)` on this call's stream. After the first
+        launch of a (kernel, grid, options) the compiled kernel is launched directly
+        (`fast_launch`), which saves most of Triton's per-launch host work."""
+        if self.compile_only:
+            _compile_only(kernel, grid, args, options)
+            return
+        key = (kernel, grid, tuple((k, v) for k, v in options.items() if k != "extern_libs"))
+        launcher = self.launchers.get(key)
+        if launcher is None:
+            from .fast_launch import FastLauncher
+
+            launcher = self.launchers[key] = FastLauncher(kernel, grid, options)
+        launcher.launch(self.stream, *args)
 
     def copy_engine(self, ops: list[tuple]) -> None:
         """Take this call's copy-engine ops (checked now, before the kernel is launched); the
@@ -287,6 +306,7 @@ class TileLinkOp:
                 _set_triton_allocator()  # a context variable: per thread, so per call
             epoch = wrap_epoch(self.epoch)
             engine = self.rt.engine
+            self.rt.stream = stream.cuda_stream
             if engine is not None:
                 # the inputs (and whatever came before) are written. One event re-recorded
                 # every call: a stream wait takes the record current when it is enqueued.
@@ -598,49 +618,38 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     return op
 
 
-class _CompileOnly:
-    """Stands in for the module's kernel during warm-up: `kernel[grid](...)` compiles (Triton's
-    `warmup`) and launches nothing."""
+def _compile_only(kernel, grid: tuple, args: tuple, options: dict) -> None:
+    """Compile `kernel` for these arguments (Triton's `warmup`) and load it; launch nothing."""
+    compiled = kernel.warmup(*args, grid=grid, **options)
+    # load the module now too (cuModuleLoad), not inside the first real call, where it would
+    # happen while other kernels already spin (or inside a graph capture)
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:
+        init()
+    if "extern_libs" in options:  # NVSHMEM lowering: register the module now too
+        from .nvshmem_device import init_compiled  # (idempotent; the hook may not run)
 
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, grid):
-        def compile_and_load(*args, **kwargs):
-            compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
-            # load the module now too (cuModuleLoad), not inside the first real call, where
-            # it would happen while other kernels already spin (or inside a graph capture)
-            init = getattr(compiled, "_init_handles", None)
-            if init is not None:
-                init()
-            if "extern_libs" in kwargs:  # NVSHMEM lowering: register the module now too
-                from .nvshmem_device import init_compiled  # (idempotent; the hook may not run)
-
-                init_compiled(compiled)
-            return compiled
-
-        return compile_and_load
+        init_compiled(compiled)
 
 
 def _warm_up(op: TileLinkOp) -> None:
-    """Compile the kernel before the first call (no launch, no communication), so ranks that
-    finish compiling at different times never spin on each other and no call pays the JIT."""
+    """Compile the kernels before the first call (no launch, no communication), so ranks that
+    finish compiling at different times never spin on each other and no call pays the JIT.
+    The module's launch runs with its kernel launches turned into compilations; what else it
+    enqueues (library GEMMs on zero inputs) is harmless, and its copy-engine ops are dropped."""
     import torch
 
-    from triton.runtime.jit import JITFunction
-
-    kernels = {k: v for k, v in vars(op.module).items()
-               if k.endswith("_kernel") and isinstance(v, JITFunction)}
     ins = {k: torch.zeros(shape, dtype=TORCH_DTYPES[d], device=op.device)
            for k, (shape, d) in op.module.INPUTS.items()}
-    for name, kernel in kernels.items():  # every kernel of the module (GEMM-RS may have two)
-        setattr(op.module, name, _CompileOnly(kernel))
+    op.rt.compile_only = True
     try:
-        op.module.launch(op.rt, ins, op._new_outputs(), 1)
+        with torch.cuda.device(op.device):
+            op.rt.stream = torch.cuda.current_stream().cuda_stream
+            op.module.launch(op.rt, ins, op._new_outputs(), 1)
     finally:
-        for name, kernel in kernels.items():
-            setattr(op.module, name, kernel)
+        op.rt.compile_only = False
         op.rt.pending = []  # the copy-engine ops of this launch-that-wasn't: never enqueued
+    torch.cuda.synchronize()
     op.heap.barrier()
 
 

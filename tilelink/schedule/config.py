@@ -17,6 +17,12 @@ from ..errors import ConfigError, closest
 COMM_RESOURCES = ("sm", "copy_engine", "none")
 FALLBACK_SIGNATURES = ("all_gather>gemm", "gemm>reduce_scatter")
 ORDERS = ("own_first", "natural")
+# who computes the GEMM: "triton", TileLink's generated persistent kernel (tiles wait for their
+# chunks); "library", the vendor BLAS through torch.mm (cuBLAS / hipBLASLt), one call per source
+# rank's rows in arrival order, with TileLink's small kernels doing the waits and releases
+GEMMS = ("triton", "library")
+# signatures with a library-GEMM plan
+LIBRARY_GEMM_SIGNATURES = ("all_gather>gemm",)
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,10 @@ class Config:
     # output tiles (computed last) add the peers' partials in the GEMM's epilogue and store the
     # result, so no sum is left after the GEMM
     fuse_reduce: int = 0
+    # "library": torch.mm per source rank's rows (comm=copy_engine, all_gather>gemm); the tile
+    # knobs then do not apply. Pays where the GEMM is one wave or less and cuBLAS's kernel beats
+    # TileLink's (small M)
+    gemm: str = "triton"
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -99,6 +109,7 @@ class ConfigSpace:
     flatten: tuple[int, ...] = (0, 1)
     reduce_after: tuple[int, ...] = (0, 1)
     fuse_reduce: tuple[int, ...] = (0, 1)
+    gemm: tuple[str, ...] = GEMMS
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
     # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce
@@ -149,6 +160,14 @@ class ConfigSpace:
                        "peers' other tiles, which every program computes first. The emulated "
                        "world runs a rank's programs one after another, so it would deadlock "
                        "there; it runs on GPUs (persistent grid <= SMs; tests/test_dist.py)")
+        if cfg.gemm == "library" and not (signature in LIBRARY_GEMM_SIGNATURES
+                                          and cfg.comm == "copy_engine"):
+            bad.append("gemm=library applies to " + ", ".join(LIBRARY_GEMM_SIGNATURES) +
+                       " with comm=copy_engine only (the library GEMM runs per source rank's "
+                       "rows once the copy engine delivered them)")
+        if cfg.gemm == "library" and (cfg.fuse_reduce or cfg.reduce_after or cfg.flatten):
+            bad.append("gemm=library takes no kernel knobs (flatten, reduce_after, fuse_reduce): "
+                       "the GEMM is the library's")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
             bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:

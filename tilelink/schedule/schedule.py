@@ -21,6 +21,11 @@ from .targets import Target
 
 # Op signatures with a kernel template; the rest stop at the plan.
 KERNELS = {"all_gather>gemm": "ag_gemm", "gemm>reduce_scatter": "gemm_rs"}
+# ... and with gemm=library: the library GEMM per source rank, around small sync kernels
+LIBRARY_KERNELS = {"all_gather>gemm": "ag_gemm_lib"}
+# knobs of TileLink's own GEMM kernel: overriding one asks for that kernel (gemm=triton)
+KERNEL_KNOBS = ("num_programs", "block_m", "block_n", "block_k", "order", "group_m", "stages",
+                "warps", "flatten", "comm_programs")
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,10 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
     again: `--config comm=sm` on a GEMM-RS whose default is the copy engine with a fused
     reduce means "SM pushes", not "an invalid fused reduce". A knob the user set stays."""
     sig = bp.signature()
+    if "gemm" not in overrides and cfg.gemm == "library" and (
+            any(k in overrides for k in KERNEL_KNOBS)
+            or len(space.reasons(replace(cfg, gemm="triton"), sig)) < len(space.reasons(cfg, sig))):
+        cfg = replace(cfg, gemm="triton")  # a kernel knob set: the user wants TileLink's kernel
     if "fuse_reduce" not in overrides and cfg.fuse_reduce:
         probe = replace(cfg, fuse_reduce=0)
         if space.reasons(cfg, sig) != space.reasons(probe, sig) or \
@@ -282,7 +291,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     space.check(cfg, sig)  # also refuses debug knobs on GPU targets
     plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
                                     cfg.comm_block_n if sig == "gemm>reduce_scatter" else 0))
-    kernel = KERNELS.get(sig) if cfg.comm != "none" else None
+    kernel = ((LIBRARY_KERNELS if cfg.gemm == "library" else KERNELS).get(sig)
+              if cfg.comm != "none" else None)
     if kernel is not None:
         _check_int32_offsets(bp)
     if cfg.fuse_reduce:
@@ -294,7 +304,17 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     keeps_sm = cfg.comm == "sm" or sig in space.copy_engine_keeps_sm_role
     comm_n = cfg.comm_programs if keeps_sm else 0
     compute_n = cfg.num_programs - comm_n
-    if kernel == "ag_gemm":
+    if kernel == "ag_gemm_lib":
+        roles = ()
+        notes.append("gemm=library: the GEMM is the vendor library's (torch.mm: cuBLAS / "
+                     "hipBLASLt), one call per source rank's rows: this rank's own rows first "
+                     "(read in place), then each peer's as its copy engine delivers them. Three "
+                     "one-program kernels do what the GEMM kernel's tiles would: open the copy "
+                     "engine's gates, wait (bounded) for a source rank's chunks before its "
+                     "GEMM, release the buffer and end the epoch. The tile knobs do not apply")
+        notes.append("communication: the copy engine pushes this rank's rows to every peer on "
+                     "a side stream, each chunk followed by a stream write of its slot")
+    elif kernel == "ag_gemm":
         roles = ((Role("comm", 0, comm_n, "push this rank's chunks of the gathered input to "
                        "every rank, then notify each chunk's slot"),) if comm_n else ()) + (
             Role("compute", comm_n, compute_n, "persistent GEMM tiles; each waits on the chunks "
@@ -363,7 +383,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     if bad and not (cfg.debug_reverse_roles and target.backend == "interp"):
         raise ConfigError("the schedule breaks the program-order rule: " + "; ".join(bad),
                           hint="only debug_reverse_roles=1 on the interp target may do this")
-    if cfg.order == "own_first" and cfg.comm != "none":
+    if cfg.order == "own_first" and cfg.comm != "none" and cfg.gemm != "library":
         notes.append("tile order: tiles whose data is local (ready first) run first")
     if cfg.comm != "none":
         notes.append(f"overlapped plan; the non-overlapped one (comm=none) is the default "
