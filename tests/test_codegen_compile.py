@@ -221,3 +221,21 @@ def test_tuner_space_has_the_fused_reduce_only_where_it_can_run():
     assert not any(c.fuse_reduce for c in space.candidates(ragged, t))
     with pytest.raises(ConfigError):
         space.pin(space.candidates(ragged, t), {"fuse_reduce": "1"}, ragged, t)
+
+
+def test_ag_flatten_fuses_and_pipelines_the_tile_loop():
+    # flatten=1 with one tld.wait_flat per tile: the compute role's tile loop and K loop are
+    # ONE scf.for, software-pipelined (a ring of `stages` TMA buffers), own rows read in place
+    import re
+
+    s = make_schedule(AG.bind({"M": "8192", "N": "8192", "K": "8192"}, 2),
+                      get_target("cuda:90"), {"flatten": "1"})
+    src = render_triton(s)
+    assert "FLATTEN = 1" in src and "OWN_DIRECT = 1" in src
+    ttgir = compile_module(src, get_target("cuda:90")).asm["ttgir"]
+    loops = [line for line in ttgir.splitlines() if "scf.for" in line]
+    # the only other loops are the gates' and releases' `for d/w in range(WORLD)`
+    assert [line for line in loops if "%c2_i32 step" not in line and "iter_args" in line]
+    assert len([line for line in loops if "iter_args" in line]) == 1
+    assert "scf.while" not in ttgir.split("iter_args", 1)[1].split("scf.for %w", 1)[0]
+    assert set(re.findall(r"memdesc<(\d+)x128x64xbf16", ttgir)) == {"3"}

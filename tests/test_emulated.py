@@ -302,3 +302,19 @@ def test_library_gemm_knob_checks():
     lib_default = make_schedule(bp, cuda, LIB)
     s2 = make_schedule(bp, cuda, {"block_n": "128"}, base=lib_default.config)
     assert s2.config.gemm == "triton" and s2.kernel == "ag_gemm"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ag_flatten_waits_with_one_wait_flat_per_tile(world):
+    # flatten=1 renders each tile's chunk waits as one tld.wait_flat over the consecutive
+    # slots (loop-free on NVIDIA); 16-row chunks under 32-row tiles: two slots per wait,
+    # ragged rows per rank; own rows read in place where tiles do not straddle ranks
+    s, _ = _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+                {"comm": "copy_engine", "flatten": "1", "comm_block_m": "16"}, calls=3,
+                delays=True)
+    src = render_triton(s)
+    assert "tld.wait_flat(sig_ptr + w_slot, w_chunk_end - w_chunk_first" in src
+    assert "tld.wait(sig_ptr" not in src
+    s, _ = _run(AG, 2, {"M": 128, "N": 40, "K": 48},
+                {"comm": "sm", "flatten": "1", "comm_block_m": "16"}, calls=3, delays=True)
+    assert "OWN_DIRECT = 1" in render_triton(s) and "FLATTEN = 1" in render_triton(s)

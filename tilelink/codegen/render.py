@@ -136,17 +136,14 @@ def _ag_gemm(s: Schedule) -> Context:
     chunk = s.plan.grids[ag_op.result].axes[0].tiling
     consts = _base_consts(s) | dict(M=m, N=n, K=k, M_LOCAL=m // bp.world,
                                     CHUNKS=chunk.per_segment, SLOTS=s.plan.signals[0].slots)
-    waits = render_waits(dep, {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"),
-                               "n": ("col_lo", "col_hi")},
-                         sig="sig_ptr", site=SITE_DATA, indent=12)
     names = {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"), "n": ("col_lo", "col_hi")}
-    waits_nested = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=16)
+    # flatten: one loop-free wait per tile (tld.wait_flat), or the loop of waits would keep
+    # the tile loop from fusing with the K loop and stop the software pipeliner
+    flat = bool(s.config.flatten)
+    waits = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=12, flat=flat)
+    waits_nested = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=16, flat=flat)
     # own rows straight from the input when no tile straddles two ranks' rows
     own_direct = int(bp.world > 1 and (m // bp.world) % s.config.block_m == 0)
-    if own_direct and s.config.flatten:
-        # the TMA path builds one descriptor per tile in a reused scratch slot; flattening
-        # would prefetch the next tile's rows while this tile's descriptor is still in use
-        consts["FLATTEN"] = 0
     notify = slot_expr(dep.producer, {"chunk": "me * CHUNKS + j"})
     sites = {SITE_DATA: f"compute tile of {c.name} = gemm(...) waits for a chunk of {full.name} "
                         f"(all_gather at {_loc(ag_op.loc)}, used at {_loc(mm_op.loc)})",

@@ -36,10 +36,13 @@ def interval_exprs(dep: Dependency, names: dict[str, tuple[str, str]]) -> list[t
 
 
 def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str, site: int,
-                 indent: int, token: str = "tok") -> str:
+                 indent: int, token: str = "tok", flat: bool = False) -> str:
     """Nested loops that wait on every slot the consumer tile depends on.
 
     Ends with `token` holding the last observed signal value (feed it to consume_token).
+    `flat`: where the slots form one contiguous range (a one-axis producer grid), a single
+    `tld.wait_flat` on the range instead of a loop of waits, so no loop is left in the tile
+    body (a flattened, software-pipelined tile loop needs that).
     """
     if dep.dynamic or dep.closed is None:
         raise NotSupportedError(
@@ -52,6 +55,7 @@ def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str
              f"written by {dep.producer.op} ({dep.kind})"]
     index = {}
     depth = 0
+    flat = flat and len(dep.closed) == 1 and len(dep.producer.axes) == 1
     for w in dep.closed:
         var = f"w_{w.axis}"
         index[w.axis] = var
@@ -67,6 +71,11 @@ def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str
             hi = f"{w.tiling.closed_form(f'{b[1]} - 1')} + 1"
         lines.append(f"{p}{var}_first = {lo}")
         lines.append(f"{p}{var}_end = {hi}")
+        if flat:  # one axis: slots first .. end - 1 are consecutive words
+            lines.append(f"{p}w_slot = {slot_expr(dep.producer, {w.axis: f'{var}_first'})}")
+            lines.append(f"{p}{token} = tld.wait_flat({sig} + w_slot, {var}_end - {var}_first, "
+                         f"epoch, spin_limit, abort_ptr, diag_ptr, {site}, w_slot, me)")
+            return "\n".join(lines)
         lines.append(f"{p}for {var} in range({var}_first, {var}_end):")
         depth += 1
     p = pad + "    " * depth
