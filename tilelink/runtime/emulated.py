@@ -85,8 +85,9 @@ class RankRuntime:
         """`kernel[grid](*args, **options)` (the interpreter runs the programs in turn)."""
         kernel[grid](*args, **options)
 
-    def copy_engine(self, ops: list[tuple]) -> None:
-        """Run copy-engine ops on a side 'stream' (a thread), in order, while the kernel runs."""
+    def copy_engine(self, ops: list[tuple], start_now: bool = False) -> None:
+        """Run copy-engine ops on a side 'stream' (a thread), in order, while the kernel runs
+        (always started at once here, so `start_now` changes nothing)."""
         self.join()
         if not ops:
             return

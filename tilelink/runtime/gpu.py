@@ -162,6 +162,7 @@ class GpuRankRuntime:
 
     pending: list = field(default_factory=list, repr=False)
     stream: int = 0  # raw handle of the caller's stream, set for each call (TileLinkOp._launch)
+    ready: object = None  # event: this call's inputs are written (the copy engine waits on it)
     compile_only: bool = False  # _warm_up: launch_kernel compiles and launches nothing
     # (kernel, grid, options) -> FastLauncher
     launchers: dict = field(default_factory=dict, repr=False)
@@ -181,11 +182,16 @@ class GpuRankRuntime:
             launcher = self.launchers[key] = FastLauncher(kernel, grid, options)
         launcher.launch(self.stream, *args)
 
-    def copy_engine(self, ops: list[tuple]) -> None:
+    def copy_engine(self, ops: list[tuple], start_now: bool = False) -> None:
         """Take this call's copy-engine ops (checked now, before the kernel is launched); the
-        op enqueues them right after the kernel."""
+        op enqueues them right after the kernel, or at once with `start_now` (a launch that
+        enqueues more work after this point, which the peers' calls wait on)."""
         if self.engine is not None:
             check_copy_ops(ops, self.engine.layout)
+            if start_now:
+                self.engine.run(ops, self.ready)
+                self.pending = []
+                return
         self.pending = ops
 
 
@@ -213,6 +219,7 @@ class TileLinkOp:
         self._lock = threading.Lock()
         if engine is not None:
             self._ready = torch.cuda.Event()  # inputs written (the side stream waits on it)
+            self.rt.ready = self._ready
             self.kernel_done = torch.cuda.Event()  # the kernel's end (check_diagnostics)
 
     # ---- inputs and outputs -------------------------------------------------------------
