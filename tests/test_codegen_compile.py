@@ -53,7 +53,7 @@ def test_generated_kernel_compiles(case, target):
     s = make_schedule(pat.bind(sizes, world), get_target(target), cfg)
     source = render_triton(s)
     names = kernel_names(load_module(source))
-    assert names and names[0] == f"{s.bound.name}_" + ("gates_kernel" if s.config.gemm ==
+    assert names and names[0] == f"{s.bound.name}_" + ("wait_kernel" if s.config.gemm ==
                                                        "library" else "kernel")
     for name in names:  # every kernel the module launches (a second reduce kernel, sync kernels)
         compiled = compile_module(source, get_target(target), name)

@@ -245,7 +245,7 @@ LIB = {"comm": "copy_engine", "gemm": "library"}
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_ag_library_gemm_matches_reference(world):
     # gemm=library: torch.mm per source rank's rows, in arrival order, around one-program
-    # sync kernels (gates, bounded waits on the derived chunk slots, release). Ragged:
+    # sync kernels (bounded waits on the derived chunk slots; release + next gates). Ragged:
     # 50 rows per rank with 32-row chunks, N and K that divide nothing
     _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
          LIB | {"comm_block_m": "32"}, calls=3)

@@ -174,8 +174,9 @@ def _ag_gemm_lib(s: Schedule) -> Context:
     sites = dict(ctx.sites)
     sites[SITE_DATA] = sites[SITE_DATA].replace(f"compute tile of {c}",
                                                 f"the library GEMM of a source rank's rows of {c}")
-    sites[SITE_RELEASE] = ("opening the copy engine's gate waits for the destination rank to "
-                           "finish reading the buffer two calls ago")
+    sites[SITE_RELEASE] = ("the done kernel, opening the copy engine's gate for the next call, "
+                           "waits for the destination rank to finish reading that buffer (the "
+                           "call before this one)")
     consts = {k: ctx.consts[k] for k in ("M", "N", "K", "M_LOCAL", "CHUNKS", "CB", "SLOTS")}
     return replace(ctx, consts=consts | dict(NUM_PROGRAMS=1, NUM_WARPS=1), tma=False,
                    sites=sites, waits=src_waits)

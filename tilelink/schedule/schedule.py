@@ -308,10 +308,11 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         roles = ()
         notes.append("gemm=library: the GEMM is the vendor library's (torch.mm: cuBLAS / "
                      "hipBLASLt), one call per source rank's rows: this rank's own rows first "
-                     "(read in place), then each peer's as its copy engine delivers them. Three "
-                     "one-program kernels do what the GEMM kernel's tiles would: open the copy "
-                     "engine's gates, wait (bounded) for a source rank's chunks before its "
-                     "GEMM, release the buffer and end the epoch. The tile knobs do not apply")
+                     "(read in place), then each peer's as its copy engine delivers them. "
+                     "One-program kernels do what the GEMM kernel's tiles would: wait "
+                     "(bounded) for a source rank's chunks before its GEMM; at the end release "
+                     "the buffer, open the copy engine's gates for the next call and end the "
+                     "epoch. The tile knobs do not apply")
         notes.append("communication: the copy engine pushes this rank's rows to every peer on "
                      "a side stream, each chunk followed by a stream write of its slot")
     elif kernel == "ag_gemm":
