@@ -15,10 +15,8 @@ Running this file as a script (``python tests/test_lang.py``) is the interpreter
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -29,6 +27,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _interp_worker import get, run_worker, worker_main  # noqa: E402
 from _triton_compile import TARGETS, asm_text, compile_for
 
 from tilelink import lang
@@ -478,19 +477,7 @@ _CASES = {
 
 
 def _worker_main():
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    import torch
-
-    torch.set_num_threads(1)
-    res = {}
-    for name, fn in _CASES.items():
-        try:
-            res[name] = fn()
-        except Exception as e:  # noqa: BLE001  (report it, run the other cases)
-            import traceback
-
-            res[name] = {"error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()}
-    print("RESULT " + json.dumps(res))
+    worker_main(_CASES)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -499,18 +486,10 @@ def _worker_main():
 
 @pytest.fixture(scope="module")
 def interp_results():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, check=False,
-                          capture_output=True, text=True, timeout=240)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_worker(__file__)
 
 
-def _get(res, name):
-    r = res[name]
-    assert not (isinstance(r, dict) and "error" in r), r.get("tb")
-    return r
+_get = get
 
 
 def test_interp_push_notify_wait_two_ranks(interp_results):
