@@ -39,7 +39,7 @@ CONFIGS = [
     # ... or in the own tiles' epilogue (GPU only: needs co-resident programs); W = 3, N ragged
     (RS, 3, {"M": "768", "N": "520", "K": "768"}, {"comm": "copy_engine", "reduce_after": "1",
                                                   "fuse_reduce": "1", "group_m": "1"}),
-    # the library GEMM (torch.mm) around three one-program sync kernels; W = 3, ragged
+    # the library GEMM (torch.mm) around one-program sync kernels (wait, done); W = 3, ragged
     (AG, 3, {"M": "999", "N": "522", "K": "1000"}, {"comm": "copy_engine", "gemm": "library"}),
     (AG, 8, {"M": "1024"}, {"comm": "copy_engine", "gemm": "library", "comm_block_m": "32"}),
 ]

@@ -169,3 +169,53 @@ def test_copy_engine_ops_are_checked_against_the_heap_before_any_launch():
     for op in bad:
         with pytest.raises(TileLinkError):
             check_copy_ops([op], bufs)
+
+
+class _FakeEngine:
+    """Stands in for gpu.CopyEngine: the heap layout the checks read, and what was run."""
+
+    def __init__(self):
+        self.layout = [{"buf": (64, torch.bfloat16), "ctl": (8, torch.int32)}] * 2
+        self.runs = []
+
+    def run(self, ops, ready):
+        self.runs.append((list(ops), ready))
+
+
+def _rank_runtime():
+    from tilelink.runtime.gpu import GpuRankRuntime
+
+    rt = GpuRankRuntime(0, 2, {}, None, None, None, 100, _FakeEngine())
+    rt.ready = "ready-event"
+    return rt
+
+
+OPS = [("wait", 0, "ctl", 6, 1), ("copy", torch.zeros(8, dtype=torch.bfloat16), 0, 8, 1,
+                                    "buf", 8), ("signal", 1, "ctl", 2, 1)]
+
+
+def test_copy_engine_ops_wait_for_the_launch_unless_started_now():
+    rt = _rank_runtime()
+    rt.copy_engine(OPS)  # the default: the op enqueues them after the kernel launch
+    assert rt.pending == OPS and rt.engine.runs == []
+    rt.pending = []
+    rt.copy_engine(OPS, start_now=True)  # gemm=library: enqueued at once, after `ready`
+    assert rt.pending == [] and rt.engine.runs == [(OPS, "ready-event")]
+
+
+def test_the_warm_up_starts_no_copy_engine_op():
+    # during the warm-up no kernel runs, so no gate opens: a copy-engine op started then
+    # would wait on its stream forever (a stream wait has no bound); it must stay pending
+    # (the warm-up drops it) even when the launch asks for start_now
+    rt = _rank_runtime()
+    rt.compile_only = True
+    rt.copy_engine(OPS, start_now=True)
+    assert rt.engine.runs == [] and rt.pending == OPS
+
+
+def test_copy_engine_ops_are_checked_before_anything_runs():
+    rt = _rank_runtime()
+    bad = OPS[:1] + [("copy", torch.zeros(8, dtype=torch.bfloat16), 0, 8, 1, "buf", 60)]
+    with pytest.raises(TileLinkError, match="out of bounds"):
+        rt.copy_engine(bad, start_now=True)
+    assert rt.engine.runs == [] and rt.pending == []

@@ -82,9 +82,11 @@ class CopyEngine:
         """Enqueue `ops` (checked by `check_copy_ops` before the kernel launch) on the side
         stream once event `ready` (inputs written) has fired.
 
-        Called after the kernel is launched: the kernel starts while the host is still
-        enqueueing copies (the host's enqueue time is then off the critical path), and
-        nothing the kernel waits on is queued behind it on its own stream.
+        Usually called after the kernel is launched: the kernel starts while the host is
+        still enqueueing copies (the host's enqueue time is then off the critical path), and
+        nothing the kernel waits on is queued behind it on its own stream. A launch that
+        enqueues more work after its copies, which the peers wait on (gemm=library), starts
+        them from inside the launch instead (`GpuRankRuntime.copy_engine(start_now=True)`).
         """
         from . import stream_ops
 

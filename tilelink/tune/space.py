@@ -185,8 +185,9 @@ def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None) -> 
                                   for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
     tiles = list(knobs.tiles)
     out: dict[Config, None] = {}  # ordered set
-    # flatten helps the GEMM-RS kernel's K loop (measured); the AG kernel reads its own rows
-    # through a per-tile descriptor, which rules flatten out there
+    # flatten helps the GEMM-RS kernel's K loop (measured); in the AG kernel it fuses and
+    # pipelines since the waits became one tld.wait_flat per tile, but measured no faster
+    # (docs/perf.md, session 5), so the tuner does not spend measurements on it
     flatten = int(sig == "gemm>reduce_scatter" and target.backend == "cuda")
     for (res, cp, cbm, cbn, after), (bm, bn, bk, st, wp, gm), order in itertools.product(
             comm_settings, tiles, knobs.order):
