@@ -82,6 +82,12 @@ CASES = {
     "ag_lib_ragged": RunSpec(AG, RAGGED_AG, AG_LIB | {"comm_block_m": "128"}, calls=5),
     "ag_lib_1000": RunSpec(AG, SMALL, AG_LIB, calls=1000),
     "ag_lib_delays": RunSpec(AG, RAGGED_AG, AG_LIB, calls=100, delays=True, seed=10),
+    # flatten=1: each AG tile's waits are one tld.wait_flat (inline-PTX spin), TMA path with
+    # two slots per wait (64-row chunks under 128-row tiles) and random delays; pointer path
+    # (passed on GPUs in session 5, 35e1982)
+    "ag_ce_flat_delays": RunSpec(AG, EVEN, CE | {"flatten": "1", "comm_block_m": "64"},
+                                 calls=100, delays=True, seed=12),
+    "ag_sm_flat_ragged": RunSpec(AG, RAGGED_AG, SM | {"flatten": "1"}, calls=20),
 }
 # backend "nvshmem": kernels linked with NVSHMEM's device library (put/signal through
 # nvshmemx_putmem_block / nvshmem_int_atomic_set); "nvshmem-ptr": the same heap through peer
@@ -114,6 +120,9 @@ WATCHDOG = {
                               check=False),
     "rs_drop_notify": RunSpec(RS, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                               check=False),
+    # the same through tld.wait_flat's give-up path (flatten=1; reported on GPUs, session 5)
+    "ag_flat_drop_notify": RunSpec(AG, SMALL, SM | {"flatten": "1"}, fault="drop_notify",
+                                   spin_limit=200_000, check=False),
 }
 
 
