@@ -201,3 +201,11 @@ def test_file_errors_name_the_file(tmp_path):
     with pytest.raises(TileLinkError) as e:
         load_text(f)
     assert str(e.value).startswith(f"{f}:3:22: syntax error: unknown placement 'shrad'")
+
+
+def test_load_pattern_takes_a_path_object():
+    from pathlib import Path
+
+    from .conftest import EXAMPLES
+
+    assert load_pattern(Path(EXAMPLES / "ag_gemm.tl")).name == "ag_gemm"

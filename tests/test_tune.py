@@ -456,3 +456,22 @@ def test_leaders_are_retimed_and_keep_the_median():
     assert res.best.config != lucky  # its median (1.2x) loses
     retimed = [tr for tr in res.trials if len(tr.samples) > 1]
     assert 3 <= len(retimed) <= 4  # the 3 leaders (+ the model-pruned pick if not among them)
+
+
+def test_pinning_the_library_gemm_gives_one_config_per_chunk_size():
+    # gemm=library: no tile knob means anything, so pinning it leaves one candidate per
+    # comm_block_m (the copy engine's chunking), each estimated by the plan's own model:
+    # W library GEMMs of one rank's rows, the peers' after their shards arrived
+    bp = load_pattern(str(EXAMPLES / "ag_gemm.tl")).bind({"M": 8192, "N": 8192, "K": 8192}, 2)
+    cuda = get_target("cuda:90")
+    pinned = space.pin(space.candidates(bp, cuda), {"comm": "copy_engine", "gemm": "library"},
+                       bp, cuda)
+    assert all(c.gemm == "library" for c in pinned)
+    assert len({c.comm_block_m for c in pinned}) == len(pinned) >= 2
+    assert len({replace(c, comm_block_m=0) for c in pinned}) == 1
+    est = cost.estimate(bp, pinned[0], cost.H200)
+    part = cost.gemm_ms(cost.H200, 4096, 4096, 8192, Config(), cost.H200.num_sms, tiled=False)
+    assert est.gemm == pytest.approx(2 * part)
+    assert 2 * part < est.total < 2 * part + est.comm + 0.05
+    with pytest.raises(Exception, match="gemm=library applies to"):
+        space.pin(space.candidates(bp, cuda), {"comm": "sm", "gemm": "library"}, bp, cuda)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -24,12 +25,13 @@ def load_text(path: str | Path) -> Pattern:
     return parse_text(_read(path), str(path))
 
 
-def load_pattern(spec: str) -> Pattern:
+def load_pattern(spec: str | os.PathLike) -> Pattern:
     """Load `path/file.tl` or `path/file.py:function` (a `@tk.pattern` function).
 
-    For a `.py` file without `:function`, the file's only pattern is taken.
-    Raises `LoadError` for a missing file, a wrong suffix or a missing pattern.
+    For a `.py` file without `:function`, the file's only pattern is taken; a path object
+    works too. Raises `LoadError` for a missing file, a wrong suffix or a missing pattern.
     """
+    spec = os.fspath(spec)
     path_part, sep, attr = spec.rpartition(":")
     if not sep or not path_part.endswith(".py") or not attr.isidentifier():
         path_part, attr = spec, None

@@ -231,6 +231,8 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         comm = nbytes / (_interp(dev.nccl_gbs, max(nbytes, 1.0)) * 1e9) * 1e3 + lat
         gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
         return Estimate(gemm + comm, gemm, comm, comm)
+    if getattr(cfg, "gemm", "triton") == "library":
+        return _library(dev, m, n, k, w, nbytes, elem, cfg, lat)
     comm_progs = cfg.comm_programs if uses_comm_programs(cfg, bp.signature()) else 0
     if getattr(cfg, "reduce_after", 0):
         comm_progs = 0  # the GEMM kernel has every SM; the reduce is a second kernel
@@ -240,6 +242,25 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     if bp.signature().startswith(("all_gather", "all_to_all")):
         return _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
     return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
+
+
+#: GPU time of one of gemm=library's one-program sync kernels (launch gap included), ms
+LIBRARY_SYNC_MS = 0.004
+
+
+def _library(dev, m, n, k, w, nbytes, elem, cfg, lat) -> Estimate:
+    """gemm=library (AG): W library GEMMs of one source rank's rows each, the own rows first
+    while the copy engine pushes; the s-th peer's rows can start once its copy engine's s-th
+    push arrived. The host's share is not modelled (it dominates at small M, docs/perf.md):
+    the tuner only meets this plan when the user pins it, and measures it."""
+    part = gemm_ms(dev, max(1, m // w), n, k, cfg, dev.num_sms, elem, tiled=False)
+    copy = nbytes / (_interp(dev.ce_gbs, max(nbytes, 1.0)) * 1e9) * 1e3 + lat
+    t = part
+    for step in range(1, w):
+        t = max(t, step * copy) + LIBRARY_SYNC_MS + part
+    t += LIBRARY_SYNC_MS  # the done kernel
+    gemm = part * w
+    return Estimate(t, gemm, copy * (w - 1), t - gemm)
 
 
 def _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> Estimate:
