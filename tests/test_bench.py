@@ -299,6 +299,7 @@ def test_cli_refuses_with_too_few_gpus(monkeypatch, capsys):
     (["bench", AG, "-D", "Q=3"], "has no parameter 'Q'"),
     (["bench", "--suite", "design", "-D", "M=4"], "give no pattern and no -D"),
     (["bench", AG, "-W", "3"], "does not divide"),
+    (["bench", AG, "--systems", "tilelink,cublas"], "unknown system 'cublas'"),
 ])
 def test_cli_bad_input_exit_2(argv, msg, no_gpu, capsys):
     assert main(argv) == 2
@@ -312,6 +313,19 @@ def test_cli_help_lists_bench(capsys):
     out = capsys.readouterr().out
     for flag in ("--suite", "--json", "--plot", "--warmup", "--iters", "--world-size"):
         assert flag in out
+
+
+def test_systems_option_keeps_the_harness_order():
+    import argparse
+
+    from tilelink.bench.report import SYSTEMS
+    from tilelink.cli.bench import SYSTEM_NAMES, systems_from_args
+
+    assert SYSTEM_NAMES == SYSTEMS  # the --help list (no torch import) is the harness's
+    args = argparse.Namespace(systems=None)
+    assert systems_from_args(args) == SYSTEMS
+    args.systems = "gemm, tilelink"
+    assert systems_from_args(args) == ("tilelink", "gemm")
 
 
 def test_design_suite_has_the_nine_shapes():
@@ -341,10 +355,11 @@ def test_command_line_reproduces(monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     args = argparse.Namespace(suite=None, pattern="examples/ag_gemm.tl", defines=["M=1024"],
                               world_size=2, config=["comm=sm"], warmup=5, iters=20, rounds=3,
-                              reps=5, seed=0, json="b.json", plot=None)
+                              reps=5, seed=0, json="b.json", plot=None, systems="tilelink,gemm")
     cmd = command_line(args)
     assert cmd.startswith("NCCL_NVLS_ENABLE=0 tilelink bench examples/ag_gemm.tl -D M=1024 ")
     assert "--config comm=sm" in cmd and "--json b.json" in cmd
+    assert "--systems tilelink,gemm" in cmd
 
 
 # ---------------------------------------------------------------- baselines (no GPU parts)
@@ -559,3 +574,12 @@ def test_bench_body_on_cpu_gloo(path, wrong):
         assert r.max_abs_err["tilelink"] > 50
     else:
         assert r.ok and r.tl_vs_nccl_cublas_max_abs is not None
+
+
+def test_table_and_detail_with_only_some_systems_timed():
+    # --systems tilelink,gemm: the other columns are blank, nothing raises
+    r = _result(nccl_cublas=None, async_tp=None, nccl_comm=None, ce_comm=None)
+    table = format_table([r])
+    assert "0.800" in table and "0.700" in table
+    assert r.speedup("nccl_cublas") is None and r.vs_floor() == pytest.approx(0.8 / 0.7)
+    format_detail(r)

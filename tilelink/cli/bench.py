@@ -26,6 +26,9 @@ DESIGN_SUITE = {
 SUITES = {"design": ("ag_gemm.tl", "gemm_rs.tl"), "design-ag": ("ag_gemm.tl",),
           "design-rs": ("gemm_rs.tl",)}
 ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+# the harness's systems, for --help without importing torch (tilelink.bench.report.SYSTEMS;
+# a test keeps the two equal)
+SYSTEM_NAMES = ("tilelink", "nccl_cublas", "async_tp", "gemm", "nccl_comm", "ce_comm")
 
 
 def add_parser(sub) -> None:
@@ -61,9 +64,30 @@ def add_parser(sub) -> None:
     b.add_argument("--reps", type=int, default=5, help="single calls from idle; median "
                    "(default 5)")
     b.add_argument("--seed", type=int, default=0, help="random input seed (default 0)")
+    b.add_argument("--systems", metavar="A,B,...",
+                   help="time only these systems (default: all): " + ", ".join(SYSTEM_NAMES) +
+                   ". E.g. --systems tilelink,gemm times TileLink and cuBLAS without the "
+                   "other baselines between their rounds; the floor needs gemm and a comm")
     b.add_argument("--tuned", action="store_true",
                    help="use the config `tilelink tune` cached for each shape, if any (default: "
                    "the schedule's default config, or --config)")
+
+
+def systems_from_args(args) -> tuple[str, ...]:
+    """`--systems` as a tuple in the harness's order (all of them when not given)."""
+    from ..bench.report import SYSTEMS
+    from ..errors import TileLinkError, closest
+
+    if not getattr(args, "systems", None):
+        return SYSTEMS
+    asked = [x.strip() for x in args.systems.split(",") if x.strip()]
+    for x in asked:
+        if x not in SYSTEMS:
+            hint = closest(x, SYSTEMS)
+            raise TileLinkError(f"--systems: unknown system '{x}'",
+                                hint=f"did you mean '{hint}'?" if hint else
+                                "systems: " + ", ".join(SYSTEMS))
+    return tuple(k for k in SYSTEMS if k in asked)
 
 
 def specs_from_args(args) -> list:
@@ -114,6 +138,8 @@ def command_line(args) -> str:
         parts += ["--config", *args.config]
     for flag in ("warmup", "iters", "rounds", "reps", "seed"):
         parts += [f"--{flag}", str(getattr(args, flag))]
+    if getattr(args, "systems", None):
+        parts += ["--systems", args.systems]
     if args.json:
         parts += ["--json", args.json]
     if args.plot:
@@ -127,6 +153,7 @@ def run(args) -> int:
     from ..bench.run import Options
 
     specs = specs_from_args(args)
+    systems = systems_from_args(args)
     n = gpu_count()
     if n < args.world_size:
         print(f"tilelink bench: needs {args.world_size} CUDA GPUs, found {n}. Benchmarks are "
@@ -138,8 +165,7 @@ def run(args) -> int:
     from ..runtime.launcher import launch_world
 
     opts = Options(warmup=args.warmup, iters=args.iters, rounds=args.rounds, reps=args.reps,
-                   tuned=args.tuned,
-                   seed=args.seed)
+                   tuned=args.tuned, seed=args.seed, systems=systems)
     results = launch_world(bench_rank, args.world_size, specs, opts)
     if int(os.environ.get("RANK", "0")) != 0 or results is None:
         return 0  # under torchrun: rank 0 reports
