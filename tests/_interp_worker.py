@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 
 def worker_main(cases: dict) -> None:
@@ -47,3 +48,50 @@ def get(res: dict, name: str):
     r = res[name]
     assert not (isinstance(r, dict) and "error" in r), r.get("tb")
     return r
+
+
+def shared_words(nbytes: int):
+    """(mapping, uint8 tensor over it): anonymous shared memory, at the same address in every
+    process forked after this (the interpreter's stand-in for GPU memory several ranks see)."""
+    import mmap
+
+    import torch
+
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    return buf, torch.frombuffer(buf, dtype=torch.uint8)
+
+
+def fork(fn, *args) -> int:
+    """Run `fn(*args)` in a forked child; its exit code is 0 if it returned, 1 if it raised."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fn(*args)
+            code = 0
+        except BaseException:  # noqa: BLE001  (a forked child must always reach os._exit)
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def join(pids: list[int], timeout: float) -> list:
+    """Exit codes of `pids`; a child still running after `timeout` s is killed ("killed")."""
+    deadline = time.monotonic() + timeout
+    codes = {}
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for p in pids:
+            if p not in codes:
+                done, status = os.waitpid(p, os.WNOHANG)
+                if done:
+                    codes[p] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.005)
+    for p in pids:
+        if p not in codes:
+            os.kill(p, 9)
+            os.waitpid(p, 0)
+            codes[p] = "killed"
+    return [codes[p] for p in pids]

@@ -27,7 +27,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _interp_worker import get, run_worker, worker_main  # noqa: E402
+from _interp_worker import fork, get, join, run_worker, shared_words, worker_main
 from _triton_compile import TARGETS, asm_text, compile_for
 
 from tilelink import lang
@@ -263,15 +263,6 @@ def _interp_symm_shapes(x, heap_bases, out, me, peer):
     tl.store(p, interp.rank(me) * 100 + interp.num_ranks(7))
 
 
-def _shared_words(nbytes):
-    import mmap
-
-    import torch
-
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-    return buf, torch.frombuffer(buf, dtype=torch.uint8)
-
-
 class _World:
     """Two ranks' symmetric heaps in one shared mapping (same addresses after fork)."""
 
@@ -280,7 +271,7 @@ class _World:
     def __init__(self, nranks=2):
         import torch
 
-        self._buf, self.raw = _shared_words(self.HEAP * nranks)
+        self._buf, self.raw = shared_words(self.HEAP * nranks)
         self.nranks = nranks
         base = self.raw.data_ptr()
         self.bases = torch.tensor([base + r * self.HEAP for r in range(nranks)], dtype=torch.int64)
@@ -295,40 +286,6 @@ class _World:
         assert self.cursor <= self.HEAP
         return [self.raw[r * self.HEAP + off: r * self.HEAP + off + size].view(dtype)
                 for r in range(self.nranks)]
-
-
-def _fork(fn, *args):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            fn(*args)
-            code = 0
-        except BaseException:  # noqa: BLE001  (a forked child must always reach os._exit)
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return pid
-
-
-def _join(pids, timeout):
-    deadline = time.monotonic() + timeout
-    codes = {}
-    while len(codes) < len(pids) and time.monotonic() < deadline:
-        for p in pids:
-            if p not in codes:
-                done, status = os.waitpid(p, os.WNOHANG)
-                if done:
-                    codes[p] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.005)
-    for p in pids:
-        if p not in codes:
-            os.kill(p, 9)
-            os.waitpid(p, 0)
-            codes[p] = "killed"
-    return [codes[p] for p in pids]
 
 
 def _case_push_notify_wait(seed):
@@ -367,7 +324,7 @@ def _case_push_notify_wait(seed):
                                        NPROG, 200_000, BLOCK=BLOCK)
 
         t0 = time.monotonic()
-        codes = _join([_fork(consumer), _fork(producer)], timeout=60)
+        codes = join([fork(consumer), fork(producer)], timeout=60)
         expect = src[0] * 2 + epoch
         expect[BLOCK - 1::BLOCK] = -7  # masked off in push_tile
         pulled_expect = src[0].clone()
@@ -419,7 +376,7 @@ def _case_abort_while_spinning():
     """another process raises the abort flag while the wait spins with a huge limit."""
     import torch
 
-    _buf, raw = _shared_words(4096)
+    _buf, raw = shared_words(4096)
     words = raw.view(torch.int32)
     sig, abort, out, diag = words[0:1], words[1:2], words[2:3], words[16:16 + DIAG_WORDS]
     out.fill_(-1)
@@ -428,12 +385,12 @@ def _case_abort_while_spinning():
         _interp_wait_one[(1,)](sig, abort, diag, out, 10**12, 3, 1, SITE=4)
 
     t0 = time.monotonic()
-    pid = _fork(waiter)
+    pid = fork(waiter)
     time.sleep(0.5)
     spinning = os.waitpid(pid, os.WNOHANG)[0] == 0
     abort.fill_(1)
     t1 = time.monotonic()
-    codes = _join([pid], timeout=30)
+    codes = join([pid], timeout=30)
     count, recs = decode_diag(diag.tolist())
     return {"spinning_before_abort": spinning, "codes": codes,
             "stop_seconds": time.monotonic() - t1, "total": time.monotonic() - t0,
@@ -476,10 +433,6 @@ _CASES = {
 }
 
 
-def _worker_main():
-    worker_main(_CASES)
-
-
 # ------------------------------------------------------------------------------------------------
 # interpreter: the pytest side
 
@@ -489,11 +442,9 @@ def interp_results():
     return run_worker(__file__)
 
 
-_get = get
-
 
 def test_interp_push_notify_wait_two_ranks(interp_results):
-    for r in _get(interp_results, "push_notify_wait"):
+    for r in get(interp_results, "push_notify_wait"):
         assert r["codes"] == [0, 0], r
         assert r["out_ok"] and r["pulled_ok"] and r["rank0_dst_untouched"], r
         epoch = r["epoch"]
@@ -505,7 +456,7 @@ def test_interp_push_notify_wait_two_ranks(interp_results):
 
 
 def test_interp_wait_timeout_writes_record(interp_results):
-    r = _get(interp_results, "timeout")
+    r = get(interp_results, "timeout")
     assert r["out"] == [0, 0, 9]  # the observed value is the token, also when giving up
     assert r["abort"] == 1
     assert r["count"] == 2
@@ -517,7 +468,7 @@ def test_interp_wait_timeout_writes_record(interp_results):
 
 
 def test_interp_abort_flag_preset_stops_wait(interp_results):
-    r = _get(interp_results, "abort_preset")
+    r = get(interp_results, "abort_preset")
     assert r["out"] == [0] and r["abort"] == 5 and r["count"] == 1
     assert r["recs"][0]["reason"] == lang.REASON_ABORTED
     assert r["recs"][0]["iterations"] == 1
@@ -525,7 +476,7 @@ def test_interp_abort_flag_preset_stops_wait(interp_results):
 
 
 def test_interp_abort_flag_stops_spinning_wait(interp_results):
-    r = _get(interp_results, "abort_while_spinning")
+    r = get(interp_results, "abort_while_spinning")
     assert r["spinning_before_abort"] and r["codes"] == [0]
     assert r["stop_seconds"] < 10
     assert r["out"] == [0] and r["count"] == 1
@@ -536,7 +487,7 @@ def test_interp_abort_flag_stops_spinning_wait(interp_results):
 
 
 def test_interp_symm_at_shapes(interp_results):
-    r = _get(interp_results, "symm_shapes")
+    r = get(interp_results, "symm_shapes")
     assert r["out"] == [20, 20, 21, 22, 23, 10, 21, 12, 23, 7]
 
 
@@ -802,4 +753,4 @@ def test_dist_push_notify_wait_across_gpus():
 
 
 if __name__ == "__main__":
-    _worker_main()
+    worker_main(_CASES)

@@ -31,7 +31,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _interp_worker import get, run_worker, worker_main  # noqa: E402
+from _interp_worker import fork, get, join, run_worker, shared_words, worker_main
 from _triton_compile import asm_text, compile_for
 
 from tilelink import lang
@@ -253,37 +253,20 @@ def _run(sig_values, count, limit, expected, *, abort=0, programs=1, stride=None
 
 def _case_abort_while_spinning():
     """another process raises the abort flag while the wait spins on word 2 of 3."""
-    import mmap
-
     import torch
 
-    buf = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-    words = torch.frombuffer(buf, dtype=torch.int32)
+    _buf, raw = shared_words(4096)
+    words = raw.view(torch.int32)
     sig, abort, out, diag = words[0:3], words[4:5], words[5:6], words[16:16 + DIAG_WORDS]
     sig.copy_(torch.tensor([4, 3, 0], dtype=torch.int32))
     out.fill_(-99)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            _interp_wait_flat[(1,)](sig, abort, diag, out, 3, 10**12, 3, 2, SITE=4, STRIDE=3)
-            code = 0
-        finally:
-            os._exit(code)
+    pid = fork(lambda: _interp_wait_flat[(1,)](sig, abort, diag, out, 3, 10**12, 3, 2, SITE=4,
+                                               STRIDE=3))
     time.sleep(0.5)
     spinning = os.waitpid(pid, os.WNOHANG)[0] == 0
     abort.fill_(1)
     t1 = time.monotonic()
-    code = "killed"
-    while time.monotonic() - t1 < 30:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            break
-        time.sleep(0.005)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
+    (code,) = join([pid], timeout=30)
     n, recs = decode_diag(diag.tolist())
     return {"spinning_before_abort": spinning, "code": code,
             "stop_seconds": time.monotonic() - t1, "out": out.tolist(), "count": n,
@@ -313,10 +296,6 @@ _CASES = {
 }
 
 
-def _worker_main():
-    worker_main(_CASES)
-
-
 # ------------------------------------------------------------------------------------------------
 # interpreter: the pytest side
 
@@ -326,24 +305,22 @@ def interp_results():
     return run_worker(__file__)
 
 
-_get = get
-
 
 def test_interp_satisfied_returns_at_once(interp_results):
     for name in ("satisfied", "satisfied_abort_set"):
-        r = _get(interp_results, name)
+        r = get(interp_results, name)
         assert r["out"] == [7] and r["count"] == 0, r
         assert r["seconds"] < 5
-    assert _get(interp_results, "satisfied")["abort"] == 0
-    assert _get(interp_results, "satisfied_abort_set")["abort"] == 3
-    r = _get(interp_results, "count_zero")
+    assert get(interp_results, "satisfied")["abort"] == 0
+    assert get(interp_results, "satisfied_abort_set")["abort"] == 3
+    r = get(interp_results, "count_zero")
     assert r["out"] == [5] and r["count"] == 0 and r["abort"] == 0
-    r = _get(interp_results, "cyclic")
+    r = get(interp_results, "cyclic")
     assert r["out"] == [2**31 - 1] and r["count"] == 0
 
 
 def test_interp_timeout_writes_one_record(interp_results):
-    r = _get(interp_results, "timeout")
+    r = get(interp_results, "timeout")
     assert r["out"] == [0]  # the token: what the word that gave up held
     assert r["abort"] == 1 and r["count"] == 1
     assert r["recs"][0] == {"rank": 1, "program": 0, "site": 7, "slot": 11, "expected": 5,
@@ -351,7 +328,7 @@ def test_interp_timeout_writes_one_record(interp_results):
 
 
 def test_interp_timeout_stops_other_waits(interp_results):
-    r = _get(interp_results, "timeout_then_aborted")
+    r = get(interp_results, "timeout_then_aborted")
     assert r["out"] == [0, 0, 5] and r["abort"] == 1 and r["count"] == 2
     first, second = r["recs"]
     assert first == {"rank": 1, "program": 0, "site": 7, "slot": 10, "expected": 5,
@@ -361,7 +338,7 @@ def test_interp_timeout_stops_other_waits(interp_results):
 
 
 def test_interp_abort_flag_preset(interp_results):
-    r = _get(interp_results, "abort_preset")
+    r = get(interp_results, "abort_preset")
     assert r["out"] == [0] and r["abort"] == 5 and r["count"] == 1
     assert r["recs"][0] == {"rank": 0, "program": 0, "site": 2, "slot": 11, "expected": 3,
                             "observed": 0, "iterations": 1, "reason": lang.REASON_ABORTED}
@@ -369,13 +346,13 @@ def test_interp_abort_flag_preset(interp_results):
 
 
 def test_interp_count_one_is_wait(interp_results):
-    flat, wait = _get(interp_results, "flat_as_wait"), _get(interp_results, "wait")
+    flat, wait = get(interp_results, "flat_as_wait"), get(interp_results, "wait")
     assert flat == {**wait, "seconds": flat["seconds"]}
     assert flat["out"] == [0, 0, 9] and flat["count"] == 2
 
 
 def test_interp_abort_flag_stops_spinning_wait(interp_results):
-    r = _get(interp_results, "abort_while_spinning")
+    r = get(interp_results, "abort_while_spinning")
     assert r["spinning_before_abort"] and r["code"] == 0
     assert r["stop_seconds"] < 10
     assert r["out"] == [0] and r["count"] == 1
@@ -386,4 +363,4 @@ def test_interp_abort_flag_stops_spinning_wait(interp_results):
 
 
 if __name__ == "__main__":
-    _worker_main()
+    worker_main(_CASES)
