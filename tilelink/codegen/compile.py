@@ -64,14 +64,18 @@ def compile_module(source: str, target: Target, kernel: str | None = None):
     """Compile one kernel of the generated module (`kernel`, default the first) for a GPU
     target; returns Triton's compiled kernel. Arguments named in the module's SIGNATURE are
     typed from it; every other argument is a constexpr taken from the module's constants."""
+    if target.backend not in STAGES:
+        raise ConfigError(f"target {target.name} runs in the interpreter; nothing to compile",
+                          hint="use --target cuda:90, cuda:80 or hip:gfx942")
+    return _compile_kernel(load_module(source), kernel, target)
+
+
+def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
+    """`compile_module` on an already loaded module (several kernels, one load)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if target.backend not in STAGES:
-        raise ConfigError(f"target {target.name} runs in the interpreter; nothing to compile",
-                          hint="use --target cuda:90, cuda:80 or hip:gfx942")
-    mod = load_module(source)
     fn = kernel_of(mod, kernel)
     consts = {}
     for name in fn.arg_names:
@@ -99,9 +103,10 @@ def emit_stage(source: str, target: Target, stage: str) -> str:
     if stage not in text_stages:
         raise ConfigError(f"--emit {stage} is not a stage of target {target.name}",
                           hint="stages: " + ", ".join(text_stages))
-    names = kernel_names(load_module(source))
+    mod = load_module(source)  # once for every kernel
+    names = kernel_names(mod)
     if len(names) == 1:
-        return compile_module(source, target).asm[stage]
+        return _compile_kernel(mod, None, target).asm[stage]
     mark = ";" if stage in ("llir", "amdgcn") else "//"
-    return "\n".join(f"{mark} ---- kernel {n} ----\n" + compile_module(source, target, n).asm[stage]
+    return "\n".join(f"{mark} ---- kernel {n} ----\n" + _compile_kernel(mod, n, target).asm[stage]
                      for n in names)

@@ -135,6 +135,11 @@ def _interp(points, x: float, log: bool = True) -> float:
     return pts[-1][1]
 
 
+def _transfer_ms(gbs_points, nbytes: float) -> float:
+    """Milliseconds to move `nbytes` at the size-dependent rate `gbs_points` (GB/s)."""
+    return nbytes / (_interp(gbs_points, max(nbytes, 1.0)) * 1e9) * 1e3
+
+
 def sm_copy_gbs(dev: DeviceSpec, ctas: int, nbytes: float) -> float:
     """Bandwidth of `ctas` CTAs pushing `nbytes` to a peer (interpolated in log CTAs)."""
     by_ctas = sorted((c, _interp(pts, nbytes)) for c, pts in dev.sm_copy_gbs.items())
@@ -228,7 +233,7 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     nbytes = comm_bytes(bp)
     lat = dev.signal_us * 1e-3  # ms
     if is_fallback(cfg):
-        comm = nbytes / (_interp(dev.nccl_gbs, max(nbytes, 1.0)) * 1e9) * 1e3 + lat
+        comm = _transfer_ms(dev.nccl_gbs, nbytes) + lat
         gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
         return Estimate(gemm + comm, gemm, comm, comm)
     if getattr(cfg, "gemm", "triton") == "library":
@@ -254,7 +259,7 @@ def _library(dev, m, n, k, w, nbytes, elem, cfg, lat) -> Estimate:
     push arrived. The host's share is not modelled (it dominates at small M, docs/perf.md):
     the tuner only meets this plan when the user pins it, and measures it."""
     part = gemm_ms(dev, max(1, m // w), n, k, cfg, dev.num_sms, elem, tiled=False)
-    copy = nbytes / (_interp(dev.ce_gbs, max(nbytes, 1.0)) * 1e9) * 1e3 + lat
+    copy = _transfer_ms(dev.ce_gbs, nbytes) + lat
     t = part
     for step in range(1, w):
         t = max(t, step * copy) + LIBRARY_SYNC_MS + part
@@ -338,7 +343,7 @@ def floor_ms(bp: BoundPattern, dev: DeviceSpec) -> float:
     gemm = gemm_ms(dev, ext["m"], ext["n"], ext["k"], Config(), dev.num_sms,
                    ELEM_BYTES.get(_dtype(bp), 2), tiled=False)
     nbytes = comm_bytes(bp)
-    return max(gemm, nbytes / (_interp(dev.ce_gbs, max(nbytes, 1.0)) * 1e9) * 1e3)
+    return max(gemm, _transfer_ms(dev.ce_gbs, nbytes))
 
 
 def rank(bp: BoundPattern, configs: list[Config], dev: DeviceSpec) -> list[tuple[Config, float]]:

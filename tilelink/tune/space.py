@@ -27,7 +27,7 @@ from ..errors import NotSupportedError
 from ..ir import BoundPattern
 from ..schedule import KERNELS, Config, ConfigSpace, Target
 from ..schedule import config as config_mod
-from ..schedule.schedule import default_space, fused_reduce_problems
+from ..schedule.schedule import KERNEL_KNOBS, default_space, fused_reduce_problems
 
 FALLBACK = "none"  # comm resource meaning "no overlap: NCCL collective, then cuBLAS"
 
@@ -135,11 +135,8 @@ def _canonical(cfg: Config, sig: str, ext: dict[str, int]) -> Config:
         cfg = replace(cfg, comm_programs=base.comm_programs)
     if sig == "all_gather>gemm":  # chunks are whole rows: comm_block_n means nothing here
         cfg = replace(cfg, comm_block_n=base.comm_block_n)
-    if cfg.gemm == "library":  # the library's GEMM: no tile knob means anything
-        cfg = replace(cfg, num_programs=base.num_programs, block_m=base.block_m,
-                      block_n=base.block_n, block_k=base.block_k, order=base.order,
-                      group_m=base.group_m, stages=base.stages, warps=base.warps,
-                      flatten=base.flatten)
+    if cfg.gemm == "library":  # the library's GEMM: no knob of TileLink's kernel means anything
+        cfg = replace(cfg, **{k: getattr(base, k) for k in KERNEL_KNOBS})
     return cfg
 
 
