@@ -35,6 +35,10 @@ def main() -> int:
     bad = 0
     for name, res in zip(cases, results):
         for r in res["ranks"]:
+            if r.get("error"):
+                bad += 1
+                print(f"{name:<16} rank {r['rank']} ERROR {r['error']}")
+                continue
             errs = " ".join(f"{k}: abs {a:.3g}" for k, (a, _) in r["errors"].items())
             status = "HANG" if r["hang"] else ("BAD" if r["bad_calls"] else "ok")
             bad += status != "ok"

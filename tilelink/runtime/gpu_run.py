@@ -127,6 +127,8 @@ def run_many(rank: int, world: int, specs: list[RunSpec]) -> list[dict]:
     """Run several specs in one world (one process start-up for a whole test suite)."""
     import time
 
+    from ..errors import ConfigError, PatternError
+
     out = []
     for i, spec in enumerate(specs):
         t0 = time.monotonic()
@@ -134,7 +136,14 @@ def run_many(rank: int, world: int, specs: list[RunSpec]) -> list[dict]:
             print(f"[{i + 1}/{len(specs)}] {spec.pattern} {spec.values} {spec.config} "
                   f"calls={spec.calls}{' graph' if spec.graph else ''}"
                   f"{' delays' if spec.delays else ''}", flush=True)
-        out.append(run_rank(rank, world, spec))
+        try:
+            out.append(run_rank(rank, world, spec))
+        except (ConfigError, PatternError) as e:
+            # sizes or a config this world cannot take: raised the same on every rank before
+            # any collective, so the case is reported and the world goes on with the next
+            out.append({"pattern": spec.pattern, "sizes": spec.values, "world": world,
+                        "ranks": [{"rank": r, "error": f"{type(e).__name__}: {e}"}
+                                  for r in range(world)]})
         if rank == 0:
             print(f"    done in {time.monotonic() - t0:.1f} s", flush=True)
     return out
