@@ -583,3 +583,23 @@ def test_table_and_detail_with_only_some_systems_timed():
     assert "0.800" in table and "0.700" in table
     assert r.speedup("nccl_cublas") is None and r.vs_floor() == pytest.approx(0.8 / 0.7)
     format_detail(r)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_reduce_scatter_check_takes_a_bf16_ring_sum_and_catches_a_wrong_element(world):
+    # NCCL's reduce-scatter sums W partials in bf16, rounding every partial sum; partials of
+    # a K-long GEMM cancel, so the partial sums can exceed the result. The check must take
+    # any such order (it flagged NCCL at W = 4 with a K-based tolerance) and still catch a
+    # wrong element.
+    from tilelink.bench.baselines import sum_compare
+
+    g = torch.Generator().manual_seed(world)
+    parts = (torch.randn(world, 256, 256, generator=g) * 3000).bfloat16().float()
+    for start in range(world):  # every ring's starting rank
+        acc = parts[start].bfloat16()
+        for i in range(1, world):
+            acc = (acc.float() + parts[(start + i) % world]).bfloat16()
+        assert sum_compare(acc, parts, "bf16")[2]
+    bad = parts.sum(0)
+    bad[17] -= parts[world - 1, 17]  # one row of one peer's partial never arrived
+    assert not sum_compare(bad.bfloat16(), parts, "bf16")[2]
