@@ -81,7 +81,7 @@ def test_misaligned_views_are_refused():
 
 
 def test_fallback_takes_the_lean_path_only_where_it_means_the_same():
-    """FallbackOp runs AG->GEMM / GEMM->RS with buffers set up once; every other pattern (or
+    """FallbackOp runs AG->GEMM / GEMM->RS as NCCL + cuBLAS calls; every other pattern (or
     a gather along another dim) goes through the generic non-overlapped evaluation."""
     from tilelink.frontend.text import parse_text
     from tilelink.runtime.gpu import _lean_operands

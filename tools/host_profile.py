@@ -1,0 +1,107 @@
+"""Where a call's host time goes: time and profile back-to-back calls of one compiled op.
+
+    python tools/host_profile.py examples/ag_gemm.tl -W 4 -D M=1024 N=8192 K=8192
+
+Per rank, after a warm-up: `--calls` back-to-back calls of `compile_op(...)` on one input
+set; prints (rank 0) the host time per call (the loop without the final synchronize), the
+wall time per call (with it: host-bound when the two agree), the same two numbers for the
+hand-written NCCL + cuBLAS call it competes with (AG-GEMM and GEMM-RS), and cProfile's top
+functions by own time over the op's calls. For shapes whose GPU work is shorter than the
+host's (the non-overlapped plan at small M on 4 GPUs: docs/perf.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _loop(fn, calls: int) -> tuple[float, float]:
+    """(host us per call, wall us per call) of `calls` back-to-back calls of `fn`."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def _rank(rank, world, pattern, values, config, calls, top):
+    import torch
+    import torch.distributed as dist
+
+    from tilelink.frontend import load_pattern
+    from tilelink.runtime.gpu import compile_op
+
+    bp = load_pattern(pattern).bind(values, world)
+    op = compile_op(bp, config=config or None)
+    ins = op.make_inputs(0)
+    fns = {"tilelink": lambda: op(**ins)}
+    a, b = (ins[n] for n in op.input_names[:2])
+    if bp.signature() == "all_gather>gemm":
+        full = torch.empty((world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
+        out = torch.empty((full.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+
+        def hand():
+            dist.all_gather_into_tensor(full, a)
+            torch.mm(full, b, out=out)
+        fns["nccl_cublas"] = hand
+    elif bp.signature() == "gemm>reduce_scatter":
+        part = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        out = torch.empty((a.shape[0] // world, b.shape[1]), dtype=a.dtype, device=a.device)
+
+        def hand():
+            torch.mm(a, b, out=part)
+            dist.reduce_scatter_tensor(out, part)
+        fns["nccl_cublas"] = hand
+    rows = []
+    for name, fn in fns.items():
+        _loop(fn, 20)  # warm-up (and the same number of collectives on every rank)
+        host, wall = _loop(fn, calls)
+        rows.append(f"  {name:<12} host {host:7.1f} us/call   wall {wall:7.1f} us/call")
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(calls):
+        fns["tilelink"]()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return (f"{bp.name} {bp.sizes_str()} W={world} config: {op.config}\n" + "\n".join(rows)
+            + "\ncProfile of the op's calls (by own time):\n" + text.getvalue())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pattern", help="a .tl file or path.py:function")
+    p.add_argument("-D", nargs="*", default=[], metavar="NAME=VALUE", help="sizes")
+    p.add_argument("--config", nargs="*", default=[], metavar="KNOB=VALUE",
+                   help="schedule overrides (default: the default schedule)")
+    p.add_argument("-W", "--world-size", type=int, default=2)
+    p.add_argument("--calls", type=int, default=300, help="calls timed and profiled")
+    p.add_argument("--top", type=int, default=18, help="profile lines shown")
+    args = p.parse_args()
+    from tilelink.runtime.launcher import launch_world
+
+    values = dict(kv.split("=", 1) for kv in args.D)
+    config = dict(kv.split("=", 1) for kv in args.config)
+    print(launch_world(_rank, args.world_size, args.pattern, values, config, args.calls,
+                       args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
