@@ -172,18 +172,33 @@ def default_config(bp: BoundPattern, target: Target,
             chunk = min(max(ConfigSpace().comm_block_m), max(16, _pow2_at_most(rows)))
             return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=1,
                            comm_block_m=chunk), None
-        chunk = min(2048, max(128, _pow2_at_most(max(1, rows // 2))))
+        # two chunks per shard at W = 2; at W > 2 the W - 1 shards, pushed one after another
+        # in the order the tiles read them, already pipeline the transfer, and one chunk per
+        # shard measured fastest (4x H200, AG 8192^3: 0.409 ms against 0.443 with two chunks
+        # and 0.470 with four; M = 2048, N = 28672: 0.413 against 0.441)
+        per_shard = 2 if bp.world <= 2 else 1
+        chunk = min(2048, max(128, _pow2_at_most(max(1, rows // per_shard))))
         return replace(base, comm="copy_engine", comm_block_m=chunk), None
     if sig == "gemm>reduce_scatter":
         # the GEMM on every SM stores its tiles locally, the copy engine ships each finished
         # chunk of 128 rows x 128 columns to its owner, a second kernel sums right after the
         # GEMM. Measured on 2x H200 (docs/perf.md) against SM pushes from the GEMM's
         # epilogue (which stall it): 8192^3 0.83 vs 0.99 ms, K = 28672 2.54 vs 2.75
+        if bp.world > 2 and gemm_flops_per_rank(bp) < RS_SM_PUSH_MAX_FLOPS:
+            return replace(base, comm="sm", flatten=1, reduce_after=1), None
         cfg = replace(base, comm="copy_engine", flatten=1, reduce_after=1)
         if _fused_reduce_pays(bp, cfg):
             cfg = replace(cfg, fuse_reduce=1)
         return cfg, None
     return base, None
+
+
+# GEMM-RS at W > 2: below this many GEMM FLOPs per rank, 16 programs pushing the partials
+# beat the copy engine (its chunks of 128 rows, each behind a stream wait, moved the data
+# slower than the GEMM made it). Measured on 4x H200 (docs/perf.md, scaling): 275 GFLOP
+# (8192^3) 0.75 ms against 0.91, 241 GFLOP (M = 2048, K = 28672) 0.41 against 0.50; above
+# it the SMs are worth more to the GEMM: 963 GFLOP (M = 8192, K = 28672) 1.63 against 1.37.
+RS_SM_PUSH_MAX_FLOPS = 500e9
 
 
 # GEMM-RS: the sum after the GEMM reads W partials and writes the result, (W + 1) / (W * K/W)
