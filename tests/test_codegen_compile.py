@@ -269,19 +269,17 @@ def test_ag_copy_engine_delivers_in_the_order_receivers_read(world, template_con
 
 
 def test_defaults_past_two_ranks_follow_the_four_gpu_measurements():
-    # AG: one chunk per shard at W > 2 (two at W = 2); GEMM-RS: SM pushes below
-    # RS_SM_PUSH_MAX_FLOPS per rank at W > 2, the copy engine above it and at W = 2
-    from tilelink.schedule.schedule import RS_SM_PUSH_MAX_FLOPS, gemm_flops_per_rank
-
+    # AG: one chunk per shard at W > 2 (two at W = 2); GEMM-RS: the copy engine in chunks of
+    # up to 512 rows, the reduce tile 512 x 32 (16384 fp32 values, like 128 x 128)
     t = get_target("cuda:90")
     big = {"M": "8192", "N": "8192", "K": "8192"}
     assert make_schedule(AG.bind(big, 2), t).config.comm_block_m == 2048  # 4096 rows
     assert make_schedule(AG.bind(big, 4), t).config.comm_block_m == 2048  # 2048 rows
     assert make_schedule(AG.bind(big, 8), t).config.comm_block_m == 1024  # 1024 rows
-    for sizes, world, comm in [(big, 2, "copy_engine"), (big, 4, "sm"), (big, 8, "sm"),
-                               ({"M": "8192", "N": "8192", "K": "28672"}, 4, "copy_engine")]:
-        bp = RS.bind(sizes, world)
-        s = make_schedule(bp, t)
-        assert s.config.comm == comm, (sizes, world)
-        assert (gemm_flops_per_rank(bp) < RS_SM_PUSH_MAX_FLOPS) == (comm == "sm") or world == 2
+    for sizes, world, chunk in [(big, 2, (512, 32)), (big, 8, (512, 32)),
+                                ({"M": "1024", "N": "8192", "K": "65536"}, 8, (128, 128)),
+                                ({"M": "1000", "N": "520", "K": "1000"}, 2, (256, 64))]:
+        s = make_schedule(RS.bind(sizes, world), t, allow_fallback=False)
+        c = s.config
+        assert (c.comm, c.comm_block_m, c.comm_block_n) == ("copy_engine",) + chunk, sizes
         render_triton(s)

@@ -181,24 +181,21 @@ def default_config(bp: BoundPattern, target: Target,
         return replace(base, comm="copy_engine", comm_block_m=chunk), None
     if sig == "gemm>reduce_scatter":
         # the GEMM on every SM stores its tiles locally, the copy engine ships each finished
-        # chunk of 128 rows x 128 columns to its owner, a second kernel sums right after the
-        # GEMM. Measured on 2x H200 (docs/perf.md) against SM pushes from the GEMM's
-        # epilogue (which stall it): 8192^3 0.83 vs 0.99 ms, K = 28672 2.54 vs 2.75
-        if bp.world > 2 and gemm_flops_per_rank(bp) < RS_SM_PUSH_MAX_FLOPS:
-            return replace(base, comm="sm", flatten=1, reduce_after=1), None
-        cfg = replace(base, comm="copy_engine", flatten=1, reduce_after=1)
+        # chunk of rows to its owner, a second kernel sums right after the GEMM. Measured on
+        # 2x H200 (docs/perf.md) against SM pushes from the GEMM's epilogue (which stall
+        # it): 8192^3 0.83 vs 0.99 ms, K = 28672 2.54 vs 2.75. Chunks of 512 rows (the
+        # reduce tile then 512 x 32, the same registers as 128 x 128): every chunk is a copy
+        # behind a stream wait, and 128-row chunks moved the partials slower than the GEMM
+        # made them at W = 4 (4x H200, 8192^3: 1.07-1.25 ms against 0.54 with 512 rows, 0.76
+        # with 256; M = 2048: 0.50 against 0.37); at W = 2 0.78 against 0.90, ties elsewhere
+        rows = bp.tensors[bp.ops[-1].result].local_shape[0]  # M / W: the rows each rank owns
+        chunk = min(512, max(16, _pow2_at_most(rows)))
+        cfg = replace(base, comm="copy_engine", flatten=1, reduce_after=1, comm_block_m=chunk,
+                      comm_block_n=min(128, 16384 // chunk))
         if _fused_reduce_pays(bp, cfg):
             cfg = replace(cfg, fuse_reduce=1)
         return cfg, None
     return base, None
-
-
-# GEMM-RS at W > 2: below this many GEMM FLOPs per rank, 16 programs pushing the partials
-# beat the copy engine (its chunks of 128 rows, each behind a stream wait, moved the data
-# slower than the GEMM made it). Measured on 4x H200 (docs/perf.md, scaling): 275 GFLOP
-# (8192^3) 0.75 ms against 0.91, 241 GFLOP (M = 2048, K = 28672) 0.41 against 0.50; above
-# it the SMs are worth more to the GEMM: 963 GFLOP (M = 8192, K = 28672) 1.63 against 1.37.
-RS_SM_PUSH_MAX_FLOPS = 500e9
 
 
 # GEMM-RS: the sum after the GEMM reads W partials and writes the result, (W + 1) / (W * K/W)
