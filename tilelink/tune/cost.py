@@ -81,6 +81,11 @@ class DeviceSpec:
     sm_scale: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 1.0))
     local_cta_gbs: float = 40.0  # one CTA copying or reducing in its own HBM
     signal_us: float = 2.0  # one notify -> wait round trip (release + acquire, system scope)
+    # what one GEMM-RS chunk on the copy engine's stream (a stream wait for its tiles, the
+    # copy, the signal) adds to a call, exposed although the copies overlap the GEMM (the
+    # mechanism is not profiled): on 2x H200 8192^3 took 0.903 ms with 32 chunks per call
+    # and 0.783 with 8, ~5 us a chunk (on 4x H200 more: 48 vs 12, 1.07-1.25 vs 0.54 ms)
+    ce_chunk_us: float = 5.0
     launch_us: float = 5.0  # kernel launch / first wave ramp
     tail_weight: float = 0.8
 
@@ -303,12 +308,16 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
         push_bw = _interp(dev.ce_gbs, max(nbytes, 1.0))
         last_push = chunk_rows * chunk_cols * elem / (push_bw * 1e9) * 1e3 + w * lat
         reducers = max(1, cfg.comm_programs)
+        # its copies are whole rows of chunk_rows, one per chunk and peer, one after another
+        copies = (w - 1) * math.ceil(rows / chunk_rows)
     else:
         # compute programs store each tile into its owner's buffer in the tile's epilogue
         push_bw = sm_copy_gbs(dev, compute, max(nbytes, 1.0))
         last_push = cfg.block_m * cfg.block_n * elem / (sm_copy_gbs(dev, 1, nbytes) * 1e9) * 1e3
         reducers = max(1, cfg.comm_programs) if cfg.comm == "sm" else compute
+        copies = 0
     push = nbytes / (push_bw * 1e9) * 1e3
+    chunk_cost = copies * dev.ce_chunk_us * 1e-3  # exposed (see DeviceSpec.ce_chunk_us)
     reduce_bytes = (w + 1) * rows * cols * elem  # read W partials, write the sum
     if getattr(cfg, "reduce_after", 0):
         # a second kernel on every SM after the GEMM: the whole sum is exposed, but at HBM
@@ -320,9 +329,9 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
             # the loads slow the epilogues (measured: 0.78 vs 0.83 ms at 8192^3, 4% worse
             # at K / W = 14336): charge the loads at HBM bandwidth
             fused = (w - 1) * rows * cols * elem / (dev.hbm_gbs * 1e9) * 1e3 + lat
-            total = max(gemm, push) + fused
+            total = max(gemm, push) + fused + chunk_cost
         elif cfg.comm == "copy_engine":
-            total = max(gemm, push) + after
+            total = max(gemm, push) + after + chunk_cost
         else:
             # remote stores in the GEMM's epilogue stall it: on 2x H200 the GEMM kernel took
             # 0.866 ms pushing 64 MB against 0.747 staging locally (8192^3, docs/perf.md),
@@ -333,7 +342,8 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
     reduce = reduce_bytes / (red_bw * 1e9) * 1e3 + math.ceil(chunks / reducers) * lat
     last_reduce = (w + 1) * chunk_rows * chunk_cols * elem / (dev.local_cta_gbs * 1e9) * 1e3
     tail = last_push + lat + last_reduce
-    total = max(gemm, push, reduce) + tail  # the last chunk is pushed and summed after the GEMM
+    # the last chunk is pushed and summed after the GEMM
+    total = max(gemm, push, reduce) + tail + chunk_cost
     return Estimate(total, gemm, push, total - gemm)
 
 
