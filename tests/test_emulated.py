@@ -318,3 +318,10 @@ def test_ag_flatten_waits_with_one_wait_flat_per_tile(world):
     s, _ = _run(AG, 2, {"M": 128, "N": 40, "K": 48},
                 {"comm": "sm", "flatten": "1", "comm_block_m": "16"}, calls=3, delays=True)
     assert "OWN_DIRECT = 1" in render_triton(s) and "FLATTEN = 1" in render_triton(s)
+
+
+@pytest.mark.parametrize("comm", ["sm", "copy_engine"])
+def test_gemm_rs_with_n_below_the_chunk_width_and_not_a_power_of_two(comm):
+    # N = 24 < comm_block_n = 32: the reduce tile's width is N's next power of two (a Triton
+    # range must be one), masked to N; it was N itself and failed to compile on one rank
+    _run(RS, 2, {"M": 66, "N": 24, "K": 48}, {"comm": comm, "comm_block_n": "32"})

@@ -245,7 +245,10 @@ def _gemm_rs(s: Schedule) -> Context:
     # delivered); a role offset (debug_reverse_roles) only moves it to the lowest ids
     reduce_n = 0 if cfg.reduce_after else cfg.comm_programs
     consts = _base_consts(s) | dict(M=m, N=n, K=k, M_LOCAL=m // bp.world,
-                                    CHUNKS=chunk.tiling.per_segment, CN=col.tiling.tile,
+                                    CHUNKS=chunk.tiling.per_segment,
+                                    # a Triton range is a power of two: N below the chunk
+                                    # width is one column chunk, masked to N in the kernel
+                                    CN=1 << (col.tiling.tile - 1).bit_length(),
                                     NCOL=col.tiling.count, NUM_M=cdiv(m, cfg.block_m),
                                     NUM_N=cdiv(n, cfg.block_n),
                                     COMM_PROGRAMS=reduce_n,
