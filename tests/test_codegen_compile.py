@@ -201,6 +201,27 @@ def test_overrides_turn_off_what_the_default_added_but_they_invalidate(override)
                                               "comm": override.get("comm", "sm")})
 
 
+@pytest.mark.parametrize("pattern", ["ag", "rs"])
+def test_switching_a_copy_engine_default_to_sm_pushes_takes_sm_sized_chunks(pattern):
+    # the copy engine's default chunks are few and large (AG 8192^3: 2048-row shards; GEMM-RS:
+    # 512 x 32); with `--config comm=sm` they would leave most comm programs idle
+    from tilelink.schedule.schedule import SM_CHUNK
+
+    pat = AG if pattern == "ag" else RS
+    bp = pat.bind({"M": "8192", "N": "8192", "K": "8192"}, 2)
+    t = get_target("cuda:90")
+    assert make_schedule(bp, t).config.comm_block_m > SM_CHUNK
+    c = make_schedule(bp, t, {"comm": "sm"}).config
+    assert (c.comm_block_m, c.comm_block_n) == (SM_CHUNK, SM_CHUNK)
+    c = make_schedule(bp, t, {"comm": "sm", "comm_block_m": "256"}).config
+    assert (c.comm_block_m, c.comm_block_n) == (256, 64)  # the user's rows stay; the columns
+    # fit GEMM-RS's reduce tile (16384 values; unused by AG)
+    default = make_schedule(bp, t).config
+    kept = make_schedule(bp, t, {"comm": "copy_engine"}).config  # no switch: the default's
+    assert (kept.comm_block_m, kept.comm_block_n) == (default.comm_block_m,
+                                                      default.comm_block_n)
+
+
 def test_one_wave_default_chunk_stays_in_the_space():
     # 8192 rows per rank in one chunk would exceed the space's largest chunk (4096)
     s = make_schedule(AG.bind({"M": "16384", "N": "512", "K": "16384"}, 2), get_target("cuda:90"))

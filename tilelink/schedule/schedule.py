@@ -174,7 +174,8 @@ def default_config(bp: BoundPattern, target: Target,
                            comm_block_m=chunk), None
         # two chunks per shard at W = 2; at W > 2 the W - 1 shards, pushed one after another
         # in the order the tiles read them, already pipeline the transfer, and one chunk per
-        # shard measured fastest (4x H200, AG 8192^3: 0.409 ms against 0.443 with two chunks
+        # shard (of up to 2048 rows; a power of two, so 1536 rows are 1024 + 512) measured
+        # fastest (4x H200, AG 8192^3: 0.409 ms against 0.443 with two chunks
         # and 0.470 with four; M = 2048, N = 28672: 0.413 against 0.441)
         per_shard = 2 if bp.world <= 2 else 1
         chunk = min(2048, max(128, _pow2_at_most(max(1, rows // per_shard))))
@@ -264,12 +265,25 @@ def _check_fused_reduce(bp: BoundPattern, cfg: Config) -> None:
                           "(group_m=1 always does), or fuse_reduce=0")
 
 
+#: chunk rows and columns `--config comm=sm` gets in place of a copy-engine default's
+SM_CHUNK = 128
+
+
 def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
-                    space: ConfigSpace) -> Config:
+                    space: ConfigSpace, start: Config | None = None) -> Config:
     """Knobs the default turned on that the user's overrides make invalid are turned off
     again: `--config comm=sm` on a GEMM-RS whose default is the copy engine with a fused
     reduce means "SM pushes", not "an invalid fused reduce". A knob the user set stays."""
     sig = bp.signature()
+    if start is not None and start.comm == "copy_engine" and cfg.comm == "sm":
+        # the copy engine's chunks are few and large (each is a copy behind a stream wait:
+        # 2048-row AG shards, 512-row GEMM-RS chunks); SM pushes spread chunks over the comm
+        # programs, which such chunks leave idle: the user gets SM-sized ones (columns to
+        # fit GEMM-RS's reduce tile, at most 16384 values, next to rows the user set)
+        if "comm_block_m" not in overrides:
+            cfg = replace(cfg, comm_block_m=SM_CHUNK)
+        if "comm_block_n" not in overrides:
+            cfg = replace(cfg, comm_block_n=min(SM_CHUNK, 16384 // cfg.comm_block_m))
     if "gemm" not in overrides and cfg.gemm == "library" and (
             any(k in overrides for k in KERNEL_KNOBS)
             or len(space.reasons(replace(cfg, gemm="triton"), sig)) < len(space.reasons(cfg, sig))):
@@ -294,12 +308,13 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     would be chosen (for showing kernels)."""
     sig = bp.signature()
     default, why_default = default_config(bp, target, allow_fallback)
-    cfg = (base or default).with_values(overrides or {})
+    start = base or default
+    cfg = start.with_values(overrides or {})
     if target.backend == "interp" and cfg.num_programs > target.num_sms:
         cfg = replace(cfg, num_programs=target.num_sms)
     space = default_space(target)
     if overrides:
-        cfg = _drop_inherited(cfg, overrides, bp, space)
+        cfg = _drop_inherited(cfg, overrides, bp, space, start)
     space.check(cfg, sig)  # also refuses debug knobs on GPU targets
     plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
                                     cfg.comm_block_n if sig == "gemm>reduce_scatter" else 0))

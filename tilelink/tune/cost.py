@@ -308,8 +308,10 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
         push_bw = _interp(dev.ce_gbs, max(nbytes, 1.0))
         last_push = chunk_rows * chunk_cols * elem / (push_bw * 1e9) * 1e3 + w * lat
         reducers = max(1, cfg.comm_programs)
-        # its copies are whole rows of chunk_rows, one per chunk and peer, one after another
-        copies = (w - 1) * math.ceil(rows / chunk_rows)
+        # its copies are whole rows of chunk_rows, one per chunk and destination, one after
+        # another; the own rows too unless the reduce after the GEMM reads them in place
+        dests = w - 1 if getattr(cfg, "reduce_after", 0) else w
+        copies = dests * math.ceil(rows / chunk_rows)
     else:
         # compute programs store each tile into its owner's buffer in the tile's epilogue
         push_bw = sm_copy_gbs(dev, compute, max(nbytes, 1.0))
