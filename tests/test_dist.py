@@ -113,7 +113,21 @@ NVSHMEM_CASES = {
 }
 # Added after the last GPU run (session 3): run in a world of their own, so a failure cannot
 # take the verified cases with it. Move them into CASES once they have passed on GPUs.
-NOT_YET_RUN: dict = {}  # none at the moment (session 5 moved its cases into CASES)
+# Session 6: the defaults of the shapes the bench runs (512-row GEMM-RS chunks, one AG chunk per
+# shard) under the dist suite's stress, and the non-overlapped plan in a CUDA graph. (The
+# suite's sizes are below the non-overlapped threshold, so they inherit the small-shape
+# chunks unless a case names them.)
+RS_CE_512 = {"comm": "copy_engine", "reduce_after": "1", "comm_block_m": "512",
+             "comm_block_n": "32"}
+NOT_YET_RUN: dict = {
+    "rs_ce_512_ragged": RunSpec(RS, RAGGED_RS, RS_CE_512, calls=5),
+    "rs_ce_512_delays": RunSpec(RS, TALL, RS_CE_512, calls=100, delays=True, seed=13),
+    "rs_fused_512_delays": RunSpec(RS, TALL, RS_CE_512 | {"fuse_reduce": "1", "group_m": "4"},
+                                   calls=100, delays=True, seed=14),
+    "ag_ce_one_chunk_delays": RunSpec(AG, EVEN, CE | {"comm_block_m": "1024"}, calls=100,
+                                      delays=True, seed=15),
+    "ag_none_graph": RunSpec(AG, EVEN, {"comm": "none"}, calls=20, graph=True),
+}
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                                       check=False, **NV),
@@ -186,6 +200,7 @@ def test_nvshmem(nvshmem_results, case):
 def test_watchdog_reports_a_broken_pattern(torch_results, nvshmem_results, case):
     results = torch_results if case in WATCHDOG else nvshmem_results
     for r in results[case]["ranks"]:
+        assert r.get("error") is None, r["error"]
         text = r["hang"] or ""
         assert "HangError" in text and "gave up" in text, text
         assert "waited on" in text and "expected >=" in text, text

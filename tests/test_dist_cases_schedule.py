@@ -21,8 +21,21 @@ ALL = {f"{group}:{name}": spec for group, cases in
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 @pytest.mark.parametrize("case", list(ALL))
-def test_dist_case_schedules_at_every_world_size(case, world):
+def test_dist_case_schedules_and_renders_at_every_world_size(case, world):
+    # what compile_op does before its first collective: schedule (config errors), render
+    # (the kernel module), and for the watchdog cases drop the producer's notify
+    from tilelink.codegen import render_triton
+    from tilelink.runtime.api import _drop_data_notifies
+
     spec = ALL[case]
     bp = load_pattern(spec.pattern).bind(spec.values, world)
-    s = make_schedule(bp, get_target("cuda:90"), spec.config or None)
-    assert s.config.comm == spec.config.get("comm", s.config.comm)
+    target = get_target("cuda:90+nvshmem" if spec.backend == "nvshmem" else "cuda:90")
+    s = make_schedule(bp, target, spec.config or None)
+    for knob, value in spec.config.items():  # every knob the case names is what runs
+        assert str(getattr(s.config, knob)) == value, (knob, s.config)
+    if s.config.comm == "none":
+        assert spec.fault is None
+        return
+    source = render_triton(s)
+    if spec.fault == "drop_notify":
+        assert _drop_data_notifies(source) != source  # there is a notify to drop

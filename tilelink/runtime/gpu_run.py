@@ -141,9 +141,11 @@ def run_many(rank: int, world: int, specs: list[RunSpec]) -> list[dict]:
         except (ConfigError, PatternError) as e:
             # sizes or a config this world cannot take: raised the same on every rank before
             # any collective, so the case is reported and the world goes on with the next
-            out.append({"pattern": spec.pattern, "sizes": spec.values, "world": world,
-                        "ranks": [{"rank": r, "error": f"{type(e).__name__}: {e}"}
-                                  for r in range(world)]})
+            error = f"{type(e).__name__}: {e}"
+            out.append({"pattern": spec.pattern, "sizes": str(spec.values), "world": world,
+                        "ranks": [{"rank": r, "error": error, "config": str(spec.config),
+                                   "calls": 0, "errors": {}, "bad_calls": 0, "hang": None,
+                                   "ms_per_call": None} for r in range(world)]})
         if rank == 0:
             print(f"    done in {time.monotonic() - t0:.1f} s", flush=True)
     return out
