@@ -5,7 +5,7 @@
 Per rank, after a warm-up: `--calls` back-to-back calls of `compile_op(...)` on one input
 set; prints (rank 0) the host time per call (the loop without the final synchronize), the
 wall time per call (with it: host-bound when the two agree), the same two numbers for the
-hand-written NCCL + cuBLAS call it competes with (AG-GEMM and GEMM-RS), and cProfile's top
+bench's NCCL + cuBLAS call it competes with (AG-GEMM and GEMM-RS), and cProfile's top
 functions by own time over the op's calls. For shapes whose GPU work is shorter than the
 host's (the non-overlapped plan at small M on 4 GPUs: docs/perf.md).
 """
@@ -39,8 +39,8 @@ def _loop(fn, calls: int) -> tuple[float, float]:
 
 def _rank(rank, world, pattern, values, config, calls, top):
     import torch
-    import torch.distributed as dist
 
+    from tilelink.bench import baselines
     from tilelink.frontend import load_pattern
     from tilelink.runtime.gpu import compile_op
 
@@ -48,23 +48,8 @@ def _rank(rank, world, pattern, values, config, calls, top):
     op = compile_op(bp, config=config or None)
     ins = op.make_inputs(0)
     fns = {"tilelink": lambda: op(**ins)}
-    a, b = (ins[n] for n in op.input_names[:2])
-    if bp.signature() == "all_gather>gemm":
-        full = torch.empty((world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
-        out = torch.empty((full.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-
-        def hand():
-            dist.all_gather_into_tensor(full, a)
-            torch.mm(full, b, out=out)
-        fns["nccl_cublas"] = hand
-    elif bp.signature() == "gemm>reduce_scatter":
-        part = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-        out = torch.empty((a.shape[0] // world, b.shape[1]), dtype=a.dtype, device=a.device)
-
-        def hand():
-            torch.mm(a, b, out=part)
-            dist.reduce_scatter_tensor(out, part)
-        fns["nccl_cublas"] = hand
+    if bp.signature() in baselines.SIGNATURES:  # the bench's own NCCL + cuBLAS call
+        fns["nccl_cublas"] = baselines.build(bp, ins)["nccl_cublas"].fn
     rows = []
     for name, fn in fns.items():
         _loop(fn, 20)  # warm-up (and the same number of collectives on every rank)

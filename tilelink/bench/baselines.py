@@ -75,14 +75,8 @@ def compare(got: torch.Tensor, ref: torch.Tensor, k: int, dtype: str, slack: flo
     """
     from ..runtime.reference import tolerance
 
-    g = got.float()
-    diff = (g - ref).abs()
-    finite = bool(torch.isfinite(g).all())
-    max_abs = float(diff.max()) if finite else float("inf")
-    rel = float(diff.norm() / ref.norm().clamp_min(1e-30)) if finite else float("inf")
     atol, rtol = tolerance(dtype, k)
-    within = bool((diff <= slack * (atol + rtol * ref.abs())).all()) if finite else False
-    return max_abs, rel, finite and rel < 1e-2 and within
+    return _judge(got, ref, slack * (atol + rtol * ref.abs()))
 
 
 def sum_compare(got: torch.Tensor, parts: torch.Tensor, dtype: str
@@ -94,14 +88,19 @@ def sum_compare(got: torch.Tensor, parts: torch.Tensor, dtype: str
     NCCL itself: max abs err 5.75 on values of a few thousand)."""
     from ..runtime.reference import tolerance
 
-    want = parts.sum(0)
+    atol, rtol = tolerance(dtype, 1)  # rtol: two units of roundoff in `dtype`
+    return _judge(got, parts.sum(0), atol + parts.shape[0] * (rtol / 2) * parts.abs().sum(0))
+
+
+def _judge(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor
+           ) -> tuple[float, float, bool]:
+    """(max abs error, ||got-want|| / ||want||, ok): ok when all finite, the relative error
+    is below 1e-2 and every element's error is within `bound` (element-wise)."""
     g = got.float()
     diff = (g - want).abs()
     finite = bool(torch.isfinite(g).all())
     max_abs = float(diff.max()) if finite else float("inf")
     rel = float(diff.norm() / want.norm().clamp_min(1e-30)) if finite else float("inf")
-    atol, rtol = tolerance(dtype, 1)  # rtol: two units of roundoff in `dtype`
-    bound = atol + parts.shape[0] * (rtol / 2) * parts.abs().sum(0)
     within = bool((diff <= bound).all()) if finite else False
     return max_abs, rel, finite and rel < 1e-2 and within
 
