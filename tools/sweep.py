@@ -17,8 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _rank(rank, world, pattern, values, configs, iters):
+def _rank(rank, world, pattern, values, configs, iters, baselines=()):
     import torch
+
+    from tilelink.bench import baselines as bl
 
     from tilelink.runtime.timing import steady_state_ms
     from tilelink.frontend import load_pattern
@@ -42,6 +44,11 @@ def _rank(rank, world, pattern, values, configs, iters):
         except Exception as e:  # keep sweeping; report it
             rows.append((text, float("nan"), float("nan"), f"{type(e).__name__}: {e}"[:300]))
         torch.cuda.synchronize()
+    if baselines and "ins" in locals():  # the bench's own baseline calls, in this world, on the last config's inputs
+        base = bl.build(bp, ins)
+        for key in baselines:
+            ms = steady_state_ms(base[key].fn, warmup=5, iters=iters)
+            rows.append((f"[baseline {key}]", ms, float("nan"), ""))
     return rows
 
 
@@ -53,11 +60,15 @@ def main() -> int:
     p.add_argument("--configs", nargs="+", required=True)
     p.add_argument("-W", "--world-size", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--baselines", default="",
+                   help="also time these bench baselines in the same world, comma-separated "
+                   "(gemm, nccl_cublas, async_tp, nccl_comm, ce_comm)")
     args = p.parse_args()
     from tilelink.runtime.launcher import launch_world
 
     values = dict(kv.split("=") for kv in args.D)
-    rows = launch_world(_rank, args.world_size, args.pattern, values, args.configs, args.iters)
+    rows = launch_world(_rank, args.world_size, args.pattern, values, args.configs, args.iters,
+                        tuple(b for b in args.baselines.split(",") if b))
     print(f"{args.pattern} {values} W={args.world_size}")
     for text, ms, err, note in rows:
         print(f"  {ms:8.3f} ms  err {err:6.3g}  {text}  {note}")
