@@ -30,6 +30,7 @@ from ..schedule import get_target, make_schedule
 from .api import _drop_data_notifies, describe_wait
 from .copy_ops import buffer_layout, check_copy_ops
 from .emulated import wrap_epoch
+from .fast_launch import FastLauncher
 from .reference import TORCH_DTYPES
 from .symmetric import BACKENDS, SymmetricHeap
 
@@ -76,11 +77,14 @@ class CopyEngine:
         self.bufs = [{k: (v.data_ptr(), v.element_size()) for k, v in peer.items()}
                      for peer in self.flat]
         self.layout = buffer_layout(self.flat)
-        self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
+        from . import stream_ops
 
-    def run(self, ops: list[tuple], ready) -> None:
+        self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
+        self.done_handle = stream_ops.event_handle(self.done, self.stream)
+
+    def run(self, ops: list[tuple], ready: int) -> None:
         """Enqueue `ops` (checked by `check_copy_ops` before the kernel launch) on the side
-        stream once event `ready` (inputs written) has fired.
+        stream once event `ready` (inputs written; its raw handle) has fired.
 
         Usually called after the kernel is launched: the kernel starts while the host is
         still enqueueing copies (the host's enqueue time is then off the critical path), and
@@ -92,8 +96,8 @@ class CopyEngine:
 
         if not ops:
             return
-        self.stream.wait_event(ready)
         h, bufs = self.handle, self.bufs
+        stream_ops.wait_event(h, ready)
         self.pending_waits = waits = []
         protected = []
         for op in ops:
@@ -115,10 +119,13 @@ class CopyEngine:
                 waits.append((addr, value))
                 stream_ops.wait_value32(h, addr, value)
 
-    def join(self, stream) -> None:
-        """Make `stream` (the caller's) wait for everything enqueued on the side stream."""
-        self.done.record(self.stream)
-        stream.wait_event(self.done)
+    def join(self, stream: int) -> None:
+        """Make `stream` (the caller's; raw handle) wait for everything enqueued on the side
+        stream."""
+        from . import stream_ops
+
+        stream_ops.record_event(self.handle, self.done_handle)
+        stream_ops.wait_event(stream, self.done_handle)
 
     def unstick(self) -> None:
         """After a failure: satisfy the side stream's waits so it drains (stream waits have
@@ -163,18 +170,21 @@ class GpuRankRuntime:
     engine: CopyEngine | None = field(default=None, repr=False)
 
     pending: list = field(default_factory=list, repr=False)
-    ready: object = None  # event: this call's inputs are written (the copy engine waits on it)
+    # raw handle of the event "this call's inputs are written" (the copy engine waits on it)
+    ready: object = None
     compile_only: bool = False  # _warm_up: launch_kernel compiles and launches nothing
+    stream: int = 0  # the call's stream (raw handle), set by TileLinkOp before each launch
+    launcher: FastLauncher = field(default_factory=FastLauncher, repr=False)
 
     def launch_kernel(self, kernel, grid: tuple, args: tuple, options: dict) -> None:
-        """`kernel[grid](*args, **options)` on the current stream (the call's), or only its
-        compilation during the warm-up. (Re-launching the compiled kernel directly, with a
-        specialization key computed in Python, measured slower on the H200 host: 19.6 against
-        15.2 us per launch, tools/launch_cost.py.)"""
+        """`kernel[grid](*args, **options)` on the call's stream, or only its compilation
+        during the warm-up. After the first launch the compiled kernel's launcher is called
+        directly while nothing Triton specializes on changes (fast_launch: 29 -> 8 us of host
+        time per launch on the H200 host)."""
         if self.compile_only:
             _compile_only(kernel, grid, args, options)
         else:
-            kernel[grid](*args, **options)
+            self.launcher.launch(kernel, grid, args, options, self.stream)
 
     def copy_engine(self, ops: list[tuple], start_now: bool = False) -> None:
         """Take this call's copy-engine ops (checked now, before the kernel is launched); the
@@ -211,10 +221,19 @@ class TileLinkOp:
                                  diag, spin_limit, engine)
         self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
         self._lock = threading.Lock()
+        self._device_index = self.device.index
+        # the end of the last call (its stream's raw handle, the event's): see _launch
+        self._end_event = torch.cuda.Event()
+        self._last_end: tuple[int, int] | None = None
         if engine is not None:
+            from . import stream_ops
+
+            # per-call events, re-recorded every call through the driver on raw handles
+            # (stream_ops): created here, where torch creates them (at a first record)
             self._ready = torch.cuda.Event()  # inputs written (the side stream waits on it)
-            self.rt.ready = self._ready
+            self.rt.ready = stream_ops.event_handle(self._ready, engine.stream)
             self.kernel_done = torch.cuda.Event()  # the kernel's end (check_diagnostics)
+            self._kernel_done_handle = stream_ops.event_handle(self.kernel_done, engine.stream)
 
     # ---- inputs and outputs -------------------------------------------------------------
 
@@ -317,61 +336,65 @@ class TileLinkOp:
 
         # One launch at a time per op, and the host's epoch moves only once the kernel is
         # launched: it must stay equal to the device's count of calls (ctl[2] + 1), which the
-        # copy engine's signal values and buffer choice rely on. The host path is kept lean
-        # (one current-stream query, events reused): small shapes are host-bound otherwise.
-        with self._lock, torch.cuda.device(self.device):
-            stream = torch.cuda.current_stream()
-            capturing = torch.cuda.is_current_stream_capturing()
-            if self.copy_engine and capturing:
-                raise NotSupportedError(
-                    "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
-                    "operations carry the epoch as a constant",
-                    hint="compile with config comm=sm for graph capture")
-            self._order_after_previous_call(stream, capturing)
-            if getattr(self.module, "TMA", False):
-                _set_triton_allocator()  # a context variable: per thread, so per call
-            epoch = wrap_epoch(self.epoch)
-            engine = self.rt.engine
-            if engine is not None:
-                # the inputs (and whatever came before) are written. One event re-recorded
-                # every call: a stream wait takes the record current when it is enqueued.
-                self._ready.record(stream)
-            self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
-            self.epoch += 1
-            if engine is not None:
-                self.kernel_done.record(stream)
-                ops, self.rt.pending = self.rt.pending, []
-                engine.run(ops, self._ready)
-                engine.join(stream)
-            self._record_call_end(stream, capturing)
+        # copy engine's signal values and buffer choice rely on.
+        with self._lock:
+            if torch.cuda.current_device() == self._device_index:
+                self._launch_here(ins, outs)
+            else:
+                with torch.cuda.device(self.device):
+                    self._launch_here(ins, outs)
 
-    def _order_after_previous_call(self, stream=None, capturing: bool | None = None) -> None:
+    def _launch_here(self, ins, outs) -> None:
+        """`_launch` on this op's device. The host path is kept lean: small shapes are
+        host-bound (docs/perf.md), so the caller's stream is taken as a raw handle (no Python
+        Stream object) and the events fork and join through the driver (stream_ops)."""
+        import torch
+
+        from . import stream_ops
+
+        stream = self.rt.stream = torch._C._cuda_getCurrentRawStream(self._device_index)
+        capturing = torch.cuda.is_current_stream_capturing()
+        if self.copy_engine and capturing:
+            raise NotSupportedError(
+                "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
+                "operations carry the epoch as a constant",
+                hint="compile with config comm=sm for graph capture")
+        self._order_after_previous_call(stream, capturing)
+        if getattr(self.module, "TMA", False):
+            _set_triton_allocator()  # a context variable: per thread, so per call
+        epoch = wrap_epoch(self.epoch)
+        engine = self.rt.engine
+        if engine is not None:
+            # the inputs (and whatever came before) are written. One event re-recorded every
+            # call: a stream wait takes the record current when it is enqueued.
+            stream_ops.record_event(stream, self.rt.ready)
+        self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
+        self.epoch += 1
+        if engine is not None:
+            stream_ops.record_event(stream, self._kernel_done_handle)
+            ops, self.rt.pending = self.rt.pending, []
+            engine.run(ops, self.rt.ready)
+            engine.join(stream)
+        self._record_call_end(stream, capturing)
+
+    def _order_after_previous_call(self, stream: int, capturing: bool) -> None:
         """Calls of one op must run one after another on the GPU (they share the epoch
-        counter, buffers and counters): a call on another stream than the last one first
-        waits for the last one to end."""
-        import torch
+        counter, buffers and counters): a call on another stream than the last one (raw
+        handles) first waits for the last one to end."""
+        from . import stream_ops
 
-        last = getattr(self, "_last_end", None)
-        if last is None:
-            return
-        stream = stream if stream is not None else torch.cuda.current_stream()
-        if capturing is None:
-            capturing = torch.cuda.is_current_stream_capturing()
-        if stream != last[0] and not capturing:
-            stream.wait_event(last[1])
+        last = self._last_end
+        if last is not None and stream != last[0] and not capturing:
+            stream_ops.wait_event(stream, last[1])
 
-    def _record_call_end(self, stream=None, capturing: bool | None = None) -> None:
-        import torch
+    def _record_call_end(self, stream: int, capturing: bool) -> None:
+        from . import stream_ops
 
-        if capturing is None:
-            capturing = torch.cuda.is_current_stream_capturing()
         if capturing:
             return  # an event of a capture cannot be waited on outside it
-        stream = stream if stream is not None else torch.cuda.current_stream()
-        if getattr(self, "_end_event", None) is None:
-            self._end_event = torch.cuda.Event()  # one event, re-recorded: no per-call alloc
-        self._end_event.record(stream)
-        self._last_end = (stream, self._end_event)
+        handle = stream_ops.event_handle(self._end_event)  # (created at the first call)
+        stream_ops.record_event(stream, handle)  # one event, re-recorded: no per-call alloc
+        self._last_end = (stream, handle)
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Wait for the last call; raise HangError naming every wait that gave up (the GPU

@@ -11,6 +11,9 @@ package is needed.
   copy earlier on the stream is visible before the signal is.
 - copy: cuMemcpyAsync of raw device addresses (peer addresses included: unified addressing),
   the copy engine's transfer without torch's per-call dispatch (a few us per op).
+- record_event / wait_event: cuEventRecord / cuStreamWaitEvent on raw handles, for the
+  op's per-call stream fork and join (through torch each costs a Python Stream object or
+  wrapper; small shapes are host-bound, docs/perf.md).
 
 Every function takes the stream as a torch.cuda.Stream or as its raw handle (an int, e.g.
 `stream.cuda_stream` read once): the copy engine's hot path passes the handle.
@@ -40,6 +43,13 @@ def _driver():
     copy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
     copy.restype = ctypes.c_int
     fns["cuMemcpyAsync"] = copy
+    for name, args in (("cuEventRecord", [ctypes.c_void_p, ctypes.c_void_p]),
+                       ("cuStreamWaitEvent", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint])):
+        f = getattr(lib, name, None)
+        if f is None:
+            raise TileLinkError(f"the CUDA driver has no {name}")
+        f.argtypes, f.restype = args, ctypes.c_int
+        fns[name] = f
     for name in ("cuStreamWaitValue32", "cuStreamWriteValue32"):
         for sym in (f"{name}_v2", name):
             f = getattr(lib, sym, None)
@@ -85,3 +95,22 @@ def copy_async(stream, dst: int, src: int, nbytes: int) -> None:
     a peer GPU's memory mapped into this process; the copy engine moves it)."""
     code = _driver()["cuMemcpyAsync"](dst, src, nbytes, _handle(stream))
     _check(code, "cuMemcpyAsync")
+
+
+def event_handle(event, stream=None) -> int:
+    """The driver handle (CUevent) of torch.cuda.Event `event`. torch creates the CUDA event
+    at its first record: an event never recorded is recorded once first, on torch.cuda.Stream
+    `stream` (default: the current stream)."""
+    if not event.cuda_event:
+        event.record(stream)
+    return event.cuda_event
+
+
+def record_event(stream, event: int) -> None:
+    """Enqueue on `stream`: record the event with raw handle `event` (see event_handle)."""
+    _check(_driver()["cuEventRecord"](event, _handle(stream)), "cuEventRecord")
+
+
+def wait_event(stream, event: int) -> None:
+    """Enqueue on `stream`: wait for the last record of the event with raw handle `event`."""
+    _check(_driver()["cuStreamWaitEvent"](_handle(stream), event, 0), "cuStreamWaitEvent")
