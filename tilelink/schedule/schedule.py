@@ -118,16 +118,14 @@ def default_space(target: Target) -> ConfigSpace:
                        sequential_programs=target.backend == "interp")
 
 
-# Below this many FLOPs of GEMM per rank the overlapped kernel's fixed costs (the first
-# chunk's transfer, the side stream's fork and join, the host's work per call) are a large
-# share of the time and NCCL + cuBLAS is as fast or faster: the default is then the
-# non-overlapped plan. Measured on 2x H200 (docs/perf.md), AG-GEMM: at 69 GFLOP (M = 1024)
-# the overlapped kernel was host-bound and lost (0.122-0.194 ms against NCCL + cuBLAS's
-# 0.145-0.151) until the host path was cut from ~170 to ~120 us per call (raw stream and
-# event handles, Triton's launcher called directly: runtime/fast_launch.py); it then took
-# 0.114 ms against 0.146. At 34 GFLOP (M = 512) it took 0.131 against 0.088 (before that
-# cut; not re-measured). GEMM-RS has not been measured below 2048 rows: its threshold stays.
-FALLBACK_GEMM_FLOPS = {"all_gather>gemm": 50e9, "gemm>reduce_scatter": 100e9}
+# Below this many FLOPs of GEMM per rank (~0.15 ms on an H200) the overlapped kernel's fixed
+# costs (the first chunk's transfer, side-stream setup, ~100 us of host work per call) are
+# a large share of the time and NCCL + cuBLAS is as fast or faster: the default is then the
+# non-overlapped plan. Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the
+# overlapped kernel took 0.122 to 0.194 ms over four bench runs (host-bound: the host needs
+# about as long per call as the GPU), NCCL + cuBLAS 0.145 to 0.151; at 34 GFLOP (M = 512)
+# 0.131 against 0.088.
+FALLBACK_GEMM_FLOPS = 100e9
 
 
 def gemm_flops_per_rank(bp: BoundPattern) -> float:
@@ -156,11 +154,10 @@ def default_config(bp: BoundPattern, target: Target,
                   block_k=64, comm_block_m=128, comm_block_n=128, stages=3, warps=8)
     flops = gemm_flops_per_rank(bp)
     if (allow_fallback and sig in FALLBACK_SIGNATURES and bp.world > 1
-            and 0 < flops < FALLBACK_GEMM_FLOPS[sig]):
+            and 0 < flops < FALLBACK_GEMM_FLOPS):
         return replace(base, comm="none"), (
             f"non-overlapped plan chosen: the GEMM is {flops / 1e9:.0f} GFLOP per rank "
-            f"(< {FALLBACK_GEMM_FLOPS[sig] / 1e9:.0f}, about "
-            f"{FALLBACK_GEMM_FLOPS[sig] / 0.7e15 * 1e3:.2f} ms on an H200), too short to "
+            f"(< {FALLBACK_GEMM_FLOPS / 1e9:.0f}, about 0.15 ms on an H200), too short to "
             "hide the first chunk's transfer, the side-stream setup and the host's launch "
             "work behind; NCCL + cuBLAS is as fast or faster there (measured, docs/perf.md)")
     if sig == "all_gather>gemm":
@@ -170,9 +167,8 @@ def default_config(bp: BoundPattern, target: Target,
             # one wave of 128x256 tiles or less: 128x128 tiles make two waves, the first on
             # this rank's rows (group_m=1 keeps a group from spanning the ranks' rows) while
             # the copy engine brings the peers' rows in one chunk each. Measured on 2x H200
-            # at AG M = 1024: 0.126 ms against 0.143 with group_m=8 and 0.20 with 128x256
-            # tiles (session 4); 0.114 against 0.138 with 128x256 tiles and 256-row chunks
-            # (session 7, after the host-path cut)
+            # at AG M = 1024 (below the fallback threshold since; --config comm=copy_engine
+            # gets it): 0.126 ms against 0.143 with group_m=8 and 0.20 with 128x256 tiles
             chunk = min(max(ConfigSpace().comm_block_m), max(16, _pow2_at_most(rows)))
             return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=1,
                            comm_block_m=chunk), None
@@ -417,10 +413,10 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                           hint="only debug_reverse_roles=1 on the interp target may do this")
     if cfg.order == "own_first" and cfg.comm != "none" and cfg.gemm != "library":
         notes.append("tile order: tiles whose data is local (ready first) run first")
-    if cfg.comm != "none" and sig in FALLBACK_GEMM_FLOPS:
+    if cfg.comm != "none":
         notes.append(f"overlapped plan; the non-overlapped one (comm=none) is the default "
-                     f"below {FALLBACK_GEMM_FLOPS[sig] / 1e9:.0f} GFLOP of GEMM per rank, and "
-                     "a candidate of `tilelink tune`")
+                     f"below {FALLBACK_GEMM_FLOPS / 1e9:.0f} GFLOP of GEMM per rank, and a "
+                     "candidate of `tilelink tune`")
     return Schedule(bp, target, cfg, plan, roles, kernel, tuple(notes))
 
 
