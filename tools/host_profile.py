@@ -7,7 +7,9 @@ set; prints (rank 0) the host time per call (the loop without the final synchron
 wall time per call (with it: host-bound when the two agree), the same two numbers for the
 bench's NCCL + cuBLAS call it competes with (AG-GEMM and GEMM-RS), and cProfile's top
 functions by own time over the op's calls. For shapes whose GPU work is shorter than the
-host's (the non-overlapped plan at small M on 4 GPUs: docs/perf.md).
+host's (the non-overlapped plan at small M on 4 GPUs: docs/perf.md). Keep `--calls` small:
+once the launch queue fills (each call enqueues a kernel and several stream operations) the
+host waits for the GPU, and the "host" number becomes the GPU's pace.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def main() -> int:
     p.add_argument("--config", nargs="*", default=[], metavar="KNOB=VALUE",
                    help="schedule overrides (default: the default schedule)")
     p.add_argument("-W", "--world-size", type=int, default=2)
-    p.add_argument("--calls", type=int, default=300, help="calls timed and profiled")
+    p.add_argument("--calls", type=int, default=30,
+                   help="calls timed and profiled (few: see above)")
     p.add_argument("--top", type=int, default=18, help="profile lines shown")
     args = p.parse_args()
     from tilelink.runtime.launcher import launch_world

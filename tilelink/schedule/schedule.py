@@ -124,7 +124,11 @@ def default_space(target: Target) -> ConfigSpace:
 # non-overlapped plan. Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the
 # overlapped kernel took 0.122 to 0.194 ms over four bench runs (host-bound: the host needs
 # about as long per call as the GPU), NCCL + cuBLAS 0.145 to 0.151; at 34 GFLOP (M = 512)
-# 0.131 against 0.088.
+# 0.131 against 0.088. Session 7 cut the host path (~170 -> ~82 us per call: raw stream and
+# event handles, runtime/fast_launch.py): the overlapped kernel then took 0.114-0.119 ms
+# against 0.145 in a fast-host process, but three bench runs gave 0.141 / 0.170 / 0.118
+# against 0.151-0.154 (a slower host process: 140 us of host per call, so host-bound again),
+# and at W = 4 0.174 against 0.114. Still not a default that is never slower.
 FALLBACK_GEMM_FLOPS = 100e9
 
 
