@@ -42,6 +42,12 @@ CONFIGS = [
     # the library GEMM (torch.mm) around one-program sync kernels (wait, done); W = 3, ragged
     (AG, 3, {"M": "999", "N": "522", "K": "1000"}, {"comm": "copy_engine", "gemm": "library"}),
     (AG, 8, {"M": "1024"}, {"comm": "copy_engine", "gemm": "library", "comm_block_m": "32"}),
+    # capturable=1: flag gates and data signals, one gathered buffer (TMA, own rows in place;
+    # and a ragged W = 3 on the pointer path)
+    (AG, 2, {"M": "1024", "N": "512"}, {"comm": "copy_engine", "capturable": "1",
+                                        "comm_block_m": "256"}),
+    (AG, 3, {"M": "300", "N": "99", "K": "100"}, {"comm": "copy_engine", "capturable": "1",
+                                                  "block_m": "64", "flatten": "1"}),
 ]
 TARGETS = ("cuda:90", "cuda:80", "hip:gfx942")
 

@@ -126,7 +126,20 @@ NVSHMEM_CASES = {
 }
 # Added after the last GPU run: run in a world of their own, so a failure cannot take the
 # verified cases with it. Move them into CASES once they have passed on GPUs.
-NOT_YET_RUN: dict = {}
+# Session 7: the capturable copy-engine protocol (capturable=1: flag gates and data signals,
+# one gathered buffer), eager under stress and captured in a CUDA graph.
+AG_CAP = CE | {"capturable": "1"}
+NOT_YET_RUN: dict = {
+    "ag_cap_ragged_delays": RunSpec(AG, RAGGED_AG, AG_CAP, calls=100, delays=True, seed=16),
+    "ag_cap_even_delays": RunSpec(AG, EVEN, AG_CAP | {"comm_block_m": "256"}, calls=100,
+                                  delays=True, seed=17),
+    "ag_cap_small_1000": RunSpec(AG, SMALL, AG_SMALL | {"capturable": "1"}, calls=1000),
+    "ag_cap_flat_delays": RunSpec(AG, EVEN, AG_CAP | {"flatten": "1", "comm_block_m": "64"},
+                                  calls=100, delays=True, seed=18),
+    "ag_cap_graph": RunSpec(AG, EVEN, AG_CAP, calls=20, graph=True),
+    "ag_cap_small_graph": RunSpec(AG, SMALL, AG_SMALL | {"capturable": "1"}, calls=20,
+                                  graph=True),
+}
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                                       check=False, **NV),

@@ -325,3 +325,64 @@ def test_gemm_rs_with_n_below_the_chunk_width_and_not_a_power_of_two(comm):
     # N = 24 < comm_block_n = 32: the reduce tile's width is N's next power of two (a Triton
     # range must be one), masked to N; it was N itself and failed to compile on one rank
     _run(RS, 2, {"M": 66, "N": 24, "K": 48}, {"comm": comm, "comm_block_n": "32"})
+
+
+CAPTURABLE = {"comm": "copy_engine", "capturable": "1"}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ag_capturable_copy_engine_matches_reference(world):
+    # capturable=1: flag gates and data signals, one gathered buffer. Ragged (50 rows per rank
+    # with 32-row chunks, N and K that divide nothing), several calls over the one buffer
+    _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+         CAPTURABLE | {"comm_block_m": "32"}, calls=4)
+
+
+def test_ag_capturable_back_to_back_with_random_delays():
+    # one buffer: a copy engine may only write a peer's buffer once that peer finished the
+    # previous call, and each call's flags must be cleared before the next call's are set
+    _run(AG, 3, {"M": 99, "N": 48, "K": 40}, CAPTURABLE | {"comm_block_m": "16"}, calls=8,
+         delays=True, seed=21)
+    _run(AG, 2, {"M": 96, "N": 48, "K": 32}, CAPTURABLE, calls=6, delays=True, seed=22,
+         first_epoch=2**31 - 3)  # the release words cross the int32 wrap; flags do not care
+    # flatten=1: one tld.wait_flat per tile, on flags
+    _run(AG, 2, {"M": 96, "N": 48, "K": 32}, CAPTURABLE | {"flatten": "1", "comm_block_m": "16"},
+         calls=4, delays=True, seed=23)
+
+
+def test_ag_capturable_copy_engine_ops_carry_no_per_call_value():
+    # what makes a call capturable: the copy engine's ops are the same in every call
+    import torch
+
+    from tilelink.codegen.compile import load_module
+
+    s = make_schedule(AG.bind({"M": 64, "N": 32, "K": 32}, 2), get_target("cuda:90"),
+                      CAPTURABLE | {"comm_block_m": "16"})
+    mod = load_module(render_triton(s))
+    a = torch.zeros(32, 32, dtype=torch.bfloat16)
+    assert mod.CAPTURABLE == 1 and mod.SYMMETRIC["a_full"][0][0] == 1  # one gathered buffer
+    assert mod.copy_engine_ops(1, 7, a) == mod.copy_engine_ops(1, 8, a) \
+        == mod.copy_engine_ops(1, 2**31 - 1, a)
+    kinds = [op[0] for op in mod.copy_engine_ops(1, 7, a)]
+    # per destination (the peer, and this rank: 32-row shards under 128-row tiles are not
+    # read in place): its gate, closing it, then 2 chunks with their flags
+    assert kinds == (["wait", "signal"] + ["copy", "signal"] * 2) * 2
+    plain = load_module(render_triton(make_schedule(
+        AG.bind({"M": 64, "N": 32, "K": 32}, 2), get_target("cuda:90"),
+        {"comm": "copy_engine", "comm_block_m": "16"})))
+    assert plain.CAPTURABLE == 0 and plain.copy_engine_ops(1, 7, a) != \
+        plain.copy_engine_ops(1, 8, a)
+
+
+def test_capturable_knob_checks():
+    cuda = get_target("cuda:90")
+    bp = AG.bind({"M": 1024, "N": 8192, "K": 8192}, 2)
+    for bad in ({"comm": "sm", "capturable": "1"},
+                {"comm": "copy_engine", "gemm": "library", "capturable": "1"}):
+        with pytest.raises(ConfigError, match="capturable=1 applies to all_gather>gemm"):
+            make_schedule(bp, cuda, bad)
+    with pytest.raises(ConfigError, match="capturable=1 applies to"):
+        make_schedule(RS.bind({"M": 1024, "N": 8192, "K": 8192}, 2), cuda, CAPTURABLE)
+    s = make_schedule(bp, cuda, CAPTURABLE)
+    assert "capturable=1" in str(s.config) and "capturable" not in str(
+        make_schedule(bp, cuda, {"comm": "copy_engine"}).config)

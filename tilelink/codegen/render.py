@@ -140,24 +140,31 @@ def _ag_gemm(s: Schedule) -> Context:
     # flatten: one loop-free wait per tile (tld.wait_flat), or the loop of waits would keep
     # the tile loop from fusing with the K loop and stop the software pipeliner
     flat = bool(s.config.flatten)
-    waits = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=12, flat=flat)
-    waits_nested = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=16, flat=flat)
+    # capturable=1: data signals are flags (the copy engine writes 1, the kernel clears them
+    # at its end), so no per-call value is baked into the copy engine's stream operations
+    capturable = bool(s.config.capturable)
+    value = "1" if capturable else "epoch"
+    waits = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=12, flat=flat,
+                         value=value)
+    waits_nested = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=16, flat=flat,
+                                value=value)
     # own rows straight from the input when no tile straddles two ranks' rows
     own_direct = int(bp.world > 1 and (m // bp.world) % s.config.block_m == 0)
     notify = slot_expr(dep.producer, {"chunk": "me * CHUNKS + j"})
     sites = {SITE_DATA: f"compute tile of {c.name} = gemm(...) waits for a chunk of {full.name} "
                         f"(all_gather at {_loc(ag_op.loc)}, used at {_loc(mm_op.loc)})",
              SITE_RELEASE: f"{full.name} push waits for the destination rank to finish reading "
-                           f"the buffer two calls ago"}
+                           f"the buffer {'one call' if capturable else 'two calls'} ago"}
     return Context(
         **_common(s, [dep]), consts=consts, tma=_tma_ok(s, full.dtype, [k, b.local_shape[1]]),
-        symmetric={full.name: ((2, m, k), full.dtype), dep.signal: ((consts["SLOTS"],), "int32"),
+        symmetric={full.name: ((1 if capturable else 2, m, k), full.dtype),
+                   dep.signal: ((consts["SLOTS"],), "int32"),
                    "ctl": ((4 + 2 * bp.world,), "int32")},
         inputs={a.name: (a.local_shape, a.dtype), b.name: (b.local_shape, b.dtype)},
         outputs={c.name: (c.local_shape, c.dtype)}, waits=waits, notify_slot=notify,
         sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal,
                                signals=[dep.signal], own_direct=own_direct,
-                               waits_nested=waits_nested))
+                               waits_nested=waits_nested, capturable=capturable))
 
 
 def _ag_gemm_lib(s: Schedule) -> Context:

@@ -36,8 +36,10 @@ def interval_exprs(dep: Dependency, names: dict[str, tuple[str, str]]) -> list[t
 
 
 def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str, site: int,
-                 indent: int, token: str = "tok", flat: bool = False) -> str:
-    """Nested loops that wait on every slot the consumer tile depends on.
+                 indent: int, token: str = "tok", flat: bool = False,
+                 value: str = "epoch") -> str:
+    """Nested loops that wait on every slot the consumer tile depends on, until each slot
+    holds `value` (cyclic >=): the call's epoch, or "1" for flag signals (capturable=1).
 
     Ends with `token` holding the last observed signal value (feed it to consume_token).
     `flat`: where the slots form one contiguous range (a one-axis producer grid), a single
@@ -74,13 +76,13 @@ def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str
         if flat:  # one axis: slots first .. end - 1 are consecutive words
             lines.append(f"{p}w_slot = {slot_expr(dep.producer, {w.axis: f'{var}_first'})}")
             lines.append(f"{p}{token} = tld.wait_flat({sig} + w_slot, {var}_end - {var}_first, "
-                         f"epoch, spin_limit, abort_ptr, diag_ptr, {site}, w_slot, me)")
+                         f"{value}, spin_limit, abort_ptr, diag_ptr, {site}, w_slot, me)")
             return "\n".join(lines)
         lines.append(f"{p}for {var} in range({var}_first, {var}_end):")
         depth += 1
     p = pad + "    " * depth
     slot = slot_expr(dep.producer, index)
     lines.append(f"{p}w_slot = {slot}")
-    lines.append(f"{p}{token} = tld.wait({sig} + w_slot, epoch, spin_limit, abort_ptr, diag_ptr, "
+    lines.append(f"{p}{token} = tld.wait({sig} + w_slot, {value}, spin_limit, abort_ptr, diag_ptr, "
                  f"{site}, w_slot, me)")
     return "\n".join(lines)

@@ -82,9 +82,11 @@ class CopyEngine:
         self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
         self.done_handle = stream_ops.event_handle(self.done, self.stream)
 
-    def run(self, ops: list[tuple], ready: int) -> None:
+    def run(self, ops: list[tuple], ready: int, capturing: bool = False) -> None:
         """Enqueue `ops` (checked by `check_copy_ops` before the kernel launch) on the side
-        stream once event `ready` (inputs written; its raw handle) has fired.
+        stream once event `ready` (inputs written; its raw handle) has fired. While the
+        caller's stream is being captured, the wait on `ready` pulls the side stream into the
+        capture (a fork), and the join below ends it there.
 
         Usually called after the kernel is launched: the kernel starts while the host is
         still enqueueing copies (the host's enqueue time is then off the critical path), and
@@ -107,8 +109,10 @@ class CopyEngine:
                 base, size = bufs[peer][buf]
                 stream_ops.copy_async(h, base + dst_off * size, src.data_ptr() + src_off * size,
                                       count * size)
-                if not any(t is src for t in protected):
-                    src.record_stream(self.stream)  # its memory is not reused before the copy
+                if not capturing and not any(t is src for t in protected):
+                    # its memory is not reused before the copy (a captured call's inputs are
+                    # the graph's static tensors: the graph's owner keeps them alive)
+                    src.record_stream(self.stream)
                     protected.append(src)
             elif kind == "signal":
                 _, peer, buf, idx, value = op
@@ -354,11 +358,14 @@ class TileLinkOp:
 
         stream = self.rt.stream = torch._C._cuda_getCurrentRawStream(self._device_index)
         capturing = torch.cuda.is_current_stream_capturing()
-        if self.copy_engine and capturing:
-            raise NotSupportedError(
-                "comm=copy_engine cannot be captured in a CUDA graph: its stream memory "
-                "operations carry the epoch as a constant",
-                hint="compile with config comm=sm for graph capture")
+        if capturing and self.copy_engine:
+            if not getattr(self.module, "CAPTURABLE", 0):
+                raise NotSupportedError(
+                    "this comm=copy_engine schedule cannot be captured in a CUDA graph: its "
+                    "stream memory operations carry the call's epoch as a constant",
+                    hint="compile with config capturable=1 (AG-GEMM: flag signals, one "
+                    "buffer) or comm=sm for graph capture")
+            self._captured = True  # check_diagnostics: replays do not re-record our events
         self._order_after_previous_call(stream, capturing)
         if getattr(self.module, "TMA", False):
             _set_triton_allocator()  # a context variable: per thread, so per call
@@ -373,7 +380,7 @@ class TileLinkOp:
         if engine is not None:
             stream_ops.record_event(stream, self._kernel_done_handle)
             ops, self.rt.pending = self.rt.pending, []
-            engine.run(ops, self.rt.ready)
+            engine.run(ops, self.rt.ready, capturing)
             engine.join(stream)
         self._record_call_end(stream, capturing)
 
@@ -412,7 +419,10 @@ class TileLinkOp:
             aborted = int(self.rt.abort.item())
         else:
             # the caller's stream joins the side stream: read the records on another stream
-            getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
+            if getattr(self, "_captured", False):
+                torch.cuda.synchronize()  # graph replays do not re-record kernel_done
+            else:
+                getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
             side_done = torch.cuda.Event()
             side_done.record(self.rt.engine.stream)
             reader = torch.cuda.Stream()

@@ -23,6 +23,8 @@ ORDERS = ("own_first", "natural")
 GEMMS = ("triton", "library")
 # signatures with a library-GEMM plan
 LIBRARY_GEMM_SIGNATURES = ("all_gather>gemm",)
+# signatures whose copy-engine protocol has the flag variant (capturable=1)
+CAPTURABLE_COPY_ENGINE_SIGNATURES = ("all_gather>gemm",)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,13 @@ class Config:
     # knobs then do not apply. Pays where the GEMM is one wave or less and cuBLAS's kernel beats
     # TileLink's (small M)
     gemm: str = "triton"
+    # AG-GEMM with comm=copy_engine: 1 = the copy engine's ops carry no per-call value (its
+    # gates and data signals are 0/1 flags the kernel sets and clears; one gathered buffer
+    # instead of two, so a destination must have finished the previous call, not the one
+    # before it), so a call can be captured in a CUDA graph and replayed. 0 = epoch-valued
+    # signals and double buffering (calls overlap more; not capturable). comm=sm kernels are
+    # capturable either way: they read their epoch from device memory
+    capturable: int = 0
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -81,9 +90,10 @@ class Config:
         return asdict(self)
 
     def __str__(self) -> str:
-        # debug knobs are shown only when set
+        # debug knobs and capturable are shown only when set (so the configs, and the
+        # generated modules' headers, of everything before them read as they did)
         return " ".join(f"{k}={v}" for k, v in asdict(self).items()
-                        if not (k.startswith("debug_") and not v))
+                        if v or not (k.startswith("debug_") or k == "capturable"))
 
 
 def _pow2(x: int) -> bool:
@@ -110,6 +120,7 @@ class ConfigSpace:
     reduce_after: tuple[int, ...] = (0, 1)
     fuse_reduce: tuple[int, ...] = (0, 1)
     gemm: tuple[str, ...] = GEMMS
+    capturable: tuple[int, ...] = (0, 1)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
     # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce
@@ -168,6 +179,11 @@ class ConfigSpace:
         if cfg.gemm == "library" and (cfg.fuse_reduce or cfg.reduce_after or cfg.flatten):
             bad.append("gemm=library takes no kernel knobs (flatten, reduce_after, fuse_reduce): "
                        "the GEMM is the library's")
+        if cfg.capturable and not (signature in CAPTURABLE_COPY_ENGINE_SIGNATURES
+                                   and cfg.comm == "copy_engine" and cfg.gemm == "triton"):
+            bad.append("capturable=1 applies to " + ", ".join(CAPTURABLE_COPY_ENGINE_SIGNATURES)
+                       + " with comm=copy_engine and gemm=triton only (comm=sm kernels are "
+                       "capturable as they are; comm=none is NCCL + cuBLAS, capturable too)")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
             bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:
