@@ -28,6 +28,7 @@ from ..ir import BoundPattern, Pattern
 from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
 from ..schedule import get_target, make_schedule
 from .api import _drop_data_notifies, describe_wait
+from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_ops import buffer_layout, check_copy_ops
 from .emulated import wrap_epoch
 from .fast_launch import FastLauncher
@@ -77,8 +78,6 @@ class CopyEngine:
         self.bufs = [{k: (v.data_ptr(), v.element_size()) for k, v in peer.items()}
                      for peer in self.flat]
         self.layout = buffer_layout(self.flat)
-        from . import stream_ops
-
         self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
         self.done_handle = stream_ops.event_handle(self.done, self.stream)
 
@@ -94,8 +93,6 @@ class CopyEngine:
         enqueues more work after its copies, which the peers wait on (gemm=library), starts
         them from inside the launch instead (`GpuRankRuntime.copy_engine(start_now=True)`).
         """
-        from . import stream_ops
-
         if not ops:
             return
         h, bufs = self.handle, self.bufs
@@ -126,8 +123,6 @@ class CopyEngine:
     def join(self, stream: int) -> None:
         """Make `stream` (the caller's; raw handle) wait for everything enqueued on the side
         stream."""
-        from . import stream_ops
-
         stream_ops.record_event(self.handle, self.done_handle)
         stream_ops.wait_event(stream, self.done_handle)
 
@@ -135,8 +130,6 @@ class CopyEngine:
         """After a failure: satisfy the side stream's waits so it drains (stream waits have
         no bound of their own). Writes from a fresh stream, which nothing blocks."""
         import torch
-
-        from . import stream_ops
 
         s = torch.cuda.Stream()
         for addr, value in self.pending_waits:
@@ -230,9 +223,7 @@ class TileLinkOp:
         self._end_event = torch.cuda.Event()
         self._last_end: tuple[int, int] | None = None
         if engine is not None:
-            from . import stream_ops
-
-            # per-call events, re-recorded every call through the driver on raw handles
+                # per-call events, re-recorded every call through the driver on raw handles
             # (stream_ops): created here, where torch creates them (at a first record)
             self._ready = torch.cuda.Event()  # inputs written (the side stream waits on it)
             self.rt.ready = stream_ops.event_handle(self._ready, engine.stream)
@@ -256,6 +247,9 @@ class TileLinkOp:
 
         if not kwargs and len(args) == len(self.input_names):
             given = dict(zip(self.input_names, args))
+        elif not args and len(kwargs) == len(self.input_names) and all(
+                n in kwargs for n in self.input_names):
+            given = kwargs  # every input by name (op(**inputs)): nothing to rearrange
         else:
             given = self._bind_names(args, kwargs)
         expect = self.__dict__.get("_expect")
@@ -354,8 +348,6 @@ class TileLinkOp:
         Stream object) and the events fork and join through the driver (stream_ops)."""
         import torch
 
-        from . import stream_ops
-
         stream = self.rt.stream = torch._C._cuda_getCurrentRawStream(self._device_index)
         capturing = torch.cuda.is_current_stream_capturing()
         if capturing and self.copy_engine:
@@ -388,15 +380,11 @@ class TileLinkOp:
         """Calls of one op must run one after another on the GPU (they share the epoch
         counter, buffers and counters): a call on another stream than the last one (raw
         handles) first waits for the last one to end."""
-        from . import stream_ops
-
         last = self._last_end
         if last is not None and stream != last[0] and not capturing:
             stream_ops.wait_event(stream, last[1])
 
     def _record_call_end(self, stream: int, capturing: bool) -> None:
-        from . import stream_ops
-
         if capturing:
             return  # an event of a capture cannot be waited on outside it
         handle = stream_ops.event_handle(self._end_event)  # (created at the first call)
