@@ -137,6 +137,8 @@ NOT_YET_RUN: dict = {
     "ag_cap_flat_delays": RunSpec(AG, EVEN, AG_CAP | {"flatten": "1", "comm_block_m": "64"},
                                   calls=100, delays=True, seed=18),
     "ag_cap_graph": RunSpec(AG, EVEN, AG_CAP, calls=20, graph=True),
+    # ragged: 500 rows per rank under 128-row tiles, so each rank's own rows are copied too
+    "ag_cap_ragged_graph": RunSpec(AG, RAGGED_AG, AG_CAP, calls=20, graph=True),
     "ag_cap_small_graph": RunSpec(AG, SMALL, AG_SMALL | {"capturable": "1"}, calls=20,
                                   graph=True),
 }

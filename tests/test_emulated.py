@@ -338,11 +338,27 @@ def test_ag_capturable_copy_engine_matches_reference(world):
          CAPTURABLE | {"comm_block_m": "32"}, calls=4)
 
 
-def test_ag_capturable_back_to_back_with_random_delays():
+@pytest.mark.parametrize("world,sizes,cfg,seed", [
+    # ragged: 33 rows per rank under 32-row tiles, so this rank's rows are copied too
+    (3, {"M": 99, "N": 48, "K": 40}, {"comm_block_m": "16"}, 21),
+    (3, {"M": 99, "N": 48, "K": 40}, {"comm_block_m": "16"}, 4),
+    # 64 rows per rank: own rows read in place (OWN_DIRECT), W = 4
+    (4, {"M": 256, "N": 64, "K": 32}, {"comm_block_m": "32"}, 1),
+    (4, {"M": 256, "N": 64, "K": 32}, {"comm_block_m": "32"}, 2),
+])
+def test_ag_capturable_back_to_back_with_random_delays(world, sizes, cfg, seed):
     # one buffer: a copy engine may only write a peer's buffer once that peer finished the
-    # previous call, and each call's flags must be cleared before the next call's are set
-    _run(AG, 3, {"M": 99, "N": 48, "K": 40}, CAPTURABLE | {"comm_block_m": "16"}, calls=8,
-         delays=True, seed=21)
+    # previous call, and each call's flags must be cleared before the next call's are set.
+    # (These seeds also catch the flags cleared after the release instead of before it, a
+    # race the other seeds can miss: checked by mutating the kernel, session 7.)
+    s, _ = _run(AG, world, sizes, CAPTURABLE | cfg, calls=8 if world < 4 else 6,
+                delays=True, seed=seed)
+    from tilelink.codegen.compile import load_module
+
+    assert load_module(render_triton(s)).OWN_DIRECT == int(world == 4)
+
+
+def test_ag_capturable_across_the_int32_wrap_and_flattened():
     _run(AG, 2, {"M": 96, "N": 48, "K": 32}, CAPTURABLE, calls=6, delays=True, seed=22,
          first_epoch=2**31 - 3)  # the release words cross the int32 wrap; flags do not care
     # flatten=1: one tld.wait_flat per tile, on flags

@@ -79,3 +79,15 @@ def test_a_constexpr_left_to_its_default_is_never_launched_directly():
     for _ in range(3):
         fl.launch(k, (4,), (x, 7), {"BM": 128}, 0)  # BN not given: its value is unknown here
     assert len(k.slow) == 3 and fl.direct_launches == 0
+
+
+def test_option_value_types_and_tritons_debug_knob_take_tritons_path(monkeypatch):
+    k, fl, x = _Kernel(), FastLauncher(), torch.zeros(64)
+    fl.launch(k, (4,), (x, 7), dict(OPTS), 0)
+    fl.launch(k, (4,), (x, 7), OPTS | {"BN": 64.0}, 0)  # == 64 in Python, not to Triton
+    fl.launch(k, (4,), (x, 7), OPTS | {"BM": True}, 0)
+    monkeypatch.setattr(triton.knobs.runtime, "debug", True)  # Triton recompiles for it
+    fl.launch(k, (4,), (x, 7), dict(OPTS), 0)
+    assert len(k.slow) == 4 and fl.direct_launches == 0
+    fl.launch(k, (4,), (x, 7), dict(OPTS), 0)  # the debug build is cached in its turn
+    assert len(k.slow) == 4 and fl.direct_launches == 1

@@ -12,7 +12,9 @@ nothing Triton specializes on has changed:
 * tensors: exact type torch.Tensor, the dtype and the address modulo 16 (Triton's pointer
   alignment specialization);
 * ints: the value itself (Triton specializes on == 1, divisibility by 16 and the width);
-* the options (constexprs, num_warps, ...): equal to the first launch's;
+* the options (constexprs, num_warps, ...): equal to the first launch's, value types
+  included, and Triton's own per-call knobs (`knobs.runtime.debug`,
+  `knobs.compilation.instrumentation_mode`) as they were then;
 * no launch hook installed (`triton.knobs.runtime.launch_enter_hook` / `_exit_hook`:
   profilers need the metadata that only Triton's path builds).
 
@@ -50,6 +52,16 @@ def _no_launch_hooks(runtime) -> bool:
     return True
 
 
+def _same_options(a: dict, b: dict) -> bool:
+    """Equal options, value types included (1, True and 1.0 compare equal in Python but are
+    different constexprs to Triton)."""
+    if a is b:
+        return True
+    if a != b:
+        return False
+    return all(type(v) is type(b[k]) for k, v in a.items())
+
+
 class FastLauncher:
     """Per (kernel, grid, specialization key): the compiled kernel Triton returned for it."""
 
@@ -62,10 +74,13 @@ class FastLauncher:
         import triton
 
         key = _spec_key(args)
+        knobs = triton.knobs
+        # what Triton folds into its own cache key on every call besides the arguments
+        mode = (knobs.runtime.debug, knobs.compilation.instrumentation_mode)
         entry = None if key is None else self._cache.get((kernel, grid, key))
-        if entry is not None and _no_launch_hooks(triton.knobs.runtime):
-            compiled, opts, tail = entry
-            if opts == options:
+        if entry is not None and _no_launch_hooks(knobs.runtime):
+            compiled, opts, tail, was = entry
+            if was == mode and _same_options(opts, options):
                 compiled.run(grid[0], grid[1] if len(grid) > 1 else 1,
                              grid[2] if len(grid) > 2 else 1, stream, compiled.function,
                              compiled.packed_metadata, None, None, None, *args, *tail)
@@ -75,4 +90,4 @@ class FastLauncher:
         names = list(getattr(kernel, "arg_names", ()))[len(args):]
         if key is not None and compiled is not None and all(n in options for n in names):
             self._cache[(kernel, grid, key)] = (compiled, dict(options),
-                                                tuple(options[n] for n in names))
+                                                tuple(options[n] for n in names), mode)

@@ -80,6 +80,7 @@ class CopyEngine:
         self.layout = buffer_layout(self.flat)
         self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
         self.done_handle = stream_ops.event_handle(self.done, self.stream)
+        self.flags = False  # gates are 0/1 flags (capturable=1), not epochs: see unstick
 
     def run(self, ops: list[tuple], ready: int, capturing: bool = False) -> None:
         """Enqueue `ops` (checked by `check_copy_ops` before the kernel launch) on the side
@@ -128,9 +129,17 @@ class CopyEngine:
 
     def unstick(self) -> None:
         """After a failure: satisfy the side stream's waits so it drains (stream waits have
-        no bound of their own). Writes from a fresh stream, which nothing blocks."""
+        no bound of their own). Writes from a fresh stream, which nothing blocks.
+
+        Not with flag gates (capturable=1): "behind" means nothing for a 0/1 flag (a gate
+        the copy engine passed and closed reads 0 and would be reopened, letting the next
+        call write a buffer its destination may still read), and nothing needs it: the
+        copy engine only waits on its own kernel's gates, which that kernel opens even when
+        a wait gave up, so the side stream always drains."""
         import torch
 
+        if self.flags:
+            return
         s = torch.cuda.Stream()
         for addr, value in self.pending_waits:
             current = _word_at(self.flat, addr, s)
@@ -197,7 +206,14 @@ class GpuRankRuntime:
 
 
 class TileLinkOp:
-    """A pattern compiled for one process group: call it like a function on local tensors."""
+    """A pattern compiled for one process group: call it like a function on local tensors.
+
+    Calls of one op run one after another on the GPU (they share its epoch, buffers and
+    signals): an eager call on another stream than the op's last call waits for it. Replays
+    of a captured call (comm=sm, the non-overlapped plan, capturable=1) are not tracked:
+    when you replay on one stream and call the op (or replay) on another, order the two
+    yourself, as for any two users of one buffer.
+    """
 
     def __init__(self, bound: BoundPattern, schedule, module, heap: SymmetricHeap, group,
                  spin_limit: int):
@@ -214,6 +230,8 @@ class TileLinkOp:
         abort = heap.tensors["ctl"][1:2]
         diag = torch.zeros(DIAG_WORDS, dtype=torch.int32, device=self.device)
         engine = CopyEngine(heap) if self.copy_engine else None
+        if engine is not None:
+            engine.flags = bool(getattr(module, "CAPTURABLE", 0))
         self.rt = GpuRankRuntime(heap.rank, heap.world, heap.tensors, heap.heap_bases, abort,
                                  diag, spin_limit, engine)
         self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
