@@ -91,7 +91,7 @@ def build_op(pattern: str, values: dict, config: dict, world: int = 2, rank: int
                                1000, engine)
     op.rt.ready = 3
     op.epoch, op._lock, op._device_index = 1, threading.Lock(), 0
-    op._end_event, op._last_end, op._kernel_done_handle = _Event(), None, 4
+    op._end_handle, op._last_end, op._kernel_done_handle, op._captured = 6, None, 4, False
     # the CUDA calls: no-ops (their cost on the GPU host is in tools/host_steps.py)
     for fn in ("record_event", "wait_event", "wait_value32", "write_value32", "copy_async"):
         setattr(stream_ops, fn, lambda *a: None)
@@ -101,10 +101,6 @@ def build_op(pattern: str, values: dict, config: dict, world: int = 2, rank: int
     torch.cuda.is_current_stream_capturing = lambda: False
     torch.Tensor.record_stream = lambda self, stream: None
     return op
-
-
-class _Event:
-    cuda_event = 5
 
 
 def main() -> int:

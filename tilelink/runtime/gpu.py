@@ -65,7 +65,7 @@ class CopyEngine:
     AG-GEMM call took ~400 us of host time against a 100 us GEMM (docs/perf.md).
     """
 
-    def __init__(self, heap: SymmetricHeap):
+    def __init__(self, heap: SymmetricHeap, flags: bool = False):
         import torch
 
         self.heap = heap
@@ -80,7 +80,7 @@ class CopyEngine:
         self.layout = buffer_layout(self.flat)
         self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
         self.done_handle = stream_ops.event_handle(self.done, self.stream)
-        self.flags = False  # gates are 0/1 flags (capturable=1), not epochs: see unstick
+        self.flags = flags  # gates are 0/1 flags (capturable=1), not epochs: see unstick
 
     def run(self, ops: list[tuple], ready: int, capturing: bool = False) -> None:
         """Enqueue `ops` (checked by `check_copy_ops` before the kernel launch) on the side
@@ -229,20 +229,21 @@ class TileLinkOp:
         # every rank's at the end of its launch (abort_everywhere in the templates)
         abort = heap.tensors["ctl"][1:2]
         diag = torch.zeros(DIAG_WORDS, dtype=torch.int32, device=self.device)
-        engine = CopyEngine(heap) if self.copy_engine else None
-        if engine is not None:
-            engine.flags = bool(getattr(module, "CAPTURABLE", 0))
+        engine = (CopyEngine(heap, flags=bool(getattr(module, "CAPTURABLE", 0)))
+                  if self.copy_engine else None)
         self.rt = GpuRankRuntime(heap.rank, heap.world, heap.tensors, heap.heap_bases, abort,
                                  diag, spin_limit, engine)
         self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
         self._lock = threading.Lock()
         self._device_index = self.device.index
-        # the end of the last call (its stream's raw handle, the event's): see _launch
+        # the end of the last call (its stream's raw handle, the event's): see _launch. Per-call
+        # events are re-recorded every call through the driver on raw handles (stream_ops),
+        # created here, where torch creates them (at a first record)
         self._end_event = torch.cuda.Event()
+        self._end_handle = stream_ops.event_handle(self._end_event)
         self._last_end: tuple[int, int] | None = None
+        self._captured = False  # a call was captured: check_diagnostics, see _launch_here
         if engine is not None:
-                # per-call events, re-recorded every call through the driver on raw handles
-            # (stream_ops): created here, where torch creates them (at a first record)
             self._ready = torch.cuda.Event()  # inputs written (the side stream waits on it)
             self.rt.ready = stream_ops.event_handle(self._ready, engine.stream)
             self.kernel_done = torch.cuda.Event()  # the kernel's end (check_diagnostics)
@@ -405,9 +406,8 @@ class TileLinkOp:
     def _record_call_end(self, stream: int, capturing: bool) -> None:
         if capturing:
             return  # an event of a capture cannot be waited on outside it
-        handle = stream_ops.event_handle(self._end_event)  # (created at the first call)
-        stream_ops.record_event(stream, handle)  # one event, re-recorded: no per-call alloc
-        self._last_end = (stream, handle)
+        stream_ops.record_event(stream, self._end_handle)  # one event, re-recorded
+        self._last_end = (stream, self._end_handle)
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Wait for the last call; raise HangError naming every wait that gave up (the GPU
@@ -425,7 +425,7 @@ class TileLinkOp:
             aborted = int(self.rt.abort.item())
         else:
             # the caller's stream joins the side stream: read the records on another stream
-            if getattr(self, "_captured", False):
+            if self._captured:
                 torch.cuda.synchronize()  # graph replays do not re-record kernel_done
             else:
                 getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
