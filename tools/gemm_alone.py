@@ -4,8 +4,12 @@
     python tools/gemm_alone.py --shapes 8192x8192x8192 --configs "block_n=128" "stages=4"
 
 At world size 1 the AG-GEMM kernel has no peer to wait for: with `comm=copy_engine` every
-program runs persistent GEMM tiles over the local rows, so timing it times TileLink's GEMM
-(the generated kernel, its tile order and loads) and nothing else. Each shape is M x N x K of
+program runs persistent GEMM tiles over the local rows, read in place (OWN_DIRECT), so timing
+it times TileLink's GEMM (the generated kernel, its tile order and loads) and nothing else.
+(Before session 8, OWN_DIRECT was off at W = 1: the copy engine first copied the rows into
+the gathered buffer and the tiles waited for it, which read 3-6% slow at 8192x4096x8192.)
+`--warm S` first runs cuBLAS back to back for S seconds so both are timed at the clock the
+GPU sustains, as in the bench (the 700 W cap: docs/perf.md). Each shape is M x N x K of
 the GEMM one rank runs at W=2 in the bench (N already divided by 2 for AG). cuBLAS is
 `torch.matmul` on the same operands, timed the same way (back-to-back calls, CUDA events,
 median of interleaved rounds), and the output is checked against it first.
@@ -24,12 +28,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 DEFAULT_SHAPES = ["8192x4096x8192", "8192x14336x8192", "8192x24576x12288"]
 
 
-def _measure_all(rank, world, shapes, configs, rounds, iters) -> list[tuple]:
+def _measure_all(rank, world, shapes, configs, rounds, iters, warm_s) -> list[tuple]:
     """One rank (W = 1, so compile_op has its process group): every shape x config."""
-    return [row for shape in shapes for row in _measure(shape, configs, rounds, iters)]
+    return [row for shape in shapes for row in _measure(shape, configs, rounds, iters, warm_s)]
 
 
-def _measure(shape: str, configs: list[str], rounds: int, iters: int) -> list[tuple]:
+def _heat(fn, seconds: float) -> None:
+    """Run `fn` back to back for `seconds`, so the GPU reaches the clock it sustains (the
+    700 W power cap brings an H200's SM clock from 1980 to 1230-1500 MHz within seconds of
+    GEMMs; the bench runs there, short sweeps at boost clock)."""
+    import time
+
+    import torch
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+
+
+def _measure(shape: str, configs: list[str], rounds: int, iters: int,
+             warm_s: float = 0.0) -> list[tuple]:
     import torch
 
     from tilelink.frontend import load_pattern
@@ -51,6 +71,7 @@ def _measure(shape: str, configs: list[str], rounds: int, iters: int) -> list[tu
             op.check_diagnostics()
             err = (out.float() - ref.float()).abs().max().item()
             tl_ms, cb_ms = [], []
+            _heat(lambda: torch.matmul(a, b), warm_s)
             for _ in range(rounds):  # interleaved so drift hits both alike
                 tl_ms.append(steady_state_ms(lambda: op(**ins), iters=iters))
                 cb_ms.append(steady_state_ms(lambda: torch.matmul(a, b), iters=iters))
@@ -70,12 +91,16 @@ def main() -> int:
                    help='schedule configs to try, e.g. "block_n=128 stages=4" ("" = default)')
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warm", type=float, default=0.0, metavar="SECONDS",
+                   help="run cuBLAS back to back this long before each config's rounds, so "
+                        "both are timed at the clock the GPU sustains (as in the bench)")
     args = p.parse_args()
     print(f"{'shape':>18} {'config':>28} {'TileLink ms':>11} {'cuBLAS ms':>9} "
           f"{'TL TFLOP/s':>10} {'cuBLAS':>7} {'TL/cuBLAS thpt':>14}  max err")
     from tilelink.runtime.launcher import launch_world
 
-    rows = launch_world(_measure_all, 1, args.shapes, args.configs, args.rounds, args.iters)
+    rows = launch_world(_measure_all, 1, args.shapes, args.configs, args.rounds, args.iters,
+                        args.warm)
     for s, cfg, t, c, tt, ct, err, note in rows:
         ratio = tt / ct if ct else float("nan")
         print(f"{s:>18} {cfg:>28} {t:11.3f} {c:9.3f} {tt:10.0f} {ct:7.0f} {ratio:14.3f}"

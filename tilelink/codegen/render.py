@@ -148,8 +148,9 @@ def _ag_gemm(s: Schedule) -> Context:
                          value=value)
     waits_nested = render_waits(dep, names, sig="sig_ptr", site=SITE_DATA, indent=16, flat=flat,
                                 value=value)
-    # own rows straight from the input when no tile straddles two ranks' rows
-    own_direct = int(bp.world > 1 and (m // bp.world) % s.config.block_m == 0)
+    # own rows straight from the input when no tile straddles two ranks' rows (at W = 1 too:
+    # there every row is this rank's, and a copy of them would only cost HBM bandwidth)
+    own_direct = int((m // bp.world) % s.config.block_m == 0)
     notify = slot_expr(dep.producer, {"chunk": "me * CHUNKS + j"})
     sites = {SITE_DATA: f"compute tile of {c.name} = gemm(...) waits for a chunk of {full.name} "
                         f"(all_gather at {_loc(ag_op.loc)}, used at {_loc(mm_op.loc)})",
