@@ -261,6 +261,27 @@ def test_ag_library_gemm_crosses_the_int32_epoch_wrap():
     _run(AG, 2, {"M": 64, "N": 32, "K": 32}, LIB, calls=4, first_epoch=2**31 - 2)
 
 
+@pytest.mark.parametrize("world,seed", [(1, 0), (2, 31), (3, 32), (4, 33), (4, 34)])
+def test_ag_library_gemm_capturable_back_to_back_with_random_delays(world, seed):
+    # capturable=1 with the library GEMM: one gathered buffer, so the done kernel of call e
+    # opens a peer's gate only once that peer finished call e; flag signals cleared by the
+    # done kernel before its release. Ragged rows (50 per rank, 32-row chunks), several
+    # calls over the one buffer, random host delays on each rank
+    _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+         LIB | {"comm_block_m": "32", "capturable": "1"}, calls=6, delays=world > 1, seed=seed)
+
+
+def test_ag_library_gemm_capturable_ops_carry_no_per_call_value():
+    from tilelink.codegen.compile import load_module
+
+    s = make_schedule(AG.bind({"M": 64, "N": 32, "K": 32}, 2), get_target("interp"),
+                      LIB | {"capturable": "1"})
+    mod = load_module(render_triton(s))
+    a = object()
+    assert mod.CAPTURABLE == 1 and mod.SYMMETRIC["a_full"][0][0] == 1
+    assert mod.copy_engine_ops(1, 7, a) == mod.copy_engine_ops(1, 8, a)
+
+
 def test_ag_library_gemm_with_a_dropped_signal_is_reported_not_hung():
     # the copy engine of every rank skips its data signals: each wait kernel gives up at its
     # spin bound and the report names the library GEMM's wait
@@ -393,10 +414,10 @@ def test_ag_capturable_copy_engine_ops_carry_no_per_call_value():
 def test_capturable_knob_checks():
     cuda = get_target("cuda:90")
     bp = AG.bind({"M": 1024, "N": 8192, "K": 8192}, 2)
-    for bad in ({"comm": "sm", "capturable": "1"},
-                {"comm": "copy_engine", "gemm": "library", "capturable": "1"}):
+    for bad in ({"comm": "sm", "capturable": "1"}, {"comm": "none", "capturable": "1"}):
         with pytest.raises(ConfigError, match="capturable=1 applies to all_gather>gemm"):
             make_schedule(bp, cuda, bad)
+    assert make_schedule(bp, cuda, LIB | {"capturable": "1"}).kernel == "ag_gemm_lib"
     with pytest.raises(ConfigError, match="capturable=1 applies to"):
         make_schedule(RS.bind({"M": 1024, "N": 8192, "K": 8192}, 2), cuda, CAPTURABLE)
     s = make_schedule(bp, cuda, CAPTURABLE)

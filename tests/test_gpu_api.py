@@ -178,8 +178,8 @@ class _FakeEngine:
         self.layout = [{"buf": (64, torch.bfloat16), "ctl": (8, torch.int32)}] * 2
         self.runs = []
 
-    def run(self, ops, ready):
-        self.runs.append((list(ops), ready))
+    def run(self, ops, ready, capturing=False):
+        self.runs.append((list(ops), ready) + ((True,) if capturing else ()))
 
 
 def _rank_runtime():
@@ -201,6 +201,10 @@ def test_copy_engine_ops_wait_for_the_launch_unless_started_now():
     rt.pending = []
     rt.copy_engine(OPS, start_now=True)  # gemm=library: enqueued at once, after `ready`
     assert rt.pending == [] and rt.engine.runs == [(OPS, "ready-event")]
+    # while the call is being captured the engine is told (it then skips record_stream)
+    rt.capturing = True
+    rt.copy_engine(OPS, start_now=True)
+    assert rt.engine.runs[-1] == (OPS, "ready-event", True)
 
 
 def test_the_warm_up_starts_no_copy_engine_op():

@@ -177,14 +177,16 @@ def _ag_gemm_lib(s: Schedule) -> Context:
     src_waits = render_waits(dep, {"rank": ("me", "me + 1"),
                                    "m": ("src * M_LOCAL", "(src + 1) * M_LOCAL"),
                                    "n": ("0", "N")},
-                             sig="sig_ptr", site=SITE_DATA, indent=4)
+                             sig="sig_ptr", site=SITE_DATA, indent=4,
+                             value="1" if s.config.capturable else "epoch")
     c = ctx.extra["c"]
     sites = dict(ctx.sites)
     sites[SITE_DATA] = sites[SITE_DATA].replace(f"compute tile of {c}",
                                                 f"the library GEMM of a source rank's rows of {c}")
     sites[SITE_RELEASE] = ("the done kernel, opening the copy engine's gate for the next call, "
-                           "waits for the destination rank to finish reading that buffer (the "
-                           "call before this one)")
+                           "waits for the destination rank to finish reading that buffer ("
+                           + ("this call: one buffer, capturable=1)" if s.config.capturable
+                              else "the call before this one)"))
     consts = {k: ctx.consts[k] for k in ("M", "N", "K", "M_LOCAL", "CHUNKS", "CB", "SLOTS")}
     return replace(ctx, consts=consts | dict(NUM_PROGRAMS=1, NUM_WARPS=1), tma=False,
                    sites=sites, waits=src_waits)

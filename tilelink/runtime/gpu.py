@@ -180,6 +180,7 @@ class GpuRankRuntime:
     ready: object = None
     compile_only: bool = False  # _warm_up: launch_kernel compiles and launches nothing
     stream: int = 0  # the call's stream (raw handle), set by TileLinkOp before each launch
+    capturing: bool = False  # the call's stream is being captured (set with `stream`)
     launcher: FastLauncher = field(default_factory=FastLauncher, repr=False)
 
     def launch_kernel(self, kernel, grid: tuple, args: tuple, options: dict) -> None:
@@ -199,7 +200,7 @@ class GpuRankRuntime:
         if self.engine is not None:
             check_copy_ops(ops, self.engine.layout)
             if start_now and not self.compile_only:  # (warm-up: nothing is enqueued)
-                self.engine.run(ops, self.ready)
+                self.engine.run(ops, self.ready, self.capturing)
                 self.pending = []
                 return
         self.pending = ops
@@ -368,7 +369,7 @@ class TileLinkOp:
         import torch
 
         stream = self.rt.stream = torch._C._cuda_getCurrentRawStream(self._device_index)
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing = self.rt.capturing = torch.cuda.is_current_stream_capturing()
         if capturing and self.copy_engine:
             if not getattr(self.module, "CAPTURABLE", 0):
                 raise NotSupportedError(

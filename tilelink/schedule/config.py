@@ -180,10 +180,10 @@ class ConfigSpace:
             bad.append("gemm=library takes no kernel knobs (flatten, reduce_after, fuse_reduce): "
                        "the GEMM is the library's")
         if cfg.capturable and not (signature in CAPTURABLE_COPY_ENGINE_SIGNATURES
-                                   and cfg.comm == "copy_engine" and cfg.gemm == "triton"):
+                                   and cfg.comm == "copy_engine"):
             bad.append("capturable=1 applies to " + ", ".join(CAPTURABLE_COPY_ENGINE_SIGNATURES)
-                       + " with comm=copy_engine and gemm=triton only (comm=sm kernels are "
-                       "capturable as they are; comm=none is NCCL + cuBLAS, capturable too)")
+                       + " with comm=copy_engine only (comm=sm kernels are capturable as they "
+                       "are; comm=none is NCCL + cuBLAS, capturable too)")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
             bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:
