@@ -452,6 +452,24 @@ def test_bench_end_to_end_on_two_gpus(path, defines, tmp_path, capsys):
     assert "gpu" in meta and "TileLink ms" in capsys.readouterr().out
 
 
+@pytest.mark.dist
+def test_bench_graph_mode_on_two_gpus(tmp_path, capsys):
+    # AG at a small shape: the default is the non-overlapped plan, whose captured calls take
+    # the overlapped capturable kernel (FallbackOp.captured_op): --graph times that kernel
+    out = tmp_path / "g.json"
+    argv = ["bench", AG, "-W", "2", "-D", "M=1024", "-D", "N=4096", "-D", "K=4096", "--graph",
+            "--json", str(out), "--warmup", "2", "--iters", "5", "--rounds", "1", "--reps", "2"]
+    assert main(argv) == 0, capsys.readouterr().err
+    meta, (r,) = load_json(str(out))
+    assert r.ok and r.graph and meta["timing"] == "CUDA graph replays"
+    assert "capturable=1" in r.config and "comm=copy_engine" in r.config, r.config
+    assert r.rel_err["tilelink"] < 1e-2 and r.steady_ms["tilelink"] > 0
+    # the baselines are captured too (async-TP may refuse capture: then it says so)
+    for k in ("nccl_cublas", "gemm", "nccl_comm", "ce_comm"):
+        assert k in r.steady_ms and "timed as CUDA graph replays" in r.notes[k], (k, r.failed)
+    assert "async_tp" in r.steady_ms or r.failed["async_tp"].startswith("not capturable")
+
+
 # ---------------------------------------------------------------- the per-rank body on gloo
 
 

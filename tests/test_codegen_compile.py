@@ -8,7 +8,7 @@ from tilelink.codegen import render_triton
 from tilelink.codegen.compile import compile_module, kernel_names, load_module
 from tilelink.errors import ConfigError, NotSupportedError
 from tilelink.frontend import load_text
-from tilelink.schedule import get_target, make_schedule
+from tilelink.schedule import captured_overrides, get_target, make_schedule
 
 from .conftest import EXAMPLES
 
@@ -165,17 +165,50 @@ def test_small_gemms_default_to_the_non_overlapped_plan_and_say_why():
     assert ragged.config.fuse_reduce == 0  # 4000 rows per rank: tiles would straddle ranks
 
 
+def test_small_ag_gemm_captured_calls_take_a_capturable_kernel():
+    # the fallback is chosen for host cost, which a CUDA-graph replay does not have: the
+    # schedule says captured calls run the overlapped kernel, and that kernel is capturable
+    bp = AG.bind({"M": "1024", "N": "8192", "K": "8192"}, 2)
+    target = get_target("cuda:90")
+    small = make_schedule(bp, target)
+    assert "captured in a CUDA graph run the overlapped kernel" in small.render()
+    over = captured_overrides(bp, target)
+    assert over == {"capturable": "1"}
+    twin = make_schedule(bp, target, over, allow_fallback=False)
+    c = twin.config
+    assert (c.comm, c.capturable, c.block_n, c.group_m) == ("copy_engine", 1, 128, 4)
+    mod = load_module(render_triton(twin))
+    assert mod.CAPTURABLE == 1 and mod.OWN_DIRECT == 1
+    assert "ptx" in compile_module(render_triton(twin), target).asm
+    # not where it measured no faster: 256 rows per rank, or a tiny GEMM
+    for sizes in ({"M": "512", "N": "8192", "K": "8192"}, {"M": "1024", "N": "1024", "K": "512"}):
+        small_bp = AG.bind(sizes, 2)
+        assert captured_overrides(small_bp, target) is None
+        assert "CUDA graph" not in make_schedule(small_bp, target).render()
+    # no such variant for GEMM-RS (no capturable copy-engine protocol) or the interpreter
+    rs = RS.bind({"M": "1024", "N": "8192", "K": "2048"}, 2)
+    assert captured_overrides(rs, target) is None
+    assert "CUDA graph" not in make_schedule(rs, target).render()
+    assert captured_overrides(bp, get_target("interp")) is None
+    # measured at W = 2 only: not taken at W = 4 (512 rows per rank there too)
+    assert captured_overrides(AG.bind({"M": "2048", "N": "8192", "K": "8192"}, 4), target) is None
+
+
 def test_one_wave_ag_gemm_takes_two_waves_of_smaller_tiles_own_rows_first():
     # AG M = 1024, K = 16384 (137 GFLOP per rank, above the fallback threshold): 8 x 16
     # tiles of 128x256 fill less than one wave of 132 SMs; the default takes 128x128 tiles
-    # (two waves), tiles ordered row block by row block (group_m=1) so the first wave is
+    # (two waves), in groups of this rank's 4 row blocks (group_m=4) so the first wave is
     # this rank's rows, and the peers' shards in one chunk each
     s = make_schedule(AG.bind({"M": "1024", "N": "8192", "K": "16384"}, 2),
                       get_target("cuda:90"))
     c = s.config
     assert (c.comm, c.block_m, c.block_n, c.group_m, c.comm_block_m) == \
-        ("copy_engine", 128, 128, 1, 512)
+        ("copy_engine", 128, 128, 4, 512)
     render_triton(s)
+    # W = 4: 2 row blocks per rank, and no group size of the space divides 2 but 1
+    s4 = make_schedule(AG.bind({"M": "1024", "N": "16384", "K": "16384"}, 4),
+                       get_target("cuda:90"))
+    assert (s4.config.block_n, s4.config.group_m, s4.config.comm_block_m) == (128, 1, 256)
 
 
 @pytest.mark.parametrize("pattern,sizes", [

@@ -124,12 +124,10 @@ NVSHMEM_CASES = {
     "ptr_ag_sm_even": RunSpec(AG, EVEN, SM, calls=5, **NV_PTR),
     "ptr_rs_ce_even": RunSpec(RS, EVEN, RS_CE, calls=5, **NV_PTR),
 }
-# Added after the last GPU run: run in a world of their own, so a failure cannot take the
-# verified cases with it. Move them into CASES once they have passed on GPUs.
 # Session 7: the capturable copy-engine protocol (capturable=1: flag gates and data signals,
-# one gathered buffer), eager under stress and captured in a CUDA graph.
+# one gathered buffer), eager under stress and captured in a CUDA graph (GPU-run session 8).
 AG_CAP = CE | {"capturable": "1"}
-NOT_YET_RUN: dict = {
+CASES |= {
     "ag_cap_ragged_delays": RunSpec(AG, RAGGED_AG, AG_CAP, calls=100, delays=True, seed=16),
     "ag_cap_even_delays": RunSpec(AG, EVEN, AG_CAP | {"comm_block_m": "256"}, calls=100,
                                   delays=True, seed=17),
@@ -142,6 +140,32 @@ NOT_YET_RUN: dict = {
     "ag_cap_small_graph": RunSpec(AG, SMALL, AG_SMALL | {"capturable": "1"}, calls=20,
                                   graph=True),
 }
+# Added after the last GPU run: run in a world of their own, so a failure cannot take the
+# verified cases with it. Move them into CASES once they have passed on GPUs.
+# Session 8: the default plan at small AG shapes is the non-overlapped one, whose captured
+# calls take the overlapped capturable kernel (FallbackOp.captured_op); eager calls and
+# replays mixed on one stream, for that op and for a capturable kernel op.
+# (shapes in the region where the scheduler gives captured calls the kernel at W = 2: >= 512
+# rows and 16-100 GFLOP per rank, also at W = 4 and 8 were it extended there; the ragged one
+# copies its own rows too: 2200, 1100 and 550 rows per rank, none a multiple of 128)
+CAPTURED_EVEN = {"M": "4096", "N": "4096", "K": "4096"}
+CAPTURED_RAGGED = {"M": "4400", "N": "4000", "K": "4000"}
+NOT_YET_RUN: dict = {
+    "ag_default_even_graph": RunSpec(AG, CAPTURED_EVEN, {}, calls=20, graph=True),
+    "ag_default_ragged_graph_mixed": RunSpec(AG, CAPTURED_RAGGED, {}, calls=20, graph=True,
+                                             mixed=True),
+    "ag_cap_graph_mixed": RunSpec(AG, EVEN, AG_CAP, calls=20, graph=True, mixed=True),
+    # the library GEMM with the capturable protocol (the done kernel opens a peer's gate once
+    # the peer finished this call: one buffer)
+    "ag_lib_cap_delays": RunSpec(AG, RAGGED_AG, AG_LIB | {"capturable": "1"}, calls=100,
+                                 delays=True, seed=19),
+    "ag_lib_cap_graph": RunSpec(AG, EVEN, AG_LIB | {"capturable": "1"}, calls=20, graph=True),
+    "ag_lib_cap_ragged_graph_mixed": RunSpec(AG, RAGGED_AG, AG_LIB | {"capturable": "1"},
+                                             calls=20, graph=True, mixed=True),
+}
+# cases whose default plan is the non-overlapped one: their captures must take the kernel
+# (where the scheduler gives captured calls one: W = 2)
+CAPTURED_KERNEL = ("ag_default_even_graph", "ag_default_ragged_graph_mixed")
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                                       check=False, **NV),
@@ -187,12 +211,15 @@ def nvshmem_results():
     return _world(NVSHMEM_CASES | NVSHMEM_WATCHDOG)
 
 
-def _assert_ok(res):
+def _assert_ok(res, captured_kernel: bool = False):
     for r in res["ranks"]:
         assert r.get("error") is None, r["error"]
         assert r["hang"] is None, r["hang"]
         assert r["bad_calls"] == 0, (r["rank"], r["errors"])
         assert r["errors"], "nothing was compared"
+        if captured_kernel:
+            assert "comm=none" in r["config"], r["config"]
+            assert "capturable=1" in (r.get("captured_config") or ""), r.get("captured_config")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -202,7 +229,7 @@ def test_torch_symmetric_memory(torch_results, case):
 
 @pytest.mark.parametrize("case", list(NOT_YET_RUN))
 def test_not_yet_run_on_gpus(new_results, case):
-    _assert_ok(new_results[case])
+    _assert_ok(new_results[case], captured_kernel=case in CAPTURED_KERNEL and WORLD == 2)
 
 
 @pytest.mark.parametrize("case", list(NVSHMEM_CASES))

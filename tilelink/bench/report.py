@@ -96,6 +96,7 @@ class BenchResult:
     tl_vs_nccl_cublas_max_abs: float | None = None                   # TileLink vs NCCL+cuBLAS
     failed: dict[str, str] = field(default_factory=dict)             # system -> why
     notes: dict[str, str] = field(default_factory=dict)              # system -> what is timed
+    graph: bool = False  # every system timed as CUDA graph replays (bench --graph)
 
     @property
     def label(self) -> str:
@@ -267,6 +268,7 @@ def format_table(results: list[BenchResult], markdown: bool = False) -> str:
 def format_detail(r: BenchResult) -> str:
     """One shape, one line per system: steady / single-call ms, TFLOP/s or GB/s, ratios."""
     head = (f"{r.label} {r.pattern} {r.shape} W={r.world}"
+            + (" (CUDA graph replays)" if r.graph else "")
             + (f"  config: {r.config}" if r.config else ""))
     lines = [head, (f"  {'system':<24}{'steady ms':>10}{'1-call ms':>11}{'rate':>14}"
                     f"{'vs floor':>10}{'TL speedup':>12}  check")]
@@ -301,7 +303,10 @@ def format_markdown_section(results: list[BenchResult], meta: dict,
     lines = [f"### {meta.get('date', '?')}: {meta.get('gpu', '?')} ({meta.get('host', '?')})",
              "", f"Versions: {vers}; tilelink {meta.get('tilelink_commit', '?')}.", "",
              "Reproduce:", "", "```", meta.get("command", "?"), "```", "",
-             ("Steady-state ms per call (back-to-back calls, CUDA events after warm-up, max "
+             ("Steady-state ms per call (back-to-back "
+              + ("CUDA graph replays of each system's call" if meta.get("timing") ==
+                 "CUDA graph replays" else "calls")
+              + ", CUDA events after warm-up, max "
               "over ranks); `1-call ms` is one TileLink call started from idle. TFLOP/s per "
               "GPU. floor = max(cuBLAS GEMM alone, fastest comm alone). `× X` = X's time / "
               "TileLink's."), "", format_table(results, markdown=True)]

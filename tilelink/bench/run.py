@@ -29,6 +29,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from .report import (
+    COMM,
     NAMES,
     SYSTEMS,
     BenchResult,
@@ -57,11 +58,13 @@ class Options:
     seed: int = 0
     systems: tuple[str, ...] = SYSTEMS
     tuned: bool = False  # use a config cached by `tilelink tune` (else the default schedule)
+    graph: bool = False  # capture every system's call in a CUDA graph; time the replays
 
 
 def steps_per_shape(opts: Options) -> int:
-    """Progress steps of one shape: compile, check, rounds × systems, single calls."""
-    return 3 + (opts.rounds + 1) * len(opts.systems)  # + the untimed warm-up round
+    """Progress steps of one shape: compile, check, (capture,) rounds × systems, single
+    calls."""
+    return 3 + int(opts.graph) + (opts.rounds + 1) * len(opts.systems)  # + the warm-up round
 
 
 def bench_rank(rank: int, world: int, specs: list[Spec], opts: Options) -> list[BenchResult]:
@@ -191,8 +194,11 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
                 _loud(rank, f"{NAMES[key]} on {shape}: {res.failed[key]} — not timed, "
                       "row marked FAILED" if key == "tilelink" else
                       f"{NAMES[key]} on {shape}: {res.failed[key]} — not timed")
-    del ref, nccl_out
     fns = {key: f for key, f in fns.items() if key in opts.systems and key not in res.failed}
+    if opts.graph:
+        _step(progress, f"{shape}: capturing every system in a CUDA graph")
+        fns = _capture_all(fns, res, op, ref, nccl_out, k, dtype, slack, group, rank)
+    del ref, nccl_out
 
     # 4. Steady state, interleaved rounds. One untimed round first brings clocks and power
     # to steady state; then each round starts at a different system (the same rotation on
@@ -238,6 +244,88 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
                 _loud(rank, f"TileLink on {shape}: {res.failed['tilelink']} — row FAILED")
     dist.barrier(group=group)
     return res
+
+
+def _graphed(fn):
+    """(replay, output): `fn`'s call captured in a CUDA graph, after two eager warm-up calls
+    on a side stream (lazy set-up, e.g. NCCL's, stays out of the capture)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def _capture_all(fns: dict, res: BenchResult, op, ref, nccl_out, k: int, dtype: str,
+                 slack: float, group, rank: int) -> dict:
+    """--graph: replace each checked system's call by the replay of a CUDA graph that
+    captured it, after checking one replay: its output is poisoned first, then compared with
+    the fp32 reference (TileLink: a captured call may take another kernel than an eager one,
+    FallbackOp.captured_op) or with the same system's eager output (the baselines: their own
+    checks, done eagerly above, cover what the output must be). A system whose capture
+    fails is marked FAILED, as a failed check would be. Collective: every rank captures the
+    same systems in the same order."""
+    import torch
+
+    from . import baselines as bl
+
+    graphs = {}
+    for key in list(fns):
+        try:
+            want = fns[key]()
+            torch.cuda.synchronize()
+            want = want.clone()
+            graph, out = _graphed(fns[key])
+            graphs[key] = (graph, out)
+            if key not in COMM:  # (a comm buffer also holds rows no one writes: not poisoned)
+                out.fill_(float("nan"))
+            bl._sync_barrier(group)
+            graph.replay()
+            bl._sync_barrier(group)
+            if key == "tilelink":
+                _diagnostics(op)
+                m, r, ok = bl.compare(out, ref, k, dtype, slack)
+                if nccl_out is not None:  # the replay's, not the eager call's, difference
+                    d = float((out.float() - nccl_out.float()).abs().max())
+                    res.tl_vs_nccl_cublas_max_abs = _agree(group, d, 0.0, True)[0]
+            elif key in COMM:
+                ok = bool(torch.equal(out.view(torch.uint8), want.view(torch.uint8)))  # bits
+                m, r = (0.0, 0.0) if ok else (float("inf"), 1.0)
+            else:
+                m, r, ok = bl.compare(out, want.float(), k, dtype, slack)
+        except Exception as e:  # noqa: BLE001 — a system that cannot be captured is reported
+            _report_exception(rank, key, e)
+            m, r, ok = float("inf"), float("inf"), False
+            res.failed[key] = (f"not capturable: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0][:140] if str(e) else ''}")
+        m, r, ok = _agree(group, m, r, ok)
+        if not ok:
+            res.failed.setdefault(key, f"CUDA graph replay differs: max abs err {m:.3g}")
+            fns.pop(key)
+            graphs.pop(key, None)
+            if rank == 0:
+                _loud(rank, f"{NAMES[key]} on {res.label} {res.shape} (--graph): "
+                      f"{res.failed[key]} — not timed")
+            continue
+        if key == "tilelink":
+            res.max_abs_err[key], res.rel_err[key] = m, r
+            captured = getattr(op, "captured_op", None)
+            if captured is not None:
+                res.config = str(captured.config)
+                res.notes[key] += (f"; captured calls take the overlapped kernel: "
+                                   f"{captured.config}")
+        res.notes[key] = res.notes.get(key, "") + "; timed as CUDA graph replays"
+        fns[key] = graphs[key][0].replay
+    res.graph = True
+    return fns
 
 
 def _report_exception(rank: int, key: str, e: Exception) -> None:

@@ -68,6 +68,11 @@ def add_parser(sub) -> None:
                    help="time only these systems (default: all): " + ", ".join(SYSTEM_NAMES) +
                    ". E.g. --systems tilelink,gemm times TileLink and cuBLAS without the "
                    "other baselines between their rounds; the floor needs gemm and a comm")
+    b.add_argument("--graph", action="store_true",
+                   help="capture each system's call in a CUDA graph and time its replays (the "
+                   "host leaves the critical path, as in a model that replays graphs); each "
+                   "replay's output is checked first. TileLink ops that cannot be captured "
+                   "are marked FAILED (AG-GEMM copy-engine configs need capturable=1)")
     b.add_argument("--tuned", action="store_true",
                    help="use the config `tilelink tune` cached for each shape, if any (default: "
                    "the schedule's default config, or --config)")
@@ -140,6 +145,8 @@ def command_line(args) -> str:
         parts += [f"--{flag}", str(getattr(args, flag))]
     if getattr(args, "systems", None):
         parts += ["--systems", args.systems]
+    if getattr(args, "graph", False):
+        parts += ["--graph"]
     if args.json:
         parts += ["--json", args.json]
     if args.plot:
@@ -165,11 +172,14 @@ def run(args) -> int:
     from ..runtime.launcher import launch_world
 
     opts = Options(warmup=args.warmup, iters=args.iters, rounds=args.rounds, reps=args.reps,
-                   tuned=args.tuned, seed=args.seed, systems=systems)
+                   tuned=args.tuned, seed=args.seed, systems=systems, graph=args.graph)
     results = launch_world(bench_rank, args.world_size, specs, opts)
     if int(os.environ.get("RANK", "0")) != 0 or results is None:
         return 0  # under torchrun: rank 0 reports
     meta = collect_meta(command_line(args))
+    meta["timing"] = "CUDA graph replays" if args.graph else "eager calls"
+    if args.graph:
+        print("(every system timed as CUDA graph replays)")
     print(format_table(results))
     if args.json:
         dump_json(results, meta, args.json)
@@ -187,5 +197,6 @@ def run(args) -> int:
 
 
 def _title(meta: dict) -> str:
-    return (f"TileLink vs baselines — {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}, "
-            f"triton {meta.get('triton', '?')}, {meta.get('date', '')}")
+    graph = " (CUDA graph replays)" if meta.get("timing") == "CUDA graph replays" else ""
+    return (f"TileLink vs baselines{graph} — {meta.get('gpu', '?')}, torch "
+            f"{meta.get('torch', '?')}, triton {meta.get('triton', '?')}, {meta.get('date', '')}")

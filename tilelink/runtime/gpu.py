@@ -26,7 +26,7 @@ from ..codegen.compile import load_module
 from ..errors import ConfigError, HangError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, Pattern
 from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
-from ..schedule import get_target, make_schedule
+from ..schedule import captured_overrides, get_target, make_schedule
 from .api import _drop_data_notifies, describe_wait
 from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_ops import buffer_layout, check_copy_ops
@@ -479,7 +479,12 @@ class FallbackOp(TileLinkOp):
     """The non-overlapped plan (comm=none): NCCL collective, then cuBLAS GEMM (torch ops).
 
     Same interface as TileLinkOp, so callers need not care which plan the schedule chose.
+    `captured_op`: where the scheduler chose this plan for its host cost and an overlapped
+    kernel can be captured, that kernel's op; calls made while the stream is being captured
+    in a CUDA graph go to it (a replay has no host work per call, so there the overlap pays).
     """
+
+    captured_op: TileLinkOp | None = None
 
     def __init__(self, bound: BoundPattern, schedule, group):
         import torch
@@ -499,6 +504,10 @@ class FallbackOp(TileLinkOp):
         self._lean = _lean_operands(bound)
 
     def __call__(self, *args, **kwargs):
+        import torch
+
+        if self.captured_op is not None and torch.cuda.is_current_stream_capturing():
+            return self.captured_op(*args, **kwargs)
         ins = self._bind(args, kwargs)
         if self._lean is None:
             from .dist_reference import evaluate_local
@@ -529,7 +538,9 @@ class FallbackOp(TileLinkOp):
         return out
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
-        """Nothing spins in the non-overlapped plan."""
+        """Nothing spins in the non-overlapped plan; the captured calls' kernel is checked."""
+        if self.captured_op is not None and self.captured_op._captured:
+            self.captured_op.check_diagnostics(timeout)
 
 
 def _check_world_order(group) -> None:
@@ -641,14 +652,25 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     s = make_schedule(bp, target, overrides, base=base)
     limit = spin_limit or DEFAULT_SPIN_LIMIT
     _agree(f"{s.config} spin_limit={limit} backend={backend} fault={fault}", group)
-    key = _op_key(bp, s.config, backend, group, limit, fault)
+    # the scheduler's own fallback (not one asked for) may have a kernel for captured calls
+    captured = (captured_overrides(bp, target)
+                if s.config.comm == "none" and base is None and not overrides else None)
+    key = _op_key(bp, s.config, backend, group, limit, fault) + (captured is not None,)
     if key in _OPS:
         return _OPS[key]
     if s.config.comm == "none":
         if verbose:
             print(f"tilelink: {bp.name}: non-overlapped plan (comm=none)")
-        _OPS[key] = FallbackOp(bp, s, group)
-        return _OPS[key]
+        op = FallbackOp(bp, s, group)
+        if captured is not None:
+            # the scheduler chose this plan for its host cost, which a graph replay does not
+            # have: captured calls take the overlapped kernel (schedule note says so)
+            twin = make_schedule(bp, target, captured, allow_fallback=False).config
+            op.captured_op = compile_op(bp, config=twin, group=group, backend=backend,
+                                        spin_limit=spin_limit, tuned=False, fault=fault,
+                                        verbose=verbose)
+        _OPS[key] = op
+        return op
     source = render_triton(s)
     if fault == "drop_notify":
         source = _drop_data_notifies(source)

@@ -25,6 +25,7 @@ class RunSpec:
     check: bool = True
     delays: bool = False  # random busy-wait on the GPU before each launch (race stress)
     graph: bool = False  # capture one call in a CUDA graph, replay it `calls` times
+    mixed: bool = False  # with graph: every other call eager instead of a replay, same stream
     backend: str = "torch"
     spin_limit: int | None = None
     fault: str | None = None  # "drop_notify": the watchdog test
@@ -61,13 +62,16 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     outputs = []
     try:
         if spec.graph:
-            outputs = _graph_replays(op, inputs)
+            outputs = _graph_replays(op, inputs, spec.mixed)
         else:
             for ins in inputs:
                 if spec.delays:
                     _delay(rng)
                 outputs.append(op(**ins))
         op.check_diagnostics()
+        captured = getattr(op, "captured_op", None)  # FallbackOp: the kernel captures took
+        if captured is not None and captured._captured:
+            summary["captured_config"] = str(captured.config)
     except TileLinkError as e:
         summary["hang"] = f"{type(e).__name__}: {e}"
     # checking and timing are collective: every rank must skip them if any rank's wait gave up
@@ -101,8 +105,9 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     return {"pattern": bp.name, "sizes": bp.sizes_str(), "world": world, "ranks": everyone}
 
 
-def _graph_replays(op, inputs) -> list:
-    """Capture one call (static input/output tensors) and replay it once per input."""
+def _graph_replays(op, inputs, mixed: bool = False) -> list:
+    """Capture one call (static input/output tensors) and replay it once per input; `mixed`:
+    every other input is an eager call instead, on the same stream as the replays."""
     import torch
 
     static_in = {k: v.clone() for k, v in inputs[0].items()}
@@ -114,7 +119,10 @@ def _graph_replays(op, inputs) -> list:
             static_out = op(**static_in)
     torch.cuda.current_stream().wait_stream(s)
     outs = []
-    for ins in inputs:
+    for i, ins in enumerate(inputs):
+        if mixed and i % 2:
+            outs.append(op(**ins))
+            continue
         for k, v in ins.items():
             static_in[k].copy_(v)
         graph.replay()

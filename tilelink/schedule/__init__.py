@@ -1,7 +1,7 @@
 """Schedule: configs and their space, targets, roles and the program split."""
 
 from .config import COMM_RESOURCES, ORDERS, Config, ConfigSpace
-from .schedule import (KERNELS, Role, Schedule, default_config, make_schedule,
+from .schedule import (KERNELS, Role, Schedule, captured_overrides, default_config, make_schedule,
                        program_order_violations, require_kernel)
 from .targets import TARGETS, Target, get_target
 
@@ -15,6 +15,7 @@ __all__ = [
     "Role",
     "Schedule",
     "Target",
+    "captured_overrides",
     "default_config",
     "get_target",
     "make_schedule",

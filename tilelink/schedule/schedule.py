@@ -142,6 +142,29 @@ def gemm_flops_per_rank(bp: BoundPattern) -> float:
     return total
 
 
+def captured_overrides(bp: BoundPattern, target: Target) -> dict[str, str] | None:
+    """Config overrides (on the overlapped default) for calls captured in a CUDA graph, where
+    the default plan is the non-overlapped one because of host cost; None where there is no
+    such variant. The fallback threshold is about host work per call, which a graph replay
+    does not have: AG-GEMM's capturable copy-engine protocol then wins (docs/perf.md)."""
+    if target.backend == "interp" or bp.signature() != "all_gather>gemm" or bp.world != 2:
+        return None  # (measured at W = 2 only)
+    rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
+    if rows < CAPTURED_MIN_ROWS or gemm_flops_per_rank(bp) < CAPTURED_MIN_FLOPS:
+        return None
+    return {"capturable": "1"}
+
+
+# Where the captured overlapped kernel beats NCCL + cuBLAS replayed the same way (2x H200,
+# graph replays, ms): M x N x K = 1024x8192x8192 0.107 vs 0.146; 1024x4096x4096 0.055 vs
+# 0.064; 2048x4096x4096 0.069 vs 0.102. Where it does not: 512x8192x8192 0.086 vs 0.086 (256
+# rows per rank); 256x8192x8192 0.079 vs 0.066; 1024x1024x512 (0.5 GFLOP) 0.028 vs 0.018.
+# With few rows per rank the peers' tiles wait for their rows in the one wave there is, and
+# tiny GEMMs are launch-bound. Unmeasured elsewhere (W = 4 and 8): not taken there.
+CAPTURED_MIN_ROWS = 512
+CAPTURED_MIN_FLOPS = 16e9
+
+
 def _pow2_at_most(x: int) -> int:
     return 1 << max(0, int(x).bit_length() - 1)
 
@@ -159,22 +182,33 @@ def default_config(bp: BoundPattern, target: Target,
     flops = gemm_flops_per_rank(bp)
     if (allow_fallback and sig in FALLBACK_SIGNATURES and bp.world > 1
             and 0 < flops < FALLBACK_GEMM_FLOPS):
-        return replace(base, comm="none"), (
-            f"non-overlapped plan chosen: the GEMM is {flops / 1e9:.0f} GFLOP per rank "
-            f"(< {FALLBACK_GEMM_FLOPS / 1e9:.0f}, about 0.15 ms on an H200), too short to "
-            "hide the first chunk's transfer, the side-stream setup and the host's launch "
-            "work behind; NCCL + cuBLAS is as fast or faster there (measured, docs/perf.md)")
+        why = (f"non-overlapped plan chosen: the GEMM is {flops / 1e9:.0f} GFLOP per rank "
+               f"(< {FALLBACK_GEMM_FLOPS / 1e9:.0f}, about 0.15 ms on an H200), too short to "
+               "hide the first chunk's transfer, the side-stream setup and the host's launch "
+               "work behind; NCCL + cuBLAS is as fast or faster there (measured, docs/perf.md)")
+        captured = captured_overrides(bp, target)
+        if captured is not None:
+            why += ("; calls captured in a CUDA graph run the overlapped kernel instead ("
+                    + " ".join(f"{k}={v}" for k, v in captured.items()) + " on the overlapped "
+                    "default): a replay has no host work per call (2x H200, AG M = 1024: "
+                    "0.107 ms against 0.147 for NCCL + cuBLAS replayed the same way)")
+        return replace(base, comm="none"), why
     if sig == "all_gather>gemm":
         # the copy engine is the fastest mover (DESIGN.md); a few large chunks per rank
         rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
         if _output_tiles(bp, base) <= target.num_sms:
             # one wave of 128x256 tiles or less: 128x128 tiles make two waves, the first on
-            # this rank's rows (group_m=1 keeps a group from spanning the ranks' rows) while
-            # the copy engine brings the peers' rows in one chunk each. Measured on 2x H200
-            # at AG M = 1024 (below the fallback threshold since; --config comm=copy_engine
-            # gets it): 0.126 ms against 0.143 with group_m=8 and 0.20 with 128x256 tiles
+            # this rank's rows while the copy engine brings the peers' rows in one chunk
+            # each. group_m: the largest that divides this rank's row blocks, so the first
+            # groups (own rows first) never span into a peer's rows. Measured on 2x H200 at
+            # AG M = 1024 (below the fallback threshold; --config comm=copy_engine gets it),
+            # CUDA-graph replays, capturable=1: 0.107 ms with group_m=4 (= 512 / 128), 0.116
+            # with group_m=1, 0.139 with group_m=8; 128x256 tiles 0.131 (one wave whose peer
+            # tiles wait for the whole peer shard)
             chunk = min(max(ConfigSpace().comm_block_m), max(16, _pow2_at_most(rows)))
-            return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=1,
+            own_blocks = max(1, rows // 128)
+            group = max(g for g in ConfigSpace().group_m if own_blocks % g == 0)
+            return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=group,
                            comm_block_m=chunk), None
         # two chunks per shard at W = 2; at W > 2 the W - 1 shards, pushed one after another
         # in the order the tiles read them, already pipeline the transfer, and one chunk per
