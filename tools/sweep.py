@@ -25,27 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _graphed(fn):
-    """(replay, output): `fn`'s call captured in a CUDA graph, after two eager warm-up calls
-    on a side stream (compilation and NCCL's set-up stay out of the capture)."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph.replay, out
-
-
 def _rank(rank, world, pattern, values, configs, iters, baselines=(), graph=False):
     import torch
 
     from tilelink.bench import baselines as bl
+    from tilelink.bench.run import capture_call  # (the bench's --graph capture)
     from tilelink.frontend import load_pattern
     from tilelink.runtime.dist_reference import evaluate_local
     from tilelink.runtime.gpu import compile_op
@@ -62,7 +46,8 @@ def _rank(rank, world, pattern, values, configs, iters, baselines=(), graph=Fals
             ins = op.make_inputs(0)
             call = lambda: op(**ins)  # noqa: E731
             if graph:
-                call, out = _graphed(call)
+                graph_, out = capture_call(call)
+                call = graph_.replay  # (the bound method keeps the graph alive)
                 call()
             else:
                 out = call()
@@ -79,7 +64,7 @@ def _rank(rank, world, pattern, values, configs, iters, baselines=(), graph=Fals
         base = bl.build(bp, ins)
         for key in baselines:
             try:
-                fn = _graphed(base[key].fn)[0] if graph else base[key].fn
+                fn = capture_call(base[key].fn)[0].replay if graph else base[key].fn
                 ms = steady_state_ms(fn, warmup=5, iters=iters)
                 rows.append((f"[baseline {key}]", ms, float("nan"), ""))
             except Exception as e:  # e.g. a baseline that cannot be captured

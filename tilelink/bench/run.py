@@ -246,7 +246,7 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     return res
 
 
-def _graphed(fn):
+def capture_call(fn):
     """(replay, output): `fn`'s call captured in a CUDA graph, after two eager warm-up calls
     on a side stream (lazy set-up, e.g. NCCL's, stays out of the capture)."""
     import torch
@@ -283,7 +283,7 @@ def _capture_all(fns: dict, res: BenchResult, op, ref, nccl_out, k: int, dtype: 
             want = fns[key]()
             torch.cuda.synchronize()
             want = want.clone()
-            graph, out = _graphed(fns[key])
+            graph, out = capture_call(fns[key])
             graphs[key] = (graph, out)
             if key not in COMM:  # (a comm buffer also holds rows no one writes: not poisoned)
                 out.fill_(float("nan"))
