@@ -8,6 +8,7 @@ from tilelink.codegen import render_triton
 from tilelink.codegen.compile import compile_module, kernel_names, load_module
 from tilelink.errors import ConfigError, NotSupportedError
 from tilelink.frontend import load_text
+from tilelink.frontend.text import parse_text
 from tilelink.schedule import captured_overrides, get_target, make_schedule
 
 from .conftest import EXAMPLES
@@ -192,6 +193,19 @@ def test_small_ag_gemm_captured_calls_take_a_capturable_kernel():
     assert captured_overrides(bp, get_target("interp")) is None
     # measured at W = 2 only: not taken at W = 4 (512 rows per rank there too)
     assert captured_overrides(AG.bind({"M": "2048", "N": "8192", "K": "8192"}, 4), target) is None
+    # only the lean form the kernel computes: a pattern that also returns the gathered
+    # tensor (or gathers along dim 1) keeps the fallback's generic path when captured too
+    both = parse_text("""
+pattern both(M = 1024, N = 8192, K = 8192, dtype = bf16)
+    a : [M, K] dtype shard(0)
+    b : [K, N / W] dtype
+    a_full = all_gather(a, dim = 0)
+    c = gemm(a_full, b)
+    return a_full, c
+""", "both.tl").bind({}, 2)
+    assert make_schedule(both, target).config.comm == "none"
+    assert captured_overrides(both, target) is None
+    assert "CUDA graph" not in make_schedule(both, target).render()
 
 
 def test_one_wave_ag_gemm_takes_two_waves_of_smaller_tiles_own_rows_first():

@@ -84,11 +84,10 @@ def test_fallback_takes_the_lean_path_only_where_it_means_the_same():
     """FallbackOp runs AG->GEMM / GEMM->RS as NCCL + cuBLAS calls; every other pattern (or
     a gather along another dim) goes through the generic non-overlapped evaluation."""
     from tilelink.frontend.text import parse_text
-    from tilelink.runtime.gpu import _lean_operands
 
-    assert _lean_operands(AG.bind({}, 2)) == ("a", "b")
-    assert _lean_operands(load_text(EXAMPLES / "gemm_rs.tl").bind({}, 2)) == ("a", "b")
-    assert _lean_operands(load_text(EXAMPLES / "gemm_ar.tl").bind({}, 2)) is None
+    assert AG.bind({}, 2).lean_operands() == ("a", "b")
+    assert load_text(EXAMPLES / "gemm_rs.tl").bind({}, 2).lean_operands() == ("a", "b")
+    assert load_text(EXAMPLES / "gemm_ar.tl").bind({}, 2).lean_operands() is None
     swapped = parse_text("""
 pattern swapped(M = 256, N = 192, K = 128, dtype = bf16)
     a : [M, K] dtype shard(0)
@@ -97,7 +96,7 @@ pattern swapped(M = 256, N = 192, K = 128, dtype = bf16)
     c = gemm(b, a_full)
     return c
 """, "swapped.tl")
-    assert _lean_operands(swapped.bind({}, 2)) is None  # the gathered operand is on the right
+    assert swapped.bind({}, 2).lean_operands() is None  # the gathered operand is on the right
     both = parse_text("""
 pattern both(M = 256, N = 192, K = 128, dtype = bf16)
     a : [M, K] dtype shard(0)
@@ -106,7 +105,7 @@ pattern both(M = 256, N = 192, K = 128, dtype = bf16)
     c = gemm(a_full, b)
     return a_full, c
 """, "both.tl")
-    assert _lean_operands(both.bind({}, 2)) is None  # two outputs: the generic path returns both
+    assert both.bind({}, 2).lean_operands() is None  # two outputs: the generic path returns both
 
 
 def test_sizes_past_int32_offsets_are_refused_with_a_way_out():

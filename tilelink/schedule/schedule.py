@@ -149,6 +149,8 @@ def captured_overrides(bp: BoundPattern, target: Target) -> dict[str, str] | Non
     does not have: AG-GEMM's capturable copy-engine protocol then wins (docs/perf.md)."""
     if target.backend == "interp" or bp.signature() != "all_gather>gemm" or bp.world != 2:
         return None  # (measured at W = 2 only)
+    if bp.lean_operands() is None:
+        return None  # the fallback's generic path (extra outputs, another gather dim, ...)
     rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
     if rows < CAPTURED_MIN_ROWS or gemm_flops_per_rank(bp) < CAPTURED_MIN_FLOPS:
         return None
