@@ -223,6 +223,11 @@ def test_one_wave_ag_gemm_takes_two_waves_of_smaller_tiles_own_rows_first():
     s4 = make_schedule(AG.bind({"M": "1024", "N": "16384", "K": "16384"}, 4),
                        get_target("cuda:90"))
     assert (s4.config.block_n, s4.config.group_m, s4.config.comm_block_m) == (128, 1, 256)
+    # ragged rows (550 per rank): one row block straddles both ranks' rows, so no group is
+    # purely this rank's and the order stays plain
+    r = make_schedule(AG.bind({"M": "1100", "N": "7168", "K": "16384"}, 2),
+                      get_target("cuda:90")).config
+    assert (r.comm, r.block_n, r.group_m) == ("copy_engine", 128, 1)
 
 
 @pytest.mark.parametrize("pattern,sizes", [

@@ -160,14 +160,23 @@ def test_reversed_roles_are_gemm_rs_only():
         make_schedule(AG.bind({}, 2), get_target("interp"), {"debug_reverse_roles": "1"})
 
 
-@pytest.mark.parametrize("comm", ["sm", "copy_engine"])
-def test_ag_own_rows_are_read_in_place(comm):
+@pytest.mark.parametrize("world,comm", [(4, "sm"), (4, "copy_engine"), (1, "sm"),
+                                        (1, "copy_engine"), (1, "capturable")])
+def test_ag_own_rows_are_read_in_place(world, comm):
     # 32 rows per rank = block_m: no tile straddles two ranks, so a rank's own tiles read the
-    # input directly (nobody copies them, nothing to wait for); the others still wait
+    # input directly (nobody copies them, nothing to wait for); the others still wait. At
+    # W = 1 that is every tile: the copy engine gets no op at all (the GPU runtime must
+    # then neither fork nor join its side stream, or a capture breaks)
     from tilelink.codegen import render_triton
+    from tilelink.codegen.compile import load_module
 
-    s, _ = _run(AG, 4, {"M": 128, "N": 64, "K": 32}, {"comm": comm}, calls=3, delays=True)
+    cfg = CAPTURABLE if comm == "capturable" else {"comm": comm}
+    s, _ = _run(AG, world, {"M": 32 * world, "N": 64, "K": 32}, cfg, calls=3,
+                delays=world > 1)
     assert "OWN_DIRECT = 1" in render_triton(s)
+    if world == 1 and comm != "sm":
+        mod = load_module(render_triton(s))
+        assert mod.copy_engine_ops(0, 1, object()) == []
 
 
 def test_the_non_overlapped_plan_runs_too():

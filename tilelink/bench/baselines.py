@@ -37,6 +37,10 @@ class Baseline:
     fn: Callable[[], torch.Tensor]
     check: Callable[[torch.Tensor], tuple[float, float, bool]]  # ref -> (max abs, rel, ok)
     note: str
+    # what one call must rewrite: NaN-filled before a CUDA-graph replay is checked, so a
+    # replay that skipped a step (the gather before the GEMM, a peer's push) cannot pass on
+    # what the eager calls left there
+    poison: tuple[torch.Tensor, ...] = ()
 
 
 # ---------------------------------------------------------------- which input is which
@@ -186,6 +190,8 @@ class PeerBuffers:
         self.handle = symm.rendezvous(self.local, group_name(group))
         self.peers = {p: self.handle.get_buffer(p, (self.world, *self.block), dtype)
                       for p in range(self.world) if p != self.rank}
+        # the slots the peers write here (this rank's own slot is never written)
+        self.received = tuple(self.local[p] for p in sorted(self.peers))
         _sync_barrier(group)  # every poison fill done before any peer pushes
 
     def push_fn(self, blocks: dict[int, torch.Tensor]) -> Callable[[], None]:
@@ -239,11 +245,14 @@ def _or_raise_later(make):
         return unavailable
 
 
-def _exact_check(got_fn, want_fn, poison=()):
-    """A comm check: poison the receive buffer, move once, compare bit for bit."""
+def _exact_check(got_fn, want_fn, poison=(), after_poison=None):
+    """A comm check: poison the receive buffer, move once, compare bit for bit.
+    `after_poison`: run between the two (a barrier, where the peers write the buffer)."""
     def check(_ref):
         for t in poison:
             t.fill_(float("nan"))
+        if after_poison is not None:
+            after_poison()
         got, want = got_fn(), want_fn()
         same = bool(torch.equal(got, want))
         err = 0.0 if same else float((got.float() - want.float()).abs().nan_to_num(1e30).max())
@@ -334,25 +343,30 @@ def _build_ag_gemm(bp, inputs, group) -> dict[str, Baseline]:
 
     peer_rows = [a_gemm[p * m_loc:(p + 1) * m_loc] for p in range(w) if p != rank]
     return {
-        "nccl_cublas": Baseline("nccl_cublas", nccl_cublas, _output_check(nccl_cublas, [c], k, dtype),
+        "nccl_cublas": Baseline("nccl_cublas", nccl_cublas,
+                                _output_check(nccl_cublas, [a_full, c], k, dtype),
                                 "all_gather_into_tensor (NCCL) into a preallocated [M, K], then "
-                                "torch.mm(out=) [M, K] x [K, N/W]"),
+                                "torch.mm(out=) [M, K] x [K, N/W]", poison=(a_full, c)),
         "async_tp": Baseline("async_tp", async_tp, _output_check(async_tp, [], k, dtype),
                              "torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group, "
                              "return_A=False) (allocates its output each call)"),
         "gemm": Baseline("gemm", gemm, _output_check(gemm, [c_gemm], k, dtype),
-                         "torch.mm(out=) [M, K] x [K, N/W] on the already-gathered operand"),
+                         "torch.mm(out=) [M, K] x [K, N/W] on the already-gathered operand",
+                         poison=(c_gemm,)),
         "nccl_comm": Baseline("nccl_comm", nccl_comm,
                               _exact_check(lambda: (nccl_comm(), torch.cuda.synchronize(),
                                                     a_comm)[2], lambda: a_gemm, [a_comm]),
-                              "all_gather_into_tensor (NCCL) of a [M/W, K] shard into [M, K]"),
+                              "all_gather_into_tensor (NCCL) of a [M/W, K] shard into [M, K]",
+                              poison=(a_comm,)),
         "ce_comm": Baseline("ce_comm", ce_comm,
                             _exact_check(lambda: (ce_comm(), ce_got())[1],
-                                         lambda: torch.cat(peer_rows)),
+                                         lambda: torch.cat(peer_rows), bufs.received,
+                                         lambda: _sync_barrier(group)),
                             "copy_ of this rank's [M/W, K] shard into slot `rank` of every "
                             "peer's symmetric buffer (cudaMemcpyAsync over NVLink, copy "
                             "engine); all ranks push at once, no flag or barrier inside the "
-                            "call (nobody reads the data), so it times the transfer only"),
+                            "call (nobody reads the data), so it times the transfer only",
+                            poison=bufs.received),
     }
 
 
@@ -423,23 +437,27 @@ def _build_gemm_rs(bp, inputs, group) -> dict[str, Baseline]:
 
     return {
         "nccl_cublas": Baseline("nccl_cublas", nccl_cublas,
-                                _output_check(nccl_cublas, [out], k, dtype, slack=2.0),
+                                _output_check(nccl_cublas, [partial, out], k, dtype, slack=2.0),
                                 "torch.mm(out=) [M, K/W] x [K/W, N], then reduce_scatter_tensor "
-                                "(NCCL, sum) into a preallocated [M/W, N]"),
+                                "(NCCL, sum) into a preallocated [M/W, N]",
+                                poison=(partial, out)),
         "async_tp": Baseline("async_tp", async_tp, _output_check(async_tp, [], k, dtype, 2.0),
                              "torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, 'sum', 0, "
                              "group) (allocates its output each call)"),
         "gemm": Baseline("gemm", gemm, _rs_gemm_check(gemm, partial_gemm, a, b, group, k, dtype),
-                         "torch.mm(out=) [M, K/W] x [K/W, N] (this rank's partial)"),
+                         "torch.mm(out=) [M, K/W] x [K/W, N] (this rank's partial)",
+                         poison=(partial_gemm,)),
         "nccl_comm": Baseline("nccl_comm", nccl_comm, nccl_comm_check,
                               "reduce_scatter_tensor (NCCL, sum) of a [M, N] partial into "
-                              "[M/W, N] (includes NCCL's sums)"),
+                              "[M/W, N] (includes NCCL's sums)", poison=(out_comm,)),
         "ce_comm": Baseline("ce_comm", ce_comm, _exact_check(lambda: (ce_comm(), ce_got())[1],
-                                                             ce_want),
+                                                             ce_want, bufs.received,
+                                                             lambda: _sync_barrier(group)),
                             "copy_ of the [M/W, N] partial rows owned by each peer into slot "
                             "`rank` of that peer's symmetric buffer (cudaMemcpyAsync over "
                             "NVLink, copy engine); all ranks push at once; no flag, barrier "
-                            "or reduction inside the call: it times the transfer only"),
+                            "or reduction inside the call: it times the transfer only",
+                            poison=bufs.received),
     }
 
 

@@ -162,6 +162,7 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     for key in order:
         if key not in opts.systems or key in res.failed:
             continue
+        d = 0.0  # TileLink vs NCCL+cuBLAS, agreed below (collectives stay outside the try)
         try:
             if key == "tilelink":
                 out = fns["tilelink"]()
@@ -170,7 +171,6 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
                 m, r, ok = bl.compare(out, ref, k, dtype, slack)
                 if nccl_out is not None:
                     d = float((out.float() - nccl_out.float()).abs().max())
-                    res.tl_vs_nccl_cublas_max_abs = _agree(group, d, 0.0, True)[0]
             else:
                 m, r, ok = base[key].check(ref)
                 res.notes[key] = base[key].note
@@ -181,6 +181,10 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
             res.failed[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         m, r, ok = _agree(group, m, r, ok)
         res.max_abs_err[key], res.rel_err[key] = m, r
+        if key == "tilelink" and nccl_out is not None:  # every rank: nccl_out is agreed
+            dmax = _agree(group, d, 0.0, True)[0]
+            if ok:
+                res.tl_vs_nccl_cublas_max_abs = dmax
         if ok and key == "nccl_cublas":  # after agreeing: every rank runs this collective
             nccl_out = fns[key]().clone()
             torch.cuda.synchronize()
@@ -197,7 +201,8 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     fns = {key: f for key, f in fns.items() if key in opts.systems and key not in res.failed}
     if opts.graph:
         _step(progress, f"{shape}: capturing every system in a CUDA graph")
-        fns = _capture_all(fns, res, op, ref, nccl_out, k, dtype, slack, group, rank)
+        poison = {key: b.poison for key, b in base.items()}
+        fns = _capture_all(fns, res, op, ref, nccl_out, k, dtype, slack, group, rank, poison)
     del ref, nccl_out
 
     # 4. Steady state, interleaved rounds. One untimed round first brings clocks and power
@@ -248,7 +253,10 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
 
 def capture_call(fn):
     """(replay, output): `fn`'s call captured in a CUDA graph, after two eager warm-up calls
-    on a side stream (lazy set-up, e.g. NCCL's, stays out of the capture)."""
+    on a side stream (lazy set-up, e.g. NCCL's, stays out of the capture). The warm-up runs
+    what an eager call runs: for a FallbackOp that is NCCL + cuBLAS, not the kernel its
+    captured calls take (`captured_op`, compiled and given its heap when the op was built,
+    so it needs no warm-up of its own)."""
     import torch
 
     s = torch.cuda.Stream()
@@ -265,55 +273,62 @@ def capture_call(fn):
 
 
 def _capture_all(fns: dict, res: BenchResult, op, ref, nccl_out, k: int, dtype: str,
-                 slack: float, group, rank: int) -> dict:
+                 slack: float, group, rank: int, poison: dict) -> dict:
     """--graph: replace each checked system's call by the replay of a CUDA graph that
-    captured it, after checking one replay: its output is poisoned first, then compared with
+    captured it, after checking one replay: what it must write is poisoned first (`poison`:
+    each baseline's buffers; TileLink's output), then its output is compared with
     the fp32 reference (TileLink: a captured call may take another kernel than an eager one,
     FallbackOp.captured_op) or with the same system's eager output (the baselines: their own
-    checks, done eagerly above, cover what the output must be). A system whose capture
-    fails is marked FAILED, as a failed check would be. Collective: every rank captures the
-    same systems in the same order."""
+    checks, done eagerly above, cover what the output must be). A system whose capture,
+    replay or check fails is marked FAILED, as a failed eager check would be.
+
+    Collective: every rank captures the same systems in the same order, and each phase
+    (capture; replay and check) ends in an agreement that every rank reaches, raised or
+    not, so one rank's exception cannot leave the ranks in different collectives."""
     import torch
 
     from . import baselines as bl
 
-    graphs = {}
     for key in list(fns):
+        # phase 1: the eager output to compare with, and the capture
+        err, graph, out, want = None, None, None, None
         try:
             want = fns[key]()
             torch.cuda.synchronize()
             want = want.clone()
             graph, out = capture_call(fns[key])
-            graphs[key] = (graph, out)
-            if key not in COMM:  # (a comm buffer also holds rows no one writes: not poisoned)
-                out.fill_(float("nan"))
-            bl._sync_barrier(group)
-            graph.replay()
-            bl._sync_barrier(group)
-            if key == "tilelink":
-                _diagnostics(op)
-                m, r, ok = bl.compare(out, ref, k, dtype, slack)
-                if nccl_out is not None:  # the replay's, not the eager call's, difference
-                    d = float((out.float() - nccl_out.float()).abs().max())
-                    res.tl_vs_nccl_cublas_max_abs = _agree(group, d, 0.0, True)[0]
-            elif key in COMM:
-                ok = bool(torch.equal(out.view(torch.uint8), want.view(torch.uint8)))  # bits
-                m, r = (0.0, 0.0) if ok else (float("inf"), 1.0)
-            else:
-                m, r, ok = bl.compare(out, want.float(), k, dtype, slack)
         except Exception as e:  # noqa: BLE001 — a system that cannot be captured is reported
-            _report_exception(rank, key, e)
-            m, r, ok = float("inf"), float("inf"), False
-            res.failed[key] = (f"not capturable: {type(e).__name__}: "
-                               f"{str(e).splitlines()[0][:140] if str(e) else ''}")
-        m, r, ok = _agree(group, m, r, ok)
+            err = _failure(rank, key, "not capturable", e)
+        if not _agree(group, 0.0, 0.0, err is None)[2]:
+            _graph_failed(res, fns, key, rank, err or "not capturable on another rank "
+                          "(see its stderr)")
+            continue
+        # phase 2: one replay between barriers, then its check (local)
+        m, r, ok, d = float("inf"), float("inf"), False, 0.0
+        # (a comm system's output also holds rows no one writes: its poison list says which)
+        for t in tuple(poison.get(key, ())) + (() if key in COMM else (out,)):
+            t.fill_(float("nan"))
+        bl._sync_barrier(group)
+        try:
+            graph.replay()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            err = _failure(rank, key, "replay raised", e)
+        bl._sync_barrier(group)
+        if err is None:
+            try:
+                m, r, ok, d = _check_replay(key, out, want, op, ref, nccl_out, k, dtype, slack)
+            except Exception as e:  # noqa: BLE001 (a wait that gave up: HangError)
+                err = _failure(rank, key, "replay check raised", e)
+        m, r, ok = _agree(group, m, r, ok and err is None)
+        if key == "tilelink" and nccl_out is not None:
+            dmax = _agree(group, d, 0.0, True)[0]  # the replay's, not the eager call's
+            if ok:
+                res.tl_vs_nccl_cublas_max_abs = dmax
         if not ok:
-            res.failed.setdefault(key, f"CUDA graph replay differs: max abs err {m:.3g}")
-            fns.pop(key)
-            graphs.pop(key, None)
-            if rank == 0:
-                _loud(rank, f"{NAMES[key]} on {res.label} {res.shape} (--graph): "
-                      f"{res.failed[key]} — not timed")
+            _graph_failed(res, fns, key, rank, err or (
+                f"CUDA graph replay differs: max abs err {m:.3g}" if m != float("inf")
+                else "the replay failed on another rank (see its stderr)"))
             continue
         if key == "tilelink":
             res.max_abs_err[key], res.rel_err[key] = m, r
@@ -323,9 +338,44 @@ def _capture_all(fns: dict, res: BenchResult, op, ref, nccl_out, k: int, dtype: 
                 res.notes[key] += (f"; captured calls take the overlapped kernel: "
                                    f"{captured.config}")
         res.notes[key] = res.notes.get(key, "") + "; timed as CUDA graph replays"
-        fns[key] = graphs[key][0].replay
+        fns[key] = graph.replay
     res.graph = True
     return fns
+
+
+def _check_replay(key, out, want, op, ref, nccl_out, k, dtype, slack):
+    """(max abs err, rel err, ok, TileLink's max abs difference from NCCL+cuBLAS) of one
+    replay's output. Local: no collective."""
+    import torch
+
+    from . import baselines as bl
+
+    d = 0.0
+    if key == "tilelink":
+        _diagnostics(op)
+        m, r, ok = bl.compare(out, ref, k, dtype, slack)
+        if nccl_out is not None:
+            d = float((out.float() - nccl_out.float()).abs().max())
+    elif key in COMM:
+        ok = bool(torch.equal(out.view(torch.uint8), want.view(torch.uint8)))  # bits
+        m, r = (0.0, 0.0) if ok else (float("inf"), 1.0)
+    else:
+        m, r, ok = bl.compare(out, want.float(), k, dtype, slack)
+    return m, r, ok, d
+
+
+def _failure(rank: int, key: str, what: str, e: Exception) -> str:
+    """Report `e` (rank 0: traceback) and return the FAILED text for `key`'s row."""
+    _report_exception(rank, key, e)
+    return f"{what}: {type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}"
+
+
+def _graph_failed(res: BenchResult, fns: dict, key: str, rank: int, why: str) -> None:
+    res.failed.setdefault(key, why)
+    fns.pop(key)
+    if rank == 0:
+        _loud(rank, f"{NAMES[key]} on {res.label} {res.shape} (--graph): {res.failed[key]}"
+              " — not timed")
 
 
 def _report_exception(rank: int, key: str, e: Exception) -> None:

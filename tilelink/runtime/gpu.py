@@ -81,6 +81,7 @@ class CopyEngine:
         self.done = torch.cuda.Event()  # re-recorded every call: the side stream's end
         self.done_handle = stream_ops.event_handle(self.done, self.stream)
         self.flags = flags  # gates are 0/1 flags (capturable=1), not epochs: see unstick
+        self.forked = False  # ops enqueued since the last join
 
     def run(self, ops: list[tuple], ready: int, capturing: bool = False) -> None:
         """Enqueue `ops` (checked by `check_copy_ops` before the kernel launch) on the side
@@ -98,6 +99,7 @@ class CopyEngine:
             return
         h, bufs = self.handle, self.bufs
         stream_ops.wait_event(h, ready)
+        self.forked = True
         self.pending_waits = waits = []
         protected = []
         for op in ops:
@@ -123,7 +125,12 @@ class CopyEngine:
 
     def join(self, stream: int) -> None:
         """Make `stream` (the caller's; raw handle) wait for everything enqueued on the side
-        stream."""
+        stream. Nothing to join where this call enqueued nothing (W = 1 reads its own rows in
+        place): under capture the side stream was then never forked into the graph, and a
+        wait on its event would cross the capture's boundary."""
+        if not self.forked:
+            return
+        self.forked = False
         stream_ops.record_event(self.handle, self.done_handle)
         stream_ops.wait_event(stream, self.done_handle)
 
@@ -646,7 +653,12 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
         op = FallbackOp(bp, s, group)
         if captured is not None:
             # the scheduler chose this plan for its host cost, which a graph replay does not
-            # have: captured calls take the overlapped kernel (schedule note says so)
+            # have: captured calls take the overlapped kernel (schedule note says so). Built
+            # now, not at the first capture: building takes collectives (the heap's
+            # rendezvous, _agree), which cannot run while a stream is captured; it costs the
+            # kernel's compilation and its heap (the gathered A: M x K elements). The op is
+            # the one an explicit config of the same values returns (same cache key): one
+            # heap, and its calls are ordered like any op's.
             twin = make_schedule(bp, target, captured, allow_fallback=False).config
             op.captured_op = compile_op(bp, config=twin, group=group, backend=backend,
                                         spin_limit=spin_limit, tuned=False, fault=fault,

@@ -30,6 +30,7 @@ class RunSpec:
     spin_limit: int | None = None
     fault: str | None = None  # "drop_notify": the watchdog test
     timing_iters: int = 0  # >0: also time this many back-to-back calls (steady state)
+    tuned: bool | None = None  # take a tuner-cache config; None: when no config is given
 
 
 def _delay(rng: random.Random) -> None:
@@ -51,8 +52,9 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     from .reference import compare, tolerance
 
     bp = load_pattern(spec.pattern).bind(spec.values, world)
+    tuned = not spec.config if spec.tuned is None else spec.tuned
     op = compile_op(bp, config=spec.config or None, backend=spec.backend,
-                    spin_limit=spec.spin_limit, fault=spec.fault, tuned=not spec.config,
+                    spin_limit=spec.spin_limit, fault=spec.fault, tuned=tuned,
                     verbose=rank == 0)  # says so when a tuned config is used
     summary = {"rank": rank, "config": str(op.config), "calls": spec.calls, "errors": {},
                "bad_calls": 0, "hang": None, "ms_per_call": None, "device":

@@ -208,8 +208,11 @@ def default_config(bp: BoundPattern, target: Target,
             # with group_m=1, 0.139 with group_m=8; 128x256 tiles 0.131 (one wave whose peer
             # tiles wait for the whole peer shard)
             chunk = min(max(ConfigSpace().comm_block_m), max(16, _pow2_at_most(rows)))
-            own_blocks = max(1, rows // 128)
-            group = max(g for g in ConfigSpace().group_m if own_blocks % g == 0)
+            # (ragged rows: a row block straddles this rank's last rows and a peer's first,
+            # so no group is purely this rank's; group_m=1 keeps the plain order)
+            own_blocks, ragged = divmod(rows, base.block_m)
+            group = 1 if ragged or not own_blocks else max(
+                g for g in ConfigSpace().group_m if own_blocks % g == 0)
             return replace(base, comm="copy_engine", block_n=128, stages=4, group_m=group,
                            comm_block_m=chunk), None
         # two chunks per shard at W = 2; at W > 2 the W - 1 shards, pushed one after another
