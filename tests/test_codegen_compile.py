@@ -242,27 +242,6 @@ def test_hopper_defaults_fit_in_shared_memory(pattern, sizes):
     assert kernel.metadata.shared <= 232448, kernel.metadata.shared
 
 
-def test_epilogue_subtile_frees_a_stage_of_shared_memory():
-    # two 128x128 stores instead of one 128x256: the staging buffer halves, and a fourth
-    # stage of 128x256x64 fits under the 227 KB limit (it does not without the knob); the
-    # tuner's estimate agrees with what Triton allocates
-    from tilelink.tune.space import smem_bytes
-
-    bp = AG.bind({"M": "8192", "N": "8192", "K": "8192"}, 2)
-    target = get_target("cuda:90")
-    for override, fits in (({"stages": "4"}, False),
-                           ({"stages": "4", "epilogue_subtile": "1"}, True)):
-        s = make_schedule(bp, target, override)
-        src = render_triton(s)
-        assert ("c_desc.store([row_lo, col_lo + BN // 2], c_hi" in src) == (len(override) == 2)
-        shared = compile_module(src, target).metadata.shared
-        assert (shared <= 232448) == fits, shared
-        assert abs(shared - smem_bytes(s.config)) <= 64, (shared, smem_bytes(s.config))
-    with pytest.raises(ConfigError, match="epilogue_subtile=1 applies"):
-        make_schedule(RS.bind({"M": "8192", "N": "8192", "K": "8192"}, 2), target,
-                      {"epilogue_subtile": "1"})
-
-
 @pytest.mark.parametrize("override", [{"comm": "sm"}, {"order": "natural"},
                                       {"reduce_after": "0"}, {"comm": "none"}])
 def test_overrides_turn_off_what_the_default_added_but_they_invalidate(override):

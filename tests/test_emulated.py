@@ -350,18 +350,6 @@ def test_ag_flatten_waits_with_one_wait_flat_per_tile(world):
     assert "OWN_DIRECT = 1" in render_triton(s) and "FLATTEN = 1" in render_triton(s)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-@pytest.mark.parametrize("block_n", ["32", "64"])
-def test_ag_epilogue_subtile_stores_both_halves(world, block_n):
-    # epilogue_subtile=1 stores each tile as two column halves; N = 40 per rank leaves the
-    # second half partly (block_n 32: columns 16-31 of the last tile) or wholly (64: the
-    # first tile's 40 columns end inside its second half) out of range: masked, not written
-    s, _ = _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
-                {"comm": "copy_engine", "epilogue_subtile": "1", "block_n": block_n},
-                calls=2, delays=True)
-    assert "c_lo, c_hi = tl.split(" in render_triton(s)
-
-
 @pytest.mark.parametrize("comm", ["sm", "copy_engine"])
 def test_gemm_rs_with_n_below_the_chunk_width_and_not_a_power_of_two(comm):
     # N = 24 < comm_block_n = 32: the reduce tile's width is N's next power of two (a Triton

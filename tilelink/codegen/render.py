@@ -165,8 +165,7 @@ def _ag_gemm(s: Schedule) -> Context:
         outputs={c.name: (c.local_shape, c.dtype)}, waits=waits, notify_slot=notify,
         sites=sites, extra=dict(a=a.name, b=b.name, full=full.name, c=c.name, sig=dep.signal,
                                signals=[dep.signal], own_direct=own_direct,
-                               waits_nested=waits_nested, capturable=capturable,
-                               subtile=bool(s.config.epilogue_subtile)))
+                               waits_nested=waits_nested, capturable=capturable))
 
 
 def _ag_gemm_lib(s: Schedule) -> Context:

@@ -62,10 +62,6 @@ class Config:
     # signals and double buffering (calls overlap more; not capturable). comm=sm kernels are
     # capturable either way: they read their epoch from device memory
     capturable: int = 0
-    # AG-GEMM: 1 = the epilogue stores each output tile as two halves of block_n / 2 columns
-    # (Triton's persistent-matmul tutorial's EPILOGUE_SUBTILE): the store's shared-memory
-    # staging buffer halves, which leaves room for one more pipeline stage of 128x256 tiles
-    epilogue_subtile: int = 0
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -97,11 +93,7 @@ class Config:
         # debug knobs and capturable are shown only when set (so the configs, and the
         # generated modules' headers, of everything before them read as they did)
         return " ".join(f"{k}={v}" for k, v in asdict(self).items()
-                        if v or not (k.startswith("debug_") or k in _SHOWN_WHEN_SET))
-
-
-# knobs newer than most recorded configs: shown only when set
-_SHOWN_WHEN_SET = ("capturable", "epilogue_subtile")
+                        if v or not (k.startswith("debug_") or k == "capturable"))
 
 
 def _pow2(x: int) -> bool:
@@ -129,7 +121,6 @@ class ConfigSpace:
     fuse_reduce: tuple[int, ...] = (0, 1)
     gemm: tuple[str, ...] = GEMMS
     capturable: tuple[int, ...] = (0, 1)
-    epilogue_subtile: tuple[int, ...] = (0, 1)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
     # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce
@@ -193,11 +184,6 @@ class ConfigSpace:
             bad.append("capturable=1 applies to " + ", ".join(CAPTURABLE_COPY_ENGINE_SIGNATURES)
                        + " with comm=copy_engine only (comm=sm kernels are capturable as they "
                        "are; comm=none is NCCL + cuBLAS, capturable too)")
-        if cfg.epilogue_subtile and not (signature == "all_gather>gemm" and cfg.gemm == "triton"
-                                         and cfg.comm != "none" and cfg.block_n >= 32):
-            bad.append("epilogue_subtile=1 applies to all_gather>gemm's generated kernel "
-                       "(gemm=triton, comm=sm or copy_engine) with block_n >= 32 (halves of "
-                       "at least 16 columns)")
         if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
             bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
         if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:

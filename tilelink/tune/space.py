@@ -104,12 +104,9 @@ def extents(bp: BoundPattern) -> dict[str, int]:
 
 
 def smem_bytes(cfg: Config, elem: int = 2) -> int:
-    """Shared memory of a pipelined GEMM tile: `stages` A and B buffers plus the C tile (half
-    of it with epilogue_subtile=1). Matches what Triton 3.6 allocates for the AG kernel on
-    cuda:90 (213016 / 180248 / 229408 bytes for 128x256x64 at 3 stages, 3 stages halved,
-    4 stages halved: 24 bytes of barriers on top)."""
-    c_tile = cfg.block_m * cfg.block_n * elem // (2 if getattr(cfg, "epilogue_subtile", 0) else 1)
-    return cfg.stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem + c_tile
+    """Shared memory of a pipelined GEMM tile: `stages` A and B buffers plus the C tile."""
+    return cfg.stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem + \
+        cfg.block_m * cfg.block_n * elem
 
 
 def uses_comm_programs(cfg: Config, sig: str, space: ConfigSpace | None = None) -> bool:
