@@ -252,6 +252,7 @@ def test_not_yet_run_on_gpus(new_results, case):
     _assert_ok(new_results[case])
 
 
+@pytest.mark.gpu  # one GPU is enough (conftest)
 @pytest.mark.parametrize("case", list(SINGLE_GPU))
 def test_single_gpu(single_results, case):
     _assert_ok(single_results[case])
