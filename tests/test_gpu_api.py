@@ -176,6 +176,7 @@ class _FakeEngine:
     def __init__(self):
         self.layout = [{"buf": (64, torch.bfloat16), "ctl": (8, torch.int32)}] * 2
         self.runs = []
+        self.flags = True  # capturable=1's protocol (constant-valued ops)
 
     def run(self, ops, ready, capturing=False):
         self.runs.append((list(ops), ready) + ((True,) if capturing else ()))
@@ -204,6 +205,22 @@ def test_copy_engine_ops_wait_for_the_launch_unless_started_now():
     rt.capturing = True
     rt.copy_engine(OPS, start_now=True)
     assert rt.engine.runs[-1] == (OPS, "ready-event", True)
+
+
+def test_capture_refuses_per_call_ops_before_the_launch_but_not_an_empty_call():
+    from tilelink.errors import NotSupportedError
+
+    rt = _rank_runtime()
+    rt.engine.flags = False  # epoch-valued ops (capturable=0)
+    rt.capturing = True
+    with pytest.raises(NotSupportedError, match="capturable=1"):
+        rt.copy_engine(OPS)
+    assert rt.pending == [] and rt.engine.runs == []  # nothing taken: the call left no trace
+    rt.copy_engine([])  # W = 1: own rows read in place, no op carries a per-call value
+    assert rt.pending == []
+    rt.engine.flags = True
+    rt.copy_engine(OPS)
+    assert rt.pending == OPS
 
 
 def test_the_warm_up_starts_no_copy_engine_op():

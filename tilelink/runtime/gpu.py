@@ -206,6 +206,15 @@ class GpuRankRuntime:
         enqueues more work after this point, which the peers' calls wait on)."""
         if self.engine is not None:
             check_copy_ops(ops, self.engine.layout)
+            if self.capturing and ops and not self.engine.flags:
+                # raised before the kernel is launched: the call leaves no trace (the op's
+                # host epoch and the device's stay in step). A call with no ops (W = 1: own
+                # rows are read in place) carries no per-call value and may be captured.
+                raise NotSupportedError(
+                    "this comm=copy_engine schedule cannot be captured in a CUDA graph: its "
+                    "stream memory operations carry the call's epoch as a constant",
+                    hint="compile with config capturable=1 (AG-GEMM: flag signals, one "
+                    "buffer) or comm=sm for graph capture")
             if start_now and not self.compile_only:  # (warm-up: nothing is enqueued)
                 self.engine.run(ops, self.ready, self.capturing)
                 self.pending = []
@@ -377,14 +386,6 @@ class TileLinkOp:
 
         stream = self.rt.stream = torch._C._cuda_getCurrentRawStream(self._device_index)
         capturing = self.rt.capturing = torch.cuda.is_current_stream_capturing()
-        if capturing and self.copy_engine:
-            if not getattr(self.module, "CAPTURABLE", 0):
-                raise NotSupportedError(
-                    "this comm=copy_engine schedule cannot be captured in a CUDA graph: its "
-                    "stream memory operations carry the call's epoch as a constant",
-                    hint="compile with config capturable=1 (AG-GEMM: flag signals, one "
-                    "buffer) or comm=sm for graph capture")
-            self._captured = True  # check_diagnostics: replays do not re-record our events
         self._order_after_previous_call(stream, capturing)
         if getattr(self.module, "TMA", False):
             _set_triton_allocator()  # a context variable: per thread, so per call
@@ -394,8 +395,12 @@ class TileLinkOp:
             # the inputs (and whatever came before) are written. One event re-recorded every
             # call: a stream wait takes the record current when it is enqueued.
             stream_ops.record_event(stream, self.rt.ready)
+        # (under capture, a schedule whose copy-engine ops carry per-call values is refused
+        # by rt.copy_engine here, before its kernel is launched)
         self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
         self.epoch += 1
+        if capturing and self.copy_engine:
+            self._captured = True  # check_diagnostics: replays do not re-record our events
         if engine is not None:
             stream_ops.record_event(stream, self._kernel_done_handle)
             ops, self.rt.pending = self.rt.pending, []
