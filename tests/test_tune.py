@@ -346,11 +346,41 @@ def test_emulated_budget_limits_the_run(capsys, cache_root):
     (["tune", AG, "--time", "-1", "--emulate"], "--time must be > 0"),
     (["tune", AG, "--config", "blockm=3", "--emulate"], "unknown config key"),
     (["tune", str(EXAMPLES / "flash_decode.tl"), "--emulate"], "no kernel to tune"),
+    (["tune", AG, "--graph", "--emulate"], "--graph times CUDA-graph replays"),
+    (["tune", AG, "--graph"], "which need GPUs"),
 ])
 def test_bad_input_exits_2_without_traceback(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_graph_space_holds_only_capturable_configs_plus_the_library_plan():
+    target = get_target("cuda:90")
+    ag = bound(AG, M=1024, N=8192, K=8192)
+    eager, graph = space.candidates(ag, target), space.candidates(ag, target, graph=True)
+    sig, ok = ag.signature(), default_space(target)
+    assert all(not ok.reasons(c, sig) for c in graph) and len(set(graph)) == len(graph)
+    # every copy-engine config uses the flag protocol; sm and the fallback are as they were
+    assert all(c.capturable for c in graph if c.comm == "copy_engine")
+    assert {c for c in eager if c.comm != "copy_engine"} <= set(graph)
+    assert {replace(c, capturable=1) for c in eager if c.comm == "copy_engine"} <= set(graph)
+    # the library plan joins (no host cost in a replay), one per chunk size; and the
+    # overlapped default, which captured calls take without a tuned config (group_m=4)
+    lib = [c for c in graph if c.gemm == "library"]
+    assert lib and all(c.capturable for c in lib) and not any(c.gemm == "library" for c in eager)
+    assert Config().group_m != 4 and any(c.group_m == 4 and c.capturable for c in graph)
+    # GEMM-RS's copy-engine protocol is not capturable: only comm=sm and the fallback remain
+    rs = bound(RS, M=8192, N=8192, K=8192)
+    assert {c.comm for c in space.candidates(rs, target, graph=True)} == {"sm", "none"}
+
+
+def test_graph_winners_are_cached_apart_from_eager_ones(cache_root):
+    bp = bound(AG, M=1024, N=8192, K=8192)
+    assert cache.cache_path(bp, "NVIDIA H200", graph=True) != cache.cache_path(bp, "NVIDIA H200")
+    cache.store(bp, "NVIDIA H200", Config(comm="copy_engine", capturable=1), graph=True)
+    assert cache.lookup(bp, "NVIDIA H200") is None  # eager calls do not see it
+    assert cache.tuned_config(bp, "NVIDIA H200", graph=True)[0].capturable == 1
 
 
 def test_gpu_table_shows_ratio_to_floor_and_speedup():
@@ -411,6 +441,15 @@ def test_gpu_flow_with_fakes_stores_then_reuses_the_winner(monkeypatch, capsys, 
     assert main(argv + ["--exhaustive"]) == 0
     out = capsys.readouterr().out
     assert len(set(calls)) == n and "model-pruned vs exhaustive" in out and "perf.md row" in out
+    # --graph: the capturable space, a cache entry of its own (the eager one stays)
+    calls.clear()
+    assert main(argv + ["--graph"]) == 0
+    out = capsys.readouterr().out
+    assert "CUDA-graph replays" in out and "captured in a CUDA graph take it" in out
+    assert calls and all(c.capturable for c in calls if c.comm == "copy_engine")
+    graph_cfg, _ = cache.lookup(bound(AG, M=8192, N=8192, K=8192), "NVIDIA H200", graph=True)
+    assert graph_cfg in calls
+    assert cache.lookup(bound(AG, M=8192, N=8192, K=8192), "NVIDIA H200")[0] == cached[0]
 
 
 @pytest.mark.dist
@@ -427,6 +466,50 @@ def test_gpu_tune_measures_caches_and_reuses(tmp_path, monkeypatch, capsys):
     assert "using the tuned config cached in" in capsys.readouterr().out
 
 
+def _captured_calls_take(rank, world, path, sizes):
+    """(eager config, captured config, replay matches the reference) of the default op."""
+    import torch
+
+    from tilelink.runtime.dist_reference import evaluate_local
+    from tilelink.runtime.gpu import compile_op
+    from tilelink.runtime.reference import compare
+    from tilelink.runtime.timing import capture_call
+
+    bp = load_pattern(path).bind(sizes, world)
+    op = compile_op(bp)
+    ins = op.make_inputs(0)
+    graph, out = capture_call(lambda: op(**ins))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    op.check_diagnostics()
+    err = compare(out, evaluate_local(bp, ins)[op.output_names[0]])[0]
+    captured = op.captured_op.config if op.captured_op is not None else None
+    return str(op.config), str(captured), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [1, 2])
+def test_gpu_graph_tune_caches_a_winner_that_captured_calls_take(world, tmp_path, monkeypatch,
+                                                                  capsys):
+    """tune --graph times replays, caches the winner apart from the eager one, and the
+    default op's captured calls take it (eager calls keep the eager plan)."""
+    from tilelink.runtime.launcher import gpu_count, launch_world
+
+    if gpu_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    monkeypatch.setenv("TILELINK_CACHE", str(tmp_path))  # (inherited by the spawned ranks)
+    sizes = {"M": "1024", "N": "4096", "K": "4096"}
+    argv = ["tune", AG, *[f"-D{k}={v}" for k, v in sizes.items()], "-W", str(world),
+            "--graph", "--budget", "4", "--iters", "5", "--config", "comm=copy_engine"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "CUDA-graph replays" in out and "measured 4 of" in out, out
+    (path,) = (tmp_path / "tune").glob("ag_gemm-*.json")
+    winner = Config(**cache.read_entry(path)["config"])
+    assert winner.comm == "copy_engine" and winner.capturable == 1
+    eager, captured, err = launch_world(_captured_calls_take, world, AG, sizes)
+    assert captured == str(winner) and eager != captured and err < 1e-2, (eager, captured)
 def test_model_puts_the_second_kernel_reduce_first_for_long_k_gemm_rs():
     # measured on 2x H200 (docs/perf.md): reduce_after=1 was the fastest GEMM-RS config at
     # 8192 x 8192 x 28672; the model must rank it inside the quarter that gets measured

@@ -29,12 +29,11 @@ def _rank(rank, world, pattern, values, configs, iters, baselines=(), graph=Fals
     import torch
 
     from tilelink.bench import baselines as bl
-    from tilelink.bench.run import capture_call  # (the bench's --graph capture)
     from tilelink.frontend import load_pattern
     from tilelink.runtime.dist_reference import evaluate_local
     from tilelink.runtime.gpu import compile_op
     from tilelink.runtime.reference import compare
-    from tilelink.runtime.timing import steady_state_ms
+    from tilelink.runtime.timing import capture_call, steady_state_ms
 
     bp = load_pattern(pattern).bind(values, world)
     rows = []

@@ -252,24 +252,11 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
 
 
 def capture_call(fn):
-    """(replay, output): `fn`'s call captured in a CUDA graph, after two eager warm-up calls
-    on a side stream (lazy set-up, e.g. NCCL's, stays out of the capture). The warm-up runs
-    what an eager call runs: for a FallbackOp that is NCCL + cuBLAS, not the kernel its
-    captured calls take (`captured_op`, compiled and given its heap when the op was built,
-    so it needs no warm-up of its own)."""
-    import torch
+    """`runtime.timing.capture_call`, looked up through this module's global (a test replaces
+    it with a fake capture on the CPU)."""
+    from ..runtime.timing import capture_call as capture
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    torch.cuda.synchronize()
-    return graph, out
+    return capture(fn)
 
 
 def _capture_all(fns: dict, res: BenchResult, op, ref, nccl_out, k: int, dtype: str,
@@ -335,7 +322,7 @@ def _capture_all(fns: dict, res: BenchResult, op, ref, nccl_out, k: int, dtype: 
             captured = getattr(op, "captured_op", None)
             if captured is not None:
                 res.config = str(captured.config)
-                res.notes[key] += (f"; captured calls take the overlapped kernel: "
+                res.notes[key] += (f"; captured calls take another plan: "
                                    f"{captured.config}")
         res.notes[key] = res.notes.get(key, "") + "; timed as CUDA graph replays"
         fns[key] = graph.replay

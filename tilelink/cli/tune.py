@@ -3,6 +3,7 @@
     tilelink tune examples/ag_gemm.tl -D M=8192 -D N=8192 -D K=8192 --world-size 2
     tilelink tune examples/gemm_rs.tl -D M=8192 -D K=28672 -W 2 --exhaustive
     tilelink tune examples/ag_gemm.tl -D M=64 -D N=64 -D K=32 -W 2 --emulate
+    tilelink tune examples/ag_gemm.tl -D M=1024 -D N=8192 -D K=8192 -W 2 --graph
 
 On GPUs: the cost model ranks the space, the ranks measure the first quarter (or
 --budget / --time) in the same order, the winner (max over ranks) goes to the cache, where
@@ -47,6 +48,11 @@ def add_parser(sub) -> None:
                    "emulated world: every config)")
     t.add_argument("--timeout", type=float, default=60.0, help="emulated world: seconds before "
                    "a config's stuck waits are reported (default 60)")
+    t.add_argument("--graph", action="store_true", help="GPU: tune for calls captured in a "
+                   "CUDA graph: time back-to-back replays (each config's replay is checked), "
+                   "over the configs that can be captured (copy-engine AG-GEMM with "
+                   "capturable=1, and its library-GEMM plan). The winner is cached apart from "
+                   "the eager one; compile_op's captured calls take it")
     t.add_argument("--warmup", type=int, default=5, help="GPU: calls before each timed batch")
     t.add_argument("--iters", type=int, default=20, help="GPU: back-to-back calls timed per "
                    "config (default 20)")
@@ -69,6 +75,12 @@ def run(args) -> int:
         raise TileLinkError(f"--time must be > 0 seconds, got {args.time:g}")
     if not args.emulate and (under_torchrun() or gpu_count() >= args.world_size):
         return _tune_gpu(args, bp, values, pins)
+    if args.graph:
+        why = "--emulate was given" if args.emulate else (
+            f"{gpu_count()} GPU(s) visible, {args.world_size} needed")
+        raise TileLinkError(f"--graph times CUDA-graph replays, which need GPUs ({why})",
+                            hint="drop --graph to check the space on the emulated world, or "
+                            "run on a machine with enough GPUs")
     if gpu_count():
         why = "--emulate given" if args.emulate else f"only {gpu_count()} GPU(s) visible"
         print(f"tilelink tune: {why}", file=sys.stderr)
@@ -120,22 +132,24 @@ def _tune_gpu(args, bp, values: dict, pins: dict) -> int:
     from ..tune.cache import lookup, read_entry, store
 
     device = torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", "0")))
+    graph = bool(getattr(args, "graph", False))
+    mode = " for calls captured in a CUDA graph" if graph else ""
     if not (args.force or args.exhaustive):
-        found = lookup(bp, device)
+        found = lookup(bp, device, graph=graph)
         if found is not None:
             if under_torchrun() and int(os.environ["RANK"]) != 0:
                 return 0
             cfg, path = found
             entry = read_entry(path) or {}
             t = entry.get("time_ms")
-            print(f"tilelink tune: using the tuned config cached in {path}"
+            print(f"tilelink tune: using the tuned config{mode} cached in {path}"
                   + (f" ({t:.3f} ms)" if t else "") + "; --force retunes")
             print(f"config: {cfg}")
             return 0
     opts = {"budget": args.budget, "time": args.time, "exhaustive": args.exhaustive,
-            "pins": pins, "warmup": args.warmup, "iters": args.iters}
+            "pins": pins, "warmup": args.warmup, "iters": args.iters, "graph": graph}
     print(f"tilelink tune: {bp.name} ({bp.sizes_str()}) on {args.world_size} GPU rank(s) "
-          f"({device})", file=sys.stderr)
+          f"({device})" + (", timing CUDA-graph replays" if graph else ""), file=sys.stderr)
     out = launch_world(_gpu_rank, args.world_size, args.pattern, values, opts)
     if out is None or (under_torchrun() and int(os.environ["RANK"]) != 0):
         return 0  # rank 0 reports for everyone
@@ -144,7 +158,8 @@ def _tune_gpu(args, bp, values: dict, pins: dict) -> int:
         print(f"note: the cost model has no constants for {out['device']}; it ranked with "
               "generic ones (measurements decide; --budget or --exhaustive measure more)",
               file=sys.stderr)
-    print(f"{bp.name}: {bp.sizes_str()}; W = {bp.world}; {out['device']} ({out['target']})")
+    print(f"{bp.name}: {bp.sizes_str()}; W = {bp.world}; {out['device']} ({out['target']})"
+          + ("; times are CUDA-graph replays (baselines too)" if graph else ""))
     print(_table(res, bp, base, args.top or TOP, meaningful=True))
     _print_failures(res)
     if res.stopped:
@@ -157,13 +172,17 @@ def _tune_gpu(args, bp, values: dict, pins: dict) -> int:
         print("no config ran: nothing cached")
         return 1
     path = store(bp, out["device"], best.config, time_ms=best.ms,
-                 results=[t.as_dict(res.signature) for t in res.ranked[:TOP]])
+                 results=[t.as_dict(res.signature) for t in res.ranked[:TOP]], graph=graph)
     from ..tune.space import describe, is_fallback
 
     print(f"best: {best.ms:.3f} ms  {describe(best.config, res.signature)}")
     if is_fallback(best.config):
         print("note: overlap does not pay at this shape: the non-overlapped fallback wins")
-    print(f"cached in {path}: tilelink run, bench and compile_op use it from now on")
+    if graph:
+        print(f"cached in {path}: compile_op's calls captured in a CUDA graph take it from "
+              "now on (eager calls keep the eager plan)")
+    else:
+        print(f"cached in {path}: tilelink run, bench and compile_op use it from now on")
     if res.failures:  # a winner exists, so tuning succeeded; the failures still need a look
         print(f"warning: {len(res.failures)} config(s) FAILED (listed above); every config of "
               "the space should run: please report it", file=sys.stderr)
@@ -181,8 +200,9 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
 
     bp = load_pattern(pattern).bind(values, world)
     device, target = gpu_device()
-    cands = pin(candidates(bp, target, target.num_sms), opts["pins"], bp, target)
-    measure = GpuMeasure(bp, warmup=opts["warmup"], iters=opts["iters"])
+    graph = opts.get("graph", False)
+    cands = pin(candidates(bp, target, target.num_sms, graph=graph), opts["pins"], bp, target)
+    measure = GpuMeasure(bp, warmup=opts["warmup"], iters=opts["iters"], graph=graph)
     total = len(cands) if opts["exhaustive"] else min(opts["budget"] or default_budget(
         len(cands)), len(cands))
     bar = Progress(total, "tilelink tune") if rank == 0 else None
@@ -192,7 +212,7 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
     if bar is not None:
         bar.update(0, "baselines (NCCL+cuBLAS, cuBLAS, comm alone)")
     try:
-        base = baselines(bp, warmup=opts["warmup"], iters=opts["iters"])
+        base = baselines(bp, warmup=opts["warmup"], iters=opts["iters"], graph=graph)
     except Exception as e:  # noqa: BLE001 - the tuning result must survive a baseline failure
         print(f"tilelink tune, rank {rank}: baselines failed ({type(e).__name__}: {e}); the "
               "table has no floor / NCCL+cuBLAS columns", file=sys.stderr)

@@ -26,7 +26,7 @@ from ..codegen.compile import load_module
 from ..errors import ConfigError, HangError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, Pattern
 from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
-from ..schedule import captured_overrides, get_target, make_schedule
+from ..schedule import Config, captured_overrides, get_target, make_schedule
 from .api import _drop_data_notifies, describe_wait
 from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_ops import buffer_layout, check_copy_ops
@@ -230,7 +230,14 @@ class TileLinkOp:
     of a captured call (comm=sm, the non-overlapped plan, capturable=1) are not tracked:
     when you replay on one stream and call the op (or replay) on another, order the two
     yourself, as for any two users of one buffer.
+
+    `captured_op`: the op that calls made while the stream is being captured in a CUDA graph
+    run instead (compile_op sets it from `tilelink tune --graph`'s cached winner, or for the
+    scheduler's non-overlapped plan, FallbackOp); None: captured calls run this op.
     """
+
+    captured_op: TileLinkOp | None = None
+    _captured = False  # a call of this op was captured: check_diagnostics, see _launch_here
 
     def __init__(self, bound: BoundPattern, schedule, module, heap: SymmetricHeap, group,
                  spin_limit: int):
@@ -259,7 +266,6 @@ class TileLinkOp:
         self._end_event = torch.cuda.Event()
         self._end_handle = stream_ops.event_handle(self._end_event)
         self._last_end: tuple[int, int] | None = None
-        self._captured = False  # a call was captured: check_diagnostics, see _launch_here
         if engine is not None:
             self._ready = torch.cuda.Event()  # inputs written (the side stream waits on it)
             self.rt.ready = stream_ops.event_handle(self._ready, engine.stream)
@@ -350,9 +356,13 @@ class TileLinkOp:
     # ---- calls --------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        """Run one call on the current stream; returns the output (or a tuple of outputs)."""
+        """Run one call on the current stream; returns the output (or a tuple of outputs).
+        While the stream is being captured in a CUDA graph, `captured_op` (where compile_op
+        set one) runs instead."""
         import torch
 
+        if self.captured_op is not None and torch.cuda.is_current_stream_capturing():
+            return self.captured_op(*args, **kwargs)
         ins = self._bind(args, kwargs)
         outs = self._new_outputs()
         self._launch(ins, outs)
@@ -399,7 +409,7 @@ class TileLinkOp:
         # by rt.copy_engine here, before its kernel is launched)
         self.module.launch(self.rt, ins, outs, epoch)  # kernel launched; copy ops taken
         self.epoch += 1
-        if capturing and self.copy_engine:
+        if capturing:
             self._captured = True  # check_diagnostics: replays do not re-record our events
         if engine is not None:
             stream_ops.record_event(stream, self._kernel_done_handle)
@@ -432,6 +442,8 @@ class TileLinkOp:
 
         import torch
 
+        if self.captured_op is not None and self.captured_op._captured:
+            self.captured_op.check_diagnostics(timeout)  # the kernel replays ran
         if self.rt.engine is None:
             torch.cuda.synchronize()
             diag = self.rt.diag.cpu()
@@ -495,8 +507,6 @@ class FallbackOp(TileLinkOp):
     kernel can be captured, that kernel's op; calls made while the stream is being captured
     in a CUDA graph go to it (a replay has no host work per call, so there the overlap pays).
     """
-
-    captured_op: TileLinkOp | None = None
 
     def __init__(self, bound: BoundPattern, schedule, group):
         import torch
@@ -634,42 +644,64 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     target = device_target(backend)
     if target.lang == "nvshmem":
         _check_world_order(group)
-    overrides, base = {}, None
+    overrides, base, graph_tuned = {}, None, None
     if config is not None and not isinstance(config, dict):
         base = config
     elif config:
         overrides = {k: str(v) for k, v in config.items()}
     elif tuned:
         base = _tuned_config(bp, verbose, target)
+        graph_tuned = _tuned_config(bp, verbose, target, graph=True)
     s = make_schedule(bp, target, overrides, base=base)
     limit = spin_limit or DEFAULT_SPIN_LIMIT
-    _agree(f"{s.config} spin_limit={limit} backend={backend} fault={fault}", group)
-    # the scheduler's own fallback (not one asked for) may have a kernel for captured calls
-    # (not under a test fault: the fallback's eager calls have nothing to inject it into)
-    captured = (captured_overrides(bp, target)
-                if s.config.comm == "none" and base is None and not overrides
-                and fault is None else None)
-    key = _op_key(bp, s.config, backend, group, limit, fault) + (captured is not None,)
+    captured = _captured_config(bp, target, s.config, base, graph_tuned,
+                                explicit=bool(overrides), fault=fault)
+    _agree(f"{s.config} captured={captured} spin_limit={limit} backend={backend} "
+           f"fault={fault}", group)
+    key = _op_key(bp, s.config, backend, group, limit, fault) + (str(captured),)
     if key in _OPS:
         return _OPS[key]
+    op = _build_op(bp, s, target, group, backend, limit, fault, verbose)
+    if captured is not None:
+        # Built now, not at the first capture: building takes collectives (the heap's
+        # rendezvous, _agree), which cannot run while a stream is captured; it costs the
+        # kernel's compilation and its heap. The op is the one an explicit config of the
+        # same values returns (same cache key): one heap, and its calls are ordered like
+        # any op's.
+        op.captured_op = compile_op(bp, config=captured, group=group, backend=backend,
+                                    spin_limit=spin_limit, tuned=False, fault=fault,
+                                    verbose=verbose)
+    _OPS[key] = op
+    return op
+
+
+def _captured_config(bp: BoundPattern, target, config: Config, base: Config | None,
+                     graph_tuned: Config | None, explicit: bool, fault: str | None):
+    """The config that calls captured in a CUDA graph take instead of `config` (None: the
+    same). `tilelink tune --graph`'s cached winner where one exists; else, where the
+    scheduler itself chose the non-overlapped plan for its host cost (which a replay does
+    not have), the overlapped kernel `captured_overrides` names (the schedule note says so).
+    Nothing under explicit overrides or a test fault (the fault is for eager calls)."""
+    if explicit or fault is not None:
+        return None
+    captured = graph_tuned
+    if captured is None and base is None and config.comm == "none":
+        extra = captured_overrides(bp, target)
+        if extra is not None:
+            captured = make_schedule(bp, target, extra, allow_fallback=False).config
+    return None if captured == config else captured
+
+
+def _build_op(bp: BoundPattern, s, target, group, backend: str, limit: int,
+              fault: str | None, verbose: bool) -> TileLinkOp:
+    """The op of schedule `s`: NCCL + cuBLAS for comm=none, else the generated module on a
+    new symmetric heap, its signals initialised and its kernels compiled (collective)."""
+    import torch
+
     if s.config.comm == "none":
         if verbose:
             print(f"tilelink: {bp.name}: non-overlapped plan (comm=none)")
-        op = FallbackOp(bp, s, group)
-        if captured is not None:
-            # the scheduler chose this plan for its host cost, which a graph replay does not
-            # have: captured calls take the overlapped kernel (schedule note says so). Built
-            # now, not at the first capture: building takes collectives (the heap's
-            # rendezvous, _agree), which cannot run while a stream is captured; it costs the
-            # kernel's compilation and its heap (the gathered A: M x K elements). The op is
-            # the one an explicit config of the same values returns (same cache key): one
-            # heap, and its calls are ordered like any op's.
-            twin = make_schedule(bp, target, captured, allow_fallback=False).config
-            op.captured_op = compile_op(bp, config=twin, group=group, backend=backend,
-                                        spin_limit=spin_limit, tuned=False, fault=fault,
-                                        verbose=verbose)
-        _OPS[key] = op
-        return op
+        return FallbackOp(bp, s, group)
     source = render_triton(s)
     if fault == "drop_notify":
         source = _drop_data_notifies(source)
@@ -692,7 +724,6 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     heap.barrier()  # every rank's signals are initialised before anyone's first call
     op = TileLinkOp(bp, s, mod, heap, group, limit)
     _warm_up(op)
-    _OPS[key] = op
     return op
 
 
@@ -743,17 +774,19 @@ def _set_triton_allocator() -> None:
     triton.set_allocator(_scratch)
 
 
-def _tuned_config(bp: BoundPattern, verbose: bool, target=None):
+def _tuned_config(bp: BoundPattern, verbose: bool, target=None, graph: bool = False):
     """The tuner's cached config for this pattern on this GPU, if `tilelink tune` ran
-    (a cached config that is no longer valid is ignored with a warning)."""
+    (`graph`: `tilelink tune --graph`, for captured calls; a cached config that is no longer
+    valid is ignored with a warning)."""
     import torch
 
     from ..schedule.tuned import tuned_config
 
-    found = tuned_config(bp, torch.cuda.get_device_name(), target=target)
+    found = tuned_config(bp, torch.cuda.get_device_name(), target=target, graph=graph)
     if found is None:
         return None
     cfg, path = found
     if verbose:
-        print(f"tilelink: using the tuned config from {path}: {cfg}")
+        print(f"tilelink: using the tuned config from {path}"
+              + (" for calls captured in a CUDA graph" if graph else "") + f": {cfg}")
     return cfg

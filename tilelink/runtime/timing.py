@@ -106,3 +106,22 @@ def single_call_ms(fn: Callable[[], object], *, reps: int = 5, group=None,
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(max_over_ranks(times, group))
+
+
+def capture_call(fn):
+    """(replay, output): `fn`'s call captured in a CUDA graph, after two eager warm-up calls
+    on a side stream (lazy set-up, e.g. NCCL's, stays out of the capture). The warm-up runs
+    what an eager call runs: for a FallbackOp that is NCCL + cuBLAS, not the kernel its
+    captured calls take (`captured_op`, compiled and given its heap when the op was built,
+    so it needs no warm-up of its own)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out

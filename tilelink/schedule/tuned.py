@@ -66,9 +66,10 @@ def _pattern_text(bp: BoundPattern) -> str:
     return text
 
 
-def cache_key(bp: BoundPattern, device_name: str) -> dict:
-    """The key fields of `bp` on `device_name` (a JSON-able dict)."""
-    return {
+def cache_key(bp: BoundPattern, device_name: str, graph: bool = False) -> dict:
+    """The key fields of `bp` on `device_name` (a JSON-able dict). `graph`: the winner for
+    calls captured in a CUDA graph (`tilelink tune --graph`), a key of its own."""
+    key = {
         "pattern": bp.name,
         "ir": _pattern_text(bp),
         "signature": bp.signature(),
@@ -78,11 +79,15 @@ def cache_key(bp: BoundPattern, device_name: str) -> dict:
         "device": device_name,
         "versions": versions(),
     }
+    if graph:  # (eager keys stay as they were: files tuned before --graph still match)
+        key["mode"] = "cuda_graph"
+    return key
 
 
-def cache_path(bp: BoundPattern, device_name: str, directory: Path | None = None) -> Path:
+def cache_path(bp: BoundPattern, device_name: str, directory: Path | None = None,
+               graph: bool = False) -> Path:
     """Where the tuned config of `bp` on `device_name` lives."""
-    key = cache_key(bp, device_name)
+    key = cache_key(bp, device_name, graph)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in bp.name)
     return (directory or cache_dir()) / f"{safe}-{digest}.json"
@@ -97,19 +102,19 @@ def _config_from(d: dict) -> Config:
 
 
 def lookup(bp: BoundPattern, device_name: str, directory: Path | None = None,
-           target=None) -> tuple[Config, Path] | None:
+           target=None, graph: bool = False) -> tuple[Config, Path] | None:
     """The cached winner for `bp` on `device_name` and its file, or None.
 
     With `target`, a cached config that is no longer valid there is ignored (warned).
     """
-    path = cache_path(bp, device_name, directory)
+    path = cache_path(bp, device_name, directory, graph)
     if not path.exists():
         return None
     try:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
-        if data.get("key") != cache_key(bp, device_name):
+        if data.get("key") != cache_key(bp, device_name, graph):
             raise ValueError("its key does not match (a hash collision or an edited file)")
         cfg = _config_from(data["config"])
         if target is not None:
@@ -133,11 +138,13 @@ def read_entry(path: Path) -> dict | None:
 
 
 def store(bp: BoundPattern, device_name: str, config: Config, *, time_ms: float | None = None,
-          results: list[dict] | None = None, directory: Path | None = None) -> Path:
+          results: list[dict] | None = None, directory: Path | None = None,
+          graph: bool = False) -> Path:
     """Write the winner (and the ranked results, for `tilelink tune` to show) atomically."""
-    path = cache_path(bp, device_name, directory)
+    path = cache_path(bp, device_name, directory, graph)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"format": FORMAT, "key": cache_key(bp, device_name), "config": config.as_dict(),
+    record = {"format": FORMAT, "key": cache_key(bp, device_name, graph),
+              "config": config.as_dict(),
               "time_ms": time_ms, "results": results or [],
               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -153,6 +160,8 @@ def store(bp: BoundPattern, device_name: str, config: Config, *, time_ms: float 
     return path
 
 
-def tuned_config(bp: BoundPattern, device_name: str, target=None) -> tuple[Config, Path] | None:
-    """What `run`, `bench` and the Python API call: the cached winner, or None."""
-    return lookup(bp, device_name, target=target)
+def tuned_config(bp: BoundPattern, device_name: str, target=None,
+                 graph: bool = False) -> tuple[Config, Path] | None:
+    """What `run`, `bench` and the Python API call: the cached winner (`graph`: the winner
+    for calls captured in a CUDA graph), or None."""
+    return lookup(bp, device_name, target=target, graph=graph)

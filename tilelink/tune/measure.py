@@ -70,9 +70,12 @@ class GpuMeasure:
     meaningful = True
 
     def __init__(self, bound: BoundPattern, *, group=None, warmup: int = 5, iters: int = 20,
-                 seed: int = 0):
+                 seed: int = 0, graph: bool = False):
         self.bound, self.group, self.warmup, self.iters, self.seed = (bound, group, warmup,
                                                                        iters, seed)
+        # graph: time replays of the call captured in a CUDA graph (tilelink tune --graph),
+        # after checking one replay as the eager call is checked
+        self.graph = graph
 
     def _any(self, flag: bool) -> bool:
         """True on every rank if `flag` is True on any rank (all-reduce MAX)."""
@@ -89,53 +92,98 @@ class GpuMeasure:
         """`sync` for search.tune: stop when any rank wants to (time limits differ by clock)."""
         return self._any(stop)
 
-    def __call__(self, cfg: Config) -> float:
-        import torch
-
-        from ..runtime.timing import steady_state_ms
-        from ..runtime.gpu import compile_op
-
-        op = inputs = None
+    def _phase(self, fn):
+        """`fn()` on every rank, then an agreement: if it raised on any rank, every rank
+        raises (the failure is the config's result), so no rank goes on into a collective
+        that the others never reach."""
         err: BaseException | None = None
-        try:  # compile, first call checked against the reference: failures are per config
+        out = None
+        try:
+            out = fn()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of a config is that config's result
+            err = e
+        if self._any(err is not None):
+            raise err if err is not None else TileLinkError("the config failed on another rank")
+        return out
+
+    def __call__(self, cfg: Config) -> float:
+        from ..runtime.gpu import compile_op
+        from ..runtime.timing import capture_call, steady_state_ms
+
+        def build():  # compile and make the first call
             op = compile_op(self.bound, config=cfg, group=self.group, tuned=False)
             inputs = op.make_inputs(self.seed)
             out = op(**inputs)
             # a wait that gave up leaves the kernel skipping work: it must not be timed as a
             # fast config (the diagnostics raise HangError, which fails the config)
             op.check_diagnostics()
-            self._check(out, inputs)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure of a config is that config's result
-            err = e
-        if self._any(err is not None):  # every rank skips the timing together
-            raise err if err is not None else TileLinkError("the config failed on another rank")
-        try:
-            ms = steady_state_ms(lambda: op(**inputs), warmup=self.warmup, iters=self.iters,
-                                 group=self.group)
-            op.check_diagnostics()  # nothing gave up while being timed
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # noqa: BLE001
-            err = e
-        if self._any(err is not None):
-            raise err if err is not None else TileLinkError("the config failed on another rank")
-        return ms / 1e3
+            return op, inputs, out
 
-    def _check(self, out, inputs) -> None:
-        """The first call's output against the fp32 reference (bench's check), else raise."""
+        # each phase ends in an agreement; the reference (collective) has a phase of its own,
+        # so a rank whose call raised never leaves the others in the reference's collectives
+        op, inputs, out = self._phase(build)
+        ref = self._phase(lambda: self._reference(inputs))
+        self._phase(lambda: self._check(out, ref))
+        call = lambda: op(**inputs)  # noqa: E731
+        if self.graph:
+            graph, out = self._phase(lambda: capture_call(call))
+            self._phase(lambda: self._poison(out))
+            self._barrier()  # every rank's output is poisoned before any replay writes
+            self._phase(lambda: self._check_replay(graph, op, out, ref))
+            call = graph.replay  # (the bound method keeps the graph alive)
+
+        def timed():
+            ms = steady_state_ms(call, warmup=self.warmup, iters=self.iters, group=self.group)
+            op.check_diagnostics()  # nothing gave up while being timed
+            return ms
+
+        return self._phase(timed) / 1e3
+
+    @staticmethod
+    def _poison(out) -> None:
+        """NaN into the captured call's output, so a replay that writes nothing fails."""
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if o.is_floating_point():
+                o.fill_(float("nan"))
+
+    def _check_replay(self, graph, op, out, ref) -> None:
+        """One replay, checked as the eager call was."""
+        import torch
+
+        graph.replay()
+        torch.cuda.synchronize()
+        op.check_diagnostics()
+        self._check(out, ref)
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier(group=self.group)
+
+    def _reference(self, inputs):
+        """The fp32 reference of these inputs (bench's; collective), or None without the
+        bench layer."""
+        try:
+            from ..bench.baselines import reference
+        except ImportError:
+            return None
+        return reference(self.bound, inputs, self.group)
+
+    def _check(self, out, ref) -> None:
+        """An output against the fp32 reference (bench's check), else raise. Local."""
         import torch
 
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        try:
-            from ..bench.baselines import compare, reference
-        except ImportError:  # no bench layer: at least no NaN / Inf
+        if ref is None:  # no bench layer: at least no NaN / Inf
             if not all(bool(torch.isfinite(o.float()).all()) for o in outs
                        if o.is_floating_point()):
                 raise MismatchError("the output has NaN or Inf on random inputs") from None
             return
-        ref = reference(self.bound, inputs, self.group)
+        from ..bench.baselines import compare
+
         k = max(t.shape[-1] for t in self.bound.tensors.values())
         dtype = next(iter(self.bound.tensors.values())).dtype
         slack = 2.0 if self.bound.signature() == "gemm>reduce_scatter" else 1.0
@@ -146,16 +194,17 @@ class GpuMeasure:
 
 
 def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 20,
-              seed: int = 0) -> dict[str, float] | None:
+              seed: int = 0, graph: bool = False) -> dict[str, float] | None:
     """Steady-state ms of NCCL+cuBLAS, cuBLAS alone, the comm alone, and the floor
-    max(GEMM, fastest comm), from tilelink.bench's baselines; None where that is not
-    available. Collective: call on every rank."""
+    max(GEMM, fastest comm), from tilelink.bench's baselines (`graph`: replays of each
+    captured in a CUDA graph, as the configs were timed; `tilelink bench --graph` checks
+    those replays); None where that is not available. Collective: call on every rank."""
     try:
         import torch
         import torch.distributed as dist
 
         from ..bench import baselines as bl
-        from ..runtime.timing import steady_state_ms
+        from ..runtime.timing import capture_call, steady_state_ms
         from ..runtime.dist_reference import make_local_inputs
     except ImportError:
         return None
@@ -168,7 +217,8 @@ def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 
     ms = {}
     for key in ("nccl_cublas", "gemm", "ce_comm", "nccl_comm"):
         if key in systems:
-            ms[key] = steady_state_ms(systems[key].fn, warmup=warmup, iters=iters, group=group)
+            fn = capture_call(systems[key].fn)[0].replay if graph else systems[key].fn
+            ms[key] = steady_state_ms(fn, warmup=warmup, iters=iters, group=group)
     comm = [ms[k] for k in ("ce_comm", "nccl_comm") if k in ms]
     if "gemm" in ms:
         ms["floor"] = max(ms["gemm"], min(comm)) if comm else ms["gemm"]

@@ -23,11 +23,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from ..errors import NotSupportedError
+from ..errors import NotSupportedError, TileLinkError
 from ..ir import BoundPattern
 from ..schedule import KERNELS, Config, ConfigSpace, Target
 from ..schedule import config as config_mod
-from ..schedule.schedule import KERNEL_KNOBS, default_space, fused_reduce_problems
+from ..schedule.schedule import (KERNEL_KNOBS, default_space, fused_reduce_problems,
+                                 make_schedule)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: NCCL collective, then cuBLAS"
 
@@ -151,12 +152,60 @@ def _fallback(bp: BoundPattern, target: Target, num_programs: int) -> Config | N
     return cfg if not space.reasons(cfg, bp.signature()) else None
 
 
-def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None) -> list[Config]:
+def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None,
+               graph: bool = False) -> list[Config]:
     """Every config the tuner may measure for `bp` on `target`, valid and without duplicates.
 
     `num_sms` is the actual device's SM count when it is smaller than the target's (e.g. an
-    H100 PCIe is cuda:90 with 114 SMs): the persistent grid must never exceed it.
+    H100 PCIe is cuda:90 with 114 SMs): the persistent grid must never exceed it. `graph`:
+    the space of calls captured in a CUDA graph (`for_graphs`).
     """
+    configs = _candidates(bp, target, num_sms)
+    return for_graphs(bp, target, configs) if graph else configs
+
+
+def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[Config]:
+    """The configs whose calls can be captured in a CUDA graph, and the ones that pay there.
+
+    comm=sm kernels read their epoch from device memory and comm=none is NCCL + cuBLAS: both
+    capture as they are. A copy-engine config captures only with the flag protocol
+    (capturable=1; AG-GEMM has it, GEMM-RS does not: dropped). A replay has no host work, so
+    the library-GEMM plan (cuBLAS per source rank's rows), left out of the eager space for its
+    host cost, joins it for AG-GEMM (2x H200, AG M = 1024, graph replays: 0.103 ms against
+    0.107 for TileLink's kernel, docs/perf.md session 8).
+    """
+    sig, space, ext = bp.signature(), default_space(target), extents(bp)
+    out: dict[Config, None] = {}
+    # the overlapped default is a candidate too (at AG M = 1024 it is what captured calls
+    # take: 128x128 tiles grouped by this rank's row blocks, which the tile list lacks)
+    try:
+        default = make_schedule(bp, target, allow_fallback=False).config
+    except TileLinkError:
+        default = None
+    programs = max(c.num_programs for c in configs)
+    if default is not None and default.comm != FALLBACK:
+        configs = [_canonical(replace(default, num_programs=min(default.num_programs,
+                                                                programs)), sig, ext)] + configs
+    for cfg in configs:
+        if cfg.comm == "copy_engine":
+            cfg = replace(cfg, capturable=1)
+            if space.reasons(cfg, sig):
+                continue
+        out[cfg] = None
+    if sig in config_mod.LIBRARY_GEMM_SIGNATURES and target.backend != "interp":
+        for cbm in knobs_for(target).comm_block_m:
+            cfg = _canonical(Config(comm="copy_engine", gemm="library", capturable=1,
+                                    num_programs=programs, comm_block_m=cbm), sig, ext)
+            if not space.reasons(cfg, sig):
+                out[cfg] = None
+    if not out:
+        raise NotSupportedError(f"no config of {bp.name} ({bp.sizes_str()}) can be captured "
+                                f"in a CUDA graph on {target.name}", bp.pattern.loc,
+                                "tune without --graph")
+    return list(out)
+
+
+def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[Config]:
     sig = bp.signature()
     if sig not in KERNELS:
         raise NotSupportedError(f"no kernel to tune for {sig} yet", bp.pattern.loc,
@@ -252,6 +301,9 @@ def describe(cfg: Config, sig: str) -> str:
     """The knobs that matter for this config, compactly (what a table row shows)."""
     if is_fallback(cfg):
         return "comm=none (no overlap: NCCL collective, then cuBLAS)"
+    if cfg.gemm == "library":
+        return (f"comm={cfg.comm} gemm=library comm_block_m={cfg.comm_block_m}"
+                + (" capturable=1" if cfg.capturable else ""))
     parts = [f"comm={cfg.comm}"]
     if cfg.reduce_after:
         parts.append("reduce_after=1")
@@ -266,6 +318,8 @@ def describe(cfg: Config, sig: str) -> str:
         parts.append("flatten=1")
     if cfg.fuse_reduce:
         parts.append("fuse_reduce=1")
+    if cfg.capturable:
+        parts.append("capturable=1")
     return " ".join(parts)
 
 
