@@ -170,9 +170,9 @@ CAPTURED_KERNEL = ("ag_default_even_graph", "ag_default_ragged_graph_mixed")
 # Added after the last GPU run: run in a world of their own, so a failure cannot take the
 # verified cases with it. Move them into CASES once they have passed on GPUs.
 NOT_YET_RUN: dict = {}
-# One GPU, W = 1 (added in session 9, not yet GPU-run): every tile reads its own rows in place,
-# so a call gives the copy engine nothing to do; a captured call must then not join a side
-# stream it never forked into the capture (review finding: capture isolation error)
+# One GPU, W = 1 (passed on one H200 at aacc169): every tile reads its own rows in place, so
+# a call gives the copy engine nothing to do; a captured call must then not join a side
+# stream it never forked into the capture, and needs no capturable protocol
 W1_EVEN = {"M": "1024", "N": "1024", "K": "512"}
 SINGLE_GPU = {
     "w1_ag_ce_even": RunSpec(AG, W1_EVEN, CE, calls=5),
