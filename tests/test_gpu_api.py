@@ -239,3 +239,35 @@ def test_copy_engine_ops_are_checked_before_anything_runs():
     with pytest.raises(TileLinkError, match="out of bounds"):
         rt.copy_engine(bad, start_now=True)
     assert rt.engine.runs == [] and rt.pending == []
+
+
+def test_captured_calls_take_the_graph_tuned_config_only_where_outputs_agree():
+    # tune --graph's winner replaces the eager plan in captured calls, except where the
+    # pattern is not in the kernel's lean form and one plan is the fallback (its generic
+    # path returns every output; a kernel op only its own): captured and eager calls would
+    # return different things
+    from tilelink.frontend.text import parse_text
+    from tilelink.runtime.gpu import _captured_config
+    from tilelink.schedule import Config, get_target
+
+    target = get_target("cuda:90")
+    lean = AG.bind({"M": "1024", "N": "8192", "K": "8192"}, 2)
+    kernel, none = Config(comm="copy_engine", capturable=1), Config(comm="none")
+    assert _captured_config(lean, target, none, None, kernel, False, None) == kernel
+    assert _captured_config(lean, target, kernel, None, kernel, False, None) is None  # same
+    assert _captured_config(lean, target, none, None, kernel, True, None) is None  # explicit
+    assert _captured_config(lean, target, none, None, kernel, False, "drop_notify") is None
+    both = parse_text("""
+pattern both(M = 1024, N = 8192, K = 8192, dtype = bf16)
+    a : [M, K] dtype shard(0)
+    b : [K, N / W] dtype
+    a_full = all_gather(a, dim = 0)
+    c = gemm(a_full, b)
+    return a_full, c
+""", "both.tl").bind({}, 2)
+    assert _captured_config(both, target, none, None, kernel, False, None) is None
+    # without a graph-tuned config the scheduler's own rule: the lean fallback takes the
+    # overlapped kernel (capturable), an eager-tuned one (base given) does not
+    got = _captured_config(lean, target, none, None, None, False, None)
+    assert got is not None and got.capturable == 1
+    assert _captured_config(lean, target, none, none, None, False, None) is None

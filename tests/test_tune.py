@@ -450,6 +450,11 @@ def test_gpu_flow_with_fakes_stores_then_reuses_the_winner(monkeypatch, capsys, 
     graph_cfg, _ = cache.lookup(bound(AG, M=8192, N=8192, K=8192), "NVIDIA H200", graph=True)
     assert graph_cfg in calls
     assert cache.lookup(bound(AG, M=8192, N=8192, K=8192), "NVIDIA H200")[0] == cached[0]
+    # a pin that turns the flag protocol off leaves only what can still be captured
+    calls.clear()
+    assert main(argv + ["--graph", "--force", "--config", "capturable=0"]) == 0
+    capsys.readouterr()
+    assert calls and all(c.comm != "copy_engine" for c in calls)
 
 
 @pytest.mark.dist

@@ -196,12 +196,20 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
     from ..tune.cost import device_spec
     from ..tune.measure import GpuMeasure, baselines, gpu_device
     from ..tune.search import default_budget, tune
-    from ..tune.space import candidates, pin
+    from ..errors import ConfigError
+    from ..tune.space import candidates, capturable, pin
 
     bp = load_pattern(pattern).bind(values, world)
     device, target = gpu_device()
     graph = opts.get("graph", False)
     cands = pin(candidates(bp, target, target.num_sms, graph=graph), opts["pins"], bp, target)
+    if graph:  # a pin (comm=copy_engine, capturable=0) may have made some uncapturable
+        cands = [c for c in cands if capturable(c)]
+        if not cands:
+            raise ConfigError("no config left that can be captured in a CUDA graph with "
+                              + " ".join(f"{k}={v}" for k, v in opts["pins"].items()),
+                              hint="copy-engine configs need capturable=1 (AG-GEMM only); "
+                              "pin fewer knobs")
     measure = GpuMeasure(bp, warmup=opts["warmup"], iters=opts["iters"], graph=graph)
     total = len(cands) if opts["exhaustive"] else min(opts["budget"] or default_budget(
         len(cands)), len(cands))

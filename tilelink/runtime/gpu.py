@@ -685,6 +685,11 @@ def _captured_config(bp: BoundPattern, target, config: Config, base: Config | No
     if explicit or fault is not None:
         return None
     captured = graph_tuned
+    if (captured is not None and bp.lean_operands() is None
+            and (captured.comm == "none") != (config.comm == "none")):
+        # the fallback's generic path returns every output of the pattern (a gathered tensor
+        # too, say) and a kernel op only its own: captured and eager calls would differ
+        captured = None
     if captured is None and base is None and config.comm == "none":
         extra = captured_overrides(bp, target)
         if extra is not None:

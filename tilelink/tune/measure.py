@@ -94,8 +94,11 @@ class GpuMeasure:
 
     def _phase(self, fn):
         """`fn()` on every rank, then an agreement: if it raised on any rank, every rank
-        raises (the failure is the config's result), so no rank goes on into a collective
-        that the others never reach."""
+        raises (the failure is the config's result), so no rank goes on into the next
+        phase's collectives alone. Collectives inside a phase (compile_op's rendezvous, the
+        reference's NCCL calls, the timing's barrier) still need every rank to reach them:
+        a rank that raises before one of them leaves its peers there (bounded only by the
+        process group's timeout)."""
         err: BaseException | None = None
         out = None
         try:
@@ -216,9 +219,23 @@ def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 
         return None  # no baselines for this signature
     ms = {}
     for key in ("nccl_cublas", "gemm", "ce_comm", "nccl_comm"):
-        if key in systems:
-            fn = capture_call(systems[key].fn)[0].replay if graph else systems[key].fn
-            ms[key] = steady_state_ms(fn, warmup=warmup, iters=iters, group=group)
+        if key not in systems:
+            continue
+        fn = systems[key].fn
+        if graph:
+            # captured on every rank or timed on none: a rank whose capture raised must not
+            # leave its peers in the timing's collectives
+            try:
+                fn = capture_call(fn)[0].replay
+                failed = 0
+            except Exception:  # noqa: BLE001 - that baseline is left out of the table
+                failed = 1
+            flag = torch.tensor([failed], dtype=torch.int32, device=device)
+            if dist.is_initialized():
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            if int(flag.item()):
+                continue
+        ms[key] = steady_state_ms(fn, warmup=warmup, iters=iters, group=group)
     comm = [ms[k] for k in ("ce_comm", "nccl_comm") if k in ms]
     if "gemm" in ms:
         ms["floor"] = max(ms["gemm"], min(comm)) if comm else ms["gemm"]

@@ -205,6 +205,12 @@ def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[
     return list(out)
 
 
+def capturable(cfg: Config) -> bool:
+    """Whether calls of `cfg` can be captured in a CUDA graph (for_graphs' rule: after
+    `--config` pins, which can turn the flag protocol off again)."""
+    return cfg.comm != "copy_engine" or bool(cfg.capturable)
+
+
 def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[Config]:
     sig = bp.signature()
     if sig not in KERNELS:
