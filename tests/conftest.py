@@ -9,6 +9,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
+# AG-GEMM that also returns the gathered tensor: not the kernel's lean form (the fallback's
+# generic path returns both outputs, a kernel op only its own)
+AG_RETURNING_GATHERED = """
+pattern both(M = 1024, N = 8192, K = 8192, dtype = bf16)
+    a : [M, K] dtype shard(0)
+    b : [K, N / W] dtype
+    a_full = all_gather(a, dim = 0)
+    c = gemm(a_full, b)
+    return a_full, c
+"""
+
 
 def _gpus() -> int:
     try:

@@ -11,7 +11,7 @@ from tilelink.frontend import load_text
 from tilelink.frontend.text import parse_text
 from tilelink.schedule import captured_overrides, get_target, make_schedule
 
-from .conftest import EXAMPLES
+from .conftest import AG_RETURNING_GATHERED, EXAMPLES
 
 AG = load_text(EXAMPLES / "ag_gemm.tl")
 RS = load_text(EXAMPLES / "gemm_rs.tl")
@@ -195,14 +195,7 @@ def test_small_ag_gemm_captured_calls_take_a_capturable_kernel():
     assert captured_overrides(AG.bind({"M": "2048", "N": "8192", "K": "8192"}, 4), target) is None
     # only the lean form the kernel computes: a pattern that also returns the gathered
     # tensor (or gathers along dim 1) keeps the fallback's generic path when captured too
-    both = parse_text("""
-pattern both(M = 1024, N = 8192, K = 8192, dtype = bf16)
-    a : [M, K] dtype shard(0)
-    b : [K, N / W] dtype
-    a_full = all_gather(a, dim = 0)
-    c = gemm(a_full, b)
-    return a_full, c
-""", "both.tl").bind({}, 2)
+    both = parse_text(AG_RETURNING_GATHERED, "both.tl").bind({}, 2)
     assert make_schedule(both, target).config.comm == "none"
     assert captured_overrides(both, target) is None
     assert "CUDA graph" not in make_schedule(both, target).render()

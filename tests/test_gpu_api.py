@@ -13,7 +13,7 @@ from tilelink.errors import TileLinkError
 from tilelink.frontend import load_text
 from tilelink.runtime.gpu import FallbackOp
 
-from .conftest import EXAMPLES
+from .conftest import AG_RETURNING_GATHERED, EXAMPLES
 
 AG = load_text(EXAMPLES / "ag_gemm.tl")
 
@@ -97,14 +97,7 @@ pattern swapped(M = 256, N = 192, K = 128, dtype = bf16)
     return c
 """, "swapped.tl")
     assert swapped.bind({}, 2).lean_operands() is None  # the gathered operand is on the right
-    both = parse_text("""
-pattern both(M = 256, N = 192, K = 128, dtype = bf16)
-    a : [M, K] dtype shard(0)
-    b : [K, N] dtype
-    a_full = all_gather(a, dim = 0)
-    c = gemm(a_full, b)
-    return a_full, c
-""", "both.tl")
+    both = parse_text(AG_RETURNING_GATHERED, "both.tl")
     assert both.bind({}, 2).lean_operands() is None  # two outputs: the generic path returns both
 
 
@@ -257,14 +250,7 @@ def test_captured_calls_take_the_graph_tuned_config_only_where_outputs_agree():
     assert _captured_config(lean, target, kernel, None, kernel, False, None) is None  # same
     assert _captured_config(lean, target, none, None, kernel, True, None) is None  # explicit
     assert _captured_config(lean, target, none, None, kernel, False, "drop_notify") is None
-    both = parse_text("""
-pattern both(M = 1024, N = 8192, K = 8192, dtype = bf16)
-    a : [M, K] dtype shard(0)
-    b : [K, N / W] dtype
-    a_full = all_gather(a, dim = 0)
-    c = gemm(a_full, b)
-    return a_full, c
-""", "both.tl").bind({}, 2)
+    both = parse_text(AG_RETURNING_GATHERED, "both.tl").bind({}, 2)
     assert _captured_config(both, target, none, None, kernel, False, None) is None
     # without a graph-tuned config the scheduler's own rule: the lean fallback takes the
     # overlapped kernel (capturable), an eager-tuned one (base given) does not
