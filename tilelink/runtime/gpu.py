@@ -685,16 +685,17 @@ def _captured_config(bp: BoundPattern, target, config: Config, base: Config | No
     if explicit or fault is not None:
         return None
     captured = graph_tuned
-    if (captured is not None and bp.lean_operands() is None
-            and (captured.comm == "none") != (config.comm == "none")):
-        # the fallback's generic path returns every output of the pattern (a gathered tensor
-        # too, say) and a kernel op only its own: captured and eager calls would differ
-        captured = None
     if captured is None and base is None and config.comm == "none":
         extra = captured_overrides(bp, target)
         if extra is not None:
             captured = make_schedule(bp, target, extra, allow_fallback=False).config
-    return None if captured == config else captured
+    if captured is None or captured == config:
+        return None
+    if bp.lean_operands() is None and (captured.comm == "none") != (config.comm == "none"):
+        # the fallback's generic path returns every output of the pattern (a gathered tensor
+        # too, say) and a kernel op only its own: captured and eager calls would differ
+        return None
+    return captured
 
 
 def _build_op(bp: BoundPattern, s, target, group, backend: str, limit: int,
