@@ -170,6 +170,33 @@ CAPTURED_KERNEL = ("ag_default_even_graph", "ag_default_ragged_graph_mixed")
 # Added after the last GPU run: run in a world of their own, so a failure cannot take the
 # verified cases with it. Move them into CASES once they have passed on GPUs.
 NOT_YET_RUN: dict = {}
+# gemm=ws (session 11): the warp-specialised Gluon GEMM; its loader warp waits for the chunks.
+# Ragged: 1000 / W rows per rank, N / W = 1088 / W columns and K = 1000 (rows a multiple of 16
+# bytes, so TMA still applies): no tile divides evenly, and each rank's own rows are copied
+# and waited for too.
+AG_WS = CE | {"gemm": "ws", "block_m": "128", "block_n": "256", "block_k": "64", "stages": "3"}
+AG_WS_128 = AG_WS | {"block_n": "128", "stages": "4", "group_m": "1"}
+RAGGED_WS = {"M": "1000", "N": "1088", "K": "1000"}
+# Several tiles per program (7 programs; 512 tiles at 8192 rows), so the loader runs ahead
+# across tiles and waits for the next tile's chunks while the consumers still compute; and
+# the tl kernel on the same ragged shapes (gemm=triton twins), so a failure can be pinned on
+# gemm=ws or on the shape (fully out-of-bounds TMA boxes, own rows copied at W = 1).
+AG_WS_FEW = AG_WS | {"num_programs": "7"}
+MANY_TILES = {"M": "8192", "N": "4096", "K": "1024"}
+NOT_YET_RUN |= {
+    "ag_ws_few_programs_delays": RunSpec(AG, RAGGED_WS, AG_WS_FEW, calls=100, delays=True,
+                                         seed=22),
+    "ag_ws_cap_few_programs_graph_mixed": RunSpec(AG, RAGGED_WS, AG_WS_FEW | {"capturable": "1"},
+                                                  calls=20, graph=True, mixed=True),
+    "ag_ws_many_tiles_delays": RunSpec(AG, MANY_TILES, AG_WS, calls=50, delays=True, seed=23),
+    "ag_tl_twin_ragged_delays": RunSpec(AG, RAGGED_WS, AG_WS | {"gemm": "triton"}, calls=100,
+                                        delays=True, seed=20),
+    "ag_ws_even": RunSpec(AG, EVEN, AG_WS, calls=5),
+    "ag_ws_ragged_delays": RunSpec(AG, RAGGED_WS, AG_WS, calls=100, delays=True, seed=20),
+    "ag_ws_128_1000": RunSpec(AG, SMALL, AG_WS_128, calls=1000),
+    "ag_ws_cap_graph_mixed": RunSpec(AG, RAGGED_WS, AG_WS | {"capturable": "1"}, calls=20,
+                                     graph=True, mixed=True),
+}
 # One GPU, W = 1 (passed on one H200 at aacc169): every tile reads its own rows in place, so
 # a call gives the copy engine nothing to do; a captured call must then not join a side
 # stream it never forked into the capture, and needs no capturable protocol
@@ -180,6 +207,21 @@ SINGLE_GPU = {
     "w1_ag_lib_cap_graph_mixed": RunSpec(AG, W1_EVEN, AG_LIB | {"capturable": "1"}, calls=20,
                                          graph=True, mixed=True),
     "w1_ag_default_graph": RunSpec(AG, W1_EVEN, {}, calls=20, graph=True, tuned=False),
+}
+# gemm=ws at W = 1, not yet run on a GPU (a world of its own, as NOT_YET_RUN): even (own rows
+# in place), ragged (1000 rows: the copy engine copies them and the loader waits for them),
+# 1,000 calls, and captured with eager calls in between. Move into SINGLE_GPU once passed.
+NOT_YET_RUN_SINGLE_GPU = {
+    "w1_ag_ws_even": RunSpec(AG, W1_EVEN, AG_WS, calls=5),
+    "w1_ag_ws_ragged_delays": RunSpec(AG, RAGGED_WS, AG_WS, calls=100, delays=True, seed=21),
+    "w1_ag_ws_128_1000": RunSpec(AG, SMALL, AG_WS_128, calls=1000),
+    "w1_ag_ws_cap_graph_mixed": RunSpec(AG, RAGGED_WS, AG_WS | {"capturable": "1"}, calls=20,
+                                        graph=True, mixed=True),
+    "w1_ag_ws_few_programs_delays": RunSpec(AG, RAGGED_WS, AG_WS_FEW, calls=100, delays=True,
+                                            seed=24),
+    "w1_ag_ws_many_tiles": RunSpec(AG, MANY_TILES, AG_WS, calls=20),
+    "w1_ag_tl_twin_ragged_delays": RunSpec(AG, RAGGED_WS, AG_WS | {"gemm": "triton"},
+                                           calls=100, delays=True, seed=21),
 }
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
@@ -227,6 +269,11 @@ def single_results():
 
 
 @pytest.fixture(scope="module")
+def new_single_results():
+    return _world(NOT_YET_RUN_SINGLE_GPU, world=1)
+
+
+@pytest.fixture(scope="module")
 def nvshmem_results():
     return _world(NVSHMEM_CASES | NVSHMEM_WATCHDOG)
 
@@ -256,6 +303,12 @@ def test_not_yet_run_on_gpus(new_results, case):
 @pytest.mark.parametrize("case", list(SINGLE_GPU))
 def test_single_gpu(single_results, case):
     _assert_ok(single_results[case])
+
+
+@pytest.mark.gpu  # one GPU is enough (conftest)
+@pytest.mark.parametrize("case", list(NOT_YET_RUN_SINGLE_GPU))
+def test_single_gpu_not_yet_run(new_single_results, case):
+    _assert_ok(new_single_results[case])
 
 
 @pytest.mark.parametrize("case", list(NVSHMEM_CASES))

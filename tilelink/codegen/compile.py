@@ -85,7 +85,12 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
         consts["DOT_FP32"] = target.dot_fp32
     sig = {k: v for k, v in mod.SIGNATURE.items() if k in fn.arg_names}
     sig.update({k: "constexpr" for k in consts})
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    if getattr(fn, "is_gluon", lambda: False)():  # gemm=ws: a Gluon kernel
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn, sig, consts)
+    else:
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     gpu = GPUTarget(target.backend, target.arch, target.warp_size)
     warps = getattr(mod, "KERNEL_WARPS", {}).get(fn.__name__, mod.NUM_WARPS)
     opts = {"num_warps": warps}

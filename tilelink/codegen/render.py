@@ -192,6 +192,23 @@ def _ag_gemm_lib(s: Schedule) -> Context:
                    sites=sites, waits=src_waits)
 
 
+GL_DTYPES = {"bf16": "gl.bfloat16", "fp16": "gl.float16"}
+
+
+def _ag_gemm_ws(s: Schedule) -> Context:
+    """AG-GEMM with the warp-specialised Gluon GEMM (gemm=ws): the AG kernel's layout,
+    signals, copy-engine ops and waits (run by the loader warp); 16-bit operands through TMA."""
+    ctx = _ag_gemm(s)
+    if ctx.dtype not in GL_DTYPES or not ctx.tma:
+        raise NotSupportedError(
+            f"gemm=ws needs bf16 or fp16 operands loadable by TMA (rows a multiple of 16 "
+            f"bytes); this pattern has {ctx.dtype}{'' if ctx.tma else ' without TMA'}",
+            s.bound.pattern.loc, "use gemm=triton (the default)")
+    # the program is 4 consumer warps here; the partitions add 4 + 1 (setmaxnreg'd)
+    return replace(ctx, consts=ctx.consts | dict(NUM_WARPS=4),
+                   extra=ctx.extra | dict(gl_dtype=GL_DTYPES[ctx.dtype]))
+
+
 # GEMM-RS with comm=copy_engine: the reduce role waits on chunks the copy engine delivered.
 SITE_CE_CHUNK = 2
 
@@ -327,4 +344,5 @@ def _gemm_rs(s: Schedule) -> Context:
                    **extra_ce))
 
 
-_CONTEXTS = {"ag_gemm": _ag_gemm, "ag_gemm_lib": _ag_gemm_lib, "gemm_rs": _gemm_rs}
+_CONTEXTS = {"ag_gemm": _ag_gemm, "ag_gemm_lib": _ag_gemm_lib, "ag_gemm_ws": _ag_gemm_ws,
+             "gemm_rs": _gemm_rs}

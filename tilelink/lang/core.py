@@ -239,8 +239,10 @@ def _spin(sig_ptr, expected, limit, abort_ptr):
     # uniform. (load_acquire_atomic is spelled out inline: in the interpreter every nested
     # jit call costs ~0.2 ms, which would dominate the spin.)
     obs = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
-    it = tl.full((), 0, tl.int64)
-    aborted = tl.full((), 0, tl.int32)
+    # zeros derived from `obs` rather than tl.full((), ...): the same scalars in every
+    # flavour, and Gluon kernels (whose `full` needs a layout) can call this too
+    aborted = obs * 0
+    it = aborted.to(tl.int64)
     # cyclic comparison (int32 wrap-around): epochs keep counting past 2**31 - 1
     go = (obs - expected) < 0
     while go:
@@ -342,8 +344,10 @@ def wait_flat(sig_ptr, count, expected, limit, abort_ptr, diag_ptr, site, slot, 
     if n > 0:
         obs = tl.atomic_add(sig_ptr, 0, sem="acquire", scope="sys")
     i = tl.full((), 0, tl.int32)
-    it = tl.full((), 0, tl.int64)
-    aborted = tl.full((), 0, tl.int32)
+    # zeros derived from `obs` rather than tl.full((), ...): the same scalars in every
+    # flavour, and Gluon kernels (whose `full` needs a layout) can call this too
+    aborted = obs * 0
+    it = aborted.to(tl.int64)
     # one loop for all words; the CTA stays together (every value is an acquire atomic that
     # Triton broadcasts from one thread), see _spin
     go = i < n

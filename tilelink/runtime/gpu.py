@@ -653,6 +653,12 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
         base = _tuned_config(bp, verbose, target)
         graph_tuned = _tuned_config(bp, verbose, target, graph=True)
     s = make_schedule(bp, target, overrides, base=base)
+    if s.kernel == "ag_gemm_ws" and torch.cuda.get_device_capability()[0] != 9:
+        # device_target maps every sm_90+ GPU to cuda:90; wgmma and setmaxnreg are sm_90's
+        # (every rank has the same GPU: all raise here, before any collective)
+        major, minor = torch.cuda.get_device_capability()
+        raise ConfigError(f"gemm=ws is Hopper's warp-specialised kernel (wgmma); this GPU is "
+                          f"sm_{major}{minor}", hint="use gemm=triton (the default)")
     limit = spin_limit or DEFAULT_SPIN_LIMIT
     captured = _captured_config(bp, target, s.config, base, graph_tuned,
                                 explicit=bool(overrides), fault=fault)

@@ -19,10 +19,16 @@ FALLBACK_SIGNATURES = ("all_gather>gemm", "gemm>reduce_scatter")
 ORDERS = ("own_first", "natural")
 # who computes the GEMM: "triton", TileLink's generated persistent kernel (tiles wait for their
 # chunks); "library", the vendor BLAS through torch.mm (cuBLAS / hipBLASLt), one call per source
-# rank's rows in arrival order, with TileLink's small kernels doing the waits and releases
-GEMMS = ("triton", "library")
+# rank's rows in arrival order, with TileLink's small kernels doing the waits and releases;
+# "ws", a warp-specialised Gluon kernel (Hopper): a loader warp waits for a tile's chunks and
+# runs TMA loads ahead while two consumer warpgroups only issue wgmma (cuBLAS's structure)
+GEMMS = ("triton", "library", "ws")
 # signatures with a library-GEMM plan
 LIBRARY_GEMM_SIGNATURES = ("all_gather>gemm",)
+# signatures with a warp-specialised (gemm=ws) kernel
+WS_GEMM_SIGNATURES = ("all_gather>gemm",)
+# shared memory a CTA may use on Hopper (227 KB), for gemm=ws's stages and epilogue buffers
+HOPPER_SMEM = 232448
 # signatures whose copy-engine protocol has the flag variant (capturable=1)
 CAPTURABLE_COPY_ENGINE_SIGNATURES = ("all_gather>gemm",)
 
@@ -132,6 +138,9 @@ class ConfigSpace:
     # the target runs a rank's programs one after another (the Triton interpreter), so a
     # schedule must not need its programs resident at once
     sequential_programs: bool = False
+    # the target runs Gluon's Hopper warp specialisation (gemm=ws): cuda:90 with TileLink's
+    # own signal primitives (not the NVSHMEM flavour, not the interpreter)
+    warp_specialized: bool = False
 
     def reasons(self, cfg: Config, signature: str) -> list[str]:
         """Why `cfg` is invalid for a pattern with op signature `signature` (empty: valid)."""
@@ -179,6 +188,8 @@ class ConfigSpace:
         if cfg.gemm == "library" and (cfg.fuse_reduce or cfg.reduce_after or cfg.flatten):
             bad.append("gemm=library takes no kernel knobs (flatten, reduce_after, fuse_reduce): "
                        "the GEMM is the library's")
+        if cfg.gemm == "ws":
+            bad += self._ws_reasons(cfg, signature)
         if cfg.capturable and not (signature in CAPTURABLE_COPY_ENGINE_SIGNATURES
                                    and cfg.comm == "copy_engine"):
             bad.append("capturable=1 applies to " + ", ".join(CAPTURABLE_COPY_ENGINE_SIGNATURES)
@@ -204,6 +215,32 @@ class ConfigSpace:
             if signature not in self.supports_reverse_roles:
                 bad.append(f"debug_reverse_roles=1 is implemented for "
                            f"{', '.join(self.supports_reverse_roles)} only, not {signature}")
+        return bad
+
+    def _ws_reasons(self, cfg: Config, signature: str) -> list[str]:
+        """Why gemm=ws (the warp-specialised Gluon kernel) cannot run `cfg`."""
+        bad = []
+        if not self.warp_specialized:
+            bad.append("gemm=ws needs Hopper's warp specialisation through Gluon: target "
+                       "cuda:90 (torch symmetric memory backend); not the emulated world, "
+                       "cuda:80, hip or the NVSHMEM flavour")
+        if not (signature in WS_GEMM_SIGNATURES and cfg.comm == "copy_engine"):
+            bad.append("gemm=ws applies to " + ", ".join(WS_GEMM_SIGNATURES) + " with "
+                       "comm=copy_engine only (its loader warp waits for the copy engine's "
+                       "chunks)")
+        if cfg.block_m != 128 or cfg.block_n not in (128, 256) or cfg.block_k != 64:
+            bad.append(f"gemm=ws takes block_m=128 (two 64-row consumer halves), block_n=128 "
+                       f"or 256 and block_k=64, not {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
+        smem = 2 * (cfg.stages * (cfg.block_m + cfg.block_n) * cfg.block_k
+                    + cfg.block_m * cfg.block_n)
+        if smem > HOPPER_SMEM - 1024:
+            bad.append(f"gemm=ws with stages={cfg.stages} needs {smem} B of shared memory "
+                       f"(more than a Hopper CTA's {HOPPER_SMEM}): use fewer stages (3 at "
+                       "block_n=256, up to 4 at block_n=128)")
+        if cfg.stages < 2:
+            bad.append("gemm=ws needs stages >= 2 (the loader runs ahead of the consumers)")
+        if cfg.flatten:
+            bad.append("gemm=ws takes no flatten (its loader already runs across tiles)")
         return bad
 
     def check(self, cfg: Config, signature: str) -> Config:

@@ -23,6 +23,8 @@ from .targets import Target
 KERNELS = {"all_gather>gemm": "ag_gemm", "gemm>reduce_scatter": "gemm_rs"}
 # ... and with gemm=library: the library GEMM per source rank, around small sync kernels
 LIBRARY_KERNELS = {"all_gather>gemm": "ag_gemm_lib"}
+# ... and with gemm=ws: the warp-specialised Gluon kernel (Hopper)
+WS_KERNELS = {"all_gather>gemm": "ag_gemm_ws"}
 # knobs of TileLink's own GEMM kernel: overriding one asks for that kernel (gemm=triton)
 KERNEL_KNOBS = ("num_programs", "block_m", "block_n", "block_k", "order", "group_m", "stages",
                 "warps", "flatten", "comm_programs")
@@ -115,7 +117,8 @@ class Schedule:
 
 def default_space(target: Target) -> ConfigSpace:
     return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp",
-                       sequential_programs=target.backend == "interp")
+                       sequential_programs=target.backend == "interp",
+                       warp_specialized=target.name == "cuda:90")
 
 
 # Below this many FLOPs of GEMM per rank (~0.15 ms on an H200) the overlapped kernel's fixed
@@ -331,6 +334,9 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
             any(k in overrides for k in KERNEL_KNOBS)
             or len(space.reasons(replace(cfg, gemm="triton"), sig)) < len(space.reasons(cfg, sig))):
         cfg = replace(cfg, gemm="triton")  # a kernel knob set: the user wants TileLink's kernel
+    if "gemm" not in overrides and cfg.gemm == "ws" and (
+            len(space.reasons(replace(cfg, gemm="triton"), sig)) < len(space.reasons(cfg, sig))):
+        cfg = replace(cfg, gemm="triton")  # a knob the ws kernel lacks: the tl kernel has it
     if "fuse_reduce" not in overrides and cfg.fuse_reduce:
         probe = replace(cfg, fuse_reduce=0)
         if space.reasons(cfg, sig) != space.reasons(probe, sig) or \
@@ -361,8 +367,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     space.check(cfg, sig)  # also refuses debug knobs on GPU targets
     plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
                                     cfg.comm_block_n if sig == "gemm>reduce_scatter" else 0))
-    kernel = ((LIBRARY_KERNELS if cfg.gemm == "library" else KERNELS).get(sig)
-              if cfg.comm != "none" else None)
+    kernels = {"library": LIBRARY_KERNELS, "ws": WS_KERNELS}.get(cfg.gemm, KERNELS)
+    kernel = kernels.get(sig) if cfg.comm != "none" else None
     if kernel is not None:
         _check_int32_offsets(bp)
     if cfg.fuse_reduce:
@@ -385,7 +391,13 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                      "epoch. The tile knobs do not apply")
         notes.append("communication: the copy engine pushes this rank's rows to every peer on "
                      "a side stream, each chunk followed by a stream write of its slot")
-    elif kernel == "ag_gemm":
+    elif kernel in ("ag_gemm", "ag_gemm_ws"):
+        if kernel == "ag_gemm_ws":
+            notes.append("gemm=ws: warp-specialised Gluon kernel; per program a loader warp "
+                         "waits for a tile's chunks and runs TMA loads up to `stages` k-steps "
+                         "ahead (across tiles too), two consumer warpgroups issue wgmma on the "
+                         "tile's two 64-row halves and store them; the warps knob does not "
+                         "apply (4 + 4 consumer warps and the loader's warp)")
         roles = ((Role("comm", 0, comm_n, "push this rank's chunks of the gathered input to "
                        "every rank, then notify each chunk's slot"),) if comm_n else ()) + (
             Role("compute", comm_n, compute_n, "persistent GEMM tiles; each waits on the chunks "

@@ -310,7 +310,7 @@ def describe(cfg: Config, sig: str) -> str:
     if cfg.gemm == "library":
         return (f"comm={cfg.comm} gemm=library comm_block_m={cfg.comm_block_m}"
                 + (" capturable=1" if cfg.capturable else ""))
-    parts = [f"comm={cfg.comm}"]
+    parts = [f"comm={cfg.comm}"] + (["gemm=ws"] if cfg.gemm == "ws" else [])
     if cfg.reduce_after:
         parts.append("reduce_after=1")
     elif uses_comm_programs(cfg, sig):

@@ -1,0 +1,119 @@
+"""gemm=ws: the warp-specialised Gluon AG-GEMM kernel, compiled for cuda:90 with no GPU.
+
+The emulated world cannot run Gluon (the Triton interpreter runs `tl` kernels only), so these
+tests check what CPU-only CI can: the config rules, the rendered module (waits derived from
+the plan, the same protocol as the tl kernel) and the compiled PTX (warp specialisation,
+wgmma, TMA, the loader's bounded acquire spin). GPU runs: tests/test_dist.py (`w1_ag_ws_*`
+on one GPU, `ag_ws_*` at W = 2).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tilelink.codegen import render_triton
+from tilelink.codegen.compile import compile_module
+from tilelink.errors import ConfigError, NotSupportedError
+from tilelink.frontend import load_text
+from tilelink.schedule import get_target, make_schedule
+
+from .conftest import EXAMPLES
+
+AG = load_text(EXAMPLES / "ag_gemm.tl")
+WS = {"comm": "copy_engine", "gemm": "ws", "block_m": "128", "block_n": "256",
+      "block_k": "64", "stages": "3"}
+
+
+def _schedule(world, sizes, cfg=WS, target="cuda:90"):
+    return make_schedule(AG.bind(sizes, world), get_target(target), cfg)
+
+
+# (world, sizes, extra config): even with own rows in place; ragged everywhere (own rows
+# copied and waited for, N and K not multiples of the tile); the capturable protocol; W = 4
+# with 128-column tiles and 4 stages
+CASES = [
+    (2, {"M": "2048", "N": "2048", "K": "1024"}, {}),
+    (2, {"M": "1000", "N": "1040", "K": "1000"}, {}),
+    (2, {"M": "1000", "N": "1040", "K": "1000"}, {"capturable": "1"}),
+    (4, {"M": "4096", "N": "4096", "K": "512"}, {"block_n": "128", "stages": "4"}),
+    (1, {"M": "1024", "N": "512", "K": "512"}, {}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_ws_kernel_compiles_for_hopper_with_its_partitions(case):
+    world, sizes, extra = CASES[case]
+    s = _schedule(world, sizes, WS | extra)
+    assert s.kernel == "ag_gemm_ws"
+    src = render_triton(s)
+    k = compile_module(src, get_target("cuda:90"))
+    ptx = k.asm["ptx"]
+    # 4 + 4 consumer warps and the loader's warp group
+    assert k.metadata.num_warps == 12
+    assert "setmaxnreg" in ptx and "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx  # TMA loads (and stores)
+    # the loader's wait: acquire loads at system scope, then the generic -> async proxy fence
+    # before its TMA reads (the epilogue's fence.proxy.async.shared::cta is another one)
+    assert "acquire.sys" in ptx or "sys.acquire" in ptx
+    assert "fence.proxy.async.global" in ptx
+    assert "mbarrier.try_wait" in ptx
+    # the stages and the two epilogue halves fit a Hopper CTA
+    assert k.metadata.shared <= 232448
+
+
+def test_ws_loader_waits_where_the_tl_kernel_waits():
+    sizes = {"M": "1000", "N": "1040", "K": "1000"}
+    ws = render_triton(_schedule(2, sizes))
+    tl = render_triton(_schedule(2, sizes, WS | {"gemm": "triton"}))
+    # the same plan-derived wait (rows of the tile -> chunks of the gathered input)
+    wait = next(line.strip() for line in tl.splitlines() if "tld.wait(sig_ptr" in line)
+    assert wait in ws
+    loader = ws[ws.index("def _loader"):ws.index("def _consumer")]
+    assert "tld.wait(sig_ptr" in loader and "tld.fence_proxy_async(True)" in loader
+    consumer = ws[ws.index("def _consumer"):ws.index("def ag_gemm_kernel")]
+    assert "tld.wait" not in consumer  # consumers only wait on shared-memory barriers
+    # the protocol around the partitions is the tl kernel's: gates, release, epoch end
+    for piece in ("tld.notify(ctl_ptr + 4 + WORLD + d", "tld.notify_peer(ctl_ptr + 4 + me",
+                  "tl.atomic_xchg(ctl_ptr + 2, epoch"):
+        assert piece in ws and piece in tl
+
+
+def test_ws_copy_engine_ops_match_the_tl_kernel():
+    sizes = {"M": "1000", "N": "1040", "K": "1000"}
+    ws = render_triton(_schedule(2, sizes))
+    tl = render_triton(_schedule(2, sizes, WS | {"gemm": "triton"}))
+
+    def ops(src):
+        return src[src.index("def copy_engine_ops"):src.index("def launch")]
+    assert ops(ws) == ops(tl)
+
+
+@pytest.mark.parametrize("target", ["cuda:80", "hip:gfx942", "interp", "cuda:90+nvshmem"])
+def test_ws_is_refused_off_hopper_with_the_reason(target):
+    with pytest.raises(ConfigError, match="gemm=ws needs Hopper's warp specialisation"):
+        _schedule(2, {"M": "2048", "N": "2048", "K": "1024"}, target=target)
+
+
+@pytest.mark.parametrize("extra,reason", [
+    ({"block_m": "64"}, "block_m=128"),
+    ({"block_k": "32"}, "block_k=64"),
+    ({"stages": "4"}, "shared memory"),
+    ({"flatten": "1"}, "no flatten"),
+    ({"comm": "sm"}, "comm=copy_engine only"),
+])
+def test_ws_config_rules_name_what_to_change(extra, reason):
+    with pytest.raises(ConfigError, match=reason):
+        _schedule(2, {"M": "2048", "N": "2048", "K": "1024"}, WS | extra)
+
+
+def test_ws_needs_tma_rows_and_says_so_at_the_pattern():
+    # N / W = 500 columns: rows of b are 1000 bytes, not a multiple of 16 (no TMA)
+    s = _schedule(2, {"M": "1000", "N": "1000", "K": "1000"})
+    with pytest.raises(NotSupportedError, match="loadable by TMA") as e:
+        render_triton(s)
+    assert "gemm=triton" in str(e.value.hint)
+
+
+def test_ws_schedule_says_what_the_partitions_do():
+    s = _schedule(2, {"M": "2048", "N": "2048", "K": "1024"})
+    assert any("gemm=ws: warp-specialised" in n for n in s.notes)
