@@ -182,6 +182,11 @@ RAGGED_WS = {"M": "1000", "N": "1088", "K": "1000"}
 # the tl kernel on the same ragged shapes (gemm=triton twins), so a failure can be pinned on
 # gemm=ws or on the shape (fully out-of-bounds TMA boxes, own rows copied at W = 1).
 AG_WS_FEW = AG_WS | {"num_programs": "7"}
+RS_WS = RS_CE_AFTER | {"gemm": "ws", "block_m": "128", "block_n": "256", "block_k": "64",
+                       "stages": "3", "flatten": "0", "fuse_reduce": "0"}
+RS_WS_FUSED = RS_WS | {"fuse_reduce": "1"}
+# rows per rank 900 / 450 / 225: a tile's second half can lie past the last row
+RAGGED_RS_WS = {"M": "1800", "N": "1088", "K": "1024"}
 MANY_TILES = {"M": "8192", "N": "4096", "K": "1024"}
 NOT_YET_RUN |= {
     "ag_ws_few_programs_delays": RunSpec(AG, RAGGED_WS, AG_WS_FEW, calls=100, delays=True,
@@ -192,6 +197,22 @@ NOT_YET_RUN |= {
     "ag_tl_twin_ragged_delays": RunSpec(AG, RAGGED_WS, AG_WS | {"gemm": "triton"}, calls=100,
                                         delays=True, seed=20),
     "ag_ws_even": RunSpec(AG, EVEN, AG_WS, calls=5),
+    # GEMM-RS with gemm=ws: halves staged and counted per chunk, the reduce kernel after it or
+    # the peers' partials TMA-loaded and added in the own tiles' epilogue (fuse_reduce=1)
+    "rs_ws_after_ragged": RunSpec(RS, RAGGED_RS_WS, RS_WS, calls=5),
+    "rs_ws_after_delays": RunSpec(RS, RAGGED_RS_WS, RS_WS, calls=100, delays=True, seed=25),
+    "rs_tl_twin_after_ragged": RunSpec(RS, RAGGED_RS_WS, RS_CE_AFTER | {"fuse_reduce": "0"},
+                                       calls=5),
+    "rs_ws_fused_delays": RunSpec(RS, TALL, RS_WS_FUSED | {"group_m": "4"}, calls=100,
+                                  delays=True, seed=26),
+    "rs_ws_fused_few_programs": RunSpec(RS, TALL, RS_WS_FUSED | {"group_m": "4",
+                                                                  "num_programs": "7"},
+                                        calls=20, delays=True, seed=27),
+    "rs_ws_fused_1000": RunSpec(RS, SMALL, RS_WS_FUSED | {"group_m": "1"}, calls=1000),
+    # ragged N and K (per-rank K = 544 / 272 / 136: a K tail under 64), fused
+    "rs_ws_fused_ragged_nk": RunSpec(RS, {"M": "4096", "N": "1088", "K": "1088"},
+                                     RS_WS_FUSED | {"group_m": "4"}, calls=20, delays=True,
+                                     seed=28),
     "ag_ws_ragged_delays": RunSpec(AG, RAGGED_WS, AG_WS, calls=100, delays=True, seed=20),
     "ag_ws_128_1000": RunSpec(AG, SMALL, AG_WS_128, calls=1000),
     "ag_ws_cap_graph_mixed": RunSpec(AG, RAGGED_WS, AG_WS | {"capturable": "1"}, calls=20,
@@ -222,6 +243,13 @@ NOT_YET_RUN_SINGLE_GPU = {
     "w1_ag_ws_many_tiles": RunSpec(AG, MANY_TILES, AG_WS, calls=20),
     "w1_ag_tl_twin_ragged_delays": RunSpec(AG, RAGGED_WS, AG_WS | {"gemm": "triton"},
                                            calls=100, delays=True, seed=21),
+    "w1_rs_ws_after_ragged": RunSpec(RS, RAGGED_RS_WS, RS_WS, calls=20),
+    "w1_rs_ws_fused_many_tiles": RunSpec(RS, MANY_TILES, RS_WS_FUSED | {"group_m": "4"},
+                                         calls=20),
+    # (a GEMM-RS copy engine has no capturable protocol: graphs only where it has no work,
+    # W = 1 with the fused reduce)
+    "w1_rs_ws_fused_graph": RunSpec(RS, TALL, RS_WS_FUSED | {"group_m": "4"}, calls=20,
+                                    graph=True),
 }
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,

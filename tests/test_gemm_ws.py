@@ -117,3 +117,88 @@ def test_ws_needs_tma_rows_and_says_so_at_the_pattern():
 def test_ws_schedule_says_what_the_partitions_do():
     s = _schedule(2, {"M": "2048", "N": "2048", "K": "1024"})
     assert any("gemm=ws: warp-specialised" in n for n in s.notes)
+
+
+# ---- GEMM-RS (comm=copy_engine, reduce_after=1, with and without the fused reduce) ----
+
+RS = load_text(EXAMPLES / "gemm_rs.tl")
+RS_WS = {"comm": "copy_engine", "reduce_after": "1", "gemm": "ws"}
+# (world, sizes, extra config): ragged rows (a tile's second half past the last row) and
+# columns; the fused reduce at W = 2 and 4; 128-column tiles at W = 8; W = 1
+RS_CASES = [
+    (2, {"M": "1800", "N": "1088", "K": "1024"}, {}),
+    (2, {"M": "4096", "N": "2048", "K": "1024"}, {"fuse_reduce": "1", "group_m": "4"}),
+    (4, {"M": "4096", "N": "2048", "K": "1024"}, {"fuse_reduce": "1", "group_m": "4"}),
+    (8, {"M": "2048", "N": "2048", "K": "1024"}, {"fuse_reduce": "1", "group_m": "1",
+                                                  "block_n": "128"}),
+    (1, {"M": "1024", "N": "512", "K": "512"}, {}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RS_CASES)))
+def test_rs_ws_kernel_compiles_for_hopper(case):
+    from tilelink.codegen.compile import _compile_kernel, kernel_names, load_module
+
+    world, sizes, extra = RS_CASES[case]
+    s = make_schedule(RS.bind(sizes, world), get_target("cuda:90"), RS_WS | extra)
+    assert s.kernel == "gemm_rs_ws"
+    # a bare gemm=ws gets the warp-specialised tile shape (the default's is the tl kernel's)
+    assert (s.config.block_m, s.config.block_k, s.config.flatten) == (128, 64, 0)
+    mod = load_module(render_triton(s))
+    names = kernel_names(mod)
+    assert names[0] == "gemm_rs_kernel"
+    assert ("gemm_rs_reduce_kernel" in names) == (not s.config.fuse_reduce)
+    k = _compile_kernel(mod, names[0], get_target("cuda:90"))
+    ptx = k.asm["ptx"]
+    assert k.metadata.num_warps == 12 and "setmaxnreg" in ptx and "wgmma.mma_async" in ptx
+    if world > 1:  # (at W = 1 with the fused reduce every tile is an own tile: no counts)
+        assert "atom.global.sys.release.add" in ptx  # the chunk counts (tld.notify_add)
+    if s.config.fuse_reduce:  # the peers' partials: acquire, proxy fence, then TMA loads
+        assert "fence.proxy.async.global" in ptx
+    assert k.metadata.shared <= 232448
+    for other in names[1:]:  # the reduce kernel after it is the tl kernel's
+        _compile_kernel(mod, other, get_target("cuda:90"))
+
+
+@pytest.mark.parametrize("world,m,chunk,fused", [(2, 1800, 128, "0"), (1, 900, 256, "0"),
+                                                 (3, 1152, 64, "0"), (2, 2048, 64, "1"),
+                                                 (4, 4096, 128, "1")])
+def test_rs_ws_half_tile_counts_match_the_kernel_increments(world, m, chunk, fused):
+    # Each consumer counts its 64-row half in every chunk its rows meet; the copy engine waits
+    # for epoch * TILES_PER_CHUNK[i], which the plan derives at half-tile rows. They must
+    # agree on every chunk, with halves past the last row counting nowhere.
+    from tilelink.codegen.compile import load_module
+
+    s = make_schedule(RS.bind({"M": str(m), "N": "512", "K": str(256 * world)}, world),
+                      get_target("cuda:90"), RS_WS | {"comm_block_m": str(chunk),
+                                                      "fuse_reduce": fused, "group_m": "1"})
+    assert s.config.fuse_reduce == int(fused)
+    src = render_triton(s)
+    mod = load_module(src)
+    assert "if row_lo < M:" in src
+    loop = next(line.strip() for line in src.splitlines()
+                if line.strip().startswith("for i in range(") and "row_lo" in line)
+    bounds = loop[len("for i in range("):-len("):")]
+    counts = [0] * len(mod.TILES_PER_CHUNK)
+    # with the fused reduce, this rank's own tiles (rank 0's: its rows, rotated last) do not
+    # count: the copy engine never ships own chunks (OWN_IN_PLACE), so only the others agree
+    own = range(0, mod.M_LOCAL // mod.BM) if s.config.fuse_reduce else range(0)
+    for pid_m in range(-(-m // mod.BM)):
+        if pid_m in own:
+            continue
+        for half in range(2):
+            row_lo = pid_m * mod.BM + half * (mod.BM // 2)
+            row_hi = min(row_lo + mod.BM // 2, m)
+            if row_lo < m:
+                for i in eval(f"range({bounds})", {"row_lo": row_lo, "row_hi": row_hi}):
+                    counts[i] += mod.NUM_N
+    shipped = [i for i in range(len(counts)) if i // mod.CHUNKS != 0]  # rank 0's view
+    assert [counts[i] for i in shipped] == [mod.TILES_PER_CHUNK[i] for i in shipped]
+    if not s.config.fuse_reduce:
+        assert counts == mod.TILES_PER_CHUNK
+
+
+def test_rs_ws_needs_the_reduce_after_the_gemm():
+    with pytest.raises(ConfigError, match="needs reduce_after=1"):
+        make_schedule(RS.bind({"M": "4096", "N": "2048", "K": "1024"}, 2), get_target("cuda:90"),
+                      {"comm": "copy_engine", "reduce_after": "0", "gemm": "ws"})

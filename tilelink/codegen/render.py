@@ -13,7 +13,7 @@ import jinja2
 
 from ..errors import NotSupportedError
 from ..ir import BoundPattern
-from ..plan import Dependency, cdiv
+from ..plan import Dependency, TileSizes, build_plan, cdiv
 from ..schedule import Schedule, require_kernel
 from .waits import render_waits, slot_expr
 
@@ -234,12 +234,13 @@ def _tiles_per_chunk(dep: Dependency) -> list[int]:
     return counts
 
 
-def _copy_engine_waits(comment: str, skip_own: bool, chunks: str | None = None) -> str:
+def _copy_engine_waits(comment: str, skip_own: bool, chunks: str | None = None,
+                       indent: int = 12) -> str:
     """Kernel lines (at the tile body's indent) that wait on slot s * CHUNKS + j of "ready"
     for every source rank s -- the rank's copy engine delivered chunk j of this rank's rows --
     skipping this rank when its own partial is read in place, over the chunks `chunks` (a
     range expression binding j) or the chunk j already in scope."""
-    indent = " " * 12
+    indent = " " * indent
     lines = [f"{indent}# {comment}", f"{indent}for s in range(WORLD):"]
     indent += "    "
     if skip_own:
@@ -344,5 +345,30 @@ def _gemm_rs(s: Schedule) -> Context:
                    **extra_ce))
 
 
+def _gemm_rs_ws(s: Schedule) -> Context:
+    """GEMM-RS with the warp-specialised Gluon GEMM (gemm=ws; comm=copy_engine,
+    reduce_after=1): the tl kernel's layout, signals and copy-engine ops, except that each
+    consumer counts its BM/2-row half of a tile, so the chunk counts come from the plan at
+    half-tile rows; and the fused waits cover a half's rows."""
+    ctx = _gemm_rs(s)
+    if ctx.dtype not in GL_DTYPES or not ctx.tma:
+        raise NotSupportedError(
+            f"gemm=ws needs bf16 or fp16 operands loadable by TMA (rows a multiple of 16 "
+            f"bytes); this pattern has {ctx.dtype}{'' if ctx.tma else ' without TMA'}",
+            s.bound.pattern.loc, "use gemm=triton (the default)")
+    cfg = s.config
+    half = build_plan(s.bound, TileSizes(cfg.block_m // 2, cfg.block_n, cfg.comm_block_m,
+                                         cfg.comm_block_n))
+    (dep,) = half.deps
+    extra = ctx.extra | dict(gl_dtype=GL_DTYPES[ctx.dtype], tiles_per_chunk=_tiles_per_chunk(dep))
+    if cfg.fuse_reduce:
+        extra["half_fused_waits"] = _copy_engine_waits(
+            "waits: every other rank's copy engine delivered its partial of the chunks this "
+            "half's rows meet (slot = source rank * CHUNKS + chunk)", skip_own=True,
+            chunks="range((row_lo - me * M_LOCAL) // CB, tl.minimum((row_lo + HM - 1 - me "
+                   "* M_LOCAL) // CB, CHUNKS - 1) + 1)")
+    return replace(ctx, consts=ctx.consts | dict(NUM_WARPS=4), extra=extra)
+
+
 _CONTEXTS = {"ag_gemm": _ag_gemm, "ag_gemm_lib": _ag_gemm_lib, "ag_gemm_ws": _ag_gemm_ws,
-             "gemm_rs": _gemm_rs}
+             "gemm_rs": _gemm_rs, "gemm_rs_ws": _gemm_rs_ws}

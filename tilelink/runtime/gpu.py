@@ -653,7 +653,7 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
         base = _tuned_config(bp, verbose, target)
         graph_tuned = _tuned_config(bp, verbose, target, graph=True)
     s = make_schedule(bp, target, overrides, base=base)
-    if s.kernel == "ag_gemm_ws" and torch.cuda.get_device_capability()[0] != 9:
+    if s.config.gemm == "ws" and torch.cuda.get_device_capability()[0] != 9:
         # device_target maps every sm_90+ GPU to cuda:90; wgmma and setmaxnreg are sm_90's
         # (every rank has the same GPU: all raise here, before any collective)
         major, minor = torch.cuda.get_device_capability()

@@ -26,7 +26,7 @@ GEMMS = ("triton", "library", "ws")
 # signatures with a library-GEMM plan
 LIBRARY_GEMM_SIGNATURES = ("all_gather>gemm",)
 # signatures with a warp-specialised (gemm=ws) kernel
-WS_GEMM_SIGNATURES = ("all_gather>gemm",)
+WS_GEMM_SIGNATURES = ("all_gather>gemm", "gemm>reduce_scatter")
 # shared memory a CTA may use on Hopper (227 KB), for gemm=ws's stages and epilogue buffers
 HOPPER_SMEM = 232448
 # signatures whose copy-engine protocol has the flag variant (capturable=1)
@@ -226,8 +226,12 @@ class ConfigSpace:
                        "cuda:80, hip or the NVSHMEM flavour")
         if not (signature in WS_GEMM_SIGNATURES and cfg.comm == "copy_engine"):
             bad.append("gemm=ws applies to " + ", ".join(WS_GEMM_SIGNATURES) + " with "
-                       "comm=copy_engine only (its loader warp waits for the copy engine's "
-                       "chunks)")
+                       "comm=copy_engine only (the copy engine moves the data; the kernel's "
+                       "warps wait for it or count for it)")
+        elif signature == "gemm>reduce_scatter" and not cfg.reduce_after:
+            bad.append("gemm=ws on gemm>reduce_scatter needs reduce_after=1 (the sum runs "
+                       "after the GEMM or in the own tiles' epilogue with fuse_reduce=1; the "
+                       "kernel has no reduce role)")
         if cfg.block_m != 128 or cfg.block_n not in (128, 256) or cfg.block_k != 64:
             bad.append(f"gemm=ws takes block_m=128 (two 64-row consumer halves), block_n=128 "
                        f"or 256 and block_k=64, not {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")

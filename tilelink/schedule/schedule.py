@@ -24,7 +24,7 @@ KERNELS = {"all_gather>gemm": "ag_gemm", "gemm>reduce_scatter": "gemm_rs"}
 # ... and with gemm=library: the library GEMM per source rank, around small sync kernels
 LIBRARY_KERNELS = {"all_gather>gemm": "ag_gemm_lib"}
 # ... and with gemm=ws: the warp-specialised Gluon kernel (Hopper)
-WS_KERNELS = {"all_gather>gemm": "ag_gemm_ws"}
+WS_KERNELS = {"all_gather>gemm": "ag_gemm_ws", "gemm>reduce_scatter": "gemm_rs_ws"}
 # knobs of TileLink's own GEMM kernel: overriding one asks for that kernel (gemm=triton)
 KERNEL_KNOBS = ("num_programs", "block_m", "block_n", "block_k", "order", "group_m", "stages",
                 "warps", "flatten", "comm_programs")
@@ -315,6 +315,25 @@ def _check_fused_reduce(bp: BoundPattern, cfg: Config) -> None:
 SM_CHUNK = 128
 
 
+def _fit_ws(cfg: Config, overrides: dict[str, str]) -> Config:
+    """gemm=ws's tile shape where the user named none: the default's tiles are the tl
+    kernel's (64-row tiles, flatten, 4 stages at 256 columns...), which the warp-specialised
+    kernel does not take. 128 x 256 x 64 tiles in 3 stages (its measured best), or 4 stages
+    at 128 columns; no flatten. Knobs the user set stay (and are checked)."""
+    fit = {}
+    if "flatten" not in overrides:
+        fit["flatten"] = 0
+    if "block_m" not in overrides:
+        fit["block_m"] = 128
+    if "block_k" not in overrides:
+        fit["block_k"] = 64
+    if "block_n" not in overrides and cfg.block_n not in (128, 256):
+        fit["block_n"] = 256
+    if "stages" not in overrides:
+        fit["stages"] = 3 if fit.get("block_n", cfg.block_n) == 256 else 4
+    return replace(cfg, **fit)
+
+
 def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
                     space: ConfigSpace, start: Config | None = None) -> Config:
     """Knobs the default turned on that the user's overrides make invalid are turned off
@@ -337,6 +356,8 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
     if "gemm" not in overrides and cfg.gemm == "ws" and (
             len(space.reasons(replace(cfg, gemm="triton"), sig)) < len(space.reasons(cfg, sig))):
         cfg = replace(cfg, gemm="triton")  # a knob the ws kernel lacks: the tl kernel has it
+    if cfg.gemm == "ws":
+        cfg = _fit_ws(cfg, overrides)
     if "fuse_reduce" not in overrides and cfg.fuse_reduce:
         probe = replace(cfg, fuse_reduce=0)
         if space.reasons(cfg, sig) != space.reasons(probe, sig) or \
@@ -405,7 +426,13 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         if cfg.comm == "copy_engine":
             notes.append("communication: the copy engine pushes chunks on a side stream, each "
                          "followed by a stream write of its slot")
-    elif kernel == "gemm_rs":
+    elif kernel in ("gemm_rs", "gemm_rs_ws"):
+        if kernel == "gemm_rs_ws":
+            notes.append("gemm=ws: warp-specialised Gluon kernel; per program a loader warp "
+                         "runs TMA loads up to `stages` k-steps ahead (across tiles too), two "
+                         "consumer warpgroups issue wgmma on the tile's two 64-row halves; each "
+                         "half is staged and counted per chunk on its own (the copy engine "
+                         "waits for half-tile counts); the warps knob does not apply")
         if cfg.comm == "copy_engine":
             compute_what = ("persistent GEMM tiles, rows of the next rank first; each tile is "
                             "written to a local staging buffer and counted in every "
