@@ -202,3 +202,18 @@ def test_rs_ws_needs_the_reduce_after_the_gemm():
     with pytest.raises(ConfigError, match="needs reduce_after=1"):
         make_schedule(RS.bind({"M": "4096", "N": "2048", "K": "1024"}, 2), get_target("cuda:90"),
                       {"comm": "copy_engine", "reduce_after": "0", "gemm": "ws"})
+
+
+def test_the_design_suite_takes_gemm_ws_as_the_next_gpu_session_runs_it():
+    # docs/perf.md's commands for the next GPU session: `tilelink bench --suite design-ag /
+    # design-rs -W 2 --config ... gemm=ws` must schedule and render every shape
+    from tilelink.cli.bench import DESIGN_SUITE
+
+    configs = {"ag_gemm.tl": {"comm": "copy_engine", "gemm": "ws"},
+               "gemm_rs.tl": {"comm": "copy_engine", "reduce_after": "1", "gemm": "ws"}}
+    for pattern, shapes in DESIGN_SUITE.items():
+        for m, n, k in shapes:
+            bp = load_text(EXAMPLES / pattern).bind({"M": str(m), "N": str(n), "K": str(k)}, 2)
+            s = make_schedule(bp, get_target("cuda:90"), configs[pattern])
+            assert s.kernel.endswith("_ws"), (pattern, m, n, k)
+            assert "@gluon.jit" in render_triton(s)
