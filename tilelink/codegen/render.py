@@ -195,10 +195,9 @@ def _ag_gemm_lib(s: Schedule) -> Context:
 GL_DTYPES = {"bf16": "gl.bfloat16", "fp16": "gl.float16"}
 
 
-def _ag_gemm_ws(s: Schedule) -> Context:
-    """AG-GEMM with the warp-specialised Gluon GEMM (gemm=ws): the AG kernel's layout,
-    signals, copy-engine ops and waits (run by the loader warp); 16-bit operands through TMA."""
-    ctx = _ag_gemm(s)
+def _ws(s: Schedule, ctx: Context, **extra) -> Context:
+    """The tl kernel's context `ctx` for its gemm=ws (warp-specialised Gluon) twin: 16-bit
+    operands through TMA, 4 warps in the program, `extra` added to the template's."""
     if ctx.dtype not in GL_DTYPES or not ctx.tma:
         raise NotSupportedError(
             f"gemm=ws needs bf16 or fp16 operands loadable by TMA (rows a multiple of 16 "
@@ -206,7 +205,13 @@ def _ag_gemm_ws(s: Schedule) -> Context:
             s.bound.pattern.loc, "use gemm=triton (the default)")
     # the program is 4 consumer warps here; the partitions add 4 + 1 (setmaxnreg'd)
     return replace(ctx, consts=ctx.consts | dict(NUM_WARPS=4),
-                   extra=ctx.extra | dict(gl_dtype=GL_DTYPES[ctx.dtype]))
+                   extra=ctx.extra | dict(gl_dtype=GL_DTYPES[ctx.dtype]) | extra)
+
+
+def _ag_gemm_ws(s: Schedule) -> Context:
+    """AG-GEMM with the warp-specialised Gluon GEMM (gemm=ws): the AG kernel's layout,
+    signals, copy-engine ops and waits (run by the loader warp)."""
+    return _ws(s, _ag_gemm(s))
 
 
 # GEMM-RS with comm=copy_engine: the reduce role waits on chunks the copy engine delivered.
@@ -253,6 +258,16 @@ def _copy_engine_waits(comment: str, skip_own: bool, chunks: str | None = None,
               f"{indent}tok = tld.wait(sig_ptr + w_slot, epoch, spin_limit, abort_ptr, "
               f"diag_ptr, {SITE_CE_CHUNK}, w_slot, me)"]
     return "\n".join(lines)
+
+
+def _fused_waits(rows: str, what: str) -> str:
+    """The fused reduce's waits (fuse_reduce=1): every other rank's copy engine delivered its
+    partial of each chunk that rows row_lo .. row_lo + `rows` - 1 (this rank's own) meet."""
+    return _copy_engine_waits(
+        f"waits: every other rank's copy engine delivered its partial of the chunks this "
+        f"{what}'s rows meet (slot = source rank * CHUNKS + chunk)", skip_own=True,
+        chunks=f"range((row_lo - me * M_LOCAL) // CB, tl.minimum((row_lo + {rows} - 1 - me "
+               f"* M_LOCAL) // CB, CHUNKS - 1) + 1)")
 
 
 def _gemm_rs(s: Schedule) -> Context:
@@ -314,11 +329,7 @@ def _gemm_rs(s: Schedule) -> Context:
         if cfg.fuse_reduce:
             # an own output tile (rows row_lo .. row_lo + BM of this rank) waits for the chunks
             # of those rows from every other rank's copy engine
-            extra_ce["fused_waits"] = _copy_engine_waits(
-                "waits: every other rank's copy engine delivered its partial of the chunks "
-                "this tile's rows meet (slot = source rank * CHUNKS + chunk)", skip_own=True,
-                chunks="range((row_lo - me * M_LOCAL) // CB, tl.minimum((row_lo + BM - 1 - me "
-                       "* M_LOCAL) // CB, CHUNKS - 1) + 1)")
+            extra_ce["fused_waits"] = _fused_waits("BM", "tile")
             sites[SITE_CE_CHUNK] = sites[SITE_CE_CHUNK].replace(
                 f"reduce chunk of {out.name} waits", f"own tile of {out.name} (its GEMM done, "
                 f"adding the peers' partials in the epilogue) waits")
@@ -350,24 +361,14 @@ def _gemm_rs_ws(s: Schedule) -> Context:
     reduce_after=1): the tl kernel's layout, signals and copy-engine ops, except that each
     consumer counts its BM/2-row half of a tile, so the chunk counts come from the plan at
     half-tile rows; and the fused waits cover a half's rows."""
-    ctx = _gemm_rs(s)
-    if ctx.dtype not in GL_DTYPES or not ctx.tma:
-        raise NotSupportedError(
-            f"gemm=ws needs bf16 or fp16 operands loadable by TMA (rows a multiple of 16 "
-            f"bytes); this pattern has {ctx.dtype}{'' if ctx.tma else ' without TMA'}",
-            s.bound.pattern.loc, "use gemm=triton (the default)")
     cfg = s.config
     half = build_plan(s.bound, TileSizes(cfg.block_m // 2, cfg.block_n, cfg.comm_block_m,
                                          cfg.comm_block_n))
     (dep,) = half.deps
-    extra = ctx.extra | dict(gl_dtype=GL_DTYPES[ctx.dtype], tiles_per_chunk=_tiles_per_chunk(dep))
+    extra = dict(tiles_per_chunk=_tiles_per_chunk(dep))
     if cfg.fuse_reduce:
-        extra["half_fused_waits"] = _copy_engine_waits(
-            "waits: every other rank's copy engine delivered its partial of the chunks this "
-            "half's rows meet (slot = source rank * CHUNKS + chunk)", skip_own=True,
-            chunks="range((row_lo - me * M_LOCAL) // CB, tl.minimum((row_lo + HM - 1 - me "
-                   "* M_LOCAL) // CB, CHUNKS - 1) + 1)")
-    return replace(ctx, consts=ctx.consts | dict(NUM_WARPS=4), extra=extra)
+        extra["half_fused_waits"] = _fused_waits("HM", "half")
+    return _ws(s, _gemm_rs(s), **extra)
 
 
 _CONTEXTS = {"ag_gemm": _ag_gemm, "ag_gemm_lib": _ag_gemm_lib, "ag_gemm_ws": _ag_gemm_ws,
