@@ -1,0 +1,150 @@
+"""The generated modules that AG-GEMM and GEMM-RS users run today, as a fixed set of renders.
+
+Rendering is pure (IR + plan + schedule -> text), so a change of the code generator that is
+meant to keep these kernels as they are can be checked on the CPU: `test_golden_renders.py`
+re-renders every case listed here and compares its SHA-256 with `golden/renders.json`.
+
+The set: the bench's design shapes (the defaults the bench and the Python API take, and the
+`gemm=ws` variants the next GPU runs name), the tuner's whole eager and CUDA-graph space at
+one AG and one GEMM-RS shape, every GPU case of `test_dist.py` at every world size it runs
+at, and the emulated world's tuner space for the shipped examples; on cuda:90, cuda:80,
+hip:gfx942, the NVSHMEM flavour and the interpreter.
+
+    python -m tests.golden_renders --write            # record the current renders' hashes
+    python -m tests.golden_renders --dump DIR         # write every render's text into DIR
+    python -m tests.golden_renders --check            # what the test does
+
+To explain a difference: `--dump` at the old and the new commit, then `diff -r`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden" / "renders.json"
+GPU_TARGETS = ("cuda:90", "cuda:80", "hip:gfx942", "cuda:90+nvshmem")
+# (examples file, M, N, K): the bench's design shapes (N and K global)
+DESIGN = {
+    "ag_gemm.tl": [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 49152, 12288),
+                   (2048, 28672, 8192), (1024, 8192, 8192)],
+    "gemm_rs.tl": [(8192, 8192, 28672), (8192, 8192, 29568), (8192, 8192, 8192),
+                   (2048, 8192, 28672)],
+}
+# the shapes whose whole tuner space is rendered (one per pattern; small enough to plan fast)
+SPACE_SHAPES = {"ag_gemm.tl": (2048, 28672, 8192), "gemm_rs.tl": (2048, 8192, 28672)}
+WS = {"ag_gemm.tl": {"comm": "copy_engine", "gemm": "ws"},
+      "gemm_rs.tl": {"comm": "copy_engine", "reduce_after": "1", "gemm": "ws"}}
+
+
+def _cases():
+    """Yield (key, thunk) for every render of the set; the thunk returns the module text."""
+    from tilelink.codegen import render_triton
+    from tilelink.frontend import load_pattern
+    from tilelink.schedule import get_target, make_schedule
+    from tilelink.tune.space import candidates
+
+    patterns = {f: load_pattern(str(ROOT / "examples" / f)) for f in DESIGN}
+
+    def key(bp, target, cfg) -> str:
+        return f"{bp.name}|{bp.sizes_str()}|W={bp.world}|{target}|{cfg}"
+
+    def render(bp, target, overrides=None, base=None, allow_fallback=True):
+        s = make_schedule(bp, get_target(target), overrides, base=base,
+                          allow_fallback=allow_fallback)
+        return key(bp, target, s.config), s
+
+    seen = set()
+
+    def emit(k, s):
+        if k not in seen and s.config.comm != "none":
+            seen.add(k)
+            yield k, (lambda s=s: render_triton(s))
+
+    # the design shapes: the overlapped default and gemm=ws, W = 2 and 4
+    for f, shapes in DESIGN.items():
+        for m, n, k in shapes:
+            for w in (2, 4):
+                bp = patterns[f].bind({"M": m, "N": n, "K": k}, w)
+                for target in GPU_TARGETS:
+                    yield from emit(*render(bp, target, allow_fallback=False))
+                yield from emit(*render(bp, "cuda:90", WS[f]))
+    # the tuner's whole space at one shape per pattern (eager and CUDA-graph spaces)
+    for f, (m, n, k) in SPACE_SHAPES.items():
+        bp = patterns[f].bind({"M": m, "N": n, "K": k}, 2)
+        for target in GPU_TARGETS:
+            t = get_target(target)
+            space = candidates(bp, t)
+            try:
+                space += candidates(bp, t, graph=True)
+            except Exception:  # (no capturable config on this target)
+                pass
+            for cfg in space:
+                yield from emit(*render(bp, target, base=cfg))
+    # every GPU case at every world size it runs at
+    from tests.test_dist_cases_schedule import ALL, ONE_GPU
+
+    for name, spec in sorted((ALL | ONE_GPU).items()):
+        for w in ((1,) if name in ONE_GPU else (2, 4, 8)):
+            bp = load_pattern(spec.pattern).bind(spec.values, w)
+            target = "cuda:90+nvshmem" if spec.backend == "nvshmem" else "cuda:90"
+            yield from emit(*render(bp, target, spec.config or None))
+    # the emulated world: every shipped kernel example, W = 1..4, its tuner space
+    for f in DESIGN:
+        for w in (1, 2, 4):  # (the examples' default sizes do not divide by 3)
+            bp = patterns[f].bind({}, w)
+            yield from emit(*render(bp, "interp"))
+            for cfg in candidates(bp, get_target("interp")):
+                yield from emit(*render(bp, "interp", base=cfg))
+
+
+def digests(progress: bool = False) -> dict[str, str]:
+    """key -> SHA-256 of the render, for every case."""
+    out = {}
+    for i, (k, thunk) in enumerate(_cases()):
+        out[k] = hashlib.sha256(thunk().encode()).hexdigest()
+        if progress and i % 100 == 0:
+            print(f"  {i} renders", file=sys.stderr)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write", action="store_true", help="record the hashes in golden/")
+    g.add_argument("--check", action="store_true", help="compare with the recorded hashes")
+    g.add_argument("--dump", metavar="DIR", help="write every render's text into DIR")
+    args = p.parse_args(argv)
+    if args.dump:
+        d = Path(args.dump)
+        d.mkdir(parents=True, exist_ok=True)
+        index = {}
+        for i, (k, thunk) in enumerate(_cases()):
+            (d / f"{i:05d}.py").write_text(thunk())
+            index[f"{i:05d}.py"] = k
+        (d / "index.json").write_text(json.dumps(index, indent=1))
+        print(f"wrote {len(index)} renders to {d}")
+        return 0
+    now = digests(progress=True)
+    if args.write:
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(now, indent=0, sort_keys=True) + "\n")
+        print(f"recorded {len(now)} renders in {GOLDEN}")
+        return 0
+    want = json.loads(GOLDEN.read_text())
+    changed = sorted(k for k in want if now.get(k) not in (None, want[k]))
+    missing = sorted(set(want) - set(now))
+    added = sorted(set(now) - set(want))
+    for what, keys in (("changed", changed), ("no longer rendered", missing), ("new", added)):
+        for k in keys:
+            print(f"{what}: {k}")
+    print(f"{len(want)} recorded, {len(changed)} changed, {len(missing)} gone, {len(added)} new")
+    return 1 if changed or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
