@@ -11,6 +11,7 @@
     schedule, result = tk.emulate(ag_gemm, world_size=2)   # runs the generated kernel on CPU
 """
 
+from . import ops as _ops  # noqa: F401  (every op family registers itself, first)
 from .errors import TileLinkError
 from .frontend import *
 from .frontend import __all__ as _frontend_all

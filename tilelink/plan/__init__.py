@@ -2,11 +2,12 @@
 
 from .derive import AxisWait, Dependency, derive, overlapping_producers
 from .plan import Plan, SignalArray, build_plan
-from .regions import TileSizes, box_extents, grid_for
+from .regions import REGION_RULES, TileSizes, box_extents, grid_for, region_rule
 from .tiling import FULL, Access, AxisTiling, DimRule, GridAxis, TileGrid, cdiv
 
 __all__ = [
     "FULL",
+    "REGION_RULES",
     "Access",
     "AxisTiling",
     "AxisWait",
@@ -22,5 +23,6 @@ __all__ = [
     "cdiv",
     "derive",
     "grid_for",
+    "region_rule",
     "overlapping_producers",
 ]

@@ -1,17 +1,38 @@
-"""The non-overlapped meaning of a pattern on real GPUs: NCCL collectives + torch matmuls.
+"""The non-overlapped meaning of a pattern on real GPUs: NCCL collectives + torch ops.
 
 The GPU counterpart of `reference.evaluate`: every rank calls it with its own local inputs
 and gets its own outputs, computed op by op with torch.distributed collectives (fp32
 accumulation, rounded to the pattern dtype at op boundaries, as the kernels do).
+
+Each op family registers its distributed reference here (`dist_reference`) from its module
+in `tilelink.ops`; a compute op's is usually its single-process one applied to this rank.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from ..errors import NotSupportedError
 from ..ir import BoundPattern
 from .reference import TORCH_DTYPES
+
+# op kind -> fn(op, attrs, args, dtype, group, world, exact) -> this rank's result, where
+# args are this rank's operands; `exact`: fp32 arithmetic (the checking reference), else in
+# the pattern's dtype (the non-overlapped plan itself: cuBLAS, NCCL in bf16)
+DistReference = Callable[..., torch.Tensor]
+DIST_REFERENCES: dict[str, DistReference] = {}
+
+
+def dist_reference(kind: str):
+    """Decorator: register the distributed reference of op `kind` (see DIST_REFERENCES)."""
+
+    def wrap(fn: DistReference) -> DistReference:
+        DIST_REFERENCES[kind] = fn
+        return fn
+
+    return wrap
 
 
 def make_local_inputs(bp: BoundPattern, rank: int, seed: int, device) -> dict[str, torch.Tensor]:
@@ -37,32 +58,11 @@ def evaluate_local(bp: BoundPattern, inputs: dict[str, torch.Tensor], group=None
     `exact`: fp32 matmuls and reductions (the checking reference); else in the pattern's
     dtype (cuBLAS bf16 GEMM, NCCL reduction in bf16): the non-overlapped plan itself.
     """
-    import torch.distributed as dist
-
     vals = dict(inputs)
-    w = bp.world
     for op in bp.ops:
-        xs = [vals[a] for a in op.args]
-        attrs = bp.op_attrs(op)
-        dtype = TORCH_DTYPES[bp.tensors[op.result].dtype]
-        if op.kind == "all_gather":
-            x = xs[0].movedim(attrs["dim"], 0).contiguous()
-            full = torch.empty((w * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-            dist.all_gather_into_tensor(full, x, group=group)
-            res = full.movedim(0, attrs["dim"]).contiguous()
-        elif op.kind == "reduce_scatter":
-            x = (xs[0].float() if exact else xs[0]).movedim(attrs["dim"], 0).contiguous()
-            part = torch.empty((x.shape[0] // w, *x.shape[1:]), dtype=x.dtype, device=x.device)
-            dist.reduce_scatter_tensor(part, x, group=group)
-            res = part.movedim(0, attrs["dim"]).to(dtype).contiguous()
-        elif op.kind == "all_reduce":
-            res = (xs[0].float() if exact else xs[0]).contiguous()
-            dist.all_reduce(res, group=group)
-            res = res.to(dtype)
-        elif op.kind == "gemm":
-            res = ((xs[0].float() @ xs[1].float()).to(dtype) if exact
-                   else torch.matmul(xs[0], xs[1]))
-        else:
+        fn = DIST_REFERENCES.get(op.kind)
+        if fn is None:
             raise NotSupportedError(f"no GPU reference for op '{op.kind}' yet", op.loc)
-        vals[op.result] = res
+        vals[op.result] = fn(op, bp.op_attrs(op), [vals[a] for a in op.args],
+                             TORCH_DTYPES[bp.tensors[op.result].dtype], group, bp.world, exact)
     return {name: vals[name] for name in bp.pattern.outputs}

@@ -3,9 +3,14 @@
 Values are per rank: `name -> [tensor of rank 0, ..., rank W-1]` (local tensors).
 Collectives are evaluated across that list; compute ops per rank, accumulating in fp32
 and rounding to the pattern dtype at op boundaries, as the kernels do.
+
+Each op family registers its reference here (`reference`) from its module in
+`tilelink.ops`; this module holds the registry, the evaluation loop and the checks.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -14,6 +19,21 @@ from ..ir import BoundPattern
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                 "int32": torch.int32, "int64": torch.int64}
+
+# op kind -> fn(op, attrs, args, dtype, world) -> [result of rank 0, ..., rank W-1], where
+# args[i] is the i-th operand's per-rank list and dtype the result's torch dtype
+Reference = Callable[..., list]
+REFERENCES: dict[str, Reference] = {}
+
+
+def reference(kind: str):
+    """Decorator: register the single-process reference of op `kind` (see REFERENCES)."""
+
+    def wrap(fn: Reference) -> Reference:
+        REFERENCES[kind] = fn
+        return fn
+
+    return wrap
 
 
 def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
@@ -40,24 +60,12 @@ def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
 def evaluate(bp: BoundPattern, inputs: dict[str, list[torch.Tensor]]) -> dict[str, list]:
     """Every pattern output, per rank, computed without overlap."""
     vals = dict(inputs)
-    w = bp.world
     for op in bp.ops:
-        xs = [vals[a] for a in op.args]
-        attrs = bp.op_attrs(op)
-        dtype = TORCH_DTYPES[bp.tensors[op.result].dtype]
-        if op.kind == "all_gather":
-            full = torch.cat(xs[0], dim=attrs["dim"])
-            res = [full.clone() for _ in range(w)]
-        elif op.kind == "reduce_scatter":
-            total = sum(x.float() for x in xs[0]).to(dtype)
-            res = list(torch.chunk(total, w, dim=attrs["dim"]))
-        elif op.kind == "all_reduce":
-            total = sum(x.float() for x in xs[0]).to(dtype)
-            res = [total.clone() for _ in range(w)]
-        elif op.kind == "gemm":
-            res = [(a.float() @ b.float()).to(dtype) for a, b in zip(*xs)]
-        else:
+        fn = REFERENCES.get(op.kind)
+        if fn is None:
             raise NotSupportedError(f"no reference for op '{op.kind}' yet", op.loc)
+        res = fn(op, bp.op_attrs(op), [vals[a] for a in op.args],
+                 TORCH_DTYPES[bp.tensors[op.result].dtype], bp.world)
         vals[op.result] = [r.contiguous() for r in res]
     return {name: vals[name] for name in bp.pattern.outputs}
 

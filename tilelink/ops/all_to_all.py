@@ -1,0 +1,82 @@
+"""all_to_all: send rows to ranks by per-rank counts; each rank receives into fixed slots."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir.ops import Inferred, fail, local_shape, register
+from ..ir.tensor import LOCAL
+from ..plan.regions import access, chunk_axis, region_rule
+from ..plan.tiling import FULL, DimRule, TileGrid
+from ..runtime.dist_reference import dist_reference
+from ..runtime.reference import reference
+
+
+@register("all_to_all", "comm", ["x", "splits"], {"capacity": None},
+          "Send rows of `x` to ranks by per-rank counts `splits` ([W] ints, rows grouped by "
+          "destination); each rank receives up to `capacity` rows from every rank.")
+def shape(op, xs, attrs, world):
+    x, splits = xs
+    if splits.dtype not in ("int32", "int64"):
+        fail(op, f"all_to_all splits must be an int32 tensor; {splits.name} is {splits.dtype}",
+             f"declare {splits.name} : [W] int32", 1)
+    if tuple(splits.local_shape) != (world,):
+        fail(op, f"all_to_all splits must have shape [W]; {splits.name} is "
+             f"{list(splits.local_shape)}", f"declare {splits.name} : [W] int32", 1)
+    cap = attrs["capacity"]
+    if cap is None or cap <= 0:
+        fail(op, "all_to_all needs a positive capacity (rows received from each rank)",
+             "write all_to_all(x, splits, capacity = T)")
+    shape = (world * cap,) + tuple(local_shape(x)[1:])
+    return Inferred(shape, x.dtype, LOCAL)
+
+
+@region_rule("all_to_all")
+def region(bp, op, ins, out, tiles) -> TileGrid:
+    """Chunks of the received rows, one segment per source rank; which rows of the source a
+    chunk holds is known only at run time (the splits)."""
+    x, _splits = ins
+    chunk = chunk_axis(out.shape[0], bp.world, tiles.comm_block_m)
+    read = access(x, DimRule("chunk", "segment"), {},
+                  dynamic=f"rows of {x.name} sent to each rank follow {op.args[1]} at run time")
+    write = access(out, FULL, {0: DimRule("chunk")})
+    return TileGrid(op.result, (chunk,), (read,), (write,), rank_of=("chunk", "segment"))
+
+
+def _received(x: torch.Tensor, src_splits: list[int], dst: int, cap: int):
+    """The rows source rank's `x` sends to `dst` (its `src_splits[dst]` rows after those for
+    lower ranks), at most `cap` of them."""
+    start = sum(src_splits[:dst])
+    n = min(src_splits[dst], cap, max(0, x.shape[0] - start))
+    return x[start:start + n]
+
+
+@reference("all_to_all")
+def ref(op, attrs, args, dtype, world):
+    xs, splits = args
+    cap = attrs["capacity"]
+    plans = [[int(v) for v in s.tolist()] for s in splits]
+    outs = []
+    for d in range(world):
+        out = torch.zeros((world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
+        for s in range(world):
+            rows = _received(xs[s], plans[s], d, cap)
+            out[s * cap:s * cap + rows.shape[0]] = rows
+        outs.append(out)
+    return outs
+
+
+@dist_reference("all_to_all")
+def dist_ref(op, attrs, args, dtype, group, world, exact):
+    import torch.distributed as dist
+
+    x, splits = args
+    cap = attrs["capacity"]
+    mine = [int(v) for v in splits.tolist()]
+    send = torch.zeros((world * cap,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    for d in range(world):
+        rows = _received(x, mine, d, cap)
+        send[d * cap:d * cap + rows.shape[0]] = rows
+    out = torch.empty_like(send)
+    dist.all_to_all_single(out, send, group=group)
+    return out

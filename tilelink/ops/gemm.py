@@ -1,0 +1,59 @@
+"""gemm: the matrix product a @ b on each rank."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir.ops import Inferred, fail, local_shape, register, result_placement, same_dtype
+from ..ir.tensor import PARTIAL
+from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
+from ..plan.tiling import DimRule, TileGrid
+from ..runtime.dist_reference import dist_reference
+from ..runtime.reference import reference
+
+
+@register("gemm", "compute", ["a", "b"], {},
+          "Matrix product a @ b on each rank: [M, K] x [K, N] -> [M, N].")
+def shape(op, xs, attrs, world):
+    a, b = xs
+    sa, sb = local_shape(a), local_shape(b)
+    for i, (x, s) in enumerate(((a, sa), (b, sb))):
+        if len(s) != 2:
+            fail(op, f"gemm needs 2-D operands; {x.name} has shape {list(s)}", None, i)
+    if sa[1] != sb[0]:
+        fail(op, f"gemm inner dimensions differ: {a.name} is {list(sa)} and {b.name} is "
+             f"{list(sb)} per rank ({sa[1]} != {sb[0]})",
+             f"{b.name}'s first dim must equal {a.name}'s last dim", 1)
+    dtype = same_dtype(op, [a, b])
+    placement = result_placement([a, b])
+    if a.placement.kind == "partial" or b.placement.kind == "partial":
+        placement = PARTIAL
+    return Inferred((sa[0], sb[1]), dtype, placement)
+
+
+@region_rule("gemm")
+def region(bp, op, ins, out, tiles) -> TileGrid:
+    """Output tiles (rank, m, n): a tile reads rows m of a and columns n of b (all of K)."""
+    a, b = ins
+    axes = (rank_axis(bp.world), plain_axis("m", out.shape[0], tiles.block_m),
+            plain_axis("n", out.shape[1], tiles.block_n))
+    reads = (access(a, own(a, op), {0: DimRule("m")}), access(b, own(b, op), {1: DimRule("n")}))
+    writes = (access(out, DimRule("rank"), {0: DimRule("m"), 1: DimRule("n")}),)
+    return TileGrid(op.result, axes, reads, writes)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, dtype, exact: bool = True) -> torch.Tensor:
+    """a @ b accumulated in fp32 and rounded to `dtype` (exact), or in the operands' dtype."""
+    if exact:
+        return (a.float() @ b.float()).to(dtype)
+    return torch.matmul(a, b)
+
+
+@reference("gemm")
+def ref(op, attrs, args, dtype, world):
+    return [_product(a, b, dtype) for a, b in zip(*args)]
+
+
+@dist_reference("gemm")
+def dist_ref(op, attrs, args, dtype, group, world, exact):
+    return _product(args[0], args[1], dtype, exact)

@@ -1,0 +1,66 @@
+"""grouped_gemm: the MoE expert GEMM, rows routed to experts by a run-time table."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir.ops import Inferred, fail, local_shape, register, same_dtype
+from ..ir.tensor import LOCAL
+from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
+from ..plan.tiling import DimRule, TileGrid
+from ..runtime.dist_reference import dist_reference
+from ..runtime.reference import reference
+
+
+@register("grouped_gemm", "compute", ["x", "w", "ids"], {},
+          "MoE expert GEMM: row t of x times expert w[ids[t, j]] for each of the top-k "
+          "choices j: [T, K], [E, K, N], [T, k] -> [T * k, N].")
+def shape(op, xs, attrs, world):
+    x, w, ids = xs
+    sx, sw, si = local_shape(x), local_shape(w), local_shape(ids)
+    if len(sw) != 3:
+        fail(op, f"grouped_gemm weights must be [E, K, N]; {w.name} is {list(sw)}", None, 1)
+    if sx[1] != sw[1]:
+        fail(op, f"grouped_gemm inner dimensions differ: {x.name} is {list(sx)}, {w.name} is "
+             f"{list(sw)}", f"{w.name}'s second dim must equal {x.name}'s last dim", 1)
+    if ids.dtype not in ("int32", "int64") or len(si) != 2 or si[0] != sx[0]:
+        fail(op, f"grouped_gemm ids must be [T, topk] int32 with T = {sx[0]}; {ids.name} is "
+             f"{list(si)} {ids.dtype}", f"declare {ids.name} : [{sx[0]}, topk] int32", 2)
+    dtype = same_dtype(op, [x, w])
+    return Inferred((sx[0] * si[1], sw[2]), dtype, LOCAL)
+
+
+@region_rule("grouped_gemm")
+def region(bp, op, ins, out, tiles) -> TileGrid:
+    """Output tiles (rank, m, n); which rows of x a tile reads is the routing's choice."""
+    x, w, ids = ins
+    axes = (rank_axis(bp.world), plain_axis("m", out.shape[0], tiles.block_m),
+            plain_axis("n", out.shape[1], tiles.block_n))
+    reads = (access(x, own(x, op), {}, dynamic=f"the rows of {x.name} a tile multiplies are "
+                                               f"chosen by {ids.name} (expert routing)"),
+             access(w, own(w, op), {2: DimRule("n")}))
+    writes = (access(out, DimRule("rank"), {0: DimRule("m"), 1: DimRule("n")}),)
+    return TileGrid(op.result, axes, reads, writes)
+
+
+def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=True):
+    """Row t * k + j of the result: x[t] @ w[ids[t, j]] (ids out of range: an error)."""
+    e = w.shape[0]
+    flat = ids.reshape(-1).long()
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= e):
+        raise ValueError(f"grouped_gemm ids must lie in [0, {e}); got {int(flat.min())} .. "
+                         f"{int(flat.max())}")
+    rows = x.repeat_interleave(ids.shape[1], dim=0)
+    if exact:
+        return torch.bmm(rows.float().unsqueeze(1), w.float()[flat]).squeeze(1).to(dtype)
+    return torch.bmm(rows.unsqueeze(1), w[flat]).squeeze(1)
+
+
+@reference("grouped_gemm")
+def ref(op, attrs, args, dtype, world):
+    return [_experts(x, w, i, dtype) for x, w, i in zip(*args)]
+
+
+@dist_reference("grouped_gemm")
+def dist_ref(op, attrs, args, dtype, group, world, exact):
+    return _experts(*args, dtype, exact)
