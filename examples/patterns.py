@@ -72,7 +72,7 @@ def ep_moe(T=128, H=256, CAP=128, dtype="bf16"):
 
 
 @tk.pattern
-def flash_decode(B=4, H=8, S=1024, D=64, dtype="bf16"):
+def flash_decode(B=4, H=8, S=512, D=64, dtype="bf16"):
     q = tk.input((B, H, D), dtype, placement="replicated")
     k = tk.input((B, S / W, H, D), dtype)
     v = tk.input((B, S / W, H, D), dtype)
@@ -95,8 +95,12 @@ def sp_attention(S=512, H=8, D=64, dtype="bf16"):
 
 @tk.tile_function(reads={"x": "rows", "w": "whole"})
 @triton.jit
-def rmsnorm_rows(x, w, out, row0, rows, K: tl.constexpr, BM: tl.constexpr, EPS: tl.constexpr):
-    """RMS-normalise a block of rows of x and scale by w (one tile)."""
+def rmsnorm_rows(x, w, out, row0, rows, K: tl.constexpr, BM: tl.constexpr,
+                 EPS: tl.constexpr = 1e-6):
+    """RMS-normalise a block of rows of x and scale by w (one tile). The calling convention:
+    `x`, `w` and `out` point at this rank's tensors, rows row0 .. row0 + BM - 1 are the tile,
+    `rows` the rows of x; K is the pattern's size K; EPS keeps its default (or a value given
+    to tk.map)."""
     offs_m = row0 + tl.arange(0, BM)
     offs_k = tl.arange(0, K)
     mask = offs_m[:, None] < rows
@@ -113,4 +117,83 @@ def ag_rmsnorm(M=256, K=128, dtype="bf16"):
     w = tk.input((K,), dtype, placement="replicated")
     x_full = tk.all_gather(x, dim=0)
     y = tk.map(rmsnorm_rows, x_full, w)
+    return y
+
+
+@tk.pattern
+def tp_mlp(M=128, H=64, I=128, dtype="bf16"):  # noqa: E741 (I: the MLP's inner size)
+    x = tk.input((M, H), dtype, shard=0)
+    w1 = tk.input((H, I / W), dtype)
+    w2 = tk.input((I / W, H), dtype)
+    x_full = tk.all_gather(x, dim=0)
+    h = tk.gemm(x_full, w1)
+    y = tk.gemm(h, w2)
+    out = tk.reduce_scatter(y, dim=0)
+    return out
+
+
+@tk.pattern
+def fsdp_gemm(M=64, N=96, K=128, dtype="bf16"):
+    x = tk.input((M, K), dtype)
+    w = tk.input((K, N), dtype, shard=0)
+    w_full = tk.all_gather(w, dim=0)
+    y = tk.gemm(x, w_full)
+    return y
+
+
+@tk.pattern
+def ag_cols_gemm(M=64, N=64, K=128, dtype="bf16"):
+    a = tk.input((M, K), dtype, shard=1)
+    b = tk.input((K, N), dtype)
+    a_full = tk.all_gather(a, dim=1)
+    c = tk.gemm(a_full, b)
+    return c
+
+
+@tk.pattern
+def gemm_rs_cols(M=64, N=128, K=128, dtype="bf16"):
+    a = tk.input((M, K / W), dtype)
+    b = tk.input((K / W, N), dtype)
+    c = tk.gemm(a, b)
+    out = tk.reduce_scatter(c, dim=1)
+    return out
+
+
+@tk.tile_function(reads={"c": "rows", "bias": "whole"})
+@triton.jit
+def add_bias_rows(c, bias, out, row0, rows, N: tl.constexpr, BM: tl.constexpr,
+                  NP: tl.constexpr = 256):
+    """Add a bias row to a block of rows of c (one tile): `c` and `out` are [rows, N], `bias`
+    is [N]; NP is a power of two >= N (the pattern's N here is at most 256)."""
+    offs_m = row0 + tl.arange(0, BM)
+    offs_n = tl.arange(0, NP)
+    mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
+    vals = tl.load(c + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
+    gain = tl.load(bias + offs_n, mask=offs_n < N, other=0.0)
+    tl.store(out + offs_m[:, None] * N + offs_n[None, :],
+             (vals.to(tl.float32) + gain.to(tl.float32)[None, :]), mask=mask)
+
+
+@tk.pattern
+def ag_gemm_bias(M=128, N=192, K=64, dtype="bf16"):
+    """AG-GEMM with a bias added by a user tile function after the GEMM."""
+    a = tk.input((M, K), dtype, shard=0)
+    b = tk.input((K, N), dtype)
+    bias = tk.input((N,), dtype, placement="replicated")
+    a_full = tk.all_gather(a, dim=0)
+    c = tk.gemm(a_full, b)
+    y = tk.map(add_bias_rows, c, bias)
+    return y
+
+
+@tk.pattern
+def gemm_rs_rmsnorm(M=128, K=128, D=128, dtype="bf16"):
+    """Row-parallel GEMM (contracting D), reduce-scatter of the partial products, then
+    RMSNorm of this rank's rows of length K (rmsnorm_rows' K is the pattern's K)."""
+    a = tk.input((M, D / W), dtype)
+    b = tk.input((D / W, K), dtype)
+    w = tk.input((K,), dtype, placement="replicated")
+    c = tk.gemm(a, b)
+    s = tk.reduce_scatter(c, dim=0)
+    y = tk.map(rmsnorm_rows, s, w)
     return y

@@ -102,11 +102,16 @@ def _cases():
                 yield from emit(*render(bp, "interp", base=cfg))
 
 
+def _portable(text: str) -> str:
+    """A render or key with the checkout's path replaced (renders name the pattern file)."""
+    return text.replace(str(ROOT), "<repo>")
+
+
 def digests(progress: bool = False) -> dict[str, str]:
-    """key -> SHA-256 of the render, for every case."""
+    """key -> SHA-256 of the render, for every case (independent of the checkout's path)."""
     out = {}
     for i, (k, thunk) in enumerate(_cases()):
-        out[k] = hashlib.sha256(thunk().encode()).hexdigest()
+        out[_portable(k)] = hashlib.sha256(_portable(thunk()).encode()).hexdigest()
         if progress and i % 100 == 0:
             print(f"  {i} renders", file=sys.stderr)
     return out
@@ -125,7 +130,7 @@ def main(argv=None) -> int:
         index = {}
         for i, (k, thunk) in enumerate(_cases()):
             (d / f"{i:05d}.py").write_text(thunk())
-            index[f"{i:05d}.py"] = k
+            index[f"{i:05d}.py"] = _portable(k)
         (d / "index.json").write_text(json.dumps(index, indent=1))
         print(f"wrote {len(index)} renders to {d}")
         return 0
@@ -148,3 +153,19 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def render_key(key: str) -> str:
+    """Render the schedule a key of the set names (pattern|sizes|W=w|target|config) with
+    the current code generator."""
+    from tilelink.codegen import render_triton
+    from tilelink.frontend import load_pattern
+    from tilelink.schedule import Config, get_target, make_schedule
+
+    name, sizes, world, target, config = key.split("|")
+    values = dict(kv.split("=") for kv in sizes.split(", "))
+    values.pop("W", None)
+    w = int(world.split("=")[1])
+    bp = load_pattern(str(ROOT / "examples" / f"{name}.tl")).bind(values, w)
+    cfg = Config().with_values(dict(kv.split("=") for kv in config.split()))
+    return render_triton(make_schedule(bp, get_target(target), base=cfg))

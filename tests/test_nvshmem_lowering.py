@@ -16,7 +16,6 @@ from tilelink.codegen import render_triton
 from tilelink.codegen.compile import compile_module
 from tilelink.frontend import load_pattern
 from tilelink.lang import nvshmem
-from tilelink.runtime.api import _drop_data_notifies
 from tilelink.schedule import get_target, make_schedule
 
 from .conftest import EXAMPLES
@@ -84,8 +83,8 @@ def test_missing_bitcode_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_fault_injection_drops_the_signal_of_a_put():
-    src = render_triton(_render("ag_gemm.tl", "cuda:90+nvshmem", {"comm": "sm"}))
-    broken = _drop_data_notifies(src)
+    s = _render("ag_gemm.tl", "cuda:90+nvshmem", {"comm": "sm"})
+    src, broken = render_triton(s), render_triton(s, fault="drop_notify")
     assert "tld.put_signal(" in src and "tld.put_signal(" not in broken
-    assert "tld.put(" in broken and "fault injected: no signal" in broken
+    assert "tld.put(" in broken and "fault injected (drop_notify): no signal" in broken
     compile(broken, "broken", "exec")  # still valid Python

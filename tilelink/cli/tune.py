@@ -172,10 +172,10 @@ def _tune_gpu(args, bp, values: dict, pins: dict) -> int:
         print("no config ran: nothing cached")
         return 1
     path = store(bp, out["device"], best.config, time_ms=best.ms,
-                 results=[t.as_dict(res.signature) for t in res.ranked[:TOP]], graph=graph)
+                 results=[t.as_dict(res.bound) for t in res.ranked[:TOP]], graph=graph)
     from ..tune.space import describe, is_fallback
 
-    print(f"best: {best.ms:.3f} ms  {describe(best.config, res.signature)}")
+    print(f"best: {best.ms:.3f} ms  {describe(best.config, res.bound)}")
     if is_fallback(best.config):
         print("note: overlap does not pay at this shape: the non-overlapped fallback wins")
     if graph:
@@ -241,7 +241,7 @@ def _progress(bar, bp, meaningful: bool):
     from ..tune.space import describe
 
     def update(done, total, trial, best):
-        what = describe(trial.config, bp.signature())
+        what = describe(trial.config, bp)
         if trial.error:
             got = "FAILED"
         elif not meaningful:
@@ -257,7 +257,7 @@ def _table(res, bp, base: dict | None, top: int, meaningful: bool) -> str:
     """The best configs: time, ratio to floor, speedup over NCCL+cuBLAS, the model's guess."""
     from ..tune.space import describe, is_fallback
 
-    sig = res.signature
+    sig = res.bound
     floor = (base or {}).get("floor")
     ref = (base or {}).get("nccl_cublas")
     ref_name = "NCCL+cuBLAS"
@@ -302,7 +302,7 @@ def _print_failures(res) -> None:
 
     for t in res.failures:
         first = t.error.strip().splitlines()[0] if t.error.strip() else "failed"
-        print(f"FAILED: {describe(t.config, res.signature)}\n  {first}")
+        print(f"FAILED: {describe(t.config, res.bound)}\n  {first}")
 
 
 def _print_comparison(res, bp) -> None:
@@ -316,7 +316,7 @@ def _print_comparison(res, bp) -> None:
     if best is None or pruned is None:
         return
     gap = (pruned.seconds / best.seconds - 1) * 100
-    sig = res.signature
+    sig = res.bound
     print(f"model-pruned vs exhaustive ({len(res.trials)} configs; pruning measures the "
           f"model's first {k}):")
     print(f"  exhaustive best   {best.ms:.3f} ms  (model rank {best.model_rank + 1})  "

@@ -78,9 +78,10 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
 
     fn = kernel_of(mod, kernel)
     consts = {}
+    bound = getattr(mod, "KERNEL_CONSTS", {}).get(fn.__name__, {})  # composed modules
     for name in fn.arg_names:
         if name not in mod.SIGNATURE:
-            consts[name] = getattr(mod, name) if hasattr(mod, name) else None
+            consts[name] = bound[name] if name in bound else getattr(mod, name, None)
     if "DOT_FP32" in fn.arg_names:
         consts["DOT_FP32"] = target.dot_fp32
     sig = {k: v for k, v in mod.SIGNATURE.items() if k in fn.arg_names}

@@ -47,16 +47,405 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
 
 
 @reference("all_gather")
-def ref(op, attrs, args, dtype, world):
-    full = torch.cat(args[0], dim=attrs["dim"])
-    return [full.clone() for _ in range(world)]
-
+def ref(op, ctx, args):
+    full = torch.cat(args[0], dim=ctx.attrs["dim"])
+    return [full.clone() for _ in range(ctx.world)]
 
 @dist_reference("all_gather")
-def dist_ref(op, attrs, args, dtype, group, world, exact):
+def dist_ref(op, ctx, args):
     import torch.distributed as dist
 
-    x = args[0].movedim(attrs["dim"], 0).contiguous()
-    full = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(full, x, group=group)
-    return full.movedim(0, attrs["dim"]).contiguous()
+    x = args[0].movedim(ctx.attrs["dim"], 0).contiguous()
+    full = torch.empty((ctx.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(full, x, group=ctx.group)
+    return full.movedim(0, ctx.attrs["dim"]).contiguous()
+
+# ---- lowerings ----------------------------------------------------------------------------
+
+from ..codegen.module import ident  # noqa: E402
+from ..codegen.protocol import wait_released  # noqa: E402
+from ..codegen.tiles import first  # noqa: E402
+from ..codegen.waits import render_waits, slot_expr  # noqa: E402
+from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
+
+#: elements one program copies per step of a push (16 KB of bf16; 32 per thread at 8 warps)
+COPY_BLOCK = 8192
+
+
+def _loc(loc) -> str:
+    return f"{loc.file}:{loc.line}" if loc else "?"
+
+
+class _Gather(Lowering):
+    """What both all_gather lowerings share: the gathered result lives in the symmetric heap
+    (double-buffered by epoch parity), one int32 slot per chunk says it arrived, consumers
+    wait on the slots of the chunks their tiles read (from the plan's derived mapping), and
+    a result that is also returned is copied to the output once every chunk arrived."""
+
+    kind = "all_gather"
+    knobs = ("comm", "comm_programs", "comm_block_m")
+
+    def result_home(self, site):
+        return ("heap", 1 if self._flags(site) else 2)
+
+    def _flags(self, site) -> bool:
+        return False  # epoch-valued signals (the copy engine's capturable protocol: flags)
+
+    def _dim(self, site) -> int:
+        return site.attrs["dim"] % len(site.result.shape)
+
+    def _geometry(self, site):
+        """(outer, seg, inner): the result as [outer, W * seg, inner] around the gathered dim;
+        this rank's slice is [outer, seg, inner]."""
+        shape, d = site.result.local_shape, self._dim(site)
+        outer = 1
+        for x in shape[:d]:
+            outer *= x
+        inner = 1
+        for x in shape[d + 1:]:
+            inner *= x
+        return outer, shape[d] // site.bp.world, inner
+
+    def own_in_place(self, site) -> bool:
+        """Consumers read this rank's own rows straight from the input (no copy, no wait):
+        gathered on dim 0 from a pattern input, not returned, and every consumer's lowering
+        says it reads them in place (`reads_in_place`: a GEMM whose row tiles never straddle
+        two ranks' rows, the library GEMM)."""
+        from ..schedule.lowering import OpSite, lowering_for
+
+        if site.is_output or self._dim(site) != 0 or site.producer is not None:
+            return False
+        seg = self._geometry(site)[1]
+        for c in site.consumers:
+            lw = lowering_for(OpSite(site.bp, c, site.config, site.target))
+            if lw is None or not lw.reads_in_place(c, site.op.result, seg, site.config):
+                return False
+        return bool(site.consumers)
+
+    def steps(self, site) -> list[Step]:
+        out = []
+        if site.is_output:
+            out.append(Step("copy_out", site.op, self, f"wait for every chunk of "
+                            f"{site.op.result}, copy it to the output"))
+        return out
+
+    def declare(self, mb, site) -> None:
+        full = site.op.result
+        p = ident(full)
+        outer, seg, inner = self._geometry(site)
+        chunk = mb.plan.grids[full].axes[0].tiling
+        mb.const(f"{p}_SEG", seg, f"all_gather {full} = all_gather({site.op.args[0]}, dim = "
+                 f"{self._dim(site)}): per rank [outer, seg, inner], chunks of the seg rows")
+        mb.const(f"{p}_OUTER", outer)
+        mb.const(f"{p}_INNER", inner)
+        mb.const(f"{p}_CB", site.config.comm_block_m)  # (a chunk past the slice's end is cut)
+        mb.const(f"{p}_CHUNKS", chunk.per_segment)
+        mb.const("COPY_BLOCK", COPY_BLOCK, "elements a program copies per step of a push")
+        mb.signal(self.signal(mb, site), mb.plan.grids[full].size,
+                  "flag" if self._flags(site) else "epoch")
+        if self._flags(site):
+            mb.flag_signals.append((f"{self.signal(mb, site)}_ptr", mb.plan.grids[full].size))
+            mb.capturable = True
+            mb.flags["CAPTURABLE"] = 1
+        mb.peer_written.add(full)
+        if self.own_in_place(site):
+            mb.aliases[full] = (f"me * {seg}", f"(me + 1) * {seg}", site.op.args[0], seg)
+            mb.flags["OWN_DIRECT"] = 1
+        elif site.producer is None and self._dim(site) == 0:
+            mb.flags.setdefault("OWN_DIRECT", 0)
+
+    def signal(self, mb, site) -> str:
+        return f"sig_{site.op.result}"
+
+    def _value(self, site) -> str:
+        return "1" if self._flags(site) else "epoch"
+
+    def rows_first(self, kb, site) -> str | None:
+        """A consumer's tiles of this rank's own rows go first: they are ready first."""
+        if self._dim(site) != 0:
+            return None
+        return f"me * {self._geometry(site)[1]}"
+
+    def render_waits(self, kb, site, dep, names, flat=False, role="compute") -> list[str]:
+        """The consumer tile's waits on the chunks it reads (derived from the plan)."""
+        mb = kb.mb
+        sig = kb.param(f"{self.signal(mb, site)}_ptr", "*i32", f"sym[{self.signal(mb, site)!r}]")
+        cons = dep.consumer.op
+        cop = next(o for o in mb.bp.ops if o.result == cons)
+        words = (f"{role} tile of {cons} = {cop.kind}(...) waits for a chunk of "
+                 f"{site.op.result} (all_gather at {_loc(site.op.loc)}, used at {_loc(cop.loc)})")
+        sid = mb.site_for(("all_gather", site.op.result, cons, kb.index), words, dep,
+                          (kb.index, role))
+        return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat,
+                            value=self._value(site)).splitlines()
+
+    def render_step(self, step, kb) -> list[str]:
+        if step.kind == "copy_out":
+            return self._copy_out(step, kb)
+        return self._push(step, kb)
+
+    def _copy_out(self, step, kb) -> list[str]:
+        """Every chunk, once it arrived, from the heap into the pattern's output."""
+        mb, site = kb.mb, kb.mb.site_of(step.op.result)
+        full = step.op.result
+        p = ident(full)
+        src = kb.view(full).base
+        out = kb.param(f"{full}_out_ptr", f"*{_sig_dtype(site)}", f"outputs[{full!r}]")
+        sig = kb.param(f"{self.signal(mb, site)}_ptr", "*i32", f"sym[{self.signal(mb, site)!r}]")
+        for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS"):
+            kb.const(f"{p}_{c}")
+        kb.const("COPY_BLOCK")
+        sid = mb.site_for(("all_gather copy_out", full), f"{step.name} waits for a chunk of "
+                          f"{full} (all_gather at {_loc(step.op.loc)}) to copy it to the output",
+                          None, (kb.index, step.name))
+        mb.describe_lines += [
+            f"    if site == {sid}:",
+            f"        src, j = divmod(slot, {p}_CHUNKS)",
+            f"        return (f\"{self.signal(mb, site)}[{{slot}}] = chunk {{j}} of {full} from "
+            f"rank {{src}}\")"]
+        return [
+            f"for c in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
+            f"    tok = tld.wait({sig} + c, {self._value(site)}, spin_limit, abort_ptr, diag_ptr, "
+            f"{sid}, c, me)",
+            f"    src_rank = c // {p}_CHUNKS",
+            f"    lo = (c % {p}_CHUNKS) * {p}_CB",
+            f"    rows = tl.minimum({p}_CB, {p}_SEG - lo)",
+            f"    for o in range({p}_OUTER):",
+            f"        at = ((o * WORLD + src_rank) * {p}_SEG + lo) * {p}_INNER",
+            f"        at = tld.consume_token(at, tok)",
+            f"        for i in range(0, rows * {p}_INNER, COPY_BLOCK):",
+            "            offs = i + tl.arange(0, COPY_BLOCK)",
+            f"            mask = offs < rows * {p}_INNER",
+            f"            tl.store({out} + at + offs, tl.load({src} + at + offs, mask=mask), "
+            "mask=mask)",
+        ]
+
+    def _push(self, step, kb) -> list[str]:
+        raise NotImplementedError
+
+
+def _sig_dtype(site) -> str:
+    from ..codegen.module import SIG_DTYPES
+
+    return SIG_DTYPES[site.result.dtype]
+
+
+class AllGatherSM(_Gather):
+    """all_gather on SMs (`comm=sm`): a push role of `comm_programs` programs, placed before
+    the consumer's tiles in its kernel, copies this rank's chunks into every rank's gathered
+    buffer (a put per chunk, then the chunk's slot with release semantics)."""
+
+    resource = "sm"
+    name = "all_gather/sm"
+
+    def steps(self, site) -> list[Step]:
+        own = self.own_in_place(site)
+        what = ("push this rank's chunks of the gathered input to every rank" +
+                (" but itself (its own rows are read in place)" if own else "") +
+                ", then notify each chunk's slot")
+        return [Step("push", site.op, self, what)] + super().steps(site)
+
+    def _push(self, step, kb) -> list[str]:
+        mb, site = kb.mb, kb.mb.site_of(step.op.result)
+        full, src_name = step.op.result, step.op.args[0]
+        p = ident(full)
+        outer, seg, inner = self._geometry(site)
+        own = int(self.own_in_place(site))
+        dst_buf = kb.view(full).base
+        src = kb.view(src_name).base
+        sig = kb.param(f"{self.signal(mb, site)}_ptr", "*i32", f"sym[{self.signal(mb, site)!r}]")
+        for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS"):
+            kb.const(f"{p}_{c}")
+        kb.const("COPY_BLOCK")
+        slot = slot_expr(mb.plan.grids[full], {"chunk": f"me * {p}_CHUNKS + j"})
+        lines = [
+            f"for item in range({first(step)}, (WORLD - {own}) * {p}_CHUNKS, {step.count}):",
+            f"    step = item // {p}_CHUNKS + {own}",
+            f"    j = item % {p}_CHUNKS",
+            "    # own copy first" + (" (none: read in place)" if own else "") + "; then me - 1, "
+            "me - 2, ...: receiver r gets rank r + 1's", "    # rows first, the order its "
+            "tiles read them in",
+            "    dst = (me + WORLD - step) % WORLD",
+            "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
+        ] + ["    " + x for x in wait_released("dst")]
+        lines.append(f"    rows = tl.minimum({p}_CB, {p}_SEG - j * {p}_CB)")
+        if outer == 1:
+            lines += [
+                "    # chunk j of this rank's rows is contiguous in the input and in the gathered",
+                "    # buffer: one put, then the chunk's signal"]
+            lines += mb.put_signal(f"{dst_buf} + (me * {p}_SEG + j * {p}_CB) * {p}_INNER",
+                                   f"{src} + j * {p}_CB * {p}_INNER", f"rows * {p}_INNER",
+                                   f"{sig} + {slot}", "epoch", "dst", "    ")
+        else:
+            lines += [
+                f"    # chunk j is rows j * CB .. of this rank's slice in each of the {outer} "
+                "outer blocks",
+                f"    for o in range({p}_OUTER):",
+                f"        tld.put({dst_buf} + ((o * WORLD + me) * {p}_SEG + j * {p}_CB) * "
+                f"{p}_INNER,",
+                f"                {src} + (o * {p}_SEG + j * {p}_CB) * {p}_INNER, rows * "
+                f"{p}_INNER, dst, me,",
+                "                heap_bases, COPY_BLOCK)",
+                "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, dst, me, "
+                                       "heap_bases)")]
+        return lines
+
+
+class AllGatherCopyEngine(_Gather):
+    """all_gather on the copy engine (`comm=copy_engine`): on a side stream, per destination
+    rank (in the order its tiles read them: rank - 1, rank - 2, ...), a wait for the gate
+    this rank's first kernel opens once the destination released the buffer, then per chunk
+    a copy into the destination's gathered buffer followed by a stream write of its slot.
+    `capturable=1`: flag gates and slots and one buffer, so the stream operations carry no
+    per-call value and a CUDA graph can replay them."""
+
+    resource = "copy_engine"
+    name = "all_gather/copy_engine"
+    knobs = _Gather.knobs + ("capturable",)
+
+    def _flags(self, site) -> bool:
+        return bool(site.config.capturable)
+
+    def reasons(self, site) -> list[str]:
+        bad = []
+        if site.producer is not None:
+            bad.append(f"the copy engine's copies start when the call starts, so it gathers "
+                       f"pattern inputs; {site.op.args[0]} is computed by "
+                       f"{site.producer.kind} (use comm=sm for this gather)")
+        if self._dim(site) != 0:
+            bad.append(f"the copy engine gathers along dim 0 (contiguous chunks); this gathers "
+                       f"dim {self._dim(site)} (use comm=sm)")
+        return bad
+
+    def steps(self, site) -> list[Step]:
+        return super().steps(site)
+
+    def defaults(self, site) -> dict:
+        return _copy_engine_defaults(site)
+
+    def overlap_min_flops(self, site) -> float:
+        return OVERLAP_MIN_FLOPS if _feeds_gemm_rows(site) is not None else 0.0
+
+    def captured_overrides(self, site) -> dict | None:
+        """Calls captured in a CUDA graph take the flag protocol (capturable=1) where it was
+        measured to beat NCCL + cuBLAS replayed: W = 2, >= 512 rows and >= 16 GFLOP per rank
+        of a GEMM these rows feed."""
+        gemm = _feeds_gemm_rows(site)
+        if gemm is None or site.bp.world != 2 or site.is_output:
+            return None  # (measured for the gathered rows feeding the GEMM alone)
+        a, b = (site.bp.tensors[x].local_shape for x in gemm.args)
+        rows = site.tensor(site.op.args[0]).local_shape[0]
+        if rows < CAPTURED_MIN_ROWS or 2.0 * a[0] * a[1] * b[1] < CAPTURED_MIN_FLOPS:
+            return None
+        return {"capturable": "1"}
+
+    def declare(self, mb, site) -> None:
+        super().declare(mb, site)
+        mb.copy_engine = mb.gates = True
+        full, src = site.op.result, site.op.args[0]
+        p = ident(full)
+        own = int(self.own_in_place(site))
+        flags = self._flags(site)
+        sig = self.signal(mb, site)
+        slot = slot_expr(mb.plan.grids[full], {"chunk": f"rank * {p}_CHUNKS + j"})
+        mb.ce_lines += [
+            f"    # all_gather {full}: this rank's rows of {src} to every rank"
+            + (" but itself (read in place)" if own else ""),
+            f"    src = tensors[{src!r}]",
+        ]
+        if flags:
+            mb.ce_lines += [
+                "    # capturable=1: constant values only, so these stream operations mean the "
+                "same in", "    # every call and a CUDA graph can replay them: one gathered "
+                "buffer, and the gates", "    # and data signals are flags (1 = set)",
+                "    buf, value = 0, 1"]
+        else:
+            mb.ce_lines += ["    buf, value = epoch & 1, epoch"]
+        mb.ce_lines += [
+            f"    for step in range({own}, WORLD):",
+            "        # rank - step: receiver r gets rank r + 1's rows first, the order its tiles "
+            "read them",
+            "        dst = (rank - step) % WORLD",
+            "        # dst released buffer `buf`: this rank's kernel saw it and opened the gate",
+            '        ops.append(("wait", rank, "ctl", 4 + WORLD + dst, value))']
+        if flags:
+            mb.ce_lines.append('        ops.append(("signal", rank, "ctl", 4 + WORLD + dst, 0))'
+                               "  # close it for the next call")
+        mb.ce_lines += [
+            f"        for j in range({p}_CHUNKS):",
+            f"            lo, hi = j * {p}_CB, min((j + 1) * {p}_CB, {p}_SEG)",
+            f"            # rows lo:hi of {src} -> rows of `rank` in dst's {full} buffer `buf`",
+            f"            ops.append((\"copy\", src, lo * {p}_INNER, (hi - lo) * {p}_INNER, dst, "
+            f"{full!r},",
+            f"                        (buf * WORLD * {p}_SEG + rank * {p}_SEG + lo) * "
+            f"{p}_INNER))",
+            mb.ce_data_signal(f"            ops.append((\"signal\", dst, {sig!r}, {slot}, value))")]
+
+
+#: Below this many FLOPs of GEMM per rank (~0.15 ms on an H200) the copy-engine gather's fixed
+#: costs (the first chunk's transfer, the side stream, ~100 us of host work per call) are a
+#: large share of the call and NCCL + cuBLAS is as fast or faster: the default is then the
+#: non-overlapped plan. Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the
+#: overlapped kernel took 0.122 to 0.194 ms over four bench runs (host-bound), NCCL + cuBLAS
+#: 0.145 to 0.151; at 34 GFLOP (M = 512) 0.131 against 0.088. With the host path cut (~170 ->
+#: ~82 us per call, runtime/fast_launch.py, 2026-11-22 at 634b5d7) three bench runs gave 0.141
+#: / 0.170 / 0.118 against 0.151-0.154 (a slower host process), and at W = 4 0.174 against
+#: 0.114: still not a default that is never slower.
+OVERLAP_MIN_FLOPS = 100e9
+#: Where a captured call of the overlapped kernel beats NCCL + cuBLAS replayed the same way
+#: (2x H200, graph replays, ms): M x N x K = 1024x8192x8192 0.107 vs 0.146; 1024x4096x4096
+#: 0.055 vs 0.064; 2048x4096x4096 0.069 vs 0.102. Where it does not: 512x8192x8192 0.086 vs
+#: 0.086 (256 rows per rank); 256x8192x8192 0.079 vs 0.066; 1024x1024x512 (0.5 GFLOP) 0.028 vs
+#: 0.018: with few rows per rank the peers' tiles wait for their rows in the one wave there is,
+#: and tiny GEMMs are launch-bound. Unmeasured elsewhere (W = 4 and 8): not taken there.
+CAPTURED_MIN_ROWS = 512
+CAPTURED_MIN_FLOPS = 16e9
+
+
+def _pow2_at_most(x: int) -> int:
+    return 1 << max(0, int(x).bit_length() - 1)
+
+
+def _feeds_gemm_rows(site):
+    """The GEMM whose rows (first operand) this gather of dim 0 gives, or None."""
+    if site.attrs["dim"] % len(site.result.shape) != 0:
+        return None
+    return next((c for c in site.consumers if c.kind == "gemm"
+                 and c.args[0] == site.op.result), None)
+
+
+def _copy_engine_defaults(site) -> dict:
+    """The copy engine's chunks, and the tiles of the GEMM its rows feed. One wave of
+    128 x 256 tiles or less: 128 x 128 tiles make two waves, the first on this rank's rows
+    while the copy engine brings the peers' rows in one chunk each; group_m is the largest
+    that divides this rank's row blocks, so the first groups (own rows first) never span into
+    a peer's rows. Measured on 2x H200 at AG M = 1024 (CUDA-graph replays, capturable=1):
+    0.107 ms with group_m=4 (= 512 / 128), 0.116 with group_m=1, 0.139 with group_m=8;
+    128 x 256 tiles 0.131 (one wave whose peer tiles wait for the whole peer shard). More
+    waves: two chunks per shard at W = 2; at W > 2 the W - 1 shards, pushed one after another
+    in the order the tiles read them, already pipeline the transfer, and one chunk per shard
+    (of up to 2048 rows; a power of two, so 1536 rows are 1024 + 512) measured fastest (4x
+    H200, AG 8192^3: 0.409 ms against 0.443 with two chunks and 0.470 with four; M = 2048,
+    N = 28672: 0.413 against 0.441)."""
+    cfg, w = site.config, site.bp.world
+    rows = site.tensor(site.op.args[0]).local_shape[0]
+    gemm = _feeds_gemm_rows(site)
+    if gemm is not None:
+        a, b = (site.bp.tensors[x].local_shape for x in gemm.args)
+        tiles = -(-a[0] // cfg.block_m) * -(-b[1] // cfg.block_n)
+        if tiles <= site.target.num_sms:
+            chunk = min(4096, max(16, _pow2_at_most(rows)))
+            own_blocks, ragged = divmod(rows, cfg.block_m)
+            # (ragged rows: a row block straddles this rank's last rows and a peer's first,
+            # so no group is purely this rank's; group_m=1 keeps the plain order)
+            group = 1 if ragged or not own_blocks else max(
+                g for g in (1, 4, 8) if own_blocks % g == 0)
+            return {"block_n": "128", "stages": "4", "group_m": str(group),
+                    "comm_block_m": str(chunk)}
+    per_shard = 2 if w <= 2 else 1
+    chunk = min(2048, max(128, _pow2_at_most(max(1, rows // per_shard))))
+    return {"comm_block_m": str(chunk)}
+
+
+register_lowering(AllGatherSM())
+register_lowering(AllGatherCopyEngine())

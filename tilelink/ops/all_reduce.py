@@ -10,6 +10,7 @@ from ..plan.regions import FULL, access, col_axis, plain_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
+from .reduce_scatter import rank_sum
 
 
 @register("all_reduce", "comm", ["x"], {},
@@ -36,16 +37,79 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
 
 
 @reference("all_reduce")
-def ref(op, attrs, args, dtype, world):
-    total = sum(x.float() for x in args[0]).to(dtype)
-    return [total.clone() for _ in range(world)]
-
+def ref(op, ctx, args):
+    total = rank_sum(args[0], ctx.dtype, ctx.exact)
+    return [total.clone() for _ in range(ctx.world)]
 
 @dist_reference("all_reduce")
-def dist_ref(op, attrs, args, dtype, group, world, exact):
+def dist_ref(op, ctx, args):
     import torch.distributed as dist
 
     # a copy: all_reduce sums in place, and the operand may be the caller's tensor
-    res = args[0].to(torch.float32 if exact else args[0].dtype, copy=True).contiguous()
-    dist.all_reduce(res, group=group)
-    return res.to(dtype)
+    res = args[0].to(torch.float32 if ctx.exact else args[0].dtype, copy=True).contiguous()
+    dist.all_reduce(res, group=ctx.group)
+    return res.to(ctx.dtype)
+
+
+# ---- lowerings ----------------------------------------------------------------------------
+
+from ..codegen.module import ident  # noqa: E402
+from ..codegen.waits import slot_expr  # noqa: E402
+from ..schedule.lowering import register_lowering  # noqa: E402
+from .reduce_scatter import ReduceScatterSM, reduce_dep  # noqa: E402
+
+
+class AllReduceSM(ReduceScatterSM):
+    """all_reduce on SMs, one-shot (`comm=sm`): each GEMM tile, in its epilogue, stores its
+    partial into every rank's stage buffer (this rank's slab of it) and notifies that rank's
+    slot for the tile; every rank's reduce role (in the GEMM's kernel after its tiles, or with
+    reduce_after=1 a second kernel) waits for every rank's tiles of a chunk of rows and sums
+    them: one exchange, then a local sum of W partials, which is what wins at decode sizes
+    (few rows: latency, not bandwidth)."""
+
+    kind = "all_reduce"
+    name = "all_reduce/sm (one-shot)"
+
+    def _dim(self, site) -> int:
+        return 0
+
+    def _seg(self, site) -> int:
+        return site.tensor(site.op.args[0]).shape[0]  # every rank sums every row
+
+    def _origin(self, site) -> str:
+        return "0"
+
+    def reduce_what(self, site) -> str:
+        return "wait for every rank's tiles of a chunk of rows, sum them (every rank, all rows)"
+
+    def rows_first(self, kb, site) -> str | None:
+        return None  # every rank needs every tile: no order is better
+
+    def declare(self, mb, site) -> None:
+        self.declare_common(mb, site)
+        out, part = site.op.result, site.op.args[0]
+        dep = reduce_dep(mb.plan, site.op)
+        w = mb.bp.world
+        m, n = mb.bp.tensors[part].shape
+        mb.heap_tensor(f"{out}_stage", (w, m, n), site.result.dtype, 2, peer_written=True)
+        mb.signal(dep.signal, mb.plan.grids[part].size)
+
+    def epilogue(self, kb, site, tile) -> list[str]:
+        mb = kb.mb
+        p = self._consts(kb, site)
+        out = site.op.result
+        dep = reduce_dep(mb.plan, site.op)
+        stage = kb.view(f"{out}_stage").base
+        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
+        slot = slot_expr(dep.producer, tile.grid)
+        return [
+            "# push the tile to every rank (their stage slab of this rank), then its slot",
+            f"mask = ({tile.rows}[:, None] < {p}_M) & ({tile.cols}[None, :] < {p}_N)",
+            "for d in range(WORLD):",
+            f"    remote = tld.symm_at({stage} + me * ({p}_M * {p}_N), d, me, heap_bases)",
+            f"    tl.store(remote + {tile.rows}[:, None] * {p}_N + {tile.cols}[None, :], "
+            f"{tile.values}, mask=mask)",
+            "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
+
+
+register_lowering(AllReduceSM())

@@ -52,14 +52,14 @@ def _received(x: torch.Tensor, src_splits: list[int], dst: int, cap: int):
 
 
 @reference("all_to_all")
-def ref(op, attrs, args, dtype, world):
+def ref(op, ctx, args):
     xs, splits = args
-    cap = attrs["capacity"]
+    cap = ctx.attrs["capacity"]
     plans = [[int(v) for v in s.tolist()] for s in splits]
     outs = []
-    for d in range(world):
-        out = torch.zeros((world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
-        for s in range(world):
+    for d in range(ctx.world):
+        out = torch.zeros((ctx.world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
+        for s in range(ctx.world):
             rows = _received(xs[s], plans[s], d, cap)
             out[s * cap:s * cap + rows.shape[0]] = rows
         outs.append(out)
@@ -67,16 +67,16 @@ def ref(op, attrs, args, dtype, world):
 
 
 @dist_reference("all_to_all")
-def dist_ref(op, attrs, args, dtype, group, world, exact):
+def dist_ref(op, ctx, args):
     import torch.distributed as dist
 
     x, splits = args
-    cap = attrs["capacity"]
+    cap = ctx.attrs["capacity"]
     mine = [int(v) for v in splits.tolist()]
-    send = torch.zeros((world * cap,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    for d in range(world):
+    send = torch.zeros((ctx.world * cap,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    for d in range(ctx.world):
         rows = _received(x, mine, d, cap)
         send[d * cap:d * cap + rows.shape[0]] = rows
     out = torch.empty_like(send)
-    dist.all_to_all_single(out, send, group=group)
+    dist.all_to_all_single(out, send, group=ctx.group)
     return out

@@ -58,20 +58,20 @@ def _attend(q, k, v, causal: int, q_offset: int, dtype):
 
 
 @reference("attention")
-def attention_ref(op, attrs, args, dtype, world):
+def attention_ref(op, ctx, args):
     qs, ks, vs = args
     # a sharded q (sequence parallel) holds rows rank * S/W onwards: causality is global
-    return [_attend(q, k, v, attrs["causal"], r * q.shape[0] if attrs["causal"] else 0, dtype)
+    return [_attend(q, k, v, ctx.attrs["causal"], r * q.shape[0] if ctx.attrs["causal"] else 0, ctx.dtype)
             for r, (q, k, v) in enumerate(zip(qs, ks, vs))]
 
 
 @dist_reference("attention")
-def attention_dist_ref(op, attrs, args, dtype, group, world, exact):
+def attention_dist_ref(op, ctx, args):
     import torch.distributed as dist
 
     q, k, v = args
-    offset = dist.get_rank(group) * q.shape[0] if attrs["causal"] else 0
-    return _attend(q, k, v, attrs["causal"], offset, dtype)
+    offset = dist.get_rank(ctx.group) * q.shape[0] if ctx.attrs["causal"] else 0
+    return _attend(q, k, v, ctx.attrs["causal"], offset, ctx.dtype)
 
 
 # ---- attention_partial and lse_combine (split-KV decode) ---------------------------------
@@ -117,13 +117,13 @@ def _partial(q, k, v) -> torch.Tensor:
 
 
 @reference("attention_partial")
-def partial_ref(op, attrs, args, dtype, world):
-    return [_partial(q, k, v).to(dtype) for q, k, v in zip(*args)]
+def partial_ref(op, ctx, args):
+    return [_partial(q, k, v).to(ctx.dtype) for q, k, v in zip(*args)]
 
 
 @dist_reference("attention_partial")
-def partial_dist_ref(op, attrs, args, dtype, group, world, exact):
-    return _partial(*args).to(dtype)
+def partial_dist_ref(op, ctx, args):
+    return _partial(*args).to(ctx.dtype)
 
 
 @register("lse_combine", "compute", ["parts"], {"splits": None},
@@ -161,11 +161,145 @@ def _combine(parts: torch.Tensor, ways: int, dtype) -> torch.Tensor:
 
 
 @reference("lse_combine")
-def combine_ref(op, attrs, args, dtype, world):
-    ways = attrs["splits"] or world
-    return [_combine(p, ways, dtype) for p in args[0]]
+def combine_ref(op, ctx, args):
+    ways = ctx.attrs["splits"] or ctx.world
+    return [_combine(p, ways, ctx.dtype) for p in args[0]]
 
 
 @dist_reference("lse_combine")
-def combine_dist_ref(op, attrs, args, dtype, group, world, exact):
-    return _combine(args[0], attrs["splits"] or world, dtype)
+def combine_dist_ref(op, ctx, args):
+    return _combine(args[0], ctx.attrs["splits"] or ctx.world, ctx.dtype)
+
+
+# ---- lowerings ----------------------------------------------------------------------------
+
+from ..codegen.module import TL_DTYPES, ident  # noqa: E402
+from ..codegen.tiles import item_loop, operand_waits  # noqa: E402
+from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+class _DecodeTiles(Lowering):
+    """A decode attention op's tiles: one (batch b, head h) row per item, a persistent loop
+    over B * H items on the role's programs."""
+
+    knobs = ("num_programs", "warps")
+    names = {"rank": ("me", "me + 1"), "b": ("b", "b + 1"), "h": ("h", "h + 1")}
+
+    def reasons(self, site) -> list[str]:
+        dts = {site.tensor(a).dtype for a in site.op.args}
+        if not dts <= set(TL_DTYPES):
+            return [f"operands are {', '.join(sorted(dts))}: attention kernels take float "
+                    "tensors"]
+        return []
+
+    def steps(self, site) -> list[Step]:
+        return [Step("tiles", site.op, self, self.what)]
+
+    def result_home(self, site):
+        return None
+
+    def declare(self, mb, site) -> None:
+        pass
+
+    def _const(self, kb, site, **values) -> None:
+        p = ident(site.op.result)
+        for k, v in values.items():
+            kb.const(k, f"{p}_{k}", v, f"{site.op.kind} {site.op.result}")
+
+
+class AttentionPartialTiles(_DecodeTiles):
+    """attention_partial's tile: q[b, h] against this rank's K/V slice [S] of head h, in
+    blocks of BS keys with an online softmax (running max and sum in fp32); stores the
+    normalised output and, in column D, the log-sum-exp."""
+
+    kind = "attention_partial"
+    name = "attention_partial/triton"
+    knobs = _DecodeTiles.knobs + ("block_n",)
+    what = "one (batch, head) query against this rank's KV slice per item (online softmax)"
+
+    def render_step(self, step, kb) -> list[str]:
+        site = kb.mb.site_of(step.op.result)
+        q, k, v = (kb.view(a) for a in step.op.args)
+        out = kb.view(step.op.result)
+        bsz, heads, d = q.shape
+        s = k.shape[1]
+        self._const(kb, site, B=bsz, H=heads, D=d, S=s, DP=_pow2(d),
+                    BS=min(_pow2(s), kb.mb.config.block_n))
+        waits, _ = operand_waits(kb, step, self.names)
+        tok = "tld.consume_token({}, tok)" if waits else "{}"
+        body = [
+            "offs_d = tl.arange(0, DP)",
+            "dmask = offs_d < D",
+            f"q_row = {tok.format('(b * H + h) * D')}",
+            f"qv = tl.load({q.base} + q_row + offs_d, mask=dmask, other=0.0).to(tl.float32)",
+            "qv = qv * (1.0 / tl.sqrt(D * 1.0))  # scores are q k / sqrt(D)",
+            'm_i = tl.max(tl.full((BS,), float("-inf"), tl.float32), axis=0)  # running max',
+            "l_i = tl.sum(tl.zeros((BS,), tl.float32), axis=0)  # running sum of exp(score - m_i)",
+            "acc = tl.zeros((DP,), dtype=tl.float32)",
+            "for s0 in range(0, S, BS):",
+            "    offs_s = s0 + tl.arange(0, BS)",
+            "    smask = offs_s < S",
+            f"    kv = {tok.format('((b * S + offs_s[:, None]) * H + h) * D + offs_d[None, :]')}",
+            "    kvmask = smask[:, None] & dmask[None, :]",
+            f"    kt = tl.load({k.base} + kv, mask=kvmask, other=0.0).to(tl.float32)",
+            "    scores = tl.sum(kt * qv[None, :], axis=1)",
+            '    scores = tl.where(smask, scores, float("-inf"))',
+            "    m_new = tl.maximum(m_i, tl.max(scores, axis=0))",
+            "    p = tl.exp(scores - m_new)",
+            "    alpha = tl.exp(m_i - m_new)",
+            "    l_i = l_i * alpha + tl.sum(p, axis=0)",
+            f"    vt = tl.load({v.base} + kv, mask=kvmask, other=0.0).to(tl.float32)",
+            "    acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)",
+            "    m_i = m_new",
+            "row = (b * H + h) * (D + 1)",
+            f"tl.store({out.base} + row + offs_d, acc / l_i, mask=dmask)",
+            f"tl.store({out.base} + row + D, m_i + tl.log(l_i))  # the log-sum-exp column",
+        ]
+        return item_loop(step, "B * H", ["b = t // H", "h = t % H"], waits, body)
+
+
+class LseCombineTiles(_DecodeTiles):
+    """lse_combine's tile: for (b, h), the WAYS partials' rows b, B + b, ... weighted by
+    exp(lse - max lse), summed and normalised."""
+
+    kind = "lse_combine"
+    name = "lse_combine/triton"
+    what = "one (batch, head) row per item: the partials weighted by their log-sum-exp"
+
+    def render_step(self, step, kb) -> list[str]:
+        site = kb.mb.site_of(step.op.result)
+        parts = kb.view(step.op.args[0])
+        out = kb.view(step.op.result)
+        ways = site.attrs["splits"] or site.bp.world
+        bsz, heads, d = out.shape
+        self._const(kb, site, B=bsz, H=heads, D=d, DP=_pow2(d), WAYS=ways)
+        waits, _ = operand_waits(kb, step, self.names)
+        row0 = "(b * H + h) * (D + 1)"
+        at = f"tld.consume_token({row0}, tok)" if waits else row0
+        dt = TL_DTYPES[out.dtype]
+        body = [
+            "offs_d = tl.arange(0, DP)",
+            "dmask = offs_d < D",
+            f"at = {at}  # split s's row is s * B * H * (D + 1) further",
+            f'top = tl.load({parts.base} + at + D)',
+            "for s in range(1, WAYS):",
+            f"    top = tl.maximum(top, tl.load({parts.base} + at + s * B * H * (D + 1) + D))",
+            "den = top * 0.0",
+            "acc = tl.zeros((DP,), dtype=tl.float32)",
+            "for s in range(WAYS):",
+            "    row = at + s * B * H * (D + 1)",
+            f"    wgt = tl.exp(tl.load({parts.base} + row + D).to(tl.float32) - top)",
+            f"    acc += wgt * tl.load({parts.base} + row + offs_d, mask=dmask, "
+            "other=0.0).to(tl.float32)",
+            "    den += wgt",
+            f"tl.store({out.base} + (b * H + h) * D + offs_d, (acc / den).to({dt}), mask=dmask)",
+        ]
+        return item_loop(step, "B * H", ["b = t // H", "h = t % H"], waits, body)
+
+
+register_lowering(AttentionPartialTiles())
+register_lowering(LseCombineTiles())

@@ -57,10 +57,10 @@ def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=T
 
 
 @reference("grouped_gemm")
-def ref(op, attrs, args, dtype, world):
-    return [_experts(x, w, i, dtype) for x, w, i in zip(*args)]
+def ref(op, ctx, args):
+    return [_experts(x, w, i, ctx.dtype, ctx.exact) for x, w, i in zip(*args)]
 
 
 @dist_reference("grouped_gemm")
-def dist_ref(op, attrs, args, dtype, group, world, exact):
-    return _experts(*args, dtype, exact)
+def dist_ref(op, ctx, args):
+    return _experts(*args, ctx.dtype, ctx.exact)

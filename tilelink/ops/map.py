@@ -32,3 +32,238 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
         reads.append(access(t, own(t, op), rules))
     writes = (access(out, DimRule("rank"), {0: DimRule("m")}),)
     return TileGrid(op.result, axes, tuple(reads), writes)
+
+
+# ---- lowering -----------------------------------------------------------------------------
+
+import inspect  # noqa: E402
+
+from ..codegen.module import TL_DTYPES, ident  # noqa: E402
+from ..codegen.tiles import item_loop, operand_waits  # noqa: E402
+from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
+
+#: parameters of a tile function that TileLink binds itself (the calling convention)
+CONVENTION = {
+    "out": "pointer to this rank's result (contiguous, row-major; the first input's shape)",
+    "row0": "the first row of the tile (rows row0 .. row0 + BM - 1 of the first input)",
+    "rows": "the number of rows of the first input (mask rows >= rows)",
+    "BM": "tile rows (constexpr)",
+}
+
+
+def tile_call(op, bp) -> tuple:
+    """(jit function, its declaration, {parameter: what binds it}) of a map's tile function:
+    the read tensors and `out` as pointers, `row0`, `rows`, `BM`, and every other parameter
+    by name from the pattern's sizes or the map's attributes (constexprs), or else its own
+    default; a parameter with none of these is an error (see `unbound`)."""
+    fn, decl = bp.pattern.functions[op.fn]
+    bound = {}
+    reads = [p for p, _ in decl.reads]
+    for p, t in zip(reads, op.args):
+        bound[p] = ("tensor", t)
+    attrs = dict(op.attrs)
+    for p in inspect.signature(fn.fn).parameters.values():
+        if p.name in bound:
+            continue
+        if p.name in CONVENTION:
+            bound[p.name] = ("convention", p.name)
+        elif p.name in attrs:
+            bound[p.name] = ("value", bp.op_attrs(op)[p.name])
+        elif p.name in bp.env and p.name != "dtype" and isinstance(bp.env[p.name], int):
+            bound[p.name] = ("value", bp.env[p.name])
+        elif p.default is not inspect.Parameter.empty:
+            continue  # its own default
+        else:
+            bound[p.name] = ("unbound", None)
+    return fn, decl, bound
+
+
+class MapTiles(Lowering):
+    """map's tiles: row blocks of BM rows of the first input, a persistent loop over them;
+    each waits for the chunks its regions read (from the plan) and calls the user's tile
+    function with the calling convention of `CONVENTION` (docs/composer.md)."""
+
+    kind = "map"
+    name = "map/triton"
+    knobs = ("num_programs", "block_m", "warps")
+
+    def reasons(self, site) -> list[str]:
+        if site.op.fn not in site.bp.pattern.functions:
+            return [f"the tile function {site.op.fn} is not part of the pattern (define the "
+                    "pattern in the Python DSL with tk.map)"]
+        fn, decl, bound = tile_call(site.op, site.bp)
+        bad = []
+        if "out" not in bound:
+            bad.append(f"{decl.name} has no parameter `out` (the pointer to its result)")
+        for p, (kind, _) in bound.items():
+            if kind == "unbound":
+                bad.append(f"parameter {p} of {decl.name} has no value: name it after a "
+                           f"pattern size, pass it to tk.map({decl.name}, ..., {p}=...), or give "
+                           "it a default")
+        if site.result.dtype not in TL_DTYPES:
+            bad.append(f"map tiles compute on float tensors; {site.op.result} is "
+                       f"{site.result.dtype}")
+        return bad
+
+    def steps(self, site) -> list[Step]:
+        fn, decl, _ = tile_call(site.op, site.bp)
+        return [Step("tiles", site.op, self, f"row blocks of {site.op.args[0]} through the tile "
+                     f"function {decl.name}")]
+
+    def result_home(self, site):
+        return None
+
+    def declare(self, mb, site) -> None:
+        from ..runtime.user_code import where
+
+        fn, decl, _ = tile_call(site.op, site.bp)
+        module, name, path = where(fn)
+        line = f"{name} = tile_function({module!r}, {name!r}, {path!r})"
+        if line not in mb.module_lines:
+            if not any("import tile_function" in x for x in mb.imports):
+                mb.imports.append("from tilelink.runtime.user_code import tile_function")
+            mb.module_lines += ["", f"# the tile function of map({name}, ...) "
+                                    f"({decl.reads}); re-wrapped for the interpreter there", line]
+
+    def render_step(self, step, kb) -> list[str]:
+        mb = kb.mb
+        site = mb.site_of(step.op.result)
+        fn, decl, bound = tile_call(step.op, mb.bp)
+        rows = site.tensor(step.op.args[0]).local_shape[0]
+        p = ident(step.op.result)
+        kb.const("BM", "BM", mb.config.block_m, "map tiles (the schedule's config)")
+        kb.const("ROWS", f"{p}_ROWS", rows, f"map {step.op.result}: rows of the first input")
+        waits, waited = operand_waits(kb, step, {"rank": ("me", "me + 1"), "m": ("row0", "row1")})
+        args = []
+        for param, (kind, value) in bound.items():
+            if kind == "tensor":
+                base = kb.view(value).base
+                args.append(f"tld.consume_token({base}, tok)" if value in waited else base)
+            elif param == "out":
+                args.append(kb.view(step.op.result).base)
+            elif param == "row0":
+                args.append("row0")
+            elif param == "rows":
+                args.append("ROWS")
+            elif param == "BM":
+                args.append("BM=BM")
+            else:
+                args.append(f"{param}={value!r}")
+        call = f"{decl.name}({', '.join(args)})"
+        return item_loop(step, "(ROWS + BM - 1) // BM",
+                         ["row0 = t * BM", "row1 = tl.minimum(row0 + BM, ROWS)"], waits, [call])
+
+
+register_lowering(MapTiles())
+
+
+# ---- references -----------------------------------------------------------------------------
+
+import torch  # noqa: E402
+
+from ..runtime.dist_reference import dist_reference  # noqa: E402
+from ..runtime.reference import reference  # noqa: E402
+
+#: rows per program of the reference run (any size a tile function takes: it masks its rows)
+REFERENCE_BM = 16
+
+
+def reference_source(op, bp) -> str:
+    """A module with one kernel that applies a map's tile function to every row block of
+    one rank's tensors, with no communication and no waits: the map's meaning, since the
+    tile function is its only definition."""
+    from ..runtime.user_code import where
+
+    fn, decl, bound = tile_call(op, bp)
+    module, name, path = where(fn)
+    params, args = [], []
+    for param, (kind, value) in bound.items():
+        if kind == "tensor" or param == "out":
+            params.append(f"{param}_ptr")
+            args.append(f"{param}_ptr")
+        elif param == "row0":
+            args.append("pid * BM")
+        elif param == "rows":
+            args.append("ROWS")
+        elif param == "BM":
+            args.append("BM=BM")
+        else:
+            args.append(f"{param}={value!r}")
+    return "\n".join([
+        f'"""The reference of map({name}, ...): the tile function on every row block."""',
+        "import triton", "import triton.language as tl", "",
+        "from tilelink.runtime.user_code import tile_function", "",
+        f"{name} = tile_function({module!r}, {name!r}, {path!r})", "", "",
+        "@triton.jit",
+        f"def map_reference_kernel({', '.join(params)}, ROWS: tl.constexpr, BM: tl.constexpr):",
+        "    pid = tl.program_id(0)",
+        f"    {name}({', '.join(args)})", ""])
+
+
+def _run_reference(op, bp, per_rank: list[list[torch.Tensor]], dtype) -> list[torch.Tensor]:
+    """The map of every rank's operands: on their GPU, or on the CPU in a forked process
+    running Triton's interpreter (the interpreter's patches must not leak into this one)."""
+    from ..codegen.compile import load_module
+
+    source = reference_source(op, bp)
+    rows = per_rank[0][0].shape[0]
+    grid = (-(-rows // REFERENCE_BM),)
+    outs = [torch.empty_like(args[0], dtype=dtype) for args in per_rank]
+    if per_rank[0][0].is_cuda:
+        kernel = load_module(source, name="tilelink_map_reference").map_reference_kernel
+        for args, out in zip(per_rank, outs):
+            kernel[grid](*[a.contiguous() for a in args], out, ROWS=rows, BM=REFERENCE_BM)
+        return outs
+    return _in_interpreter(source, per_rank, outs, grid, rows)
+
+
+def _in_interpreter(source, per_rank, outs, grid, rows):
+    import multiprocessing as mp
+
+    shared = [[a.contiguous().clone().share_memory_() for a in args] for args in per_rank]
+    for o in outs:
+        o.share_memory_()
+    ctx = mp.get_context("fork")
+    errq = ctx.Queue()
+    proc = ctx.Process(target=_interpreter_child,
+                       args=(source, shared, outs, grid, rows, errq), daemon=True)
+    proc.start()
+    proc.join(600)
+    if proc.is_alive():
+        proc.kill()
+        raise TimeoutError("the map reference did not finish in 600 s")
+    err = errq.get() if not errq.empty() else "no result"
+    if err is not None:
+        from ..errors import TileLinkError
+
+        raise TileLinkError(f"the tile function failed in its reference run:\n{err}")
+    return outs
+
+
+def _interpreter_child(source, per_rank, outs, grid, rows, errq):
+    import traceback
+
+    try:
+        torch.set_num_threads(1)
+        from ..runtime.emulated import _purge_triton_modules
+
+        _purge_triton_modules()
+        from ..codegen.compile import load_module
+
+        kernel = load_module(source, name="tilelink_map_reference").map_reference_kernel
+        for args, out in zip(per_rank, outs):
+            kernel[grid](*args, out, ROWS=rows, BM=REFERENCE_BM)
+        errq.put(None)
+    except BaseException:
+        errq.put(traceback.format_exc())
+
+
+@reference("map")
+def ref(op, ctx, args):
+    per_rank = [list(xs) for xs in zip(*args)]
+    return _run_reference(op, ctx.bp, per_rank, ctx.dtype)
+
+
+@dist_reference("map")
+def dist_ref(op, ctx, args):
+    return _run_reference(op, ctx.bp, [list(args)], ctx.dtype)[0]

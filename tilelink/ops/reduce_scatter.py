@@ -43,17 +43,665 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
     return TileGrid(op.result, axes, (read,), (write,), rank_of=("chunk", "segment"))
 
 
-@reference("reduce_scatter")
-def ref(op, attrs, args, dtype, world):
-    total = sum(x.float() for x in args[0]).to(dtype)
-    return list(torch.chunk(total, world, dim=attrs["dim"]))
+def rank_sum(xs: list, dtype, exact: bool):
+    """The ranks' tensors summed: in fp32 and rounded once (exact), or in `dtype` one rank
+    after another (as a ring reduction rounds each partial sum)."""
+    if exact:
+        return sum(x.float() for x in xs).to(dtype)
+    total = xs[0].to(dtype)
+    for x in xs[1:]:
+        total = (total + x.to(dtype)).to(dtype)
+    return total
 
+
+@reference("reduce_scatter")
+def ref(op, ctx, args):
+    return list(torch.chunk(rank_sum(args[0], ctx.dtype, ctx.exact), ctx.world, dim=ctx.attrs["dim"]))
 
 @dist_reference("reduce_scatter")
-def dist_ref(op, attrs, args, dtype, group, world, exact):
+def dist_ref(op, ctx, args):
     import torch.distributed as dist
 
-    x = (args[0].float() if exact else args[0]).movedim(attrs["dim"], 0).contiguous()
-    part = torch.empty((x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_tensor(part, x, group=group)
-    return part.movedim(0, attrs["dim"]).to(dtype).contiguous()
+    x = (args[0].float() if ctx.exact else args[0]).movedim(ctx.attrs["dim"], 0).contiguous()
+    part = torch.empty((x.shape[0] // ctx.world, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(part, x, group=ctx.group)
+    return part.movedim(0, ctx.attrs["dim"]).to(ctx.dtype).contiguous()
+
+# ---- lowerings ----------------------------------------------------------------------------
+
+from ..codegen.module import TL_DTYPES, ident, indent  # noqa: E402
+from ..codegen.protocol import wait_released  # noqa: E402
+from ..codegen.waits import render_waits, slot_expr  # noqa: E402
+from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
+from ..codegen.tiles import first  # noqa: E402
+
+
+def _loc(loc) -> str:
+    return f"{loc.file}:{loc.line}" if loc else "?"
+
+
+def reduce_dep(plan, op):
+    """The plan dependency of the reduction's chunks on the partials' producer tiles."""
+    return next((d for d in plan.deps if d.consumer.op == op.result), None)
+
+
+def tiles_per_chunk(dep, src_rank: int = 0) -> list[int]:
+    """Per reduction chunk (global index: owner rank * CHUNKS + chunk), how many of ONE rank's
+    producer tiles write into it, from the plan's derived mapping. Every rank computes the
+    same tile grid, so the count is the same on every rank; the copy engine waits for a
+    chunk's counter to reach epoch * this (each tile adds 1 per call)."""
+    prod, cons = dep.producer, dep.consumer
+    counts = []
+    for i in range(cons.shape[0]):
+        tiles = set()
+        for q in range(cons.shape[1] if len(cons.shape) > 1 else 1):
+            idx = (i, q) if len(cons.shape) > 1 else (i,)
+            for slot in dep.wait_set(idx):
+                pidx = prod.unlinear(slot)
+                if prod.rank(pidx) == src_rank:
+                    tiles.add(pidx)
+        counts.append(len(tiles))
+    return counts
+
+
+class _Scatter(Lowering):
+    """What every reduce_scatter lowering shares: the partials are per-rank tiles of a compute
+    op (a GEMM), taken in its epilogue; the owner of each `dim` segment sums the partials it
+    receives into its slice of the result."""
+
+    kind = "reduce_scatter"
+    takes_epilogue = True
+    knobs = ("comm", "comm_programs", "comm_block_m", "comm_block_n", "reduce_after")
+
+    def result_home(self, site):
+        return None  # the owner's reduction writes it: the output, or a scratch buffer
+
+    def _dim(self, site) -> int:
+        return site.attrs["dim"] % len(site.result.shape)
+
+    def reasons(self, site) -> list[str]:
+        bad = []
+        if len(site.result.shape) != 2:
+            bad.append(f"{site.op.args[0]} has {len(site.result.shape)} dims; the reduction "
+                       "sums 2-D tiles")
+        if site.producer is None or site.producer.kind != "gemm":
+            src = site.op.args[0]
+            bad.append(f"its partials are taken from a GEMM's tile epilogue; {src} is "
+                       + (f"a pattern input" if site.producer is None else
+                          f"computed by {site.producer.kind}") + " (compute it with gemm)")
+        if site.config.comm_block_m * site.config.comm_block_n > 16384:
+            # the reduce role holds a comm_block_m x comm_block_n fp32 tile in registers
+            bad.append(f"comm_block_m x comm_block_n = "
+                       f"{site.config.comm_block_m * site.config.comm_block_n} exceeds 16384: the "
+                       "reduce tile (fp32, in registers) would spill (measured 1.2-4x slower)")
+        return bad
+
+    def steps(self, site) -> list[Step]:
+        return [Step("reduce", site.op, self, self.reduce_what(site),
+                     own_kernel=bool(site.config.reduce_after))]
+
+    def tune_axes(self, site) -> list[dict]:
+        """On GPUs the reduction inside the GEMM's kernel or as a second kernel after it; and
+        flatten=1 (the GEMM's K loop software-pipelined across tiles: measured faster for
+        the GEMM feeding a reduction on cuda, docs/perf.md). The emulated world: in-kernel."""
+        if site.target.backend == "interp":
+            return [{"reduce_after": 0}]
+        flat = {"flatten": 1} if site.target.backend == "cuda" else {}
+        return [{"reduce_after": 0} | flat, {"reduce_after": 1} | flat]
+
+    def _seg(self, site) -> int:
+        """Rows (along `dim`) of the slice this rank sums: its 1/W share."""
+        m, n = site.tensor(site.op.args[0]).shape
+        return (m, n)[self._dim(site)] // site.bp.world
+
+    def _origin(self, site) -> str:
+        """The first row (along `dim`) of this rank's slice, as a kernel expression."""
+        return f"me * {ident(site.op.result)}_SEG"
+
+    def declare_common(self, mb, site) -> None:
+        out, part = site.op.result, site.op.args[0]
+        p = ident(out)
+        d = self._dim(site)
+        grid = mb.plan.grids[out]
+        chunk, col = grid.axes
+        m, n = mb.bp.tensors[part].shape
+        mb.const(f"{p}_SEG", self._seg(site), f"{site.op.kind} {out} = {site.op.kind}({part}): "
+                 f"this rank sums seg rows of dim {d}, in chunks of CB, times column chunks "
+                 "of CN")
+        mb.const(f"{p}_M", m)
+        mb.const(f"{p}_N", n)
+        mb.const(f"{p}_CB", site.config.comm_block_m)  # a power of two (tl.arange); masked
+        mb.const(f"{p}_CHUNKS", chunk.tiling.per_segment)
+        # a Triton range is a power of two: a dim below the chunk width is one column chunk,
+        # masked in the kernel
+        mb.const(f"{p}_CN", 1 << (col.tiling.tile - 1).bit_length())
+        mb.const(f"{p}_NCOL", col.tiling.count)
+        if site.config.reduce_after:
+            mb.notes.append(f"reduce_after=1: {out}'s reduction runs as a second kernel on "
+                            "every SM, launched right after the GEMM kernel (which never waits "
+                            "on it)")
+
+    def _consts(self, kb, site) -> str:
+        p = ident(site.op.result)
+        for c in ("SEG", "M", "N", "CB", "CHUNKS", "CN", "NCOL"):
+            kb.const(f"{p}_{c}")
+        return p
+
+    def rows_first(self, kb, site) -> str | None:
+        """The GEMM computes the next rank's rows first: their partials are shipped first."""
+        if self._dim(site) != 0:
+            return None
+        return f"((me + 1) % WORLD) * {ident(site.op.result)}_SEG"
+
+    def prologue(self, kb, site) -> list[str]:
+        """Before the GEMM's first tile: every rank must have reduced what this rank sent two
+        calls ago (write-after-read on the stage buffers)."""
+        return ["for d in range(WORLD):",
+                "    # write-after-read: rank d must have reduced what we sent two calls ago "
+                "(d says", "    # so in our own ctl[4 + d]: a wait on local memory)"] + \
+            ["    " + x for x in wait_released("d")]
+
+    def _reduce_body(self, step, kb, site, waits: list[str], own_from=None) -> list[str]:
+        """The sum of every rank's partial of one chunk of this rank's slice (2-D)."""
+        p = self._consts(kb, site)
+        d = self._dim(site)
+        out = site.op.result
+        stage = kb.view(f"{out}_stage").base
+        dst = kb.view(out).base
+        dt = TL_DTYPES[site.result.dtype]
+        origin = self._origin(site)
+        if d == 0:
+            lines = [
+                "    row_lo = {o} + j * {p}_CB",
+                "    row_hi = tl.minimum(row_lo + {p}_CB, {o} + {p}_SEG)",
+                "    col_lo = q * {p}_CN",
+                "    col_hi = tl.minimum(col_lo + {p}_CN, {p}_N)"]
+            sa, sb, ext = f"{p}_N", "1", f"{p}_N"
+        else:
+            lines = [
+                "    col_lo = {o} + j * {p}_CB",
+                "    col_hi = tl.minimum(col_lo + {p}_CB, {o} + {p}_SEG)",
+                "    row_lo = q * {p}_CN",
+                "    row_hi = tl.minimum(row_lo + {p}_CN, {p}_M)"]
+            sa, sb, ext = "1", f"{p}_SEG", f"{p}_M"
+        lines = [x.format(p=p, o=origin) for x in lines]
+        slab = f"{p}_SEG * {p}_N" if d == 0 else f"{p}_M * {p}_SEG"
+        body = [
+            f"for item in range({first(step)}, {p}_CHUNKS * {p}_NCOL, {step.count}):",
+            f"    j = item // {p}_NCOL",
+            f"    q = item % {p}_NCOL",
+        ] + lines + ["    tok = epoch * 0"] + ["    " + x for x in waits] + [
+            f"    la = tld.consume_token(j * {p}_CB, tok) + tl.arange(0, {p}_CB)  # in the slice",
+            f"    lb = q * {p}_CN + tl.arange(0, {p}_CN)",
+            f"    mask = (la[:, None] < tl.minimum((j + 1) * {p}_CB, {p}_SEG)) & "
+            f"(lb[None, :] < {ext})",
+            f"    at = la[:, None] * {sa} + lb[None, :] * {sb}",
+            f"    total = tl.zeros(({p}_CB, {p}_CN), dtype=tl.float32)",
+            "    for s in range(WORLD):",
+            f"        part_ptr = {stage} + s * ({slab}) + at"]
+        if own_from is not None:
+            body += ["        if s == me:  # own partial: where this rank's GEMM kernel (just "
+                     "before) put it", f"            part_ptr = {own_from}"]
+        body += ["        part = tl.load(part_ptr, mask=mask, other=0.0)",
+                 "        total += part.to(tl.float32)",
+                 f"    tl.store({dst} + at, total.to({dt}), mask=mask)"]
+        return body
+
+
+class ReduceScatterSM(_Scatter):
+    """reduce_scatter on SMs (`comm=sm`): each GEMM tile, in its epilogue, stores its rows
+    into the stage buffer of the rank owning them and notifies that rank's slot for the
+    tile; the owner's reduce role (in the GEMM's kernel after its tiles, or with
+    reduce_after=1 a second kernel) waits for every rank's tiles of a chunk and sums them."""
+
+    resource = "sm"
+    name = "reduce_scatter/sm"
+
+    def reduce_what(self, site) -> str:
+        return "wait for every rank's tiles of a chunk of own rows, sum them"
+
+    def declare(self, mb, site) -> None:
+        self.declare_common(mb, site)
+        out, part = site.op.result, site.op.args[0]
+        dep = reduce_dep(mb.plan, site.op)
+        w = mb.bp.world
+        m, n = mb.bp.tensors[part].shape
+        d = self._dim(site)
+        slab = (m // w, n) if d == 0 else (m, n // w)
+        mb.heap_tensor(f"{out}_stage", (w,) + slab, site.result.dtype, 2, peer_written=True)
+        mb.signal(dep.signal, mb.plan.grids[part].size)
+
+    def epilogue(self, kb, site, tile) -> list[str]:
+        mb = kb.mb
+        p = self._consts(kb, site)
+        out = site.op.result
+        dep = reduce_dep(mb.plan, site.op)
+        stage = kb.view(f"{out}_stage").base
+        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
+        slot = slot_expr(dep.producer, tile.grid)
+        if self._dim(site) == 0:
+            return [
+                "# push the tile to the rank(s) owning its rows (their stage slab of this rank)",
+                f"for d in range({tile.row_lo} // {p}_SEG, ({tile.row_hi} - 1) // {p}_SEG + 1):",
+                f"    local = {tile.rows} - d * {p}_SEG",
+                f"    mask = (local[:, None] >= 0) & (local[:, None] < {p}_SEG) & "
+                f"({tile.cols}[None, :] < {p}_N)",
+                f"    remote = tld.symm_at({stage} + me * ({p}_SEG * {p}_N), d, me, heap_bases)",
+                f"    tl.store(remote + local[:, None] * {p}_N + {tile.cols}[None, :], "
+                f"{tile.values}, mask=mask)",
+                "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, "
+                                       "heap_bases)")]
+        return [
+            "# push the tile to the rank(s) owning its columns (their stage slab of this rank)",
+            f"for d in range({tile.col_lo} // {p}_SEG, ({tile.col_hi} - 1) // {p}_SEG + 1):",
+            f"    local = {tile.cols} - d * {p}_SEG",
+            f"    mask = ({tile.rows}[:, None] < {p}_M) & (local[None, :] >= 0) & "
+            f"(local[None, :] < {p}_SEG)",
+            f"    remote = tld.symm_at({stage} + me * ({p}_M * {p}_SEG), d, me, heap_bases)",
+            f"    tl.store(remote + {tile.rows}[:, None] * {p}_SEG + local[None, :], "
+            f"{tile.values}, mask=mask)",
+            "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
+
+    def render_step(self, step, kb) -> list[str]:
+        mb = kb.mb
+        site = mb.site_of(step.op.result)
+        dep = reduce_dep(mb.plan, step.op)
+        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
+        cop = site.producer
+        words = (f"reduce chunk of {step.op.result} waits for a partial tile of {dep.tensor} "
+                 f"(gemm at {_loc(cop.loc)}, reduce_scatter at {_loc(step.op.loc)})")
+        sid = mb.site_for(("reduce", step.op.result), words, dep, (kb.index, step.name))
+        names = {"chunk": ("row_lo", "row_hi") if self._dim(site) == 0 else ("col_lo", "col_hi"),
+                 "col": ("col_lo", "col_hi") if self._dim(site) == 0 else ("row_lo", "row_hi")}
+        waits = render_waits(dep, names, sig=sig, site=sid, indent=0).splitlines()
+        if step.own_kernel:
+            kb.warps = 8  # (one program per reduce item, 4 warps: within the noise)
+        return self._reduce_body(step, kb, site, waits)
+
+
+class ReduceScatterCopyEngine(_Scatter):
+    """reduce_scatter on the copy engine (`comm=copy_engine`, dim 0): each GEMM tile stores
+    its partial into this rank's send buffer and counts itself in every (owner, chunk)
+    counter its rows meet; on a side stream, per owner (next rank first), the copy engine
+    waits for the owner's release, then per chunk for its counter, copies the chunk into the
+    owner's stage buffer and writes the owner's `ready` slot. The owner's reduce role waits on
+    `ready` (slot = source rank * CHUNKS + chunk). reduce_after=1: the reduction is a second
+    kernel and reads this rank's own partial in place (no copy); fuse_reduce=1: no second
+    kernel: this rank's own tiles come last and add the peers' partials in their epilogue."""
+
+    resource = "copy_engine"
+    name = "reduce_scatter/copy_engine"
+    knobs = _Scatter.knobs + ("fuse_reduce",)
+
+    def reduce_what(self, site) -> str:
+        own = "every other rank's" if site.config.reduce_after else "every rank's"
+        return (f"wait for {own} copy of a chunk of own rows (signalled by the copy engines), "
+                "sum them")
+
+    def reasons(self, site) -> list[str]:
+        bad = super().reasons(site)
+        if self._dim(site) != 0:
+            bad.append("the copy engine ships contiguous row chunks: dim 0 only (use comm=sm)")
+        cfg = site.config
+        if cfg.fuse_reduce:
+            if not (cfg.reduce_after and cfg.order == "own_first"):
+                bad.append("fuse_reduce=1 needs reduce_after=1 and order=own_first (this rank's "
+                           "rows are computed last, once the peers' partials of them arrived)")
+            if site.target.backend == "interp":
+                bad.append("fuse_reduce=1 needs every program of the kernel resident at once: "
+                           "an own tile's epilogue waits (through the peers' copy engines) for "
+                           "the peers' other tiles, which every program computes first. The "
+                           "emulated world runs a rank's programs one after another, so it "
+                           "would deadlock there; it runs on GPUs")
+            bad += fused_reduce_problems(site)
+        return bad
+
+    def steps(self, site) -> list[Step]:
+        if site.config.fuse_reduce:
+            return []
+        return super().steps(site)
+
+    def tune_axes(self, site) -> list[dict]:
+        """... and, with the copy engine, the sum fused into the own tiles' epilogue (GPUs)."""
+        axes = [a | {"fuse_reduce": 0} for a in super().tune_axes(site)]
+        if site.target.backend != "interp":
+            axes.append(axes[-1] | {"fuse_reduce": 1})
+        return axes
+
+    def defaults(self, site) -> dict:
+        """The GEMM on every SM stores its tiles locally, the copy engine ships each finished
+        chunk of rows to its owner, a second kernel sums right after the GEMM. Measured on 2x
+        H200 (docs/perf.md) against SM pushes from the GEMM's epilogue (which stall it):
+        8192^3 0.83 vs 0.99 ms, K = 28672 2.54 vs 2.75. Chunks of 512 rows (the reduce tile
+        then 512 x 32, the same registers as 128 x 128): every chunk is a copy behind a stream
+        wait, and 128-row chunks moved the partials slower than the GEMM made them at W = 4
+        (4x H200, 8192^3: 1.07-1.25 ms against 0.54 with 512 rows, 0.76 with 256; M = 2048:
+        0.50 against 0.37); at W = 2 0.78 against 0.90, ties elsewhere. The sum runs in the
+        own tiles' epilogue (fuse_reduce) where K per rank is short (FUSE_REDUCE_MAX_K)."""
+        rows = site.result.local_shape[0]  # M / W: the rows each rank owns
+        chunk = min(512, max(16, 1 << max(0, rows.bit_length() - 1)))
+        out = {"flatten": "1", "reduce_after": "1", "comm_block_m": str(chunk),
+               "comm_block_n": str(min(128, 16384 // chunk))}
+        from dataclasses import replace
+
+        fused = replace(site, config=site.config.with_values(out | {"fuse_reduce": "1"}))
+        k = site.tensor(site.op.args[0]).local_shape[1] if site.producer is None else \
+            site.bp.tensors[site.producer.args[0]].local_shape[1]
+        if not fused_reduce_problems(fused) and k <= FUSE_REDUCE_MAX_K:
+            out["fuse_reduce"] = "1"
+        return out
+
+    def overlap_min_flops(self, site) -> float:
+        return OVERLAP_MIN_FLOPS
+
+    def fuses_own_rows(self, site) -> bool:
+        return bool(site.config.fuse_reduce)
+
+    def own_rows(self, kb, site) -> str:
+        return f"{ident(site.op.result)}_SEG"
+
+    def declare(self, mb, site) -> None:
+        self.declare_common(mb, site)
+        out, part = site.op.result, site.op.args[0]
+        p = ident(out)
+        dep = reduce_dep(mb.plan, site.op)
+        w = mb.bp.world
+        m, n = mb.bp.tensors[part].shape
+        nchunks = mb.plan.grids[out].axes[0].tiling.count  # W * CHUNKS
+        own_in_place = int(bool(site.config.reduce_after))
+        mb.heap_tensor(f"{out}_stage", (w, m // w, n), site.result.dtype, 2, peer_written=True)
+        # this rank's partial product of the call, rows in global order
+        mb.heap_tensor(f"{out}_send", (m, n), site.result.dtype, 2)
+        mb.signal(f"{out}_ready", nchunks)
+        mb.signal(f"{out}_count", nchunks, "count")
+        mb.const(f"{p}_TILES_PER_CHUNK", tiles_per_chunk(self._count_dep(mb, site, dep)),
+                 "per row chunk (owner * CHUNKS + chunk), the pieces of this rank's GEMM tiles "
+                 "writing it: each adds 1 to the chunk's counter per call")
+        mb.const(f"{p}_OWN_IN_PLACE", own_in_place)
+        mb.init_lines += [
+            f"    count = symmetric[{out + '_count'!r}]",
+            f"    for i, tiles in enumerate({p}_TILES_PER_CHUNK):",
+            "        count[i] = _i32(before * tiles)  # as if `before` calls had counted "
+            "their tiles"]
+        mb.copy_engine = mb.gates = True
+        sid = mb.site_for(("rs ready", out), f"reduce chunk of {out} waits for the copy engine of "
+                          f"a rank to deliver its partial chunk of {part} (slot = source rank * "
+                          f"{p}_CHUNKS + chunk; the copy engine first waits for that rank's gemm "
+                          f"tiles of the chunk; gemm at {_loc(site.producer.loc)}, "
+                          f"reduce_scatter at {_loc(site.op.loc)})")
+        if site.config.fuse_reduce:
+            mb.sites[sid] = mb.sites[sid].replace(
+                f"reduce chunk of {out} waits", f"own tile of {out} (its GEMM done, adding "
+                "the peers' partials in the epilogue) waits")
+        mb.describe_lines += [
+            f"    if site == {sid} and 0 <= slot < WORLD * {p}_CHUNKS:",
+            f"        src, j = divmod(slot, {p}_CHUNKS)",
+            f"        return (f\"{out}_ready[{{slot}}] = chunk {{j}} of this rank's rows, copied "
+            f"by the copy engine of \"",
+            "                f\"rank {src} (which first waits for its counter of the chunk: every "
+            "gemm tile \"",
+            "                f\"of rank {src} that writes those rows)\")"]
+        mb.ce_lines += [
+            f"    # reduce_scatter {out}: this rank's staged partial of each owner's rows, chunk",
+            "    # by chunk once its tiles are counted, into the owner's stage buffer",
+            f"    send = tensors[{out + '_send'!r}]",
+            "    buf = epoch & 1",
+            "    first = (rank + 1) % WORLD if OWN_FIRST else 0",
+            "    for step in range(WORLD):",
+            "        dst = (first + step) % WORLD",
+            f"        if dst == rank and {p}_OWN_IN_PLACE:",
+            "            continue  # the reduction reads this rank's own rows from `send` itself",
+            "        # dst released stage buffer `buf`: this rank's kernel saw it and opened "
+            "the gate",
+            '        ops.append(("wait", rank, "ctl", 4 + WORLD + dst, _i32(epoch)))',
+            f"        for j in range({p}_CHUNKS):",
+            f"            chunk = dst * {p}_CHUNKS + j",
+            f"            lo = dst * {p}_SEG + j * {p}_CB",
+            f"            hi = min(lo + {p}_CB, (dst + 1) * {p}_SEG)",
+            f"            ops.append((\"wait\", rank, {out + '_count'!r}, chunk, "
+            f"_i32(epoch * {p}_TILES_PER_CHUNK[chunk])))",
+            f"            # rows lo:hi of send[buf] -> slot `rank` of dst's stage buffer `buf`",
+            f"            ops.append((\"copy\", send, (buf * {p}_M + lo) * {p}_N, (hi - lo) * "
+            f"{p}_N, dst, {out + '_stage'!r},",
+            f"                        ((buf * WORLD + rank) * {p}_SEG + j * {p}_CB) * {p}_N))",
+            mb.ce_data_signal(f"            ops.append((\"signal\", dst, {out + '_ready'!r}, "
+                              f"rank * {p}_CHUNKS + j, epoch))")]
+        if site.config.fuse_reduce:
+            mb.notes.append("fuse_reduce=1: no reduce kernel and no own-chunk copy; the own "
+                            "tiles' epilogue sums. It needs every program resident at once "
+                            "(the persistent grid is <= the SMs)")
+
+    def _count_dep(self, mb, site, dep):
+        """The dependency the counts come from: the plan's, or where the producer hands its
+        tiles on in smaller pieces (gemm=ws: halves), the same mapping at those rows."""
+        from ..plan import TileSizes, build_plan
+
+        lw = mb.lowering(site.producer.result)
+        rows = lw.count_rows(mb.site_of(site.producer.result)) if hasattr(lw, "count_rows") \
+            else site.config.block_m
+        if rows == site.config.block_m:
+            return dep
+        cfg = site.config
+        plan = build_plan(site.bp, TileSizes(rows, cfg.block_n, cfg.comm_block_m,
+                                             cfg.comm_block_n))
+        return reduce_dep(plan, site.op)
+
+    def _ready_waits(self, kb, site, skip_own: bool, chunks: str | None, comment: str,
+                     role: str) -> list[str]:
+        p = ident(site.op.result)
+        out = site.op.result
+        ready = kb.param(f"{out}_ready_ptr", "*i32", f"sym[{out + '_ready'!r}]")
+        sid = kb.mb.site_for(("rs ready", out), "")
+        kb.mb.site_roles[sid] = (kb.index, role)
+        lines = [f"# {comment}", "for s in range(WORLD):"]
+        pad = "    "
+        if skip_own:
+            lines.append(pad + "if s != me:")
+            pad += "    "
+        if chunks:
+            lines.append(pad + f"for j in {chunks}:")
+            pad += "    "
+        lines += [pad + f"w_slot = s * {p}_CHUNKS + j",
+                  pad + f"tok = tld.wait({ready} + w_slot, epoch, spin_limit, abort_ptr, diag_ptr, "
+                  f"{sid}, w_slot, me)"]
+        return lines
+
+    def epilogue(self, kb, site, tile) -> list[str]:
+        p = self._consts(kb, site)
+        out = site.op.result
+        send = kb.view(f"{out}_send").base
+        count = kb.param(f"{out}_count_ptr", "*i32", f"sym[{out + '_count'!r}]")
+        chunk = kb.mb.plan.grids[out].axes[0].tiling
+        return [
+            f"mask = ({tile.rows}[:, None] < {p}_M) & ({tile.cols}[None, :] < {p}_N)",
+            f"tl.store({send} + {tile.rows}[:, None] * {p}_N + {tile.cols}[None, :], "
+            f"{tile.values}, mask=mask)",
+            "# count the tile in every chunk its rows meet (chunk = owner rank * CHUNKS + chunk",
+            "# of its rows; a tile may straddle chunks and ranks): the copy engine waits for the",
+            "# count, then copies the chunk to its owner",
+            f"for i in range({chunk.closed_form(tile.row_lo)}, "
+            f"{chunk.closed_form(tile.row_hi + ' - 1')} + 1):",
+            f"    tld.notify_add({count} + i, 1)"]
+
+    def fused_epilogue(self, kb, site, tile) -> list[str]:
+        p = self._consts(kb, site)
+        out = site.op.result
+        stage = kb.view(f"{out}_stage").base
+        dst = kb.view(out).base
+        dt = TL_DTYPES[site.result.dtype]
+        lines = ["tok = epoch * 0"]
+        lines += self._ready_waits(
+            kb, site, True,
+            f"range(({tile.row_lo} - me * {p}_SEG) // {p}_CB, tl.minimum(({tile.row_lo} + BM - 1 "
+            f"- me * {p}_SEG) // {p}_CB, {p}_CHUNKS - 1) + 1)",
+            "waits: every other rank's copy engine delivered its partial of the chunks this "
+            "tile's rows meet (slot = source rank * CHUNKS + chunk)", "compute")
+        lines += [
+            f"local = tld.consume_token({tile.row_lo} - me * {p}_SEG, tok) + tl.arange(0, BM)",
+            f"offs_n = col_lo + tl.arange(0, BN)",
+            f"mask = (local[:, None] < {p}_SEG) & (offs_n[None, :] < {p}_N)",
+            "for s in range(WORLD):",
+            "    if s != me:",
+            f"        part = tl.load({stage} + s * ({p}_SEG * {p}_N) + local[:, None] * {p}_N",
+            "                       + offs_n[None, :], mask=mask, other=0.0)",
+            "        acc += part.to(tl.float32)",
+            f"tl.store({dst} + local[:, None] * {p}_N + offs_n[None, :], acc.to({dt}), "
+            "mask=mask)"]
+        return lines
+
+    def render_step(self, step, kb) -> list[str]:
+        mb = kb.mb
+        site = mb.site_of(step.op.result)
+        out = step.op.result
+        own = bool(site.config.reduce_after)
+        waits = self._ready_waits(
+            kb, site, own, None, ("waits: every other rank's" if own else "waits: every rank's")
+            + " copy engine delivered its partial of chunk j (one slot per source rank and "
+            "chunk)", step.name)
+        p = ident(out)
+        own_from = None
+        if own:
+            send = kb.view(f"{out}_send").base
+            own_from = f"{send} + (me * {p}_SEG + la[:, None]) * {p}_N + lb[None, :]"
+        if step.own_kernel:
+            kb.warps = 8  # (one program per reduce item, 4 warps: within the noise)
+        return self._reduce_body(step, kb, site, waits, own_from)
+
+
+    # ---- gemm=ws: the Gluon consumers' fragments (the GEMM places them per half) ----------
+
+    def ws_args(self, kb, site, fused) -> tuple[list[str], list[str], list[str]]:
+        """(the consumer's extra arguments, its parameters for them, kernel lines making
+        them)."""
+        p = self._consts(kb, site)
+        out = site.op.result
+        send = kb.view(f"{out}_send").base
+        count = kb.param(f"{out}_count_ptr", "*i32", f"sym[{out + '_count'!r}]")
+        ready = kb.param(f"{out}_ready_ptr", "*i32", f"sym[{out + '_ready'!r}]")
+        if fused:
+            stage = kb.view(f"{out}_stage").base
+            dst = kb.view(out).base
+            extra = [
+                "# the partials of this rank's rows, one SEG-row block per source rank; this",
+                "# rank's output rows",
+                f"stage_desc = tma.make_tensor_descriptor({stage}, [WORLD * {p}_SEG, {p}_N], "
+                f"[{p}_N, 1], [BM // 2, BN], C_LAYOUT)",
+                f"out_desc = tma.make_tensor_descriptor({dst}, [{p}_SEG, {p}_N], [{p}_N, 1], "
+                "[BM // 2, BN], C_LAYOUT)"]
+        else:
+            extra = ["stage_desc = a_desc  # (unused without the fused reduce: a kernel sums)",
+                     "out_desc = a_desc"]
+        names = [send, count, "out_desc", "stage_desc", ready, "abort_ptr", "diag_ptr", "me",
+                 "spin_limit", "WORLD", f"{p}_SEG", f"{p}_CHUNKS", f"{p}_CB"]
+        typed = [f"{x}: gl.constexpr" if x.isupper() or x == "WORLD" else x for x in names]
+        return names, typed, extra
+
+    def ws_epilogue(self, kb, site, fused) -> tuple[list[str], list[str], list[str]]:
+        """(a half's epilogue in the main loop, the fused loop over this rank's own rows,
+        the lines after both): stage the half in the send buffer and count it per chunk; with
+        the fused reduce, add every peer's partial of an own half and store the sum."""
+        p = self._consts(kb, site)
+        out = site.op.result
+        send = kb.view(f"{out}_send").base
+        count = f"{out}_count_ptr"
+        chunk = kb.mb.plan.grids[out].axes[0].tiling
+        body = [
+            "# ---- stage the half in the send buffer, count it per chunk ----",
+            "row_lo = pid_m * BM + HALF * HM",
+            "row_hi = min(row_lo + HM, M)",
+            "tma.store_wait(pendings=0)  # an own tile's output store has left c_smem",
+            "c_smem.store(acc.to(c_smem.dtype))",
+            "vals = c_smem.load(rows_layout)",
+            "offs_m = row_lo + gl.arange(0, HM, layout=gl.SliceLayout(1, rows_layout))",
+            "offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, rows_layout))",
+            "mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)",
+            f"gl.store({send} + offs_m[:, None] * N + offs_n[None, :], vals, mask=mask)",
+            "# count the half in every chunk its rows meet (the copy engine waits for the",
+            "# count, then copies the chunk to its owner); notify_add: barrier, then a release",
+            "# atomic. A half past the last row (ragged M) has no rows and counts nowhere, as",
+            "# in the plan.",
+            "if row_lo < M:",
+            f"    for i in range({chunk.closed_form('row_lo')}, "
+            f"{chunk.closed_form('row_hi - 1')} + 1):",
+            f"        tld.notify_add({count} + i, 1)"]
+        fused_body = []
+        if fused:
+            waits = self._ready_waits(
+                kb, site, True,
+                f"range((row_lo - me * {p}_SEG) // {p}_CB, tl.minimum((row_lo + HM - 1 - me * "
+                f"{p}_SEG) // {p}_CB, {p}_CHUNKS - 1) + 1)",
+                "waits: every other rank's copy engine delivered its partial of the chunks "
+                "this half's rows meet (slot = source rank * CHUNKS + chunk)", "compute")
+            fused_body = [
+                "acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
+                "warps_per_cta=[4, 1],",
+                "                                                     instr_shape=[16, BN, 16])",
+                "phase = 0",
+                "for t in range(first_own, num_m * num_n, NUM_PROGRAMS):",
+                "    pid_m, pid_n = _tile(t, num_m, num_n, rot, GROUP_M)",
+                "    acc, it = _mma_tile(a_bufs, b_bufs, ready, empty, it, HALF, K, HM, BN, BK, "
+                "STAGES)",
+                "    # ---- this rank's own rows: add every peer's partial of the half, then "
+                "store ----",
+                "    row_lo = pid_m * BM + HALF * HM",
+                "    tok = epoch * 0"] + indent(waits) + [
+                "    # partials written by the peers' copy engines, read through the async "
+                "proxy (TMA)",
+                "    tld.fence_proxy_async(True)",
+                f"    local = tld.consume_token(row_lo - me * {p}_SEG, tok)",
+                "    tma.store_wait(pendings=0)  # the previous own tile's store has left c_smem",
+                "    for s in range(WORLD):",
+                "        if s != me:",
+                "            # every thread is done reading c_smem (the last partial) before the",
+                "            # TMA writes it again",
+                "            gl.thread_barrier()",
+                "            fence_async_shared()",
+                "            mbarrier.expect(pbar, stage_desc.block_type.nbytes)",
+                f"            tma.async_copy_global_to_shared(stage_desc, [s * {p}_SEG + local, "
+                "pid_n * BN],",
+                "                                            pbar, c_smem)",
+                "            mbarrier.wait(pbar, phase)",
+                "            phase ^= 1",
+                "            acc += c_smem.load(acc_layout).to(gl.float32)",
+                "    gl.thread_barrier()",
+                "    c_smem.store(acc.to(c_smem.dtype))",
+                "    fence_async_shared()",
+                "    tma.async_copy_shared_to_global(out_desc, [local, pid_n * BN], c_smem)"]
+        tail = ["tma.store_wait(pendings=0)"]
+        head = ["# rows of the half across the warps, 8 contiguous columns (16 bytes) per "
+                "thread: the", "# send buffer's stores coalesce (the accumulator's own layout "
+                "would not)",
+                "rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BN, BN // 8], "
+                "[4, 1], [1, 0])"]
+        return head + body, fused_body, tail
+
+
+#: GEMM-RS: the sum after the GEMM reads W partials and writes the result, (W + 1) / (W * K/W)
+#: of the GEMM's bytes per FLOP: it matters when the GEMM's K per rank is short. Fusing it
+#: into the own tiles' epilogue measured (2x H200, docs/perf.md) 0.78 vs 0.83 ms at K/W =
+#: 4096, a tie at K/W = 14336 with M = 2048, and 4% slower at K/W = 14336 with M = 8192.
+FUSE_REDUCE_MAX_K = 8192
+#: the same threshold as the copy-engine gather's (tilelink/ops/all_gather.py: measured on
+#: 2x H200 for both; below it NCCL + cuBLAS is as fast or faster)
+OVERLAP_MIN_FLOPS = 100e9
+
+
+def fused_reduce_problems(site) -> list[str]:
+    """Why fuse_reduce=1 cannot run on these sizes (empty: it can). The kernel puts this
+    rank's own output rows in whole tiles and whole tile groups at the end of the tile order
+    (a second loop): a tile or a group of tiles may not straddle two ranks' rows."""
+    cfg = site.config
+    rows = site.result.local_shape[0]  # M / W: this rank's output rows
+    if rows % cfg.block_m:
+        return [f"fuse_reduce=1 needs block_m to divide the rows per rank: M / W = {rows}, "
+                f"block_m = {cfg.block_m} (use a block_m / group_m that divide the rows per "
+                "rank, or fuse_reduce=0)"]
+    if (rows // cfg.block_m) % cfg.group_m:
+        return [f"fuse_reduce=1 needs group_m to divide the row blocks per rank "
+                f"({rows // cfg.block_m} of {cfg.block_m} rows); group_m = {cfg.group_m} "
+                "(group_m=1 always does)"]
+    return []
+
+
+register_lowering(ReduceScatterSM())
+register_lowering(ReduceScatterCopyEngine())

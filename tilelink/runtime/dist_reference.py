@@ -16,11 +16,11 @@ import torch
 
 from ..errors import NotSupportedError
 from ..ir import BoundPattern
-from .reference import TORCH_DTYPES
+from .reference import TORCH_DTYPES, RefContext
 
-# op kind -> fn(op, attrs, args, dtype, group, world, exact) -> this rank's result, where
-# args are this rank's operands; `exact`: fp32 arithmetic (the checking reference), else in
-# the pattern's dtype (the non-overlapped plan itself: cuBLAS, NCCL in bf16)
+# op kind -> fn(op, ctx, args) -> this rank's result, where args are this rank's operands
+# and ctx a RefContext with the process group (ctx.exact: fp32 arithmetic, the checking
+# reference; else in the pattern's dtype, the non-overlapped plan itself)
 DistReference = Callable[..., torch.Tensor]
 DIST_REFERENCES: dict[str, DistReference] = {}
 
@@ -63,6 +63,7 @@ def evaluate_local(bp: BoundPattern, inputs: dict[str, torch.Tensor], group=None
         fn = DIST_REFERENCES.get(op.kind)
         if fn is None:
             raise NotSupportedError(f"no GPU reference for op '{op.kind}' yet", op.loc)
-        vals[op.result] = fn(op, bp.op_attrs(op), [vals[a] for a in op.args],
-                             TORCH_DTYPES[bp.tensors[op.result].dtype], group, bp.world, exact)
+        ctx = RefContext(bp, bp.op_attrs(op), TORCH_DTYPES[bp.tensors[op.result].dtype],
+                         bp.world, exact, group)
+        vals[op.result] = fn(op, ctx, [vals[a] for a in op.args])
     return {name: vals[name] for name in bp.pattern.outputs}

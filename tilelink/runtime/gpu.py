@@ -27,7 +27,7 @@ from ..errors import ConfigError, HangError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, Pattern
 from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
 from ..schedule import Config, captured_overrides, get_target, make_schedule
-from .api import _drop_data_notifies, describe_wait
+from .api import describe_wait
 from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_ops import buffer_layout, check_copy_ops
 from .emulated import wrap_epoch
@@ -250,7 +250,7 @@ class TileLinkOp:
         self.output_names = tuple(module.OUTPUTS)
         self.copy_engine = self.config.comm == "copy_engine"
         # the abort word is ctl[1] of the symmetric heap: a rank whose wait gave up raises
-        # every rank's at the end of its launch (abort_everywhere in the templates)
+        # every rank's at the end of its launch (codegen/protocol.py: abort_everywhere)
         abort = heap.tensors["ctl"][1:2]
         diag = torch.zeros(DIAG_WORDS, dtype=torch.int32, device=self.device)
         engine = (CopyEngine(heap, flags=bool(getattr(module, "CAPTURABLE", 0)))
@@ -487,8 +487,7 @@ class TileLinkOp:
         for i in range(min(count, (len(diag) - DIAG_HEADER) // DIAG_FIELDS)):
             base = DIAG_HEADER + i * DIAG_FIELDS
             rec = dict(zip(keys, (int(x) for x in diag[base:base + DIAG_FIELDS])))
-            words.append(describe_wait(self.schedule, self.module.WAIT_SITES, rec,
-                                       getattr(self.module, "describe_slot", None)))
+            words.append(describe_wait(self.schedule, self.module, rec))
         self.rt.diag.zero_()
         self.rt.abort.zero_()
         shown = words[:SHOW_RECORDS]
@@ -714,14 +713,7 @@ def _build_op(bp: BoundPattern, s, target, group, backend: str, limit: int,
         if verbose:
             print(f"tilelink: {bp.name}: non-overlapped plan (comm=none)")
         return FallbackOp(bp, s, group)
-    source = render_triton(s)
-    if fault == "drop_notify":
-        source = _drop_data_notifies(source)
-        if source == render_triton(s):
-            raise ConfigError("fault drop_notify has nothing to drop in this kernel (the copy "
-                              "engine signals its data)", hint="use comm=sm")
-    elif fault:
-        raise ConfigError(f"unknown fault '{fault}'", hint="faults: drop_notify")
+    source = render_triton(s, fault=fault)  # (an unknown fault is a ConfigError)
     mod = load_module(source, name=f"tilelink_gpu_{bp.name}")
     if getattr(mod, "TMA", False):
         _set_triton_allocator()

@@ -1,13 +1,12 @@
 """Schedule: configs and their space, targets, roles and the program split."""
 
 from .config import COMM_RESOURCES, ORDERS, Config, ConfigSpace
-from .schedule import (KERNELS, Role, Schedule, captured_overrides, default_config, make_schedule,
+from .schedule import (Role, Schedule, captured_overrides, default_config, make_schedule,
                        program_order_violations, require_kernel)
 from .targets import TARGETS, Target, get_target
 
 __all__ = [
     "COMM_RESOURCES",
-    "KERNELS",
     "ORDERS",
     "TARGETS",
     "Config",

@@ -12,25 +12,20 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from ..errors import ConfigError, closest
 
-# "none": the non-overlapped plan (NCCL collective, then cuBLAS GEMM), for shapes where
-# overlap cannot pay; no kernel is generated for it
+# "none": the non-overlapped plan (the collectives, then the computation: NCCL + cuBLAS on
+# GPUs), for shapes where overlap cannot pay; no kernel is generated for it
 COMM_RESOURCES = ("sm", "copy_engine", "none")
-FALLBACK_SIGNATURES = ("all_gather>gemm", "gemm>reduce_scatter")
 ORDERS = ("own_first", "natural")
-# who computes the GEMM: "triton", TileLink's generated persistent kernel (tiles wait for their
-# chunks); "library", the vendor BLAS through torch.mm (cuBLAS / hipBLASLt), one call per source
-# rank's rows in arrival order, with TileLink's small kernels doing the waits and releases;
-# "ws", a warp-specialised Gluon kernel (Hopper): a loader warp waits for a tile's chunks and
-# runs TMA loads ahead while two consumer warpgroups only issue wgmma (cuBLAS's structure)
+# who computes a GEMM (the gemm op's lowerings): "triton", TileLink's generated persistent
+# kernel (tiles wait for their chunks); "library", the vendor BLAS through torch.mm (cuBLAS /
+# hipBLASLt), one call per source rank's rows in arrival order, with TileLink's small kernels
+# doing the waits and releases; "ws", a warp-specialised Gluon kernel (Hopper): a loader warp
+# waits for a tile's chunks and runs TMA loads ahead while two consumer warpgroups only issue
+# wgmma (cuBLAS's structure)
 GEMMS = ("triton", "library", "ws")
-# signatures with a library-GEMM plan
-LIBRARY_GEMM_SIGNATURES = ("all_gather>gemm",)
-# signatures with a warp-specialised (gemm=ws) kernel
-WS_GEMM_SIGNATURES = ("all_gather>gemm", "gemm>reduce_scatter")
-# shared memory a CTA may use on Hopper (227 KB), for gemm=ws's stages and epilogue buffers
-HOPPER_SMEM = 232448
-# signatures whose copy-engine protocol has the flag variant (capturable=1)
-CAPTURABLE_COPY_ENGINE_SIGNATURES = ("all_gather>gemm",)
+# knobs that turn a feature on: set to another value than Config's default while no lowering
+# of the pattern reads it, they are refused (they would change nothing)
+FEATURE_KNOBS = ("gemm", "reduce_after", "fuse_reduce", "capturable")
 
 
 @dataclass(frozen=True)
@@ -108,7 +103,8 @@ def _pow2(x: int) -> bool:
 
 @dataclass(frozen=True)
 class ConfigSpace:
-    """Allowed values of every knob, for one pattern on one target."""
+    """Allowed values of every knob, for one target; `reasons` checks a config against a
+    bound pattern, asking the lowerings the config selects for their own rules."""
 
     comm: tuple[str, ...] = COMM_RESOURCES
     comm_programs: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -128,12 +124,6 @@ class ConfigSpace:
     gemm: tuple[str, ...] = GEMMS
     capturable: tuple[int, ...] = (0, 1)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
-    supports_copy_engine: tuple[str, ...] = ("all_gather>gemm", "gemm>reduce_scatter")
-    # signatures whose kernel keeps an SM role next to the copy engine (GEMM-RS: the reduce
-    # role sums what the copy engine delivered), sized by comm_programs
-    copy_engine_keeps_sm_role: tuple[str, ...] = ("gemm>reduce_scatter",)
-    # patterns whose kernel takes role offsets (debug_reverse_roles)
-    supports_reverse_roles: tuple[str, ...] = ("gemm>reduce_scatter",)
     allow_debug: bool = False  # debug knobs that break GPU safety (emulated target only)
     # the target runs a rank's programs one after another (the Triton interpreter), so a
     # schedule must not need its programs resident at once
@@ -141,9 +131,10 @@ class ConfigSpace:
     # the target runs Gluon's Hopper warp specialisation (gemm=ws): cuda:90 with TileLink's
     # own signal primitives (not the NVSHMEM flavour, not the interpreter)
     warp_specialized: bool = False
+    target: object = None  # the Target the lowerings are asked about
 
-    def reasons(self, cfg: Config, signature: str) -> list[str]:
-        """Why `cfg` is invalid for a pattern with op signature `signature` (empty: valid)."""
+    def reasons(self, cfg: Config, bp) -> list[str]:
+        """Why `cfg` is invalid for the bound pattern `bp` (empty: valid)."""
         bad = []
         for f in fields(cfg):
             allowed = getattr(self, f.name, None)
@@ -156,107 +147,91 @@ class ConfigSpace:
         if not 1 <= cfg.num_programs <= self.max_programs:
             bad.append(f"num_programs={cfg.num_programs} must be in 1..{self.max_programs} "
                        "(the persistent grid may not exceed co-resident CTAs)")
-        if cfg.comm == "sm" and cfg.comm_programs >= cfg.num_programs:
-            bad.append(f"comm_programs={cfg.comm_programs} leaves no program for compute "
-                       f"(num_programs={cfg.num_programs})")
-        if signature == "gemm>reduce_scatter" and cfg.comm_block_m * cfg.comm_block_n > 16384:
-            # the reduce role holds a comm_block_m x comm_block_n fp32 tile in registers
-            bad.append(f"comm_block_m x comm_block_n = {cfg.comm_block_m * cfg.comm_block_n} "
-                       "exceeds 16384: the reduce tile (fp32, in registers) would spill "
-                       "(measured 1.2-4x slower)")
-        if cfg.reduce_after and not (signature == "gemm>reduce_scatter"
-                                     and cfg.comm in ("sm", "copy_engine")):
-            bad.append("reduce_after=1 applies to gemm>reduce_scatter with comm=sm or "
-                       "comm=copy_engine only")
-        if cfg.fuse_reduce and not (signature == "gemm>reduce_scatter"
-                                    and cfg.comm == "copy_engine" and cfg.reduce_after
-                                    and cfg.order == "own_first"):
-            bad.append("fuse_reduce=1 applies to gemm>reduce_scatter with comm=copy_engine, "
-                       "reduce_after=1 and order=own_first only (this rank's rows are "
-                       "computed last, once the peers' partials of them have arrived)")
-        if cfg.fuse_reduce and self.sequential_programs:
-            bad.append("fuse_reduce=1 needs every program of the kernel resident at once: an "
-                       "own tile's epilogue waits (through the peers' copy engines) for the "
-                       "peers' other tiles, which every program computes first. The emulated "
-                       "world runs a rank's programs one after another, so it would deadlock "
-                       "there; it runs on GPUs (persistent grid <= SMs; tests/test_dist.py)")
-        if cfg.gemm == "library" and not (signature in LIBRARY_GEMM_SIGNATURES
-                                          and cfg.comm == "copy_engine"):
-            bad.append("gemm=library applies to " + ", ".join(LIBRARY_GEMM_SIGNATURES) +
-                       " with comm=copy_engine only (the library GEMM runs per source rank's "
-                       "rows once the copy engine delivered them)")
-        if cfg.gemm == "library" and (cfg.fuse_reduce or cfg.reduce_after or cfg.flatten):
-            bad.append("gemm=library takes no kernel knobs (flatten, reduce_after, fuse_reduce): "
-                       "the GEMM is the library's")
-        if cfg.gemm == "ws":
-            bad += self._ws_reasons(cfg, signature)
-        if cfg.capturable and not (signature in CAPTURABLE_COPY_ENGINE_SIGNATURES
-                                   and cfg.comm == "copy_engine"):
-            bad.append("capturable=1 applies to " + ", ".join(CAPTURABLE_COPY_ENGINE_SIGNATURES)
-                       + " with comm=copy_engine only (comm=sm kernels are capturable as they "
-                       "are; comm=none is NCCL + cuBLAS, capturable too)")
-        if cfg.comm == "none" and signature not in FALLBACK_SIGNATURES:
-            bad.append(f"comm=none (non-overlapped fallback) is not implemented for {signature}")
-        if cfg.comm == "copy_engine" and signature not in self.supports_copy_engine:
-            bad.append(f"comm=copy_engine is not implemented for {signature} yet; use comm=sm")
-        if (cfg.comm == "copy_engine" and signature in self.copy_engine_keeps_sm_role
-                and not cfg.reduce_after and cfg.comm_programs >= cfg.num_programs):
-            bad.append(f"comm_programs={cfg.comm_programs} (the reduce role's programs with "
-                       f"comm=copy_engine) leaves no program for compute "
-                       f"(num_programs={cfg.num_programs})")
         if cfg.debug_reverse_roles not in (0, 1):
             bad.append(f"debug_reverse_roles={cfg.debug_reverse_roles} is not one of 0, 1")
-        elif cfg.debug_reverse_roles:
-            if not self.allow_debug:
-                bad.append("debug_reverse_roles=1 breaks the program-order rule (consumers get "
-                           "lower program ids than their producers): on a GPU the kernel can "
-                           "deadlock, so it is refused here; it is allowed only on the emulated "
-                           "target (interp), to test hang reports")
-            if signature not in self.supports_reverse_roles:
-                bad.append(f"debug_reverse_roles=1 is implemented for "
-                           f"{', '.join(self.supports_reverse_roles)} only, not {signature}")
-        return bad
+        elif cfg.debug_reverse_roles and not self.allow_debug:
+            bad.append("debug_reverse_roles=1 breaks the program-order rule (consumers get "
+                       "lower program ids than their producers): on a GPU the kernel can "
+                       "deadlock, so it is refused here; it is allowed only on the emulated "
+                       "target (interp), to test hang reports")
+        if cfg.comm == "none":  # the non-overlapped plan runs every pattern, no lowering
+            default = Config()
+            return bad + [f"{k}={getattr(cfg, k)} does nothing with the non-overlapped plan "
+                          "(comm=none)" for k in FEATURE_KNOBS
+                          if getattr(cfg, k) != getattr(default, k)]
+        if bad:
+            return bad
+        return bad + lowering_reasons(cfg, bp, self)
 
-    def _ws_reasons(self, cfg: Config, signature: str) -> list[str]:
-        """Why gemm=ws (the warp-specialised Gluon kernel) cannot run `cfg`."""
-        bad = []
-        if not self.warp_specialized:
-            bad.append("gemm=ws needs Hopper's warp specialisation through Gluon: target "
-                       "cuda:90 (torch symmetric memory backend); not the emulated world, "
-                       "cuda:80, hip or the NVSHMEM flavour")
-        if not (signature in WS_GEMM_SIGNATURES and cfg.comm == "copy_engine"):
-            bad.append("gemm=ws applies to " + ", ".join(WS_GEMM_SIGNATURES) + " with "
-                       "comm=copy_engine only (the copy engine moves the data; the kernel's "
-                       "warps wait for it or count for it)")
-        elif signature == "gemm>reduce_scatter" and not cfg.reduce_after:
-            bad.append("gemm=ws on gemm>reduce_scatter needs reduce_after=1 (the sum runs "
-                       "after the GEMM or in the own tiles' epilogue with fuse_reduce=1; the "
-                       "kernel has no reduce role)")
-        if cfg.block_m != 128 or cfg.block_n not in (128, 256) or cfg.block_k != 64:
-            bad.append(f"gemm=ws takes block_m=128 (two 64-row consumer halves), block_n=128 "
-                       f"or 256 and block_k=64, not {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
-        smem = 2 * (cfg.stages * (cfg.block_m + cfg.block_n) * cfg.block_k
-                    + cfg.block_m * cfg.block_n)
-        if smem > HOPPER_SMEM - 1024:
-            bad.append(f"gemm=ws with stages={cfg.stages} needs {smem} B of shared memory "
-                       f"(more than a Hopper CTA's {HOPPER_SMEM}): use fewer stages (3 at "
-                       "block_n=256, up to 4 at block_n=128)")
-        if cfg.stages < 2:
-            bad.append("gemm=ws needs stages >= 2 (the loader runs ahead of the consumers)")
-        if cfg.flatten:
-            bad.append("gemm=ws takes no flatten (its loader already runs across tiles)")
-        return bad
-
-    def check(self, cfg: Config, signature: str) -> Config:
-        """Return `cfg` if valid, else raise ConfigError listing every reason."""
-        bad = self.reasons(cfg, signature)
+    def check(self, cfg: Config, bp) -> Config:
+        """Return `cfg` if valid for `bp`, else raise ConfigError listing every reason."""
+        bad = self.reasons(cfg, bp)
         if bad:
             raise ConfigError("invalid schedule config: " + "; ".join(bad),
                               hint="see `tilelink compile --emit schedule` for the space")
         return cfg
 
-    def describe(self) -> str:
+    def describe(self, knobs: tuple[str, ...] | None = None) -> str:
+        """The allowed values of `knobs` (default: every knob), one line each."""
         rows = [f"  {f.name}: {', '.join(map(str, getattr(self, f.name)))}"
-                for f in fields(Config) if isinstance(getattr(self, f.name, None), tuple)]
-        rows.append(f"  num_programs: 1..{self.max_programs}")
+                for f in fields(Config) if isinstance(getattr(self, f.name, None), tuple)
+                and (knobs is None or f.name in knobs)]
+        if knobs is None or "num_programs" in knobs:
+            rows.append(f"  num_programs: 1..{self.max_programs}")
         return "\n".join(rows)
+
+
+def lowering_reasons(cfg: Config, bp, space: ConfigSpace) -> list[str]:
+    """What the lowerings `cfg` selects say about it: an op without a lowering for the
+    config (naming the ones that exist), each lowering's own rules, feature knobs no lowering
+    reads, and a program split that leaves the tiles nothing."""
+    from .compose import op_sites
+    from .lowering import LOWERINGS, available, lowering_for
+
+    if any(not LOWERINGS.get(op.kind) for op in bp.ops):
+        return []  # an op has no lowering at all: the plan only (render says so)
+    bad = []
+    chosen: set[str] = set()
+    sites = op_sites(bp, cfg, space.target)
+    read: set[str] = set()
+    shares = False  # some op puts a role next to another op's tiles in one kernel
+    for op in bp.ops:
+        site = sites[op.result]
+        lw = lowering_for(site)
+        if lw is None:
+            what = f"comm={cfg.comm}" if lw is None and _is_comm(op) else \
+                f"{_variant_of(op)}={getattr(cfg, _variant_of(op), '')}"
+            have = available(op.kind)
+            bad.append(f"{op.kind} ({site.where}) has no lowering for {what}"
+                       + (f"; its lowerings: {', '.join(have)}" if have else
+                          "; it has no kernel lowering yet (--emit plan shows its mappings)"))
+            continue
+        read.update(lw.knobs)
+        chosen.add(lw.name)
+        bad += [f"{lw.name} ({site.where}): {r}" for r in lw.reasons(site)]
+        shares |= lw.shares_kernel(site)
+    default = Config()
+    for knob in FEATURE_KNOBS:
+        if getattr(cfg, knob) != getattr(default, knob) and knob not in read:
+            readers = sorted({lw.name for lws in LOWERINGS.values() for lw in lws
+                              if knob in lw.knobs})
+            bad.append(f"{knob}={getattr(cfg, knob)} does nothing with these lowerings "
+                       f"({', '.join(sorted(chosen))}): it applies to "
+                       + ", ".join(readers))
+    if shares and cfg.comm_programs >= cfg.num_programs:
+        bad.append(f"comm_programs={cfg.comm_programs} leaves no program for compute "
+                   f"(num_programs={cfg.num_programs})")
+    return bad
+
+
+def _is_comm(op) -> bool:
+    from ..ir import spec
+
+    return spec(op.kind).category == "comm"
+
+
+def _variant_of(op) -> str:
+    from .lowering import LOWERINGS
+
+    return next((lw.variant_knob for lw in LOWERINGS.get(op.kind, []) if lw.variant_knob),
+                "comm")

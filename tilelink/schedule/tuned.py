@@ -120,7 +120,7 @@ def lookup(bp: BoundPattern, device_name: str, directory: Path | None = None,
         if target is not None:
             from ..schedule.schedule import default_space
 
-            bad = default_space(target).reasons(cfg, bp.signature())
+            bad = default_space(target).reasons(cfg, bp)
             if bad:
                 raise ValueError("the config is not valid any more: " + "; ".join(bad))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -52,7 +52,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from ..ir import BoundPattern
+from ..ir import BoundPattern, spec
 from ..schedule import Config
 from .space import extents, is_fallback, uses_comm_programs
 
@@ -243,15 +243,24 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         return Estimate(gemm + comm, gemm, comm, comm)
     if getattr(cfg, "gemm", "triton") == "library":
         return _library(dev, m, n, k, w, nbytes, elem, cfg, lat)
-    comm_progs = cfg.comm_programs if uses_comm_programs(cfg, bp.signature()) else 0
+    comm_progs = cfg.comm_programs if uses_comm_programs(cfg, bp) else 0
     if getattr(cfg, "reduce_after", 0):
         comm_progs = 0  # the GEMM kernel has every SM; the reduce is a second kernel
     programs = min(cfg.num_programs, dev.num_sms)
     compute = max(1, programs - comm_progs)
     gemm, tile_ms = _gemm(dev, m, n, k, cfg, compute, elem)
-    if bp.signature().startswith(("all_gather", "all_to_all")):
+    if _comm_before_compute(bp):
         return _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
     return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
+
+
+def _comm_before_compute(bp: BoundPattern) -> bool:
+    """Whether the pattern's first collective moves data that is ready when the call starts
+    (a pattern input: the compute waits for it) rather than what a compute op produces (the
+    collective waits for the compute)."""
+    producers = {op.result for op in bp.ops}
+    comm = next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
+    return comm is not None and comm.args[0] not in producers
 
 
 #: GPU time of one of gemm=library's one-program sync kernels (launch gap included), ms

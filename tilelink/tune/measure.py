@@ -185,15 +185,14 @@ class GpuMeasure:
                        if o.is_floating_point()):
                 raise MismatchError("the output has NaN or Inf on random inputs") from None
             return
-        from ..bench.baselines import compare
+        from ..runtime.reference import error_bound, judge, rounding_depth
 
-        k = max(t.shape[-1] for t in self.bound.tensors.values())
-        dtype = next(iter(self.bound.tensors.values())).dtype
-        slack = 2.0 if self.bound.signature() == "gemm>reduce_scatter" else 1.0
-        max_abs, rel, ok = compare(outs[0], ref, k, dtype, slack)
-        if not ok:
-            raise MismatchError(f"the output differs from the reference (max abs error "
-                                f"{max_abs:.3g}, relative {rel:.3g})")
+        bp = self.bound
+        name = bp.pattern.outputs[0]
+        k = max(t.shape[-1] for t in bp.tensors.values())
+        v = judge(outs[0], ref, error_bound(bp.tensors[name].dtype, rounding_depth(bp, name), k))
+        if not v.ok:
+            raise MismatchError("the output differs from the reference: " + v.words(name))
 
 
 def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 20,
@@ -216,7 +215,7 @@ def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 
     try:
         systems = bl.build(bound, make_local_inputs(bound, rank, seed, device), group)
     except TileLinkError:
-        return None  # no baselines for this signature
+        return None  # no baselines for this pattern
     ms = {}
     for key in ("nccl_cublas", "gemm", "ce_comm", "nccl_comm"):
         if key not in systems:

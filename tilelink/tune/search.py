@@ -49,17 +49,17 @@ class Trial:
     def ms(self) -> float | None:
         return None if self.seconds is None else self.seconds * 1e3
 
-    def as_dict(self, sig: str = "") -> dict:
+    def as_dict(self, bound) -> dict:
         return {"config": self.config.as_dict(), "model_ms": self.model_ms,
                 "model_rank": self.model_rank, "ms": self.ms, "error": self.error,
-                "measured": self.measured, "describe": describe(self.config, sig)}
+                "measured": self.measured, "describe": describe(self.config, bound)}
 
 
 @dataclass
 class TuneResult:
     """Every candidate in model order, which were measured, and the winner."""
 
-    signature: str
+    bound: BoundPattern  # what was tuned
     trials: list[Trial]
     budget: int
     seconds: float
@@ -173,7 +173,7 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
             t.samples = [t.seconds]
         if getattr(measure, "meaningful", True) and rounds > 0 and stopped is None:
             _confirm(trials, measure, confirm, rounds, budget)
-    return TuneResult(bound.signature(), trials, len(order), time.monotonic() - start, stopped,
+    return TuneResult(bound, trials, len(order), time.monotonic() - start, stopped,
                       dev.name)
 
 

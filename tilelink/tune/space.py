@@ -1,34 +1,15 @@
-"""The tuner's candidate space: a finite, valid list of `Config`s for one bound pattern.
-
-`ConfigSpace` (tilelink.schedule) says which values every knob *may* take; this module
-picks the values worth *measuring* on a target and crosses them:
-
-    comm setting  (resource, comm programs, comm chunk rows / columns)
-  x compute tile  (BM, BN, BK, stages, warps)
-  x tile order
-
-then canonicalises each config (knobs a config does not use get one fixed value, block
-sizes larger than the extent they tile are clamped) and removes duplicates and anything
-`ConfigSpace.reasons` rejects. The non-overlapped fallback (NCCL collective + cuBLAS,
-`comm="none"`) is one extra candidate where the schedule layer offers it.
-
-On cuda/hip the values are what fast GEMMs on those GPUs use (128-wide tiles, 3-4 stages,
-8-32 comm SMs, the whole GPU as the persistent grid). On the emulated target ("interp")
-the space is small with tiny tiles, so that every config runs in about a second: CI runs
-all of them to prove that each point of the space is a correct kernel.
-"""
-
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import NotSupportedError, TileLinkError
-from ..ir import BoundPattern
-from ..schedule import KERNELS, Config, ConfigSpace, Target
+from ..ir import BoundPattern, spec
+from ..schedule import Config, ConfigSpace, Target
 from ..schedule import config as config_mod
-from ..schedule.schedule import (KERNEL_KNOBS, default_space, fused_reduce_problems,
-                                 make_schedule)
+from ..schedule.compose import op_sites
+from ..schedule.lowering import lowering_for
+from ..schedule.schedule import default_space, make_schedule
 
 FALLBACK = "none"  # comm resource meaning "no overlap: NCCL collective, then cuBLAS"
 
@@ -87,21 +68,39 @@ def _pow2_ceil(x: int) -> int:
 
 
 def extents(bp: BoundPattern) -> dict[str, int]:
-    """The sizes the knobs tile, per rank: GEMM m/n/k, comm chunk rows and columns."""
-    sig = bp.signature()
+    """The sizes the knobs tile, per rank: the first GEMM's m/n/k (or the first compute op's
+    rows and columns), and the first collective's chunk rows and columns (its per-rank slice
+    along the moved dim, and what one such row holds)."""
     gemm = next((op for op in bp.ops if op.kind == "gemm"), None)
-    if gemm is None:
-        raise NotSupportedError(f"the tuner needs a gemm in the pattern; {bp.name} is {sig}",
-                                bp.pattern.loc, "tunable kernels: " + ", ".join(KERNELS))
-    a, b = (bp.tensors[x].local_shape for x in gemm.args)
-    m, k, n = a[0], a[1], b[1]
-    if sig == "all_gather>gemm":
-        rows, cols = bp.tensors[bp.ops[0].args[0]].local_shape[0], k
-    elif sig == "gemm>reduce_scatter":
-        rows, cols = bp.tensors[bp.ops[-1].result].local_shape[0], n
+    if gemm is not None:
+        a, b = (bp.tensors[x].local_shape for x in gemm.args)
+        m, k, n = a[0], a[1], b[1]
     else:
-        rows, cols = m, n
+        comp = next((op for op in bp.ops if spec(op.kind).category == "compute"), None)
+        if comp is None:
+            raise NotSupportedError(f"the tuner tunes a pattern's compute; {bp.name} has none",
+                                    bp.pattern.loc)
+        shape = bp.tensors[comp.result].local_shape
+        m, n, k = shape[0], (shape[1] if len(shape) > 1 else 1), 1
+    rows, cols = m, n
+    comm = next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
+    if comm is not None:
+        rows, cols = _chunk_geometry(bp, comm)
     return {"m": m, "n": n, "k": k, "rows": rows, "cols": cols}
+
+
+def _chunk_geometry(bp: BoundPattern, op) -> tuple[int, int]:
+    """(rows, columns) of a collective's per-rank slice: the rows along the moved dim one
+    rank contributes or owns, and the elements one such row holds."""
+    produced = op.kind in ("reduce_scatter", "all_reduce")
+    t = bp.tensors[op.result if produced else op.args[0]]
+    shape = t.local_shape
+    d = bp.op_attrs(op).get("dim", 0) % len(shape)
+    cols = 1
+    for i, x in enumerate(shape):
+        if i != d:
+            cols *= x
+    return shape[d], cols
 
 
 def smem_bytes(cfg: Config, elem: int = 2) -> int:
@@ -110,46 +109,63 @@ def smem_bytes(cfg: Config, elem: int = 2) -> int:
         cfg.block_m * cfg.block_n * elem
 
 
-def uses_comm_programs(cfg: Config, sig: str, space: ConfigSpace | None = None) -> bool:
-    """Whether `cfg` runs an SM role sized by comm_programs (comm on SMs, or a kernel that
-    keeps a reduce role next to the copy engine)."""
-    space = space or ConfigSpace()
-    if getattr(cfg, "reduce_after", 0):
-        return False  # the reduce is a second kernel on every SM
-    keeps = getattr(space, "copy_engine_keeps_sm_role", ())  # newer schedule layers only
-    return cfg.comm == "sm" or (cfg.comm == "copy_engine" and sig in keeps)
+def _lowerings(bp: BoundPattern, cfg: Config, target: Target | None):
+    """(site, lowering) of every op under `cfg` (lowering None: none for this config)."""
+    sites = op_sites(bp, cfg, target)
+    return [(sites[op.result], lowering_for(sites[op.result])) for op in bp.ops]
 
 
-def _canonical(cfg: Config, sig: str, ext: dict[str, int]) -> Config:
-    """One representative per behaviour: unused knobs fixed, oversized blocks clamped."""
+def read_knobs(bp: BoundPattern, cfg: Config, target: Target | None = None) -> set[str]:
+    """The knobs the lowerings `cfg` selects read (the config space of `bp` under `cfg`)."""
+    if cfg.comm == FALLBACK:
+        return {"comm"}
+    read = {"comm", "num_programs"}
+    for _, lw in _lowerings(bp, cfg, target):
+        if lw is not None:
+            read.update(lw.knobs)
+    return read
+
+
+def uses_comm_programs(cfg: Config, bp: BoundPattern, target: Target | None = None) -> bool:
+    """Whether `cfg` runs a role next to a compute op's tiles in one kernel (a push, a
+    reduction), sized by comm_programs."""
+    if cfg.comm == FALLBACK:
+        return False
+    return any(lw is not None and lw.shares_kernel(site)
+               for site, lw in _lowerings(bp, cfg, target))
+
+
+def _canonical(cfg: Config, bp: BoundPattern, ext: dict[str, int],
+               target: Target | None = None) -> Config:
+    """One representative per behaviour: knobs no lowering of the config reads get one
+    fixed value, oversized blocks are clamped to the extent they tile."""
     minimum = 16  # the smallest block ConfigSpace allows (tl.dot needs >= 16)
 
     def clamp(v: int, extent: int) -> int:
         return max(minimum, min(v, _pow2_ceil(extent)))
 
-    cfg = replace(cfg, block_m=clamp(cfg.block_m, ext["m"]), block_n=clamp(cfg.block_n, ext["n"]),
-                  block_k=clamp(cfg.block_k, ext["k"]),
-                  comm_block_m=clamp(cfg.comm_block_m, ext["rows"]),
-                  comm_block_n=clamp(cfg.comm_block_n, ext["cols"]))
     base = Config()
-    if not uses_comm_programs(cfg, sig):  # no SM role that comm_programs would size
-        cfg = replace(cfg, comm_programs=base.comm_programs)
-    if sig == "all_gather>gemm":  # chunks are whole rows: comm_block_n means nothing here
-        cfg = replace(cfg, comm_block_n=base.comm_block_n)
-    if cfg.gemm == "library":  # the library's GEMM: no knob of TileLink's kernel means anything
-        cfg = replace(cfg, **{k: getattr(base, k) for k in KERNEL_KNOBS})
-    return cfg
+    read = read_knobs(bp, cfg, target)
+    if not uses_comm_programs(cfg, bp, target):  # no role that comm_programs would size
+        read.discard("comm_programs")
+    unread = {f: getattr(base, f) for f in ("comm_programs", "block_m", "block_n", "block_k",
+                                           "comm_block_m", "comm_block_n", "order", "group_m",
+                                           "stages", "warps", "flatten")
+              if f not in read}
+    cfg = replace(cfg, **unread)
+    return replace(cfg, block_m=clamp(cfg.block_m, ext["m"]), block_n=clamp(cfg.block_n, ext["n"]),
+                   block_k=clamp(cfg.block_k, ext["k"]),
+                   comm_block_m=clamp(cfg.comm_block_m, ext["rows"]),
+                   comm_block_n=clamp(cfg.comm_block_n, ext["cols"]))
 
 
 def _fallback(bp: BoundPattern, target: Target, num_programs: int) -> Config | None:
-    """The non-overlapped candidate, where the schedule layer knows `comm="none"`."""
+    """The non-overlapped candidate: every pattern has it (its collectives, then its
+    computation)."""
     if FALLBACK not in config_mod.COMM_RESOURCES:
         return None
-    # tile knobs mean nothing to the fallback: one canonical representative
-    cfg = replace(Config(), comm=FALLBACK, num_programs=num_programs)
-    cfg = _canonical(cfg, bp.signature(), extents(bp))
-    space = default_space(target)
-    return cfg if not space.reasons(cfg, bp.signature()) else None
+    return _canonical(replace(Config(), comm=FALLBACK, num_programs=num_programs), bp,
+                      extents(bp), target)
 
 
 def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None,
@@ -169,12 +185,13 @@ def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[
 
     comm=sm kernels read their epoch from device memory and comm=none is NCCL + cuBLAS: both
     capture as they are. A copy-engine config captures only with the flag protocol
-    (capturable=1; AG-GEMM has it, GEMM-RS does not: dropped). A replay has no host work, so
-    the library-GEMM plan (cuBLAS per source rank's rows), left out of the eager space for its
-    host cost, joins it for AG-GEMM (2x H200, AG M = 1024, graph replays: 0.103 ms against
-    0.107 for TileLink's kernel, docs/perf.md session 8).
+    (capturable=1, where its lowerings have it: all_gather's; a copy-engine reduce_scatter has
+    none, so such configs are dropped). A replay has no host work, so the library-GEMM plan
+    (cuBLAS per source rank's rows), left out of the eager space for its host cost, joins it
+    where it is valid (2x H200, AG M = 1024, graph replays: 0.103 ms against 0.107 for
+    TileLink's kernel, docs/perf.md).
     """
-    sig, space, ext = bp.signature(), default_space(target), extents(bp)
+    space, ext = default_space(target), extents(bp)
     out: dict[Config, None] = {}
     # the overlapped default is a candidate too (at AG M = 1024 it is what captured calls
     # take: 128x128 tiles grouped by this rank's row blocks, which the tile list lacks)
@@ -184,19 +201,19 @@ def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[
         default = None
     programs = max(c.num_programs for c in configs)
     if default is not None and default.comm != FALLBACK:
-        configs = [_canonical(replace(default, num_programs=min(default.num_programs,
-                                                                programs)), sig, ext)] + configs
+        configs = [_canonical(replace(default, num_programs=min(default.num_programs, programs)),
+                              bp, ext, target)] + configs
     for cfg in configs:
         if cfg.comm == "copy_engine":
             cfg = replace(cfg, capturable=1)
-            if space.reasons(cfg, sig):
+            if space.reasons(cfg, bp):
                 continue
         out[cfg] = None
-    if sig in config_mod.LIBRARY_GEMM_SIGNATURES and target.backend != "interp":
+    if target.backend != "interp":
         for cbm in knobs_for(target).comm_block_m:
             cfg = _canonical(Config(comm="copy_engine", gemm="library", capturable=1,
-                                    num_programs=programs, comm_block_m=cbm), sig, ext)
-            if not space.reasons(cfg, sig):
+                                    num_programs=programs, comm_block_m=cbm), bp, ext, target)
+            if not space.reasons(cfg, bp):
                 out[cfg] = None
     if not out:
         raise NotSupportedError(f"no config of {bp.name} ({bp.sizes_str()}) can be captured "
@@ -211,55 +228,62 @@ def capturable(cfg: Config) -> bool:
     return cfg.comm != "copy_engine" or bool(cfg.capturable)
 
 
+def _resources(bp: BoundPattern, target: Target) -> list[str]:
+    """The comm resources every collective of the pattern has a lowering for."""
+    out = []
+    for res in config_mod.COMM_RESOURCES:
+        if res == FALLBACK:
+            continue
+        lws = _lowerings(bp, Config(comm=res), target)
+        if all(lw is not None for site, lw in lws):
+            out.append(res)
+    return out
+
+
 def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[Config]:
-    sig = bp.signature()
-    if sig not in KERNELS:
-        raise NotSupportedError(f"no kernel to tune for {sig} yet", bp.pattern.loc,
-                                "tunable kernels: " + ", ".join(KERNELS))
+    from ..schedule.lowering import LOWERINGS
+
+    missing = sorted({op.kind for op in bp.ops if not LOWERINGS.get(op.kind)})
+    if missing:
+        raise NotSupportedError(f"no kernel to tune for {bp.name}: {', '.join(missing)} has no "
+                                "lowering yet", bp.pattern.loc,
+                                "--emit plan shows its mappings; ops with lowerings: "
+                                + ", ".join(sorted(LOWERINGS)))
     knobs = knobs_for(target)
     space = default_space(target)
     ext = extents(bp)
     programs = knobs.num_programs or target.num_sms
     programs = min(programs, num_sms or programs, target.num_sms)
-    comm_settings = []
-    for res in config_mod.COMM_RESOURCES:
-        if res == FALLBACK:
-            continue
-        probe = Config(comm=res)
-        progs = knobs.comm_programs if uses_comm_programs(probe, sig, space) else \
-            (Config().comm_programs,)
-        comm_settings += [(res, cp, cbm, cbn, 0) for cp in progs for cbm in knobs.comm_block_m
-                          for cbn in knobs.comm_block_n]
-        if sig == "gemm>reduce_scatter" and target.backend != "interp":
-            # the reduce as a second kernel after the GEMM (comm_programs unused), with SM
-            # pushes or the copy engine (the default: measured fastest on every GEMM-RS
-            # shape of DESIGN.md, docs/perf.md)
-            comm_settings += [(res, Config().comm_programs, cbm, cbn, 1)
-                              for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
-            if res == "copy_engine":
-                # ... and with the sum fused into the own tiles' epilogue (GPU only)
-                comm_settings += [(res, Config().comm_programs, cbm, cbn, 2)
-                                  for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
-    tiles = list(knobs.tiles)
     out: dict[Config, None] = {}  # ordered set
-    # flatten helps the GEMM-RS kernel's K loop (measured); in the AG kernel it fuses and
-    # pipelines since the waits became one tld.wait_flat per tile, but measured no faster
-    # (docs/perf.md, session 5), so the tuner does not spend measurements on it
-    flatten = int(sig == "gemm>reduce_scatter" and target.backend == "cuda")
-    for (res, cp, cbm, cbn, after), (bm, bn, bk, st, wp, gm), order in itertools.product(
-            comm_settings, tiles, knobs.order):
-        # after: 0 = a reduce role (or none), 1 = a reduce kernel after the GEMM, 2 = that
-        # reduce fused into the own tiles' epilogue (fuse_reduce=1)
-        cfg = Config(comm=res, comm_programs=cp, num_programs=programs, block_m=bm, block_n=bn,
-                     block_k=bk, comm_block_m=cbm, comm_block_n=cbn, order=order, group_m=gm,
-                     stages=st, warps=wp, flatten=flatten, reduce_after=int(after > 0),
-                     fuse_reduce=int(after == 2))
-        cfg = _canonical(cfg, sig, ext)
-        if knobs.smem_bytes is not None and smem_bytes(cfg) > knobs.smem_bytes:
-            continue
-        if space.reasons(cfg, sig) or fused_reduce_problems(bp, cfg):
-            continue
-        out[cfg] = None
+    for res in _resources(bp, target):
+        probe = Config(comm=res, num_programs=programs)
+        lws = [(s, lw) for s, lw in _lowerings(bp, probe, target) if lw is not None]
+        read = set().union(*(lw.knobs for _, lw in lws)) | {"comm"}
+        # each lowering's alternatives (a reduction in the kernel or after it, ...), crossed
+        variants = [dict(itertools.chain.from_iterable(d.items() for d in combo))
+                    for combo in itertools.product(*(lw.tune_axes(s) for s, lw in lws))]
+        progs = knobs.comm_programs if uses_comm_programs(probe, bp, target) else \
+            (Config().comm_programs,)
+        cbms = knobs.comm_block_m if "comm_block_m" in read else (Config().comm_block_m,)
+        cbns = knobs.comm_block_n if "comm_block_n" in read else (Config().comm_block_n,)
+        tiles = list(knobs.tiles) if "block_m" in read else [None]
+        orders = knobs.order if "order" in read else (Config().order,)
+        for variant, cp, cbm, cbn, tile, order in itertools.product(
+                variants, progs, cbms, cbns, tiles, orders):
+            cfg = replace(probe, comm_programs=cp, comm_block_m=cbm, comm_block_n=cbn,
+                          order=order)
+            if tile is not None:
+                bm, bn, bk, st, wp, gm = tile
+                cfg = replace(cfg, block_m=bm, block_n=bn, block_k=bk, stages=st, warps=wp,
+                              group_m=gm)
+            cfg = cfg.with_values({k: str(v) for k, v in variant.items()})
+            cfg = _canonical(cfg, bp, ext, target)
+            if knobs.smem_bytes is not None and "block_m" in read and \
+                    smem_bytes(cfg) > knobs.smem_bytes:
+                continue
+            if space.reasons(cfg, bp):
+                continue
+            out[cfg] = None
     fb = _fallback(bp, target, programs)
     if fb is not None:
         out[fb] = None
@@ -277,12 +301,14 @@ def pin(configs: list[Config], values: dict[str, str], bp: BoundPattern,
     duplicates and invalid results are dropped. Unknown keys raise ConfigError."""
     if not values:
         return list(configs)
-    sig, ext, space = bp.signature(), extents(bp), default_space(target)
+    ext, space = extents(bp), default_space(target)
     out: dict[Config, None] = {}
     first_bad: list[str] = []
     for c in configs:
-        pinned = _canonical(c.with_values(values), sig, ext)
-        bad = space.reasons(pinned, sig) + fused_reduce_problems(bp, pinned)
+        raw = c.with_values(values)
+        bad = space.reasons(raw, bp)  # a pinned value outside its space, before canonical
+        pinned = _canonical(raw, bp, ext, target)
+        bad = bad or space.reasons(pinned, bp)
         if bad:
             first_bad = first_bad or bad
             continue
@@ -303,29 +329,29 @@ def is_fallback(cfg: Config) -> bool:
     return cfg.comm == FALLBACK
 
 
-def describe(cfg: Config, sig: str) -> str:
+def describe(cfg: Config, bp: BoundPattern) -> str:
     """The knobs that matter for this config, compactly (what a table row shows)."""
     if is_fallback(cfg):
-        return "comm=none (no overlap: NCCL collective, then cuBLAS)"
-    if cfg.gemm == "library":
-        return (f"comm={cfg.comm} gemm=library comm_block_m={cfg.comm_block_m}"
-                + (" capturable=1" if cfg.capturable else ""))
-    parts = [f"comm={cfg.comm}"] + (["gemm=ws"] if cfg.gemm == "ws" else [])
+        return "comm=none (no overlap: the collectives, then the computation)"
+    read = read_knobs(bp, cfg)
+    if not uses_comm_programs(cfg, bp):
+        read.discard("comm_programs")
+    parts = [f"comm={cfg.comm}"]
+    if cfg.gemm != "triton":
+        parts.append(f"gemm={cfg.gemm}")
     if cfg.reduce_after:
         parts.append("reduce_after=1")
-    elif uses_comm_programs(cfg, sig):
-        parts.append(f"comm_programs={cfg.comm_programs}")
-    parts.append(f"comm_block_m={cfg.comm_block_m}")
-    if cfg.comm == "sm" or sig != "all_gather>gemm":
-        parts.append(f"comm_block_n={cfg.comm_block_n}")
-    parts += [f"tile={cfg.block_m}x{cfg.block_n}x{cfg.block_k}", f"stages={cfg.stages}",
-              f"warps={cfg.warps}", f"order={cfg.order}", f"group_m={cfg.group_m}"]
-    if cfg.flatten:
-        parts.append("flatten=1")
-    if cfg.fuse_reduce:
-        parts.append("fuse_reduce=1")
-    if cfg.capturable:
-        parts.append("capturable=1")
+    for k in ("comm_programs", "comm_block_m", "comm_block_n"):
+        if k in read:
+            parts.append(f"{k}={getattr(cfg, k)}")
+    if "block_m" in read and "block_n" in read and "block_k" in read:
+        parts.append(f"tile={cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
+    for k in ("stages", "warps", "order", "group_m"):
+        if k in read:
+            parts.append(f"{k}={getattr(cfg, k)}")
+    for k in ("flatten", "fuse_reduce", "capturable"):
+        if getattr(cfg, k) and k in read:
+            parts.append(f"{k}=1")
     return " ".join(parts)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, fail, local_shape, register, result_placement, same_dtype
-from ..ir.tensor import PARTIAL
-from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
-from ..plan.tiling import DimRule, TileGrid
-from ..runtime.dist_reference import dist_reference
-from ..runtime.reference import reference
+from ...ir.ops import Inferred, fail, local_shape, register, result_placement, same_dtype
+from ...ir.tensor import PARTIAL
+from ...plan.regions import access, own, plain_axis, rank_axis, region_rule
+from ...plan.tiling import DimRule, TileGrid
+from ...runtime.dist_reference import dist_reference
+from ...runtime.reference import reference
 
 
 @register("gemm", "compute", ["a", "b"], {},
@@ -50,10 +50,12 @@ def _product(a: torch.Tensor, b: torch.Tensor, dtype, exact: bool = True) -> tor
 
 
 @reference("gemm")
-def ref(op, attrs, args, dtype, world):
-    return [_product(a, b, dtype) for a, b in zip(*args)]
-
+def ref(op, ctx, args):
+    return [_product(a, b, ctx.dtype, ctx.exact) for a, b in zip(*args)]
 
 @dist_reference("gemm")
-def dist_ref(op, attrs, args, dtype, group, world, exact):
-    return _product(args[0], args[1], dtype, exact)
+def dist_ref(op, ctx, args):
+    return _product(args[0], args[1], ctx.dtype, ctx.exact)
+
+
+from . import library, tl, ws  # noqa: E402,F401  (the lowerings register themselves)

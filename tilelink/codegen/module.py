@@ -1,0 +1,636 @@
+"""Assemble a generated module from the schedule's kernels and its ops' lowerings.
+
+The schedule says which lowering runs each op and how the lowerings' steps form kernels
+(`tilelink.schedule.compose`). This module gives every tensor a home (a pattern input, a
+pattern output, or a buffer of the symmetric heap), lets each lowering declare what it
+needs at module level (constants, symmetric buffers, signal arrays, wait sites, the copy
+engine's program), asks each step's lowering for its role's body, and lays the kernels out
+with the shared call protocol (`protocol.py`) around their roles.
+
+Conventions every lowering relies on:
+- every tensor is contiguous and row-major: a view is a base pointer and a shape;
+- a kernel's runtime arguments are `<name>_ptr` pointers (tensors, heap buffers, signal
+  arrays) plus `ctl_ptr, heap_bases, abort_ptr, diag_ptr, me, spin_limit`; its constexpr
+  arguments carry kernel-local names (`M`, `BM`, `A_FULL_CB`, ...) bound to module
+  constants at launch (`KERNEL_CONSTS`);
+- in a role's body: `pid` (program id), `epoch`, `buf` (epoch parity) are defined; `tok`
+  is a wait token.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass, field
+
+from ..errors import NotSupportedError
+from ..ir import spec
+from ..lang.core import DIAG_WORDS  # noqa: F401  (documentation: diag_ptr's size)
+from . import protocol
+
+TL_DTYPES = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32"}
+SIG_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int32": "i32", "int64": "i64"}
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+_FIXED = ("ctl_ptr", "heap_bases", "abort_ptr", "diag_ptr", "me", "spin_limit")
+_FIXED_SIG = {"ctl_ptr": "*i32", "heap_bases": "*i64", "abort_ptr": "*i32", "diag_ptr": "*i32",
+              "me": "i32", "spin_limit": "i32"}
+_FIXED_HOST = {"ctl_ptr": 'sym["ctl"]', "heap_bases": "rt.heap_bases", "abort_ptr": "rt.abort",
+               "diag_ptr": "rt.diag", "me": "rt.rank", "spin_limit": "rt.spin_limit"}
+
+
+def indent(lines: list[str], n: int = 1) -> list[str]:
+    """`lines` indented by `n` levels of four spaces (blank lines stay blank)."""
+    pad = "    " * n
+    return [pad + x if x else x for x in lines]
+
+
+def ident(name: str) -> str:
+    """`name` as an upper-case constant prefix (a_full -> A_FULL)."""
+    return "".join(c if c.isalnum() else "_" for c in name).upper()
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Rows `lo .. hi - 1` (kernel expressions) of a view's dim 0 live in another tensor,
+    whose row r is the view's row lo + r: the own rows of a gathered tensor, read in place
+    from this rank's input instead of a copy of them."""
+
+    lo: str
+    hi: str
+    base: str  # pointer of the other tensor's row 0
+    rows: int  # its row count (for a descriptor)
+
+
+@dataclass(frozen=True)
+class View:
+    """How a kernel addresses a tensor: contiguous, row-major, from `base`."""
+
+    tensor: str
+    base: str
+    shape: tuple[int, ...]
+    dtype: str
+    peer_written: bool = False  # other agents write it (a proxy fence before TMA reads)
+    alias: Alias | None = None
+
+    def strides(self) -> tuple[int, ...]:
+        out, n = [], 1
+        for d in reversed(self.shape):
+            out.append(n)
+            n *= d
+        return tuple(reversed(out))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def addr(self, index: list[str]) -> str:
+        """Pointer expression of element `index` (one expression per dim)."""
+        terms = []
+        for i, s in zip(index, self.strides()):
+            if i in ("0", 0):
+                continue
+            terms.append(f"({i})" if s == 1 else f"({i}) * {s}")
+        return " + ".join([self.base] + terms)
+
+
+@dataclass
+class TileOut:
+    """A compute tile's result as epilogue hooks see it (2-D: rows x columns).
+
+    `values`: the tile in the result dtype; `rows` / `cols`: the index vectors (`offs_m`,
+    `offs_n`); `row_lo`/`row_hi`, `col_lo`/`col_hi`: the tile's interval (scalars);
+    `grid`: producer grid axis -> this tile's index (for slot expressions)."""
+
+    values: str
+    rows: str
+    cols: str
+    row_lo: str
+    row_hi: str
+    col_lo: str
+    col_hi: str
+    grid: dict
+    shape: tuple[int, int]
+
+
+#: test faults a module can be rendered with: what each injects
+FAULTS = {"drop_notify": "every producer of data skips the signal that says the data arrived "
+                         "(in kernels and in the copy engine's program): every consumer's wait "
+                         "must give up and be reported"}
+
+
+class ModuleBuilder:
+    """One generated module under construction; see the module docstring."""
+
+    def __init__(self, s, fault: str | None = None):
+        if fault is not None and fault not in FAULTS:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"unknown fault '{fault}'", hint="faults: " + ", ".join(FAULTS))
+        self.fault = fault
+        self.dropped = 0  # data signals the fault removed
+        self.s = s
+        self.bp = s.bound
+        self.comp = s.composition
+        self.target = s.target
+        self.config = s.config
+        self.plan = s.plan
+        self.consts: dict[str, tuple[object, str]] = {}  # module constant -> (value, comment)
+        self.symmetric: dict[str, tuple[tuple, str]] = {}
+        self.homes: dict[str, tuple[str, int]] = {}  # tensor -> (kind, buffers)
+        # every tensor a view can address: the pattern's and the lowerings' own buffers
+        self.meta: dict[str, tuple[tuple, str]] = {
+            k: (tuple(t.local_shape), t.dtype) for k, t in self.bp.tensors.items()}
+        self.peer_written: set[str] = set()
+        self.aliases: dict[str, tuple[str, str, str, int]] = {}  # tensor -> alias (see Alias)
+        self.sites: dict[int, str] = {protocol.SITE_RELEASE: "a writer waits for the "
+                                      "destination rank to release its buffer"}
+        self.site_deps: dict[int, int] = {}
+        self.site_roles: dict[int, tuple[int, str]] = {}
+        self.init_lines: list[str] = []
+        self.signals: list[tuple[str, int, str]] = []  # (heap name, slots, init: epoch|flag|zero)
+        self.ce_lines: list[str] = []
+        self.describe_lines: list[str] = []
+        self.module_lines: list[str] = []  # extra module-level code of lowerings
+        self.imports: list[str] = []
+        self.flags: dict[str, int] = {"TMA": 0, "CAPTURABLE": 0}
+        self.copy_engine = False
+        self.gates = False  # some copy engine waits on gates (open_gates in kernel 0)
+        # the gates of the next call are opened at the end of this one, the first call's at
+        # init (a lowering laying out its own kernels says so: gemm=library)
+        self.gates_at_end = False
+        self.capturable = bool(self.config.capturable)
+        self.flag_signals: list[tuple[str, int]] = []  # (heap name, slots): cleared at release
+        self.kernels: list[KernelBuilder] = []
+        self.notes: list[str] = list(s.notes)
+        self._next_site = 0
+
+    # ---- declarations (lowerings call these) ------------------------------------------
+
+    def const(self, name: str, value, comment: str = "") -> str:
+        """Declare module constant `name` (idempotent if the value agrees)."""
+        old = self.consts.get(name)
+        if old is not None and old[0] != value:
+            raise ValueError(f"module constant {name} declared twice: {old[0]} and {value}")
+        self.consts[name] = (value, comment or (old[1] if old else ""))
+        return name
+
+    def buffer(self, name: str, shape: tuple, dtype: str) -> str:
+        """A buffer of the symmetric heap, on every rank (no view: signals, tables)."""
+        self.symmetric[name] = (tuple(shape), dtype)
+        return name
+
+    def heap_tensor(self, name: str, shape: tuple, dtype: str, nbuf: int = 1,
+                    peer_written: bool = False) -> str:
+        """A tensor in the symmetric heap that kernels address through views: `nbuf` copies
+        (2: double-buffered by epoch parity); `peer_written`: other agents write it."""
+        self.buffer(name, ((nbuf,) if nbuf > 1 else ()) + tuple(shape), dtype)
+        self.meta[name] = (tuple(shape), dtype)
+        self.homes[name] = ("heap", nbuf)
+        if peer_written:
+            self.peer_written.add(name)
+        return name
+
+    def signal(self, name: str, slots: int, init: str = "epoch") -> str:
+        """An int32 signal array in the heap. `init`: "epoch" (every epoch before the first
+        call completed), "flag" (0: flag signals, capturable=1) or "zero"."""
+        self.buffer(name, (slots,), "int32")
+        self.signals.append((name, slots, init))
+        return name
+
+    def site(self, words: str, dep=None, role: tuple[int, str] | None = None) -> int:
+        """A new wait site: the number a stuck wait reports, described by `words`; `dep`: the
+        plan dependency whose producer slots it waits on (the runtime decodes them)."""
+        n = self._next_site
+        while n == protocol.SITE_RELEASE or n in self.sites:
+            n += 1
+        self._next_site = n + 1
+        self.sites[n] = words
+        if dep is not None:
+            self.site_deps[n] = self.plan.deps.index(dep)
+        if role is not None:
+            self.site_roles[n] = role
+        return n
+
+    def site_for(self, key, words: str, dep=None, role=None) -> int:
+        """`site`, once per `key`: a wait rendered twice (a tile body in two loops) keeps one
+        number."""
+        cache = self.__dict__.setdefault("_site_cache", {})
+        if key not in cache:
+            cache[key] = self.site(words, dep, role)
+        return cache[key]
+
+    # ---- data signals (the one place the drop_notify fault acts) -------------------------
+
+    def notify_data(self, line: str) -> str:
+        """A kernel line that signals that data arrived (a notify of a data slot)."""
+        if self.fault == "drop_notify":
+            self.dropped += 1
+            return "pass  # fault injected (drop_notify): " + line.strip()
+        return line
+
+    def put_signal(self, dst: str, src: str, count: str, sig: str, value: str, peer: str,
+                   pad: str = "") -> list[str]:
+        """`tld.put_signal(...)` (a put, then the data slot's notify), or under the
+        drop_notify fault the bare put."""
+        if self.fault == "drop_notify":
+            self.dropped += 1
+            return [f"{pad}tld.put({dst}, {src}, {count}, {peer}, me, heap_bases, COPY_BLOCK)"
+                    "  # fault injected (drop_notify): no signal"]
+        return [f"{pad}tld.put_signal({dst},", f"{pad}               {src}, {count},",
+                f"{pad}               {sig}, {value}, {peer}, me, heap_bases, COPY_BLOCK)"]
+
+    def ce_data_signal(self, line: str) -> str:
+        """A copy-engine program line appending a data slot's signal op."""
+        if self.fault == "drop_notify":
+            self.dropped += 1
+            return line[:len(line) - len(line.lstrip())] + "pass  # fault injected " \
+                "(drop_notify): " + line.strip()
+        return line
+
+    def home(self, tensor: str) -> tuple[str, int]:
+        return self.homes[tensor]
+
+    def view(self, tensor: str, kb: KernelBuilder) -> View:
+        """`tensor` as kernel `kb` addresses it (declares its pointer argument)."""
+        shape, dtype = self.meta[tensor]
+        kind, nbuf = self.homes[tensor]
+        sig = f"*{SIG_DTYPES[dtype]}"
+        if kind == "input":
+            base = kb.param(f"{tensor}_ptr", sig, f"inputs[{tensor!r}]")
+        elif kind == "output":
+            base = kb.param(f"{tensor}_ptr", sig, f"outputs[{tensor!r}]")
+        else:
+            ptr = kb.param(f"{tensor}_ptr", sig, f"sym[{tensor!r}]")
+            base = ptr if nbuf == 1 else kb.buffered(tensor, ptr, _numel(shape))
+        alias = None
+        if tensor in self.aliases:
+            lo, hi, src, rows = self.aliases[tensor]
+            alias = Alias(lo, hi, self.view(src, kb).base, rows)
+        return View(tensor, base, shape, dtype, tensor in self.peer_written, alias)
+
+    def lowering(self, op_result: str):
+        return self.comp.lowerings[op_result]
+
+    def site_of(self, op_result: str):
+        return self.comp.sites[op_result]
+
+    def producer_lowering(self, tensor: str):
+        """The lowering of the op producing `tensor` (None for a pattern input)."""
+        return self.comp.lowerings.get(tensor)
+
+    # ---- assembly -----------------------------------------------------------------------
+
+    def build(self) -> str:
+        self.buffer("ctl", (protocol.ctl_words(self.bp.world),), "int32")
+        self._assign_homes()
+        for op in self.bp.ops:
+            self.lowering(op.result).declare(self, self.site_of(op.result))
+        for i, roles in enumerate(self.comp.kernels):
+            kb = KernelBuilder(self, i, roles)
+            self.kernels.append(kb)
+        for kb in self.kernels:
+            kb.render()
+        if self.fault == "drop_notify" and not self.dropped:
+            from ..errors import ConfigError
+
+            raise ConfigError("fault drop_notify has nothing to drop: no data signal in this "
+                              "module", hint="the fault needs a collective that signals data")
+        return self._text()
+
+    def _assign_homes(self) -> None:
+        bp = self.bp
+        for d in bp.pattern.inputs:
+            self.homes[d.name] = ("input", 1)
+        for op in bp.ops:
+            site = self.site_of(op.result)
+            t = bp.tensors[op.result]
+            home = self.lowering(op.result).result_home(site)
+            if home is None:  # written locally by this rank: the output, or scratch
+                if site.is_output:
+                    self.homes[op.result] = ("output", 1)
+                elif self._needs_home(op):
+                    self.heap_tensor(op.result, t.local_shape, t.dtype)
+            else:  # ("heap", buffers): peers write it
+                self.heap_tensor(op.result, t.local_shape, t.dtype, home[1], peer_written=True)
+
+    def _needs_home(self, op) -> bool:
+        """A locally written result needs memory unless every consumer takes its tiles in the
+        producer's epilogue (a reduce_scatter or all_reduce lowering's hook)."""
+        for c in self.site_of(op.result).consumers:
+            if not getattr(self.lowering(c.result), "takes_epilogue", False):
+                return True
+        return False
+
+    def hooks_of(self, op_result: str):
+        """The lowerings (with sites) that take `op_result`'s tiles in their epilogue."""
+        return [(self.lowering(c.result), self.site_of(c.result))
+                for c in self.site_of(op_result).consumers
+                if getattr(self.lowering(c.result), "takes_epilogue", False)]
+
+    def _text(self) -> str:
+        lines = ['"""', *self._header(), '"""', "", "import triton",
+                 "import triton.language as tl", "", f"from tilelink.lang import "
+                 f"{self.target.lang} as tld"]
+        lines += self.imports
+        lines += ["", f"WORLD = {self.bp.world}"]
+        last_comment = None
+        for name, (value, comment) in self.consts.items():
+            if comment and comment != last_comment:
+                lines.append(f"# {comment}")
+                last_comment = comment
+            lines.append(f"{name} = {value!r}")
+        for flag, value in self.flags.items():
+            lines.append(f"{flag} = {value}")
+        lines += ["", "# Symmetric buffers allocated on every rank (name -> (shape, dtype)).",
+                  "SYMMETRIC = {"]
+        lines += [f"    {k!r}: ({list(v[0])}, {v[1]!r})," for k, v in self.symmetric.items()]
+        lines += ["}", "# This rank's tensors (local shapes).", "INPUTS = {"]
+        for d in self.bp.pattern.inputs:
+            t = self.bp.tensors[d.name]
+            lines.append(f"    {d.name!r}: ({list(t.local_shape)}, {t.dtype!r}),")
+        lines += ["}", "OUTPUTS = {"]
+        for name in dict.fromkeys(self.bp.pattern.outputs):
+            t = self.bp.tensors[name]
+            lines.append(f"    {name!r}: ({list(t.local_shape)}, {t.dtype!r}),")
+        lines += ["}", "# What a stuck wait was waiting for, by the site number it reports.",
+                  "WAIT_SITES = {"]
+        lines += [f"    {k}: {json.dumps(v)}," for k, v in sorted(self.sites.items())]
+        lines += ["}", "# sites whose slots are a plan dependency's producer tiles (its index "
+                  "in the plan)", f"WAIT_SITE_DEPS = {dict(sorted(self.site_deps.items()))}",
+                  "# sites by (kernel, role) that waits there",
+                  f"WAIT_SITE_ROLES = {dict(sorted(self.site_roles.items()))}", "",
+                  "# Argument types of the kernels, for compiling them ahead of time "
+                  "(tilelink compile --emit ptx).", "SIGNATURE = {"]
+        sig = {}
+        for kb in self.kernels:
+            sig.update(kb.sig)
+        lines += [f"    {k!r}: {v!r}," for k, v in sig.items()]
+        lines += ["}", "# Constexpr arguments of each kernel (kernel name -> name -> value).",
+                  "KERNEL_CONSTS = {"]
+        for kb in self.kernels:
+            for name in [kb.name] + kb.also:
+                lines.append(f"    {name!r}: dict("
+                             f"{', '.join(f'{k}={v}' for k, v in kb.consts.items())}),")
+        lines += ["}", "# warps of each kernel (compile_module reads it)", "KERNEL_WARPS = {"]
+        lines += [f"    {name!r}: {kb.warps}," for kb in self.kernels for name in [kb.name] + kb.also]
+        lines += ["}", f"NUM_WARPS = {self.kernels[0].warps}"]
+        lines += self.module_lines
+        for kb in self.kernels:
+            lines += ["", ""] + kb.lines
+        lines += ["", ""] + self._init_signals()
+        lines += ["", ""] + self._copy_engine_ops()
+        lines += ["", ""] + self._describe_slot()
+        lines += ["", ""] + self._launch()
+        return "\n".join(lines) + "\n"
+
+    def _header(self) -> list[str]:
+        s, bp = self.s, self.bp
+        lines = [f"TileLink generated module for pattern '{bp.name}'"]
+        if bp.pattern.loc:
+            lines.append(f"source: {bp.pattern.loc.file}")
+        lines += [f"sizes: {bp.sizes_str()}   (world size W = {bp.world})",
+                  f"target: {self.target.name}", f"config: {s.config_text}", "ops:"]
+        for op in bp.ops:
+            lines.append(f"  {op}    [{self.lowering(op.result).name}]")
+        lines.append("kernels, launched in this order on the caller's stream (program ids):")
+        for kb in self.kernels:
+            lines.append(f"  {kb.name}, {kb.programs} programs:")
+            for st in kb.roles:
+                waits = f"; waits on {', '.join(st.waits_on)}" if st.waits_on else ""
+                lines.append(f"    {st.name}: {st.first}..{st.last}  {st.what}{waits}")
+        lines.append("derived mappings:")
+        for d in self.plan.deps:
+            lines.append(f"  {d.consumer.op} <- {d.producer.op} via {d.tensor}: {d.kind}")
+            for w in d.closed or ():
+                where = ("all" if w.dim is None else
+                         f"read dim {w.dim}, f(x) = {w.tiling.closed_form('x')}")
+                lines.append(f"    producer axis {w.axis}: {where}")
+            lines.append(f"    channel: slot = linear("
+                         f"{', '.join(a.name for a in d.producer.axes)}) in {d.signal}")
+        lines += [f"note: {n}" for n in self.notes]
+        return lines
+
+    def _init_signals(self) -> list[str]:
+        w = self.bp.world
+        lines = ["def init_signals(symmetric, first_epoch):",
+                 '    """Signal words before the first call: every epoch before `first_epoch` '
+                 'is complete.', "",
+                 "    (The runtime calls this once, right after allocating the heap.)",
+                 '    """', "    before = _i32(first_epoch - 1)"]
+        for name, slots, init in self.signals:
+            if init == "epoch":
+                lines.append(f"    symmetric[{name!r}].fill_(before)")
+            else:
+                lines.append(f"    symmetric[{name!r}].zero_()  # "
+                             + ("flag signals (capturable=1): nothing delivered" if init == "flag"
+                                else "counters start at 0"))
+        lines += self.init_lines
+        lines += ['    ctl = symmetric["ctl"]',
+                  "    ctl.zero_()  # ctl[1]: the abort word (the runtime's abort flag), clear",
+                  "    ctl[2] = before  # last completed call",
+                  "    ctl[4:] = before  # ctl[4 + r]: rank r released its buffers up to "
+                  "this epoch"]
+        if self.gates and self.gates_at_end:
+            lines.append(f"    # the first call's gates: open (later calls' are opened by the "
+                         "call before them)")
+            lines.append(f"    ctl[{4 + w}:] = " + ("1" if self.capturable else "first_epoch"))
+        elif self.gates and self.capturable:
+            lines.append(f"    ctl[{4 + w}:] = 0  # the gates are flags (capturable=1): "
+                         "closed until a kernel opens them")
+        return ["def _i32(x):", '    """`x` as the int32 a signal word holds (two\'s '
+                'complement wrap-around)."""', "    return (x + 2**31) % 2**32 - 2**31", "",
+                ""] + lines
+
+    def _copy_engine_ops(self) -> list[str]:
+        head = ["def copy_engine_ops(rank, epoch, tensors):",
+                '    """The copy engine\'s work for one call on `rank`, in stream order (empty',
+                "    when nothing is moved by it). `tensors`: this rank's inputs and symmetric",
+                "    buffers by name; `epoch`: this call's epoch as an int32 (the kernels read",
+                '    the same number from ctl[2])."""', "    ops = []"]
+        return head + self.ce_lines + ["    return ops"]
+
+    def _describe_slot(self) -> list[str]:
+        return (["def describe_slot(site, slot):",
+                 '    """Words for a stuck wait\'s slot at a site the plan does not describe '
+                 "(None: the", '    runtime decodes it from the plan)."""']
+                + self.describe_lines + ["    return None"])
+
+    def _launch(self) -> list[str]:
+        lines = ["def launch(rt, inputs, outputs, epoch):",
+                 '    """Run one call on this rank: the copy engine\'s work on its side stream, '
+                 "then", "    the kernels one after another on the caller's stream.", "",
+                 "    `epoch` must be the epoch the kernels will read (the runtime counts calls "
+                 "the same way).", '    """', "    sym = rt.symmetric"]
+        if self.copy_engine and not any(kb.launch for kb in self.kernels):
+            lines.append("    rt.copy_engine(copy_engine_ops(rt.rank, epoch, {**inputs, **sym}))")
+        for kb in self.kernels:
+            if kb.launch is not None:
+                lines += kb.launch
+                continue
+            args = ", ".join(kb.host.values())
+            lines += [f"    rt.launch_kernel({kb.name}, ({kb.programs_const},), (",
+                      f"        {args},", "    ), dict(",
+                      f"        **KERNEL_CONSTS[{kb.name!r}], num_warps={kb.warps}, "
+                      "**tld.launch_options(),", "    ))"]
+        lines += self._copy_outputs()
+        return lines
+
+    def _copy_outputs(self) -> list[str]:
+        return []
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class KernelBuilder:
+    """One kernel of a module: its arguments, constants and roles (see ModuleBuilder)."""
+
+    def __init__(self, mb: ModuleBuilder, index: int, roles):
+        self.mb, self.index, self.roles = mb, index, roles
+        name = mb.bp.name
+        # the first kernel is the pattern's; later ones are named after what they do
+        self.name = f"{name}_kernel" if index == 0 else f"{name}_{_kernel_word(roles)}_kernel"
+        if any(k.name == self.name for k in mb.kernels[:index]):
+            self.name = f"{name}_k{index}_kernel"
+        self.programs = sum(r.count for r in roles)
+        self.params: dict[str, str] = {k: _FIXED_SIG[k] for k in _FIXED}
+        self.sig = dict(self.params)
+        self.host: dict[str, str] = dict(_FIXED_HOST)
+        self.consts: dict[str, str] = {}  # local constexpr name -> module constant
+        self.prologue: list[str] = []
+        self.buffers: dict[str, str] = {}
+        self.warps = mb.config.warps  # a step's lowering may set another
+        self.gluon = False
+        self.lines: list[str] = []
+        self.launch: list[str] | None = None  # launch() lines, where a lowering writes them
+        self.also: list[str] = []  # more kernels its lowering laid out (same consts, warps)
+        self.docstring = ""
+
+    # ---- what lowerings call ------------------------------------------------------------
+
+    @property
+    def programs_const(self) -> str:
+        """The module constant of this kernel's grid size."""
+        if self.index == 0:
+            return "NUM_PROGRAMS"
+        return f"{ident(self.name[:-len('_kernel')])}_PROGRAMS"
+
+    def param(self, name: str, sig: str, host: str) -> str:
+        if name not in self.params:
+            self.params[name] = sig
+            self.sig[name] = sig
+            self.host[name] = host
+        return name
+
+    def const(self, local: str, module: str | None = None, value=None, comment: str = "") -> str:
+        """Constexpr argument `local` of this kernel, bound to module constant `module`
+        (declared with `value` when given)."""
+        module = module or local
+        if value is not None:
+            self.mb.const(module, value, comment)
+        old = self.consts.get(local)
+        if old is not None and old != module:
+            raise ValueError(f"kernel constant {local} bound to {old} and {module}")
+        self.consts[local] = module
+        return local
+
+    def buffered(self, tensor: str, ptr: str, numel: int) -> str:
+        """The base of this call's copy of a double-buffered heap tensor (epoch parity)."""
+        name = f"{tensor}_buf"
+        if name not in self.buffers:
+            self.buffers[name] = f"{name} = {ptr} + buf * {numel}  # this call's copy of {tensor}"
+        return name
+
+    def view(self, tensor: str) -> View:
+        return self.mb.view(tensor, self)
+
+    # ---- rendering ----------------------------------------------------------------------
+
+    def render(self) -> None:
+        mb = self.mb
+        own = getattr(self.roles[0].lowering, "render_kernel", None)
+        if len(self.roles) == 1 and own is not None:
+            # a lowering that lays its kernels and host calls out itself (gemm=library)
+            self.lines, self.launch = own(self.roles[0], self)
+            return
+        codes = [role.lowering.render_step(role, self) for role in self.roles]
+        self.const("WORLD", "WORLD")
+        self.const("NUM_PROGRAMS", self.programs_const, self.programs,
+                   "programs of each kernel (its persistent grid)")
+        pids = self.roles
+        chain = []
+        for i, (role, code) in enumerate(zip(pids, codes)):
+            head = textwrap.wrap(
+                f"# ---- {role.name} (programs {role.first}..{role.last}): {role.what} ----",
+                92, subsequent_indent="# ")
+            if len(pids) == 1:
+                test = "if pid >= 0:  # every program"
+            elif i == 0:
+                test = f"if pid < {role.last + 1}:"
+            elif i == len(pids) - 1:
+                test = "else:"
+            else:
+                test = f"elif pid < {role.last + 1}:"
+            chain += [test] + indent(head + code)
+        pre = ["pid = tl.program_id(0)"]
+        if self.mb.config.debug_reverse_roles:
+            pre = ["# DEBUG (debug_reverse_roles=1): consumer roles run on the LOWEST program",
+                   "# ids, so they wait on higher-id producers of their own rank. This breaks",
+                   "# the program-order rule on purpose; it can hang (the emulated world must",
+                   "# report it). Never run on a GPU.", "pid = tl.program_id(0)"]
+        pre += protocol.epoch_begin()
+        if self.index == 0 and mb.gates and not mb.gates_at_end:
+            pre += protocol.open_gates(mb.capturable)
+        pre += list(self.buffers.values())
+        post = []
+        if self.index == len(mb.comp.kernels) - 1:
+            for ptr, _slots in mb.flag_signals:
+                self.param(ptr, "*i32", f"sym[{ptr[:-len('_ptr')]!r}]")
+            post += protocol.release("NUM_PROGRAMS", mb.flag_signals)
+            post += protocol.epoch_end()
+        sig_params = [p for p in self.params]
+        decorator = "@gluon.jit" if self.gluon else "@triton.jit"
+        cty = "gl.constexpr" if self.gluon else "tl.constexpr"
+        head = [decorator, f"def {self.name}("]
+        head += _wrap(sig_params, "    ")
+        head += _wrap([f"{c}: {cty}" for c in self.consts], "    ")
+        head += ["):", f'    """{self.docstring or _doc(self)}"""']
+        self.lines = head + indent(pre + chain + post)
+
+
+def _kernel_word(roles) -> str:
+    kinds = [r.kind for r in roles]
+    if "tiles" in kinds:
+        return next(r for r in roles if r.kind == "tiles").op.result
+    return kinds[0] if len(set(kinds)) == 1 else "_".join(dict.fromkeys(kinds))
+
+
+def _doc(kb: KernelBuilder) -> str:
+    return "; ".join(f"{r.name}: {r.what}" for r in kb.roles)
+
+
+def _wrap(items: list[str], pad: str, width: int = 96) -> list[str]:
+    """`items` as comma-terminated lines of at most `width` columns."""
+    lines, cur = [], ""
+    for it in items:
+        piece = it + ","
+        if cur and len(pad) + len(cur) + 1 + len(piece) > width:
+            lines.append(pad + cur)
+            cur = piece
+        else:
+            cur = f"{cur} {piece}" if cur else piece
+    if cur:
+        lines.append(pad + cur)
+    return lines
+
+
+def require_category(op, category: str) -> None:
+    if spec(op.kind).category != category:
+        raise NotSupportedError(f"{op.kind} is not a {category} op", op.loc)

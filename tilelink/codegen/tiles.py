@@ -1,0 +1,45 @@
+"""What the compute lowerings share: a persistent loop over a role's items, and the waits a
+tile needs on operands that a collective of the module produces.
+
+A compute lowering describes its tile; the collective producing an operand renders the waits
+for it (`render_waits`: the slots of the chunks the tile reads, from the plan's derived
+mapping), so a compute op never knows which collective, resource or protocol feeds it.
+"""
+
+from __future__ import annotations
+
+from .module import indent
+
+
+def find_dep(plan, consumer: str, tensor: str):
+    """The plan dependency of `consumer`'s tiles on the op producing `tensor` (or None)."""
+    return next((d for d in plan.deps if d.consumer.op == consumer and d.tensor == tensor), None)
+
+
+def operand_waits(kb, step, names: dict, flat: bool = False) -> tuple[list[str], set[str]]:
+    """Lines that wait until every operand of `step`'s tile that a collective produces has
+    arrived (leaving the last observed value in `tok`; empty when nothing is waited for),
+    and the names of those operands (whose loads the tile makes depend on `tok`).
+    `names`: the consumer grid's axes -> the kernel variables of the tile's [lo, hi)."""
+    mb = kb.mb
+    lines, waited = [], set()
+    for name in dict.fromkeys(step.op.args):
+        lw = mb.producer_lowering(name)
+        dep = find_dep(mb.plan, step.op.result, name)
+        if lw is not None and dep is not None and hasattr(lw, "render_waits"):
+            lines += lw.render_waits(kb, mb.site_of(name), dep, names, flat=flat,
+                                     role=step.name)
+            waited.add(name)
+    return (["tok = epoch * 0"] + lines if lines else []), waited
+
+
+def first(step) -> str:
+    """The role's first item: its program id relative to the role's first program."""
+    return f"pid - {step.first}" if step.first else "pid"
+
+
+def item_loop(step, count: str, index: list[str], waits: list[str], body: list[str]) -> list[str]:
+    """`for t in` the role's share of `count` items: `index` lines name the item's
+    coordinates, `waits` wait for its operands, `body` computes it."""
+    return [f"for t in range({first(step)}, {count}, {step.count}):"] + indent(
+        index + waits + body)

@@ -1,0 +1,273 @@
+"""The GEMM on TileLink's persistent Triton kernel (`gemm=triton`): the `tl` placement of the
+GEMM's steps (grouped tile order, TMA or pointer loads, the K loop, the epilogue)."""
+
+from __future__ import annotations
+
+from ...codegen.module import ELEMENT_BYTES, TL_DTYPES, TileOut, ident, indent
+from ...codegen.tiles import find_dep
+from ...schedule.lowering import Lowering, Step, register_lowering
+
+#: the config fields TileLink's GEMM kernel reads (overriding one asks for that kernel)
+TILE_KNOBS = ("num_programs", "block_m", "block_n", "block_k", "order", "group_m", "stages",
+              "warps", "flatten")
+
+
+def tma_ok(target, dtype: str, row_lengths) -> bool:
+    """TMA loads on targets that have it, when every row stride is a multiple of 16 bytes
+    (a descriptor's requirement); otherwise pointer loads (the header says which)."""
+    return bool(target.tma) and all(n * ELEMENT_BYTES[dtype] % 16 == 0 for n in row_lengths)
+
+
+class GemmTriton(Lowering):
+    """TileLink's persistent GEMM (`gemm=triton`): every program of its role walks output
+    tiles in a grouped order; a tile waits for the chunks its operands come from (the
+    producing collective's lowering renders the waits), runs the K loop (TMA descriptors on
+    Hopper, pointer loads elsewhere) and hands its result to the epilogue: a store to the
+    result's home, and the hooks of collectives that take the tiles (push to the row owner,
+    stage for the copy engine, ...)."""
+
+    kind = "gemm"
+    variant = "triton"
+    variant_knob = "gemm"
+    name = "gemm/triton"
+    knobs = TILE_KNOBS + ("gemm",)
+
+    def reasons(self, site) -> list[str]:
+        dtype = site.result.dtype
+        if dtype not in TL_DTYPES:
+            return [f"its operands are {dtype}: the GEMM kernel multiplies bf16, fp16 or fp32 "
+                    "(declare the operands with a float dtype)"]
+        return []
+
+    def steps(self, site) -> list[Step]:
+        gathered = [a for a in site.op.args if site.bp.ops and any(
+            o.result == a and o.kind == "all_gather" for o in site.bp.ops)]
+        return [Step("tiles", site.op, self, "persistent GEMM tiles" + (
+            f"; each waits on the chunks of {', '.join(gathered)} it reads" if gathered else ""))]
+
+    def result_home(self, site):
+        return None  # written by this rank only
+
+    def reads_in_place(self, op, tensor, rows, config) -> bool:
+        """The row operand's own rows, where no row tile straddles two ranks' rows."""
+        return op.args[0] == tensor and op.args[1] != tensor and rows % config.block_m == 0
+
+    def declare(self, mb, site) -> None:
+        cfg = mb.config
+        for name, value in (("BM", cfg.block_m), ("BN", cfg.block_n), ("BK", cfg.block_k),
+                            ("GROUP_M", cfg.group_m), ("STAGES", cfg.stages),
+                            ("OWN_FIRST", int(cfg.order == "own_first")),
+                            ("FLATTEN", cfg.flatten)):
+            mb.const(name, value, "GEMM tiles (the schedule's config)")
+
+    # the tile loop ----------------------------------------------------------------------
+
+    def render_step(self, step, kb) -> list[str]:
+        mb, op = kb.mb, step.op
+        site = mb.site_of(op.result)
+        cfg, target = mb.config, mb.target
+        a_name, b_name = op.args
+        av, bv = kb.view(a_name), kb.view(b_name)
+        m, k = av.shape
+        n = bv.shape[1]
+        p = ident(op.result)
+        for local, v in (("M", m), ("N", n), ("K", k)):
+            kb.const(local, f"{p}_{local}", v, f"gemm {op.result} = {a_name} @ {b_name}: "
+                     "[M, K] x [K, N] on this rank")
+        for c in ("BM", "BN", "BK", "GROUP_M", "STAGES", "OWN_FIRST", "FLATTEN"):
+            kb.const(c)
+        kb.warps = cfg.warps
+        dtype = site.result.dtype
+        hooks = mb.hooks_of(op.result)
+        store_local = op.result in mb.homes
+        cv = kb.view(op.result) if store_local else None
+        tma = tma_ok(target, dtype, [k, n])
+        if tma:
+            mb.flags["TMA"] = 1
+        interp = target.backend == "interp"
+        # who writes the operands: a collective's lowering renders the waits on it
+        waits = []
+        for name, view in ((a_name, av), (b_name, bv)):
+            lw = mb.producer_lowering(name)
+            dep = find_dep(mb.plan, op.result, name)
+            if lw is not None and dep is not None and hasattr(lw, "render_waits"):
+                waits.append((name, view, lw, dep))
+        own = av.alias is not None
+        fused = [(lw, hs) for lw, hs in hooks if getattr(lw, "fuses_own_rows", lambda s: False)(hs)]
+        rot = self._rotation(kb, site, hooks)
+        lines = []
+        for lw, hs in hooks:  # e.g. a reduction's wait for its buffers' release
+            lines += lw.prologue(kb, hs) if hasattr(lw, "prologue") else []
+        lines += ["num_m = (M + BM - 1) // BM", "num_n = (N + BN - 1) // BN",
+                 f"rot = (({rot}) // BM) * OWN_FIRST" if rot else "rot = 0"]
+        if tma:
+            lines += ["# TMA descriptors: out-of-range rows/columns load as zeros and are not "
+                      "stored",
+                      f"a_desc = tl.make_tensor_descriptor({av.base}, shape=[M, K], "
+                      "strides=[K, 1],", "                                   block_shape=[BM, BK])"]
+            if own:
+                lines += [f"own_desc = tl.make_tensor_descriptor({av.alias.base}, "
+                          f"shape=[{av.alias.rows}, K], strides=[K, 1],",
+                          "                                     block_shape=[BM, BK])"]
+            lines += [f"b_desc = tl.make_tensor_descriptor({bv.base}, shape=[K, N], "
+                      "strides=[N, 1],", "                                   block_shape=[BK, BN])"]
+            if store_local:
+                lines += [f"c_desc = tl.make_tensor_descriptor({cv.base}, shape=[M, N], "
+                          "strides=[N, 1],",
+                          "                                   block_shape=[BM, BN])"]
+        programs = f"{step.count}"
+        first = f"pid - {step.first}" if step.first else "pid"
+        if fused:
+            lines += ["# this rank's own rows are the last row blocks of the (rotated) order,",
+                      "# whole tile groups: the first loop runs every other tile, the second "
+                      "these", f"tiles = num_m * num_n - ({fused[0][0].own_rows(kb, fused[0][1])}"
+                      " // BM) * num_n"]
+            end = "tiles"
+        else:
+            end = "num_m * num_n"
+        loop = (f"for t in tl.range({first}, {end}, {programs}, flatten=FLATTEN):" if tma else
+                f"for t in range({first}, {end}, {programs}):")
+        body = self._tile(kb, step, av, bv, cv, waits, tma, interp, dtype, hooks, fused=None)
+        lines += [loop] + indent(body)
+        if fused:
+            lw, hs = fused[0]
+            lines += ["# ---- this rank's own rows, last: the GEMM tile plus every peer's "
+                      "partial of it ----",
+                      f"for t in range(tiles + (({first} - tiles) % {programs} + {programs})"
+                      f" % {programs}, num_m * num_n, {programs}):"]
+            lines += indent(self._tile(kb, step, av, bv, cv, waits, tma, interp, dtype, hooks,
+                                       fused=(lw, hs)))
+        return lines
+
+    def _rotation(self, kb, site, hooks) -> str | None:
+        """Rows whose data is ready (or needed) first, from the collectives around the GEMM:
+        a gather feeding its rows puts this rank's rows first; a reduction taking its tiles
+        puts the next rank's first (its copy is shipped first)."""
+        a = site.op.args[0]
+        lw = kb.mb.producer_lowering(a)
+        if lw is not None and hasattr(lw, "rows_first"):
+            r = lw.rows_first(kb, kb.mb.site_of(a))
+            if r:
+                return r
+        for lw, hs in hooks:
+            if hasattr(lw, "rows_first"):
+                r = lw.rows_first(kb, hs)
+                if r:
+                    return r
+        return None
+
+    def _tile(self, kb, step, av, bv, cv, waits, tma, interp, dtype, hooks, fused) -> list[str]:
+        mb = kb.mb
+        cfg = mb.config
+        names = {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"), "n": ("col_lo", "col_hi")}
+        lines = [
+            "# grouped tile order for L2 reuse, rotated so the rows ready first go first",
+            "group = t // (GROUP_M * num_n)",
+            "first_m = group * GROUP_M",
+            "group_rows = tl.minimum(num_m - first_m, GROUP_M)",
+            "pid_m = first_m + (t % (GROUP_M * num_n)) % group_rows",
+            "pid_n = (t % (GROUP_M * num_n)) // group_rows",
+            "pid_m = (pid_m + rot) % num_m",
+            "row_lo = pid_m * BM",
+            "row_hi = tl.minimum(row_lo + BM, M)",
+            "col_lo = pid_n * BN",
+            "col_hi = tl.minimum(col_lo + BN, N)",
+        ]
+        own = av.alias is not None
+        if waits:
+            lines.append("tok = epoch * 0")
+            for name, view, lw, dep in waits:
+                w = lw.render_waits(kb, mb.site_of(name), dep, names, flat=bool(cfg.flatten),
+                                    role=step.name)
+                if own and view is av:
+                    lines += [f"own = (row_lo >= {av.alias.lo}) & (row_lo < {av.alias.hi})",
+                              "if not own:"] + indent(w)
+                else:
+                    lines += w
+        elif own:  # (an alias without waits cannot happen: aliases come from gathers)
+            lines.append(f"own = (row_lo >= {av.alias.lo}) & (row_lo < {av.alias.hi})")
+        peer = av.peer_written or bv.peer_written
+        if tma:
+            if own:
+                lines += ["# own rows straight from the input, others from the gathered buffer: "
+                          "pick one of", "# the two descriptors made before the loop",
+                          "tile_desc = a_desc", "src_row = row_lo", "if own:",
+                          "    tile_desc = own_desc", f"    src_row = row_lo - {av.alias.lo}"]
+            else:
+                lines += ["tile_desc = a_desc", "src_row = row_lo"]
+            if peer and waits:
+                lines += ["# rows written by other agents (peer SMs or the copy engine) through "
+                          "the generic proxy", "# are read here through the async proxy (TMA): "
+                          "fence between the two", "tld.fence_proxy_async(True)"]
+            if waits:
+                lines += ["src_row = tld.consume_token(src_row, tok)"]
+            b_col = "col_lo"
+            if any(view is bv for _, view, _, _ in waits):
+                lines += ["b_col = tld.consume_token(col_lo, tok)"]
+                b_col = "b_col"
+            lines += ["acc = tl.zeros((BM, BN), dtype=tl.float32)",
+                      "for k0 in tl.range(0, K, BK, num_stages=STAGES):",
+                      "    a_tile = tile_desc.load([src_row, k0])",
+                      f"    b_tile = b_desc.load([k0, {b_col}])", "    " + _dot(interp, mb)]
+        else:
+            src_note = []
+            if own:
+                lines += ["# own rows come from the input, others from the gathered buffer",
+                          f"src = {av.base}", "src_row = row_lo", "if own:",
+                          f"    src = {av.alias.base}", f"    src_row = row_lo - {av.alias.lo}"]
+            else:
+                lines += [f"src = {av.base}", "src_row = row_lo"]
+            lines += ["offs_src = " + ("tld.consume_token(src_row, tok)" if waits else "src_row")
+                      + " + tl.arange(0, BM)",
+                      "offs_m = row_lo + tl.arange(0, BM)",
+                      "offs_n = " + ("tld.consume_token(col_lo, tok)" if any(
+                          view is bv for _, view, _, _ in waits) else "col_lo")
+                      + " + tl.arange(0, BN)",
+                      "acc = tl.zeros((BM, BN), dtype=tl.float32)",
+                      "for k0 in " + ("range(0, K, BK)" if interp else
+                                      "tl.range(0, K, BK, num_stages=STAGES)") + ":",
+                      "    offs_k = k0 + tl.arange(0, BK)",
+                      "    a_tile = tl.load(src + offs_src[:, None] * K + offs_k[None, :],",
+                      "                     mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), "
+                      "other=0.0)",
+                      f"    b_tile = tl.load({bv.base} + offs_k[:, None] * N + offs_n[None, :],",
+                      "                     mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), "
+                      "other=0.0)", "    " + _dot(interp, mb)]
+            del src_note
+        tl_dtype = TL_DTYPES[dtype]
+        if fused is not None:
+            lw, hs = fused
+            tile = self._tile_out(tl_dtype, tma)
+            lines += lw.fused_epilogue(kb, hs, tile)
+            return lines
+        if cv is not None:
+            if tma:
+                lines += [f"c_desc.store([row_lo, col_lo], acc.to({tl_dtype}))"]
+            else:
+                lines += ["c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)",
+                          f"tl.store({cv.base} + offs_m[:, None] * N + offs_n[None, :], "
+                          f"acc.to({tl_dtype}), mask=c_mask)"]
+        if hooks:
+            lines += [f"vals = acc.to({tl_dtype})"]
+            if tma:
+                lines += ["offs_m = row_lo + tl.arange(0, BM)", "offs_n = col_lo + tl.arange(0, BN)"]
+            tile = self._tile_out(tl_dtype, tma)
+            for lw, hs in hooks:
+                lines += lw.epilogue(kb, hs, tile)
+        return lines
+
+    @staticmethod
+    def _tile_out(tl_dtype, tma) -> TileOut:
+        return TileOut("vals", "offs_m", "offs_n", "row_lo", "row_hi", "col_lo", "col_hi",
+                       {"rank": "me", "m": "pid_m", "n": "pid_n"}, ("BM", "BN"))
+
+
+def _dot(interp: bool, mb) -> str:
+    if mb.target.dot_fp32:
+        return "acc = tl.dot(a_tile.to(tl.float32), b_tile.to(tl.float32), acc)"
+    return "acc = tl.dot(a_tile, b_tile, acc)"
+
+
+register_lowering(GemmTriton())
+
+

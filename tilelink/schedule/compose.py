@@ -1,0 +1,192 @@
+"""Compose a pattern's kernels from its ops' lowerings: which work runs where, and why.
+
+Every op of the pattern is lowered by the lowering its config selects (`lowering_for`).
+The lowerings return `Step`s; this module places them into kernels (launched one after
+another on the caller's stream) and gives each a range of program ids:
+
+- a compute op's tile loop ("tiles") starts a kernel. A compute op that reads what another
+  compute op wrote gets it through stream order: the previous kernel has ended. (Per-tile
+  waits between two tile loops of one persistent kernel would need every program resident
+  at once and would break the program-order rule below.)
+- a push of data that is ready when its kernel starts goes into the kernel of the first op
+  consuming its result, before that op's tiles;
+- a reduction of what a producer's epilogue delivered goes right after the producer's tiles
+  in the same kernel, or into a kernel of its own right after it;
+- a copy of a peer-written result into the pattern's output goes last.
+
+Within a kernel, roles are laid out in that order, so a role only ever waits on roles with
+lower program ids of its rank (producers first): the program-order rule that keeps a
+persistent kernel deadlock-free on a GPU and lets the interpreter run a rank's programs one
+after another. Non-tile roles get `comm_programs` programs each; the tiles get the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError, NotSupportedError
+from ..ir import BoundPattern, spec
+from .lowering import LOWERINGS, Lowering, OpSite, Step, available, lowering_for
+
+_ORDER = {"push": 0, "tiles": 1, "reduce": 2, "copy_out": 3}
+
+
+@dataclass
+class Composition:
+    """The chosen lowerings and the kernels their steps form."""
+
+    sites: dict[str, OpSite]  # op result -> its site
+    lowerings: dict[str, Lowering]  # op result -> its lowering
+    kernels: list[list[Step]]  # per kernel, its roles in program-id order
+    reasons: list[str] = field(default_factory=list)  # why the config cannot run
+
+    def steps(self):
+        """Every step, kernel by kernel."""
+        return [s for k in self.kernels for s in k]
+
+    def step_of(self, op_result: str, kind: str) -> Step | None:
+        return next((s for s in self.steps() if s.op.result == op_result and s.kind == kind),
+                    None)
+
+
+def op_sites(bp: BoundPattern, config, target) -> dict[str, OpSite]:
+    """Every op's site: its producer, consumers and whether it is returned."""
+    producer = {op.result: op for op in bp.ops}
+    sites = {}
+    for op in bp.ops:
+        consumers = tuple(o for o in bp.ops if op.result in o.args)
+        src = producer.get(op.args[0]) if op.args else None
+        sites[op.result] = OpSite(bp, op, config, target, src, consumers,
+                                  op.result in bp.pattern.outputs)
+    return sites
+
+
+def choose_lowerings(bp: BoundPattern, sites: dict[str, OpSite]) -> dict[str, Lowering]:
+    """The lowering of every op under its site's config; NotSupportedError names the op and
+    resource that lack one, and the ones that exist."""
+    chosen = {}
+    for op in bp.ops:
+        site = sites[op.result]
+        lw = lowering_for(site)
+        if lw is None:
+            cfg = site.config
+            what = (f"comm={cfg.comm}" if spec(op.kind).category == "comm"
+                    else "this pattern")
+            have = available(op.kind)
+            raise NotSupportedError(
+                f"no lowering of {op.kind} for {what} ({site.where})", op.loc,
+                ("lowerings of " + op.kind + ": " + ", ".join(have)) if have else
+                f"{op.kind} has no kernel lowering yet: --emit plan shows its mappings")
+        chosen[op.result] = lw
+    return chosen
+
+
+def compose(bp: BoundPattern, config, target) -> Composition:
+    """Lower every op and place the steps into kernels (see the module docstring)."""
+    sites = op_sites(bp, config, target)
+    lowerings = choose_lowerings(bp, sites)
+    reasons = []
+    for op in bp.ops:
+        for r in lowerings[op.result].reasons(sites[op.result]):
+            reasons.append(f"{op.kind} ({sites[op.result].where}): {r}")
+    kernels: list[list[Step]] = []
+    tiles_kernel: dict[str, int] = {}  # op result -> kernel of its tiles step
+    pending: dict[str, list[Step]] = {}  # consumer op result -> pushes before its tiles
+    last: list[Step] = []
+    for op in bp.ops:
+        site = sites[op.result]
+        for step in lowerings[op.result].steps(site):
+            if step.kind == "tiles":
+                kernels.append(pending.pop(op.result, []) + [step])
+                tiles_kernel[op.result] = len(kernels) - 1
+            elif step.kind == "push":
+                consumer = next((c for c in site.consumers
+                                 if spec(c.kind).category == "compute"), None)
+                if consumer is not None:
+                    pending.setdefault(consumer.result, []).append(step)
+                else:  # the result is only returned: a kernel of its own
+                    kernels.append([step])
+            elif step.kind == "reduce":
+                k = tiles_kernel.get(site.producer.result) if site.producer else None
+                if k is None:
+                    raise NotSupportedError(
+                        f"{op.kind} of {op.args[0]}: its reduction needs a compute op of the "
+                        f"pattern producing {op.args[0]} (the partials are delivered from "
+                        "that op's tile epilogue)", op.loc,
+                        f"compute {op.args[0]} in the pattern (e.g. with gemm)")
+                if step.own_kernel:
+                    kernels.insert(k + 1, [step])
+                    for name, idx in tiles_kernel.items():
+                        if idx > k:
+                            tiles_kernel[name] = idx + 1
+                else:
+                    kernels[k].append(step)
+            elif step.kind == "copy_out":
+                last.append(step)
+            else:
+                raise ValueError(f"unknown step kind {step.kind!r} from {op.kind}")
+    if pending:  # a push whose consumer has no tiles step (cannot happen with valid lowerings)
+        raise NotSupportedError("data pushed for ops that have no kernel: "
+                                + ", ".join(pending))
+    if last:
+        if not kernels:
+            kernels.append([])
+        kernels[-1].extend(last)
+    comp = Composition(sites, lowerings, [k for k in kernels if k], reasons)
+    _lay_out(comp, config)
+    return comp
+
+
+def _lay_out(comp: Composition, config) -> None:
+    """Order every kernel's roles, give them program ids, name them, derive what each waits
+    on (a role of its own kernel whose data it reads), and check the split fits."""
+    for index, roles in enumerate(comp.kernels):
+        roles.sort(key=lambda s: _ORDER[s.kind])
+        if config.debug_reverse_roles:
+            roles.reverse()  # DEBUG: consumers before producers (emulated world only)
+        has_tiles = any(s.kind == "tiles" for s in roles)
+        counts = []
+        for s in roles:
+            if len(roles) == 1:
+                counts.append(config.num_programs)
+            elif has_tiles and s.kind == "tiles":
+                counts.append(None)  # the rest
+            elif not has_tiles and s is roles[-1]:
+                counts.append(None)
+            else:
+                counts.append(config.comm_programs)
+        rest = config.num_programs - sum(c for c in counts if c is not None)
+        if rest < 1 and None in counts:
+            raise ConfigError(
+                f"comm_programs={config.comm_programs} leaves no program for the "
+                f"{next(s for s, c in zip(roles, counts) if c is None).op.kind} tiles of kernel "
+                f"{index} (num_programs={config.num_programs}, {len(roles) - 1} other role(s) "
+                f"of {config.comm_programs} programs each)",
+                hint="use fewer comm_programs or more num_programs")
+        first = 0
+        names = {}
+        for s, c in zip(roles, counts):
+            s.kernel, s.first, s.count = index, first, rest if c is None else c
+            first += s.count
+            base = "compute" if s.kind == "tiles" else f"{s.kind} {s.op.result}"
+            s.name = base if base not in names else f"{base} {s.op.result}"
+            names[s.name] = s
+        for s in roles:
+            s.waits_on = tuple(p.name for p in roles if p is not s and _reads(s, p))
+
+
+def _reads(consumer: Step, producer: Step) -> bool:
+    """Whether `consumer` waits for data `producer` makes within one call of the kernel."""
+    if consumer.kind == "push":
+        return False  # its source is ready when the kernel starts
+    if producer.op is consumer.op:
+        return _ORDER[producer.kind] < _ORDER[consumer.kind]
+    return producer.op.result in consumer.op.args
+
+
+def lowering_names(comp: Composition) -> dict[str, str]:
+    """op result -> the name of its lowering (for notes and headers)."""
+    return {k: lw.name for k, lw in comp.lowerings.items()}
+
+
+__all__ = ["LOWERINGS", "Composition", "compose", "op_sites", "choose_lowerings"]

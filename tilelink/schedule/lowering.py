@@ -1,0 +1,190 @@
+"""Lowerings: how one op becomes device work, and the registry the op families fill.
+
+A lowering is registered by an op family's module (`tilelink.ops`) for one op kind and,
+for a collective, one resource (`comm`: SMs or the copy engine), or for a compute op, one
+way of computing it (`gemm`: TileLink's Triton kernel, a warp-specialised Gluon kernel, the
+vendor library). It answers, for one op of a bound pattern under one config:
+
+- `knobs`: the config fields it reads (the pattern's config space is the union of its
+  lowerings' knobs: `tilelink compile --emit schedule` lists them);
+- `reasons`: why it cannot run this op with this config (empty: it can) — its own validity
+  rules, so an invalid combination is refused naming the op and what to change;
+- `defaults`: knob values it proposes for the op (the scheduler's starting point);
+- `steps`: the pieces of device work it contributes (`Step`s: a tile loop, a push of chunks
+  to the peers, a reduction, a copy into an output), where the composer should put each
+  one, and the epilogue it needs from the op producing its input;
+- `notes`: what `--emit schedule` says about it.
+
+The same object renders its pieces (`tilelink.codegen` calls its `render_*` methods): one
+place per op, read by both layers. The registry is the schedule layer's because the
+schedule chooses lowerings; codegen only renders what was chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..ir import BoundPattern, Op
+    from .config import Config
+    from .targets import Target
+
+# op kind -> its lowerings, in registration order
+LOWERINGS: dict[str, list[Lowering]] = {}
+
+
+def register_lowering(lowering: Lowering) -> Lowering:
+    """Add `lowering` to the registry (an op family module calls this at import)."""
+    LOWERINGS.setdefault(lowering.kind, []).append(lowering)
+    return lowering
+
+
+@dataclass(frozen=True)
+class OpSite:
+    """One op of a bound pattern under one config and target: what lowerings are asked about.
+
+    `source_step_kind`: for a collective, what makes its input ("input": a pattern input,
+    ready when the call starts; else the kind of the step producing it). `consumers`: the
+    ops reading its result. `is_output`: the result is returned by the pattern."""
+
+    bp: BoundPattern
+    op: Op
+    config: Config
+    target: Target
+    producer: Op | None = None
+    consumers: tuple = ()
+    is_output: bool = False
+
+    @property
+    def attrs(self) -> dict:
+        return self.bp.op_attrs(self.op)
+
+    def tensor(self, name: str):
+        return self.bp.tensors[name]
+
+    @property
+    def result(self):
+        return self.bp.tensors[self.op.result]
+
+    @property
+    def where(self) -> str:
+        """`op` as the user wrote it, with its line, for messages."""
+        loc = self.op.loc
+        return f"{self.op.result} = {self.op.kind}(...)" + (f" at {loc.file}:{loc.line}"
+                                                             if loc else "")
+
+
+@dataclass
+class Step:
+    """One piece of device work of one op: a role of a kernel (a range of program ids).
+
+    `kind` says what it does and where the composer puts it:
+      "tiles"    a compute op's persistent tile loop; starts a kernel of its own
+                 (a compute op reading whole rows another compute op writes gets them
+                 through stream order, not per-tile waits)
+      "push"     moves data that is ready when its kernel starts (a pattern input, or a
+                 result of an earlier kernel) to the peers: in the kernel of the first op
+                 that consumes its result, before that op's tiles (lower program ids)
+      "reduce"   sums what the producer's epilogue delivered: in the producer's kernel,
+                 after its tiles, or in a kernel of its own right after (`own_kernel`)
+      "copy_out" copies a result that peers wrote into the symmetric heap to the pattern
+                 output: in the last kernel, after everything else
+    """
+
+    kind: str
+    op: Op
+    lowering: Lowering
+    what: str  # one line for --emit schedule
+    own_kernel: bool = False
+    name: str = ""  # the role's name (set by the composer: "compute", "push a_full", ...)
+    kernel: int = -1  # index of the kernel it runs in (composer)
+    first: int = 0  # program ids first .. first + count - 1 of that kernel (composer)
+    count: int = 0
+    waits_on: tuple[str, ...] = ()  # roles of the same rank and kernel it waits on
+    # this step also waits on data the peers send it, produced by roles of other kernels
+    # or ranks (informational: not part of the program-order check)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+    @property
+    def span(self) -> str:
+        return f"programs {self.first}..{self.last}"
+
+
+class Lowering:
+    """Base class of every lowering (see the module docstring); subclasses override."""
+
+    kind: str = ""  # the op kind it lowers
+    resource: str | None = None  # a collective's `comm` value; None for compute ops
+    variant: str | None = None  # a compute op's variant (the value of `variant_knob`), if any
+    variant_knob: str = ""  # the config field choosing between a compute op's lowerings
+    knobs: tuple[str, ...] = ()
+    name: str = ""
+
+    def reasons(self, site: OpSite) -> list[str]:
+        """Why this lowering cannot run `site` (empty: it can)."""
+        return []
+
+    def defaults(self, site: OpSite) -> dict:
+        """Knob values this lowering proposes for `site` (str values, like --config)."""
+        return {}
+
+    def steps(self, site: OpSite) -> list[Step]:
+        """The device work this lowering contributes for `site`."""
+        return []
+
+    def notes(self, site: OpSite) -> list[str]:
+        """Lines for --emit schedule."""
+        return []
+
+    def shares_kernel(self, site: OpSite) -> bool:
+        """Whether a step of this lowering runs next to another op's tiles in one kernel
+        (so `comm_programs` programs are taken from them)."""
+        return any(s.kind != "tiles" and not s.own_kernel for s in self.steps(site))
+
+    def overlap_min_flops(self, site: OpSite) -> float:
+        """Below this many GEMM FLOPs per rank the default is the non-overlapped plan (this
+        lowering's fixed costs are not hidden there); 0: always overlap."""
+        return 0.0
+
+    def reads_in_place(self, op, tensor: str, rows: int, config) -> bool:
+        """Whether this (compute) lowering can read this rank's own `rows` rows of the
+        gathered `tensor` straight from the gather's input instead of a copy (the gather
+        then neither copies nor signals them)."""
+        return False
+
+    def tune_axes(self, site: OpSite) -> list[dict]:
+        """Alternatives the tuner crosses for this lowering on `site.target`, each a dict of
+        knob values (e.g. a reduction in the kernel, or after it); [{}]: nothing of its own."""
+        return [{}]
+
+    def captured_overrides(self, site: OpSite) -> dict | None:
+        """Config overrides for calls captured in a CUDA graph, where the default is the
+        non-overlapped plan for host cost (which a replay does not have); None: none."""
+        return None
+
+
+def lowering_for(site: OpSite) -> Lowering | None:
+    """The lowering `site.config` selects for `site.op`: a collective's by its `comm`
+    resource, a compute op's by its variant knob (or its only lowering). None for the
+    non-overlapped plan (comm=none: no kernel)."""
+    cands = LOWERINGS.get(site.op.kind, [])
+    cfg = site.config
+    if cfg.comm == "none":
+        return None
+    for lw in cands:
+        if lw.resource is not None and lw.resource != cfg.comm:
+            continue
+        if lw.variant is not None and getattr(cfg, lw.variant_knob) != lw.variant:
+            continue
+        return lw
+    return None
+
+
+def available(kind: str) -> list[str]:
+    """Names of the lowerings registered for op `kind` (for messages)."""
+    return [lw.name for lw in LOWERINGS.get(kind, [])]
