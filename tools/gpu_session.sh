@@ -2,7 +2,7 @@
 # Prologue for commands on the GPU host: carried wheels (lark), multicast off, unbuffered.
 # Usage (from the repo root there): source tools/gpu_session.sh
 # For bench JSONs, also export TILELINK_COMMIT=<commit under test>: the device copy's .git can
-# be older than the tree it runs (session 7: a run recorded the session's first commit).
+# be older than the tree it runs (2026-11-22: a run of 07ed53f recorded 65c2e02).
 # The wheels and TileLink's caches go to .gpu-session/ inside this checkout (ignored by git,
 # private to its owner), never to the shared temp directory: anything on PYTHONPATH there
 # could be planted by another user of the host.

@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-# DESIGN.md's shapes (bf16, N and K global): pattern file -> [(M, N, K), ...]
+# the design shapes (docs/design.md; bf16, N and K global): pattern file -> [(M, N, K), ...]
 DESIGN_SUITE = {
     "ag_gemm.tl": [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 49152, 12288),
                    (2048, 28672, 8192), (1024, 8192, 8192)],
@@ -43,9 +43,10 @@ def add_parser(sub) -> None:
         + " ".join(f"{v}={'0' if v.startswith('NCCL') else '1'}" for v in ENV)
         + " (multicast off).")
     b.add_argument("pattern", nargs="?", help="a .tl file, or path/to/file.py:function")
-    b.add_argument("--suite", choices=sorted(SUITES), help="run DESIGN.md's shapes instead "
-                   "of one pattern: design = all 9 (examples/ag_gemm.tl and "
-                   "examples/gemm_rs.tl), design-ag / design-rs = the 5 AG-GEMM / 4 GEMM-RS")
+    b.add_argument("--suite", choices=sorted(SUITES), help="run the design shapes "
+                   "(docs/design.md) instead of one pattern: design = all 9 "
+                   "(examples/ag_gemm.tl and examples/gemm_rs.tl), design-ag / design-rs = "
+                   "the 5 AG-GEMM / 4 GEMM-RS")
     b.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
     b.add_argument("--world-size", "-W", type=int, default=2, help="number of ranks/GPUs "

@@ -127,7 +127,7 @@ def default_space(target: Target) -> ConfigSpace:
 # non-overlapped plan. Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the
 # overlapped kernel took 0.122 to 0.194 ms over four bench runs (host-bound: the host needs
 # about as long per call as the GPU), NCCL + cuBLAS 0.145 to 0.151; at 34 GFLOP (M = 512)
-# 0.131 against 0.088. Session 7 cut the host path (~170 -> ~82 us per call: raw stream and
+# 0.131 against 0.088. 634b5d7 cut the host path (~170 -> ~82 us per call: raw stream and
 # event handles, runtime/fast_launch.py): the overlapped kernel then took 0.114-0.119 ms
 # against 0.145 in a fast-host process, but three bench runs gave 0.141 / 0.170 / 0.118
 # against 0.151-0.154 (a slower host process: 140 us of host per call, so host-bound again),
@@ -199,7 +199,7 @@ def default_config(bp: BoundPattern, target: Target,
                     "0.107 ms against 0.147 for NCCL + cuBLAS replayed the same way)")
         return replace(base, comm="none"), why
     if sig == "all_gather>gemm":
-        # the copy engine is the fastest mover (DESIGN.md); a few large chunks per rank
+        # the copy engine is the fastest mover (docs/design.md); a few large chunks per rank
         rows = bp.tensors[bp.ops[0].args[0]].local_shape[0]
         if _output_tiles(bp, base) <= target.num_sms:
             # one wave of 128x256 tiles or less: 128x128 tiles make two waves, the first on

@@ -46,7 +46,7 @@ class Knobs:
     smem_bytes: int | None  # shared memory per CTA; None: do not filter by it
 
 
-# Why these values: DESIGN.md measured 128x256x64 / 3 stages / 8 warps as the fast persistent
+# Why these values: docs/design.md measured 128x256x64 / 3 stages / 8 warps as the fast persistent
 # Triton GEMM on H200 (4 stages of it exceed shared memory); 128x128 tiles quantize better
 # when there are few tiles (small M). SM-driven comm needs >= 32 CTAs to approach the copy
 # engine's bandwidth and 8 CTAs is far below it, so 8/16/32 spans the trade-off; comm
@@ -172,7 +172,7 @@ def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[
     (capturable=1; AG-GEMM has it, GEMM-RS does not: dropped). A replay has no host work, so
     the library-GEMM plan (cuBLAS per source rank's rows), left out of the eager space for its
     host cost, joins it for AG-GEMM (2x H200, AG M = 1024, graph replays: 0.103 ms against
-    0.107 for TileLink's kernel, docs/perf.md session 8).
+    0.107 for TileLink's kernel, docs/perf-history.md, 2026-11-22, 9449848).
     """
     sig, space, ext = bp.signature(), default_space(target), extents(bp)
     out: dict[Config, None] = {}
@@ -233,7 +233,7 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
         if sig == "gemm>reduce_scatter" and target.backend != "interp":
             # the reduce as a second kernel after the GEMM (comm_programs unused), with SM
             # pushes or the copy engine (the default: measured fastest on every GEMM-RS
-            # shape of DESIGN.md, docs/perf.md)
+            # design shape of docs/design.md, docs/perf.md)
             comm_settings += [(res, Config().comm_programs, cbm, cbn, 1)
                               for cbm in knobs.comm_block_m for cbn in knobs.comm_block_n]
             if res == "copy_engine":
@@ -244,7 +244,7 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
     out: dict[Config, None] = {}  # ordered set
     # flatten helps the GEMM-RS kernel's K loop (measured); in the AG kernel it fuses and
     # pipelines since the waits became one tld.wait_flat per tile, but measured no faster
-    # (docs/perf.md, session 5), so the tuner does not spend measurements on it
+    # (docs/perf-history.md, 2026-11-22, 663e850), so the tuner does not spend measurements on it
     flatten = int(sig == "gemm>reduce_scatter" and target.backend == "cuda")
     for (res, cp, cbm, cbn, after), (bm, bn, bk, st, wp, gm), order in itertools.product(
             comm_settings, tiles, knobs.order):
