@@ -7,7 +7,6 @@ import io
 import json
 import os
 import socket
-import sys
 
 import pytest
 import torch
@@ -27,7 +26,7 @@ from tilelink.bench.report import (
 from tilelink.cli.main import main
 from tilelink.frontend import load_pattern
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES
 
 AG = str(EXAMPLES / "ag_gemm.tl")
 RS = str(EXAMPLES / "gemm_rs.tl")
@@ -146,47 +145,6 @@ def test_markdown_section_names_how_to_reproduce():
 def test_collect_meta_runs_without_gpu():
     meta = report.collect_meta("tilelink bench x")
     assert meta["command"] == "tilelink bench x" and "torch" in meta and "date" in meta
-
-
-# ---------------------------------------------------------------- chart
-
-
-def test_plot_png(tmp_path):
-    pytest.importorskip("matplotlib")
-    rs = [_result(), _result(tilelink=0.5)]
-    rs[1].sizes = {"M": 1024, "N": 8192, "K": 8192}
-    rs.append(_result())
-    rs[2].signature = "gemm>reduce_scatter"
-    out = tmp_path / "c.png"
-    assert report.plot(rs, str(out), title="t")
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert not report.plot([_result()], str(tmp_path / "c.png"))
-    assert "matplotlib is not installed" in capsys.readouterr().err
-    assert not (tmp_path / "c.png").exists()
-
-
-def test_plot_tool_from_json(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import plot_bench
-    finally:
-        sys.path.pop(0)
-    path = tmp_path / "b.json"
-    dump_json([_result()], {"date": "d"}, str(path))
-    assert plot_bench.main([str(path), "--table", "--detail"]) == 0
-    out = capsys.readouterr().out
-    assert "TileLink ms" in out and "= max(GEMM alone, fastest comm alone)" in out
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return
-    png = tmp_path / "c.png"
-    assert plot_bench.main([str(path), str(path), "-o", str(png), "--markdown"]) == 0
-    assert png.exists() and capsys.readouterr().out.count("| AG-GEMM |") == 2
 
 
 # ---------------------------------------------------------------- progress

@@ -68,7 +68,7 @@ CASES = {
     "ag_none_even": RunSpec(AG, EVEN, {"comm": "none"}, calls=20),
     "rs_none_ragged": RunSpec(RS, RAGGED_RS, {"comm": "none"}, calls=20),
     # the copy engine ships the staged chunks, the reduce runs after the GEMM kernel and
-    # reads its own rank's partial in place (GEMM-RS's default; passed on GPUs in session 4)
+    # reads its own rank's partial in place (GEMM-RS's default; GPU-run 2026-11-22, 968c38c)
     "rs_ce_after_even": RunSpec(RS, EVEN, RS_CE_AFTER, calls=5),
     "rs_ce_after_ragged": RunSpec(RS, RAGGED_RS, RS_CE_AFTER, calls=5),
     "rs_ce_after_1000": RunSpec(RS, SMALL, RS_CE_AFTER, calls=1000),
@@ -83,21 +83,21 @@ CASES = {
     "ag_sm_graph": RunSpec(AG, EVEN, SM, calls=20, graph=True),
     "rs_sm_graph": RunSpec(RS, EVEN, SM, calls=20, graph=True),
     # gemm=library: torch.mm per source rank's rows, around one-program sync kernels
-    # (passed on GPUs in session 5, d866ad7)
+    # (passed on GPUs on 2026-11-22, d866ad7)
     "ag_lib_even": RunSpec(AG, EVEN, AG_LIB, calls=5),
     "ag_lib_ragged": RunSpec(AG, RAGGED_AG, AG_LIB | {"comm_block_m": "128"}, calls=5),
     "ag_lib_1000": RunSpec(AG, SMALL, AG_LIB, calls=1000),
     "ag_lib_delays": RunSpec(AG, RAGGED_AG, AG_LIB, calls=100, delays=True, seed=10),
     # flatten=1: each AG tile's waits are one tld.wait_flat (inline-PTX spin), TMA path with
     # two slots per wait (64-row chunks under 128-row tiles) and random delays; pointer path
-    # (passed on GPUs in session 5, 35e1982)
+    # (passed on GPUs on 2026-11-22, 35e1982)
     "ag_ce_flat_delays": RunSpec(AG, EVEN, CE | {"flatten": "1", "comm_block_m": "64"},
                                  calls=100, delays=True, seed=12),
     "ag_sm_flat_ragged": RunSpec(AG, RAGGED_AG, SM | {"flatten": "1"}, calls=20),
     # the defaults of the shapes the bench runs (512-row GEMM-RS chunks, one AG chunk per
     # shard) under the suite's stress, and the non-overlapped plan in a CUDA graph: the
     # suite's sizes are below the non-overlapped threshold, so they inherit the small-shape
-    # chunks unless a case names them (passed on GPUs at W = 2 in session 7, 65c2e02)
+    # chunks unless a case names them (passed on GPUs at W = 2 on 2026-11-22, 65c2e02)
     "rs_ce_512_ragged": RunSpec(RS, RAGGED_RS, RS_CE_512, calls=5),
     "rs_ce_512_delays": RunSpec(RS, TALL, RS_CE_512, calls=100, delays=True, seed=13),
     "rs_fused_512_delays": RunSpec(RS, TALL, RS_CE_512 | {"fuse_reduce": "1", "group_m": "4"},
@@ -124,8 +124,9 @@ NVSHMEM_CASES = {
     "ptr_ag_sm_even": RunSpec(AG, EVEN, SM, calls=5, **NV_PTR),
     "ptr_rs_ce_even": RunSpec(RS, EVEN, RS_CE, calls=5, **NV_PTR),
 }
-# Session 7: the capturable copy-engine protocol (capturable=1: flag gates and data signals,
-# one gathered buffer), eager under stress and captured in a CUDA graph (GPU-run session 8).
+# a6cbafb (2026-11-22): the capturable copy-engine protocol (capturable=1: flag gates and
+# data signals, one gathered buffer), eager under stress and captured in a CUDA graph (GPU-run
+# on 2026-11-22 at 226530b).
 AG_CAP = CE | {"capturable": "1"}
 CASES |= {
     "ag_cap_ragged_delays": RunSpec(AG, RAGGED_AG, AG_CAP, calls=100, delays=True, seed=16),
@@ -140,7 +141,7 @@ CASES |= {
     "ag_cap_small_graph": RunSpec(AG, SMALL, AG_SMALL | {"capturable": "1"}, calls=20,
                                   graph=True),
 }
-# Session 8 (GPU-run at 9449848): the default plan at small AG shapes is the non-overlapped
+# 9449848 (2026-11-22, GPU-run): the default plan at small AG shapes is the non-overlapped
 # one, whose captured calls take the overlapped capturable kernel (FallbackOp.captured_op);
 # eager calls and replays mixed on one stream, for that op and for a capturable kernel op;
 # the library GEMM with the capturable protocol.
@@ -170,7 +171,7 @@ CAPTURED_KERNEL = ("ag_default_even_graph", "ag_default_ragged_graph_mixed")
 # Added after the last GPU run: run in a world of their own, so a failure cannot take the
 # verified cases with it. Move them into CASES once they have passed on GPUs.
 NOT_YET_RUN: dict = {}
-# gemm=ws (session 11): the warp-specialised Gluon GEMM; its loader warp waits for the chunks.
+# gemm=ws (dba0d87): the warp-specialised Gluon GEMM; its loader warp waits for the chunks.
 # Ragged: 1000 / W rows per rank, N / W = 1088 / W columns and K = 1000 (rows a multiple of 16
 # bytes, so TMA still applies): no tile divides evenly, and each rank's own rows are copied
 # and waited for too.
@@ -261,7 +262,7 @@ WATCHDOG = {
                               check=False),
     "rs_drop_notify": RunSpec(RS, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                               check=False),
-    # the same through tld.wait_flat's give-up path (flatten=1; reported on GPUs, session 5)
+    # the same through tld.wait_flat's give-up path (flatten=1; GPU-run 2026-11-22, 35e1982)
     "ag_flat_drop_notify": RunSpec(AG, SMALL, SM | {"flatten": "1"}, fault="drop_notify",
                                    spin_limit=200_000, check=False),
 }

@@ -390,7 +390,7 @@ def test_ag_capturable_back_to_back_with_random_delays(world, sizes, cfg, seed):
     # one buffer: a copy engine may only write a peer's buffer once that peer finished the
     # previous call, and each call's flags must be cleared before the next call's are set.
     # (These seeds also catch the flags cleared after the release instead of before it, a
-    # race the other seeds can miss: checked by mutating the kernel, session 7.)
+    # race the other seeds can miss: checked by mutating the kernel, 2026-11-22, a6cbafb.)
     s, _ = _run(AG, world, sizes, CAPTURABLE | cfg, calls=8 if world < 4 else 6,
                 delays=True, seed=seed)
     from tilelink.codegen.compile import load_module

@@ -206,7 +206,7 @@ def test_rs_ws_needs_the_reduce_after_the_gemm():
 
 
 def test_the_design_suite_takes_gemm_ws_as_the_next_gpu_session_runs_it():
-    # docs/perf.md's commands for the next GPU session: `tilelink bench --suite design-ag /
+    # the commands queued for GPUs (docs/perf-history.md): `tilelink bench --suite design-ag /
     # design-rs -W 2 --config ... gemm=ws` must schedule and render every shape
     from tilelink.cli.bench import DESIGN_SUITE
 

@@ -157,7 +157,7 @@ def test_model_agrees_with_design_facts(path, sizes):
     assert floor <= best_ms < 1.3 * floor
     worst = ranked[-1][1]
     assert worst > best_ms
-    if path == AG and sizes["M"] == 8192:  # DESIGN.md: the copy engine is the fastest mover
+    if path == AG and sizes["M"] == 8192:  # docs/design.md: the copy engine is the fastest mover
         assert best.comm == "copy_engine"
         eight = min(ms for c, ms in ranked if c.comm == "sm" and c.comm_programs == 8)
         assert eight > best_ms

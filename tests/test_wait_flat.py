@@ -130,8 +130,9 @@ def _compile_gemm(target, flavour=None):
 
 
 def _loops_and_ring(ttgir):
-    """(scf.for loops left, depth of the deepest multi-buffered fp16 smem ring) -- the checks
-    of tools/gemm_variants.py --compile-only (ring 0: the loads are not software pipelined)."""
+    """(scf.for loops left, depth of the deepest multi-buffered fp16 smem ring) in a TTGIR
+    (1 loop: flatten fused the tile and K loops; ring 0: the loads are not software
+    pipelined)."""
     ring = max((int(x) for x in re.findall(r"memdesc<(\d+)x\d+x\d+xf16", ttgir)), default=0)
     return ttgir.count("scf.for "), ring
 

@@ -1,12 +1,12 @@
 """TileLink's GEMM with no communication against cuBLAS, on one GPU (issue #5's 0.97x target).
 
-    python tools/gemm_alone.py                       # the per-rank GEMMs of DESIGN.md's M=8192 shapes
+    python tools/gemm_alone.py                       # per-rank GEMMs of the M=8192 design shapes
     python tools/gemm_alone.py --shapes 8192x8192x8192 --configs "block_n=128" "stages=4"
 
 At world size 1 the AG-GEMM kernel has no peer to wait for: with `comm=copy_engine` every
 program runs persistent GEMM tiles over the local rows, read in place (OWN_DIRECT), so timing
 it times TileLink's GEMM (the generated kernel, its tile order and loads) and nothing else.
-(Before session 8, OWN_DIRECT was off at W = 1: the copy engine first copied the rows into
+(Before cdb588b, 2026-11-22, OWN_DIRECT was off at W = 1: the copy engine first copied the rows into
 the gathered buffer and the tiles waited for it, which read 3-6% slow at 8192x4096x8192.)
 `--warm S` first runs cuBLAS back to back for S seconds so both are timed at the clock the
 GPU sustains, as in the bench (the 700 W cap: docs/perf.md). Each shape is M x N x K of
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# Per-rank GEMMs of the M = 8192 AG shapes in DESIGN.md at W = 2 (N / 2 per rank).
+# Per-rank GEMMs of the M = 8192 AG design shapes (docs/design.md) at W = 2 (N / 2 per rank).
 DEFAULT_SHAPES = ["8192x4096x8192", "8192x14336x8192", "8192x24576x12288"]
 
 

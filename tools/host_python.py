@@ -9,7 +9,7 @@ tables, the runtime object) around CPU tensors, replaces every call into CUDA wi
 queries) and times `op(**inputs)`: what is left is the Python that TileLink itself runs per
 call (input checks, the output allocation, the copy-engine op list and its check, the launch
 arguments, the fast launcher's key). On the GPU host the whole call measured 82-140 us
-(docs/perf.md, session 7); `tools/host_steps.py` times the CUDA calls this leaves out.
+(docs/perf.md, 2026-11-22, 634b5d7); `tools/host_steps.py` times the CUDA calls this leaves out.
 Numbers are this machine's: compare before/after a change on the same machine.
 """
 

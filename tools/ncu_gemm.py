@@ -7,7 +7,7 @@
 The driver builds the AG-GEMM kernel at world size 1 (`comm=copy_engine`: every program runs
 persistent GEMM tiles over the local rows, read in place, and waits for nothing, so ncu's
 kernel replay, which restores memory between passes, sees the same work each pass; at W = 2
-the epoch waits would spin on stale values, session 4), warms both up, and then runs one
+the epoch waits would spin on stale values, seen at 7efef03), warms both up, and then runs one
 TileLink call and one `torch.matmul` on the same random operands inside
 cudaProfilerStart/Stop, so ncu (`--profile-from-start off`) profiles exactly those kernels.
 

@@ -1,6 +1,6 @@
 """Where does the time go? Profile TileLink and its baselines per shape (CUPTI via torch.profiler).
 
-    python tools/profile_shapes.py --suite design --out prof/          # all 9 DESIGN.md shapes
+    python tools/profile_shapes.py --suite design --out prof/          # all 9 design shapes
     python tools/profile_shapes.py examples/gemm_rs.tl -D M=8192 N=8192 K=8192 \
         --config comm=copy_engine reduce_after=1 --systems tilelink gemm async_tp
 

@@ -3,7 +3,7 @@
 #   bash tools/scaling.sh 4 OUTDIR      # or 8
 #   bash tools/scaling.sh 4 OUTDIR dist # only the correctness part (or: bench), for hosts whose
 #                                       # per-command limit is below the two parts together
-# Correctness (the dist suite at that world size), then the DESIGN.md shapes against the same
+# Correctness (the dist suite at that world size), then the design shapes against the same
 # baselines; results as JSON + PNG + markdown in OUTDIR. Multicast stays off (shared hosts).
 set -uo pipefail
 W=${1:?world size (4 or 8)}

@@ -2,8 +2,9 @@
 
 `timing` (events, steady state, single-call latency: `tilelink.runtime.timing`, which
 `tilelink run` uses too), `baselines` (per pattern signature),
-`report` (records, table, chart, progress), `run` (the per-rank benchmark body). GPU-only
-modules import torch.distributed lazily; `report` needs neither a GPU nor matplotlib.
+`report` (records, table, progress), `plot` (the chart; matplotlib is optional), `run` (the
+per-rank benchmark body). GPU-only modules import torch.distributed lazily; `report` and
+`plot` need no GPU.
 """
 
 from ..runtime import timing  # noqa: F401  (tilelink.bench.timing, as before)

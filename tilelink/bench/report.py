@@ -1,4 +1,4 @@
-"""Benchmark records, the table, the chart and a progress bar. Needs no GPU.
+"""Benchmark records, the table and a progress bar. Needs no GPU (the chart: `plot.py`).
 
 A `BenchResult` holds what one shape measured: milliseconds per system (steady state and
 single call), errors, failures, and the FLOPs and bytes the shape must do and move. The
@@ -313,78 +313,6 @@ def format_markdown_section(results: list[BenchResult], meta: dict,
     if png:
         lines += ["", f"![TileLink vs baselines]({png})"]
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- chart
-
-PLOTTED = ("tilelink", "async_tp", "nccl_cublas", "gemm")
-CLIP = 2.5  # time / floor above this is drawn cut (and labelled), so the rest stays legible
-COLORS = {"tilelink": "#1f77b4", "async_tp": "#ff7f0e", "nccl_cublas": "#7f7f7f",
-          "gemm": "#2ca02c"}
-
-
-def plot(results: list[BenchResult], path: str, title: str = "") -> bool:
-    """PNG bar chart: per shape, each system's time / floor (lower is better; floor = 1).
-
-    One panel per pattern kind; TileLink's absolute ms is written above its bar. Returns
-    False (after saying so on stderr) when matplotlib is not installed.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("tilelink bench: matplotlib is not installed; no chart drawn "
-              "(pip install matplotlib, or draw it later: tools/plot_bench.py RESULTS.json "
-              "OUT.png)", file=sys.stderr)
-        return False
-    kinds = []
-    for r in results:
-        if r.label not in kinds:
-            kinds.append(r.label)
-    fig, axes = plt.subplots(1, max(1, len(kinds)), squeeze=False,
-                             figsize=(max(6.0, 1.4 * len(results) + 2.5), 4.6),
-                             gridspec_kw={"width_ratios": [max(1, sum(r.label == k for r in results))
-                                                           for k in kinds] or [1]})
-    width = 0.8 / len(PLOTTED)
-    for ax, kind in zip(axes[0], kinds):
-        rs = [r for r in results if r.label == kind]
-        for j, sysk in enumerate(PLOTTED):
-            xs, ys = [], []
-            for i, r in enumerate(rs):
-                v = r.vs_floor(sysk)
-                if v is not None:
-                    xs.append(i + (j - (len(PLOTTED) - 1) / 2) * width)
-                    ys.append(v)
-            bars = ax.bar(xs, [min(y, CLIP) for y in ys], width, label=NAMES[sysk],
-                          color=COLORS[sysk])
-            for x, y in zip(xs, ys):
-                if y > CLIP:  # a bar off the scale: cut at CLIP, its value written on it
-                    ax.annotate(f"{y:.1f}×", (x, CLIP), ha="center", va="top", fontsize=7,
-                                rotation=90, color="white", xytext=(0, -3),
-                                textcoords="offset points")
-            if sysk == "tilelink":
-                for x, r, b in zip(xs, [r for r in rs if r.vs_floor(sysk) is not None], bars):
-                    ax.annotate(f"{r.steady_ms['tilelink']:.3g} ms"
-                                + ("" if r.ok else " FAILED"), (x, b.get_height()),
-                                ha="center", va="bottom", fontsize=7, rotation=90,
-                                xytext=(0, 2), textcoords="offset points")
-        ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xticks(range(len(rs)))
-        ax.set_xticklabels([f"{r.sizes.get('M')}×{r.sizes.get('N')}\n×{r.sizes.get('K')}"
-                            for r in rs], fontsize=8)
-        ax.set_title(f"{kind} (W={rs[0].world})", fontsize=10)
-        ax.set_ylabel("time / floor (lower is better)")
-        top = max([1.2] + [min(CLIP, r.vs_floor(s) or 0) for r in rs for s in PLOTTED])
-        ax.set_ylim(0, top * 1.18)
-    axes[0][0].legend(fontsize=8, loc="upper left")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return True
 
 
 # ---------------------------------------------------------------- progress

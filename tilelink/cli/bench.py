@@ -1,7 +1,8 @@
 """`tilelink bench`: TileLink against its baselines on real GPUs, one table (issue #5).
 
     tilelink bench examples/ag_gemm.tl -D M=8192 -D N=8192 -D K=8192 --world-size 2
-    tilelink bench --suite design --json bench.json --plot docs/bench.png
+    tilelink bench --suite design --json bench.json --plot bench.png
+    tilelink bench --from bench.json --plot bench.png        # re-draw a saved run (no GPU)
 
 Measures in one run, on the same inputs: TileLink, NCCL+cuBLAS (no overlap), torch async-TP,
 cuBLAS GEMM alone, the communication alone (NCCL and the copy engine) and the floor
@@ -16,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-# DESIGN.md's shapes (bf16, N and K global): pattern file -> [(M, N, K), ...]
+# the design shapes (docs/design.md; bf16, N and K global): pattern file -> [(M, N, K), ...]
 DESIGN_SUITE = {
     "ag_gemm.tl": [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 49152, 12288),
                    (2048, 28672, 8192), (1024, 8192, 8192)],
@@ -42,9 +43,10 @@ def add_parser(sub) -> None:
         + " ".join(f"{v}={'0' if v.startswith('NCCL') else '1'}" for v in ENV)
         + " (multicast off).")
     b.add_argument("pattern", nargs="?", help="a .tl file, or path/to/file.py:function")
-    b.add_argument("--suite", choices=sorted(SUITES), help="run DESIGN.md's shapes instead "
-                   "of one pattern: design = all 9 (examples/ag_gemm.tl and "
-                   "examples/gemm_rs.tl), design-ag / design-rs = the 5 AG-GEMM / 4 GEMM-RS")
+    b.add_argument("--suite", choices=sorted(SUITES), help="run the design shapes "
+                   "(docs/design.md) instead of one pattern: design = all 9 "
+                   "(examples/ag_gemm.tl and examples/gemm_rs.tl), design-ag / design-rs = "
+                   "the 5 AG-GEMM / 4 GEMM-RS")
     b.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
     b.add_argument("--world-size", "-W", type=int, default=2, help="number of ranks/GPUs "
@@ -52,7 +54,12 @@ def add_parser(sub) -> None:
     b.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="TileLink schedule config values (default: the op's own choice)")
     b.add_argument("--json", metavar="PATH", help="write the results (and run metadata) here")
-    b.add_argument("--plot", metavar="PNG", help="draw the chart here (needs matplotlib)")
+    b.add_argument("--plot", metavar="PNG", help="draw the chart here (needs matplotlib: pip "
+                   "install matplotlib)")
+    b.add_argument("--from", dest="from_json", action="append", metavar="JSON",
+                   help="measure nothing: read the results a run saved with --json (repeat to "
+                   "merge runs) and print the table, draw --plot, print --markdown; no GPU "
+                   "needed")
     b.add_argument("--markdown", action="store_true", help="print the docs/perf.md section "
                    "(markdown table, date, host, versions, command) after the table")
     b.add_argument("--warmup", type=int, default=5, help="calls before each timed batch "
@@ -156,11 +163,23 @@ def command_line(args) -> str:
 
 def run(args) -> int:
     """Exit 0: every TileLink row checked and timed; 1: some row FAILED; 2: cannot run."""
-    from ..bench.report import collect_meta, dump_json, format_markdown_section, format_table, plot
+    if args.from_json:
+        return replot(args)
+    from ..bench.plot import check_can_plot, have_matplotlib, plot, title_for
+    from ..bench.report import collect_meta, dump_json, format_markdown_section, format_table
     from ..bench.run import Options
 
     specs = specs_from_args(args)
     systems = systems_from_args(args)
+    if args.plot:
+        if args.json and not have_matplotlib():
+            # the numbers are kept: the chart can be drawn later, on any machine
+            print("tilelink bench: matplotlib is not installed (pip install matplotlib): no "
+                  f"chart now; draw it later with: tilelink bench --from {args.json} --plot "
+                  f"{args.plot}", file=sys.stderr)
+            args.plot = None
+        else:
+            check_can_plot(args.plot)  # refuse before measuring, not after
     n = gpu_count()
     if n < args.world_size:
         print(f"tilelink bench: needs {args.world_size} CUDA GPUs, found {n}. Benchmarks are "
@@ -184,7 +203,8 @@ def run(args) -> int:
     if args.json:
         dump_json(results, meta, args.json)
         print(f"results: {args.json}", file=sys.stderr)
-    if args.plot and plot(results, args.plot, title=_title(meta)):
+    if args.plot:
+        plot(results, args.plot, title=title_for(meta))
         print(f"chart: {args.plot}", file=sys.stderr)
     if args.markdown:
         print()
@@ -196,7 +216,29 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
-def _title(meta: dict) -> str:
-    graph = " (CUDA graph replays)" if meta.get("timing") == "CUDA graph replays" else ""
-    return (f"TileLink vs baselines{graph} — {meta.get('gpu', '?')}, torch "
-            f"{meta.get('torch', '?')}, triton {meta.get('triton', '?')}, {meta.get('date', '')}")
+def replot(args) -> int:
+    """`tilelink bench --from JSON ...`: the table, chart and markdown of saved runs."""
+    from ..bench.plot import check_can_plot, load_runs, plot, title_for
+    from ..bench.report import format_markdown_section, format_table
+    from ..errors import TileLinkError
+
+    given = [flag for flag, v in (("a pattern", args.pattern), ("--suite", args.suite),
+                                  ("-D", args.defines), ("--config", args.config)) if v]
+    if given:
+        raise TileLinkError(f"--from reads saved results and measures nothing; {given[0]} "
+                            "does not apply", hint="tilelink bench --from bench.json --plot "
+                            "bench.png")
+    if args.plot:
+        check_can_plot(args.plot)
+    meta, results = load_runs(args.from_json)
+    if not results:
+        raise TileLinkError(f"--from {' '.join(args.from_json)}: no results in it",
+                            hint="give a JSON written by tilelink bench --json")
+    print(format_table(results))
+    if args.plot:
+        plot(results, args.plot, title=title_for(meta))
+        print(f"chart: {args.plot}", file=sys.stderr)
+    if args.markdown:
+        print()
+        print(format_markdown_section(results, meta, args.plot))
+    return 0

@@ -32,9 +32,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(
         prog="tilelink", description="Tile-centric compute-communication overlap kernels on "
         "stock Triton: describe a pattern, get (and run) the overlapped kernel.")
+    parser.add_argument("--version", action="version", version=f"tilelink {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="print any stage of a pattern's compilation",
                        description="Print the IR, plan (derived tile mappings), schedule, "

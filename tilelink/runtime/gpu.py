@@ -8,7 +8,7 @@
 and imports the module (once per source: the kernel cache), allocates its symmetric heap,
 initialises the signals, and compiles the kernel with one collective warm-up call. Each call
 then launches the kernel with the next epoch; signals are never reset and no host barrier
-is needed between calls (double buffers are released by signals; see DESIGN.md).
+is needed between calls (double buffers are released by signals; see docs/design.md).
 
 Copy-engine communication runs on a side stream: peer copies (cudaMemcpyAsync), each chunk
 followed by a stream write of its signal, and stream waits for buffer releases

@@ -15,7 +15,7 @@ import traceback
 
 from ..errors import TileLinkError
 
-# Keep NVLink multicast off on every rank we start (shared hosts: see DESIGN.md); a user's
+# Keep NVLink multicast off on every rank we start (shared hosts: see docs/design.md); a user's
 # explicit setting wins.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}

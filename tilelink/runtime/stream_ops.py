@@ -1,7 +1,7 @@
 """CUDA stream memory operations: wait for / write a 32-bit word in stream order.
 
 The copy engine's signals must be stream memory operations, not kernels: a kernel queued
-behind a persistent kernel that fills every SM never runs (DESIGN.md, hang 1). These call
+behind a persistent kernel that fills every SM never runs (docs/design.md, hang 1). These call
 the driver's cuStreamWaitValue32 / cuStreamWriteValue32 through ctypes, so no extra
 package is needed.
 

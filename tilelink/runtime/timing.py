@@ -1,6 +1,6 @@
 """Honest GPU timing: CUDA events, warm-up, max over ranks.
 
-Two numbers per thing measured (DESIGN.md: report the first as the headline, the second
+Two numbers per thing measured (docs/design.md: report the first as the headline, the second
 beside it):
 
 * `steady_state_ms` — back-to-back calls as a model layer issues them: no host sync and no
@@ -14,7 +14,7 @@ own number.
 
 The L2 cache is not flushed between calls, on purpose: on the shapes we report the working
 set of one call (inputs, gathered / partial buffers and output: >= ~90 MB per rank for the
-smallest DESIGN.md shape, 1024 x 8192/W x 8192) exceeds the H100/H200 L2 (50 MB), so each
+smallest design shape, 1024 x 8192/W x 8192) exceeds the H100/H200 L2 (50 MB), so each
 call streams its operands from HBM anyway; the GEMMs are compute bound (thousands of FLOP per
 byte) so a partly warm L2 moves nothing measurable; and back-to-back calls on resident
 weights are what a layer sees in practice. Every system is timed the same way on the same

@@ -13,8 +13,8 @@ GEMM on the compute programs (P = num_programs - comm programs when comm runs on
     waves       = tiles / P, plus the idle part of the last, partial wave times
                   tail_weight / ceil(waves): with one or two waves a partial wave costs
                   nearly a full one; over many waves the persistent programs drift apart
-                  and the tail spreads (DESIGN.md: 132 -> 124 SMs cost 1.5%, not a wave)
-    sm_scale(P) = measured GEMM throughput on P SMs over all SMs (DESIGN.md: 132 -> 124
+                  and the tail spreads (docs/design.md: 132 -> 124 SMs cost 1.5%, not a wave)
+    sm_scale(P) = measured GEMM throughput on P SMs over all SMs (docs/design.md: 132 -> 124
                   SMs costs 1.5%, -> 100 costs 12.6%): fewer SMs share HBM and L2 better
     gemm        = max(waves * tile time / sm_scale(P), compulsory bytes / HBM) + launch
 
@@ -22,7 +22,7 @@ Communication by resource (bytes per direction = what one rank sends, e.g. (W-1)
 for an all-gather; bandwidths are interpolated over message size in log space):
 
     copy_engine  bytes / CE bandwidth + one signal latency per chunk (serial on one stream)
-    sm           bytes / SM-copy bandwidth of that many CTAs (DESIGN.md's table, in log
+    sm           bytes / SM-copy bandwidth of that many CTAs (docs/design.md's table, in log
                  CTAs) + per-program chunk count * signal latency (each notify is a
                  system-scope release)
     none         NCCL collective bandwidth, then the GEMM on every SM: the two add up
@@ -43,7 +43,7 @@ total = max(gemm [+ the epilogue stall of SM pushes], push) + the exposed sum):
     tail  = the last tile's push + signal latency + the reduction of the last chunk
 
 Device constants are a small table keyed by (a part of) the device name, with a generic
-fallback; the H200 row is DESIGN.md's measurements.
+fallback; the H200 row is docs/design.md's measurements.
 """
 
 from __future__ import annotations

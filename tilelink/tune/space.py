@@ -27,7 +27,7 @@ class Knobs:
     smem_bytes: int | None  # shared memory per CTA; None: do not filter by it
 
 
-# Why these values: DESIGN.md measured 128x256x64 / 3 stages / 8 warps as the fast persistent
+# Why these values: docs/design.md records 128x256x64 / 3 stages / 8 warps as the fast persistent
 # Triton GEMM on H200 (4 stages of it exceed shared memory); 128x128 tiles quantize better
 # when there are few tiles (small M). SM-driven comm needs >= 32 CTAs to approach the copy
 # engine's bandwidth and 8 CTAs is far below it, so 8/16/32 spans the trade-off; comm

@@ -1,0 +1,149 @@
+"""The benchmark chart: `tilelink bench --plot PNG`, and re-plots from saved runs.
+
+    tilelink bench --suite design -W 2 --json bench.json --plot bench.png   # measure and draw
+    tilelink bench --from bench.json --plot bench.png                       # draw it again
+    tilelink bench --from ag.json --from rs.json --plot both.png --markdown # runs merged
+
+matplotlib is optional (`pip install matplotlib`): without it `--plot` is refused with that
+hint before anything runs, except when `--json` keeps the numbers for a later re-plot. Needs
+no GPU: a chart can be drawn on any machine from a JSON measured on a GPU host.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import TileLinkError
+from .report import NAMES, BenchResult, load_json
+
+PLOTTED = ("tilelink", "async_tp", "nccl_cublas", "gemm")
+CLIP = 2.5  # time / floor above this is drawn cut (and labelled), so the rest stays legible
+COLORS = {"tilelink": "#1f77b4", "async_tp": "#ff7f0e", "nccl_cublas": "#7f7f7f",
+          "gemm": "#2ca02c"}
+INSTALL_HINT = "pip install matplotlib"
+
+
+def have_matplotlib() -> bool:
+    """Whether matplotlib can be imported (the chart's only extra dependency)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_can_plot(path: str) -> None:
+    """Raise a TileLinkError when a chart cannot be written to `path` (before measuring).
+
+    Reasons: the name does not end in .png, its folder does not exist, or matplotlib is not
+    installed.
+    """
+    p = Path(path)
+    if p.suffix.lower() != ".png":
+        raise TileLinkError(f"--plot {path}: the chart is a PNG file",
+                            hint=f"--plot {p.with_suffix('.png')}")
+    if not p.parent.is_dir():
+        raise TileLinkError(f"--plot {path}: folder '{p.parent}' does not exist",
+                            hint=f"mkdir -p {p.parent}, or write the chart elsewhere")
+    if not have_matplotlib():
+        raise TileLinkError("--plot needs matplotlib, which is not installed",
+                            hint=f"{INSTALL_HINT} (or leave out --plot)")
+
+
+def title_for(meta: dict) -> str:
+    """The chart's title from a run's metadata: timing mode, GPU, versions, date."""
+    graph = " (CUDA graph replays)" if meta.get("timing") == "CUDA graph replays" else ""
+    return (f"TileLink vs baselines{graph} — {meta.get('gpu', '?')}, torch "
+            f"{meta.get('torch', '?')}, triton {meta.get('triton', '?')}, {meta.get('date', '')}")
+
+
+def load_runs(paths: list[str]) -> tuple[dict, list[BenchResult]]:
+    """Merge runs saved by `tilelink bench --json`, in order; the first one's metadata is kept.
+
+    A missing, unreadable or foreign file is a TileLinkError that names it.
+    """
+    meta: dict = {}
+    results: list[BenchResult] = []
+    for i, path in enumerate(paths):
+        try:
+            m, rs = load_json(path)
+        except FileNotFoundError:
+            raise TileLinkError(f"--from {path}: no such file",
+                                hint="give a JSON written by tilelink bench --json") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise TileLinkError(f"--from {path}: cannot read it ({e.__class__.__name__})",
+                                hint="give a JSON written by tilelink bench --json") from None
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise TileLinkError(f"--from {path}: not a tilelink bench result "
+                                f"({e.__class__.__name__}: {str(e)[:120]})",
+                                hint="give a JSON written by tilelink bench --json") from None
+        if i == 0:
+            meta = m if isinstance(m, dict) else {}
+        results += rs
+    return meta, results
+
+
+def plot(results: list[BenchResult], path: str, title: str = "") -> None:
+    """Write a PNG bar chart: per shape, each system's time / floor (lower is better).
+
+    One panel per pattern kind; the floor (max of GEMM alone and the fastest comm alone) is
+    the dashed line at 1; TileLink's absolute ms is written above its bar. Raises a
+    TileLinkError naming `pip install matplotlib` when matplotlib is missing.
+    """
+    check_can_plot(path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds: list[str] = []
+    for r in results:
+        if r.label not in kinds:
+            kinds.append(r.label)
+    ratios = [max(1, sum(r.label == k for r in results)) for k in kinds] or [1]
+    fig, axes = plt.subplots(1, max(1, len(kinds)), squeeze=False,
+                             figsize=(max(6.0, 1.4 * len(results) + 2.5), 4.6),
+                             gridspec_kw={"width_ratios": ratios})
+    for ax, kind in zip(axes[0], kinds):
+        _panel(ax, [r for r in results if r.label == kind], kind)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _panel(ax, rs: list[BenchResult], kind: str) -> None:
+    """One pattern kind's bars: a group per shape, a bar per plotted system."""
+    width = 0.8 / len(PLOTTED)
+    for j, sysk in enumerate(PLOTTED):
+        xs, ys, shown = [], [], []
+        for i, r in enumerate(rs):
+            v = r.vs_floor(sysk)
+            if v is not None:
+                xs.append(i + (j - (len(PLOTTED) - 1) / 2) * width)
+                ys.append(v)
+                shown.append(r)
+        bars = ax.bar(xs, [min(y, CLIP) for y in ys], width, label=NAMES[sysk],
+                      color=COLORS[sysk])
+        for x, y in zip(xs, ys):
+            if y > CLIP:  # a bar off the scale: cut at CLIP, its value written on it
+                ax.annotate(f"{y:.1f}×", (x, CLIP), ha="center", va="top", fontsize=7,
+                            rotation=90, color="white", xytext=(0, -3),
+                            textcoords="offset points")
+        if sysk == "tilelink":
+            for x, r, b in zip(xs, shown, bars):
+                ax.annotate(f"{r.steady_ms['tilelink']:.3g} ms" + ("" if r.ok else " FAILED"),
+                            (x, b.get_height()), ha="center", va="bottom", fontsize=7,
+                            rotation=90, xytext=(0, 2), textcoords="offset points")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    mixed = len({r.world for r in rs}) > 1  # merged runs at several world sizes
+    ax.set_xticks(range(len(rs)))
+    ax.set_xticklabels([f"{r.sizes.get('M')}×{r.sizes.get('N')}\n×{r.sizes.get('K')}"
+                        + (f"\nW={r.world}" if mixed else "") for r in rs], fontsize=8)
+    ax.set_title(kind if mixed else f"{kind} (W={rs[0].world})", fontsize=10)
+    ax.set_ylabel("time / floor (lower is better)")
+    top = max([1.2] + [min(CLIP, r.vs_floor(s) or 0) for r in rs for s in PLOTTED])
+    ax.set_ylim(0, top * 1.18)
