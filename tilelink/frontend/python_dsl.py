@@ -45,6 +45,7 @@ from ..ir import (
     as_expr,
 )
 from ..ir import shard as shard_placement
+from ..ir.attrs import attr_kind, takes_bool
 
 __all__ = [
     "BUILDERS",
@@ -434,15 +435,18 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
             hint = closest(k, sp.attrs)
             raise PatternError(f"{kind} has no argument '{k}'", site.kwarg(k),
                                f"did you mean '{hint}'?" if hint else f"write {sp.signature()}")
-        values.append((k, _attr(k, v, trace, site)))
+        values.append((k, _attr(sp, k, v, trace, site)))
     arg_locs = tuple(site.arg(i + skip) for i in range(len(tensors)))
     record = (tuple(tensors), tuple(values), fn_name, arg_locs)
     return Tensor(trace, kind, site.loc(), _name(name, site), record)
 
 
-def _attr(key: str, value, trace: _Trace, site: _Site):
+def _attr(sp, key: str, value, trace: _Trace, site: _Site):
     if isinstance(value, bool):
-        return int(value)
+        if takes_bool(sp, key):
+            return int(value)
+        raise PatternError(f"{key}= takes {attr_kind(sp, key).describe()}, got {value}",
+                           site.kwarg(key), f"e.g. {key}=0")
     if isinstance(value, int):
         return value
     if isinstance(value, Expr):

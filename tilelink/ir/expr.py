@@ -7,21 +7,31 @@ division (binding fails with a located error if it leaves a remainder); `//` flo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
+
+from ..errors import PatternError, SourceLoc, show_int
 
 WORLD = "W"  # the reserved name of the world size in every pattern
+
+# The deepest expression tree allowed. Evaluating, printing and comparing an expression
+# recurse on it, and a real size is a handful of operations; a bound far below Python's
+# recursion limit turns a runaway expression into an error, not a RecursionError.
+MAX_DEPTH = 200
 
 
 class DivisionError(ValueError):
     """`a / b` with a remainder: the caller turns it into a located PatternError."""
 
     def __init__(self, expr: Expr, lhs: int, rhs: int):
-        super().__init__(f"{expr} = {lhs} / {rhs} does not divide evenly")
+        super().__init__(f"{expr} = {show_int(lhs)} / {show_int(rhs)} does not divide evenly")
         self.expr, self.lhs, self.rhs = expr, lhs, rhs
 
 
 class Expr:
     """Base of symbolic integer expressions; supports + - * / // % with ints and Exprs."""
+
+    depth = 0  # operations on the longest path to a leaf (a Bin sets its own)
 
     def evaluate(self, env: dict[str, int]) -> int:
         raise NotImplementedError
@@ -112,6 +122,15 @@ class Bin(Expr):
     op: str
     lhs: Expr
     rhs: Expr
+    depth: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        depth = 1 + max(self.lhs.depth, self.rhs.depth)
+        if depth > MAX_DEPTH:
+            raise PatternError(f"a size expression nests more than {MAX_DEPTH} operations",
+                               _caller_loc(), "compute the size in Python and pass an int, "
+                               "or make it a pattern parameter")
+        object.__setattr__(self, "depth", depth)
 
     def evaluate(self, env):
         a, b = self.lhs.evaluate(env), self.rhs.evaluate(env)
@@ -145,6 +164,14 @@ class Bin(Expr):
             return str(e)
 
         return f"{side(self.lhs, False)} {self.op} {side(self.rhs, True)}"
+
+
+def _caller_loc() -> SourceLoc | None:
+    """Where user code built the expression: the first frame outside this module."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return SourceLoc(frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
 
 
 def as_expr(value) -> Expr:
