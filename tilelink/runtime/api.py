@@ -10,7 +10,8 @@ from ..codegen import render_triton
 from ..ir import BoundPattern, Pattern
 from ..schedule import Schedule, get_target, make_schedule
 from .emulated import EmulationResult, run_emulated
-from .reference import compare, evaluate, make_inputs, tolerance
+from .inputs import call_inputs
+from .reference import compare, evaluate, tolerance
 
 
 def schedule_for(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
@@ -112,9 +113,12 @@ def check(bp: BoundPattern, result: EmulationResult) -> CheckReport:
 
 def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
             config: dict | None = None, *, seed: int = 0, calls: int = 1, delays: bool = False,
-            timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1):
+            timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1,
+            inputs=None):
     """Run the generated kernel in the emulated world; returns (schedule, result).
 
+    `inputs`: the caller's tensors, {name: [tensor of rank 0, ...]} (or a list of those, one
+    per call), checked by `runtime.inputs.call_inputs`; without them,
     `calls` back-to-back calls get fresh inputs each (seed, seed + 1, ...); `delays` adds a
     random sleep before each launch on each rank; `first_epoch` numbers the first call
     (start near 2**31 to cross the int32 wrap-around); `fault` injects a failure for testing
@@ -125,12 +129,12 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     if s.config.comm == "none":
         # the non-overlapped plan has no kernel: it *is* the reference computation (NCCL +
         # cuBLAS on GPUs); run it so tools that sweep configs treat every plan alike
-        ins = [make_inputs(s.bound, seed + i) for i in range(calls)]
+        ins = call_inputs(s.bound, inputs, calls, seed)
         return s, EmulationResult(ins, [evaluate(s.bound, x) for x in ins], 0.0)
     source = render_triton(s)
     if fault == "drop_notify":
         source = _drop_data_notifies(source)
-    ins = [make_inputs(s.bound, seed + i) for i in range(calls)]
+    ins = call_inputs(s.bound, inputs, calls, seed)
     from ..codegen.compile import load_module
 
     mod = load_module(source)
