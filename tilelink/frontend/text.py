@@ -392,7 +392,8 @@ _EXAMPLES: dict[str, list[str]] = {
     "header_name": ["pattern (M = 1)\n"],
     "header_parens": ["pattern p\n    return c\n"],
     "header_end": ["pattern p() :\n    return c\n", "pattern p(M) :\n    return c\n"],
-    "param_value": ["pattern p(M = )\n"],
+    "param_value": ["pattern p(M = )\n", "pattern p(M = -1)\n"],
+    "param_name": ["pattern p(M = 1,)\n", "pattern p(M = 1,, N = 1)\n", "pattern p(,)\n"],
     "params_comma": ["pattern p(M N)\n", "pattern p(M = 1 N)\n"],
     "body_indent": ["pattern p()\nreturn c\n"],
     "empty_body": ["pattern p()\n"],
@@ -413,6 +414,7 @@ _EXAMPLES: dict[str, list[str]] = {
     "call": [_BODY.format("c = a"), _BODY.format("c = a + b")],
     "call_args": [_BODY.format("c = f(a b)"), _BODY.format("c = f(a, dim 0)")],
     "return_names": [_BODY.format("return")],
+    "return_more": [_BODY.format("return a,"), _BODY.format("return a,, b")],
 }
 
 
@@ -510,6 +512,22 @@ def _comma(c):
     return "missing ',' between arguments", "write: op(a, b, dim = 0)"
 
 
+def _param_value(c):
+    if c.tok == "-":
+        return (f"the default of parameter '{c.prev}' is negative",
+                "a size is a positive integer (M = 8192)")
+    return (f"expected a default value for parameter '{c.prev}'",
+            "an integer (M = 8192) or a dtype (dtype = bf16)")
+
+
+def _after_comma(what: str, example: str):
+    def explain(c):
+        if c.code[: c.col - 1].rstrip().endswith(","):
+            return f"expected {what} after ',', not {c.what()}", "remove the extra ','"
+        return f"expected {what}, not {c.what()}", example
+    return explain
+
+
 def _size(c):
     if c.code[: c.col - 1].rstrip().endswith(","):
         return f"expected another item after ',', not {c.what()}", "remove the trailing ','"
@@ -525,8 +543,6 @@ _MESSAGES = {
                       "write: pattern {prev}(...), with () if it has none"),
     "header_end": ("unexpected {what} after the pattern header",
                    "the body starts on the next line, indented; no ':' needed"),
-    "param_value": ("expected a default value for parameter '{prev}'",
-                    "an integer (M = 8192) or a dtype (dtype = bf16)"),
     "params_comma": ("missing ',' between parameters", "write: pattern p(M = 8192, N = 8192)"),
     "empty_body": ("the pattern has no body",
                    "add indented lines: declarations, ops and a return"),
@@ -550,6 +566,9 @@ _EXPLAIN = {
     "call_args": _call_args,
     "stmt_end": _stmt_end,
     "size": _size,
+    "param_value": _param_value,
+    "param_name": _after_comma("a parameter", "write: pattern p(M = 8192, N = 8192)"),
+    "return_more": _after_comma("a tensor name", "write: return a, b"),
     "shape_comma": _comma,
 }
 
@@ -691,6 +710,9 @@ def parse_text(source: str, filename: str = "<string>") -> Pattern:
 
 def format_text(pattern: Pattern) -> str:
     """Render a pattern as text-DSL source (`parse_text(format_text(p)) == p`)."""
+    if not isinstance(pattern, Pattern):
+        raise UsageError(f"format_text takes a Pattern, got {type(pattern).__name__}",
+                         hint="e.g. format_text(load_pattern('examples/ag_gemm.tl'))")
     params = ", ".join(p.name if p.default is None else f"{p.name} = {p.default}"
                        for p in pattern.params)
     lines = [f"pattern {pattern.name}({params})"]
