@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from ..errors import PatternError, SourceLoc, show_int
+from ..errors import PatternError, SourceLoc, UsageError, show_int
 
 WORLD = "W"  # the reserved name of the world size in every pattern
 
@@ -24,7 +24,8 @@ class DivisionError(ValueError):
     """`a / b` with a remainder: the caller turns it into a located PatternError."""
 
     def __init__(self, expr: Expr, lhs: int, rhs: int):
-        super().__init__(f"{expr} = {show_int(lhs)} / {show_int(rhs)} does not divide evenly")
+        what = "divides by zero" if rhs == 0 else "does not divide evenly"
+        super().__init__(f"{expr} = {show_int(lhs)} {expr.op} {show_int(rhs)} {what}")
         self.expr, self.lhs, self.rhs = expr, lhs, rhs
 
 
@@ -41,8 +42,51 @@ class Expr:
 
     # Operator sugar so the Python DSL can write `N / tk.W`.
     def _bin(self, op: str, other, swap: bool = False) -> Expr:
-        other = as_expr(other)
+        try:
+            other = as_expr(other)
+        except TypeError:
+            shown = f"{other!r} {op} {self}" if swap else f"{self} {op} {other!r}"
+            raise UsageError(f"{shown}: a size is combined with ints and sizes only, not a "
+                             f"{type(other).__name__}", _caller_loc(),
+                             "use // to divide and round down; write whole numbers") from None
         return Bin(op, other, self) if swap else Bin(op, self, other)
+
+    def __neg__(self):
+        return Const(0)._bin("-", self)
+
+    def __pos__(self):
+        return self
+
+    # Sizes have no value while a pattern is traced: what needs one is refused by name.
+    def _no_value(self, what: str):
+        raise UsageError(f"{what} needs the value of {self}, and sizes have none while the "
+                         "pattern is traced", _caller_loc(),
+                         "build the pattern from sizes alone (no if, range or int() on them); "
+                         "values come when it is bound (-D, values=)")
+
+    def __lt__(self, other):
+        self._no_value(f"comparing {self} < {other!r}")
+
+    def __le__(self, other):
+        self._no_value(f"comparing {self} <= {other!r}")
+
+    def __gt__(self, other):
+        self._no_value(f"comparing {self} > {other!r}")
+
+    def __ge__(self, other):
+        self._no_value(f"comparing {self} >= {other!r}")
+
+    def __index__(self):
+        self._no_value(f"using {self} as an int")
+
+    def __int__(self):
+        self._no_value(f"int({self})")
+
+    def __float__(self):
+        self._no_value(f"float({self})")
+
+    def __pow__(self, other):
+        self._no_value(f"{self} ** {other!r}")
 
     def __add__(self, o):
         return self._bin("+", o)

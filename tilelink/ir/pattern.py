@@ -267,7 +267,8 @@ def check_world(world) -> int:
         raise UsageError(f"the world size must be an int, got {type(world).__name__}",
                          hint="e.g. world_size=2 (-W 2)") from None
     if world < 1:
-        raise PatternError(f"world size must be >= 1, got {show_int(world)}")
+        raise PatternError(f"world size must be >= 1, got {show_int(world)}",
+                           hint="the world size is the number of ranks: 1 or more")
     return world
 
 
@@ -304,7 +305,8 @@ def _coerce(p: Param, v: Any):
             raise PatternError(f"{p.name} = {_short(repr(v))} is not an integer", p.loc,
                                hint) from None
     if iv <= 0:
-        raise PatternError(f"{p.name} = {show_int(iv)} must be positive", p.loc)
+        raise PatternError(f"{p.name} = {show_int(iv)} must be positive", p.loc,
+                           "a size is a number of elements: 1 or more")
     if iv > _MAX_PARAM:
         raise PatternError(f"{p.name} = {show_int(iv)} is too large: no size exceeds "
                            "2**63 - 1", p.loc, "sizes are element counts; check the value")
@@ -321,6 +323,9 @@ def _bind_input(t: TensorDecl, env: dict, world: int,
         try:
             v = d.evaluate(env)
         except DivisionError as e:
+            if e.rhs == 0:
+                raise PatternError(f"a dim of {t.name} divides by zero: {e}", t.loc,
+                                   "a divisor is a positive size") from None
             what = ("the world size does not divide" if WORLD in d.symbols()
                     else "uneven division in")
             uneven.append(PatternError(
