@@ -31,6 +31,9 @@ def load_text(path: str | Path) -> Pattern:
         raise UsageError(f"a pattern path is a str or a path object, got "
                          f"{type(path).__name__}",
                          hint="e.g. load_text('examples/ag_gemm.tl')") from None
+    if path.suffix == ".py":
+        raise LoadError(f"{path} is a Python file; load_text reads the text DSL (.tl)",
+                        hint=f"load_pattern('{path}:FUNCTION') loads a @tk.pattern function")
     return parse_text(_read(path), str(path))
 
 

@@ -40,6 +40,9 @@ def resolve_pattern(pattern, world_size=UNSET, values=None, what: str = "tk.emul
         return pattern
     if isinstance(pattern, Pattern):
         return pattern
+    if isinstance(pattern, str) and "\n" in pattern:
+        raise UsageError(f"{what} was given pattern source text, not a path",
+                         hint=f"{what}(tk.parse_text(source), ...), or save it as a .tl file")
     if isinstance(pattern, (str, os.PathLike)):
         from ..frontend import load_pattern
 
@@ -49,8 +52,10 @@ def resolve_pattern(pattern, world_size=UNSET, values=None, what: str = "tk.emul
         kind = type(pattern).__name__
         raise UsageError(f"{what} needs {_ACCEPTED}; got the {kind} '{name}', which is not "
                          "a pattern", hint=f"decorate it: @tk.pattern above def {name}(...)"
-                         if kind == "function" else None)
-    raise UsageError(f"{what} needs {_ACCEPTED}; got {_show(pattern)}")
+                         if kind == "function" else f"e.g. {what}('examples/ag_gemm.tl', 2)")
+    raise UsageError(f"{what} needs {_ACCEPTED}; got {_show(pattern)}",
+                     hint=f"e.g. {what}('examples/ag_gemm.tl', 2), or {what}(fn, 2) with fn "
+                     "decorated by @tk.pattern")
 
 
 def check_run_options(*, world_size, values, config, seed, calls, delays, timeout, fault,
@@ -72,10 +77,11 @@ def check_run_options(*, world_size, values, config, seed, calls, delays, timeou
             if isinstance(v, bool) or not isinstance(v, (int, str)):
                 raise UsageError(f"config {k}= takes an int or a string, got {_show(v)}",
                                  hint=f"e.g. config={{'{k}': 64}}")
-    _int("seed", seed, 0, 2**63 - 1 - MAX_CALLS)
-    _int("calls", calls, 1, MAX_CALLS)
+    _int("seed", seed, 0, 2**63 - 1 - MAX_CALLS, "seed=0")
+    _int("calls", calls, 1, MAX_CALLS, "calls=3")
     if not isinstance(delays, bool):
-        raise UsageError(f"delays= is True or False, got {_show(delays)}")
+        raise UsageError(f"delays= is True or False, got {_show(delays)}",
+                         hint="delays=True adds a random sleep before each launch")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
             or not math.isfinite(timeout) or timeout <= 0:
         raise UsageError(f"timeout= takes a number of seconds > 0, got {_show(timeout)}",
@@ -83,7 +89,7 @@ def check_run_options(*, world_size, values, config, seed, calls, delays, timeou
     if fault is not None and not isinstance(fault, str):
         raise UsageError(f"fault= takes a string or None, got {_show(fault)}",
                          hint="e.g. fault='skip_rank:1' or fault='drop_notify'")
-    _int("first_epoch", first_epoch, -(2**62), 2**62)
+    _int("first_epoch", first_epoch, -(2**62), 2**62, "first_epoch=2**31 - 2")
 
 
 def check_check_args(bp, result) -> BoundPattern:
@@ -101,9 +107,10 @@ def check_check_args(bp, result) -> BoundPattern:
     return bound
 
 
-def _int(name: str, value, low: int, high: int) -> None:
+def _int(name: str, value, low: int, high: int, example: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UsageError(f"{name}= takes an int from {low} to {high}, got {_show(value)}")
+        raise UsageError(f"{name}= takes an int from {low} to {high}, got {_show(value)}",
+                         hint=f"e.g. {example}")
 
 
 def _show(value) -> str:

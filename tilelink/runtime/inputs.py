@@ -146,7 +146,8 @@ def _per_rank(name: str, world: int) -> str:
 
 
 def _kind(value) -> str:
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
 def _example(bp: BoundPattern) -> str:
