@@ -45,6 +45,7 @@ from ..ir import (
     as_expr,
 )
 from ..ir import shard as shard_placement
+from ..ir.attrs import attr_kind, takes_bool
 
 __all__ = [
     "BUILDERS",
@@ -291,7 +292,11 @@ def pattern(fn: Callable) -> Pattern:
     """
     if not inspect.isfunction(inspect.unwrap(fn)):
         raise PatternError(f"@tk.pattern needs a function, got {type(fn).__name__}",
-                           _user_site().loc())
+                           _user_site().loc(), "decorate a def: @tk.pattern above def "
+                           "NAME(M=..., dtype=\"bf16\")")
+    if not fn.__name__.isidentifier():  # a lambda: the name goes into kernels and text
+        raise PatternError(f"@tk.pattern needs a named function, got {fn.__name__}",
+                           _user_site().loc(), "write def NAME(...): ... and decorate it")
     code = inspect.unwrap(fn).__code__
     def_loc, locs = _def_locs(inspect.unwrap(fn))
     params, values = _params(fn, locs, def_loc)
@@ -381,7 +386,8 @@ def _placement(shard: int | None, placement, site: _Site) -> Placement:
     if shard is not None:
         if placement is not None:
             raise PatternError("give either shard= or placement=, not both",
-                               site.kwarg("placement"))
+                               site.kwarg("placement"),
+                               "shard=DIM alone for a sharded input, or placement= alone")
         if isinstance(shard, bool) or not isinstance(shard, int):
             raise PatternError(f"shard= takes a dim (an int), got {shard!r}",
                                site.kwarg("shard"), "e.g. shard=0")
@@ -402,7 +408,8 @@ def _placement(shard: int | None, placement, site: _Site) -> Placement:
 
 def _name(name, site: _Site) -> str | None:
     if name is not None and not (isinstance(name, str) and name.isidentifier()):
-        raise PatternError(f"name= must be an identifier, got {name!r}", site.kwarg("name"))
+        raise PatternError(f"name= must be an identifier, got {name!r}", site.kwarg("name"),
+                           "e.g. name=\"a_full\"")
     return name
 
 
@@ -434,22 +441,25 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
             hint = closest(k, sp.attrs)
             raise PatternError(f"{kind} has no argument '{k}'", site.kwarg(k),
                                f"did you mean '{hint}'?" if hint else f"write {sp.signature()}")
-        values.append((k, _attr(k, v, trace, site)))
+        values.append((k, _attr(sp, k, v, trace, site)))
     arg_locs = tuple(site.arg(i + skip) for i in range(len(tensors)))
     record = (tuple(tensors), tuple(values), fn_name, arg_locs)
     return Tensor(trace, kind, site.loc(), _name(name, site), record)
 
 
-def _attr(key: str, value, trace: _Trace, site: _Site):
+def _attr(sp, key: str, value, trace: _Trace, site: _Site):
     if isinstance(value, bool):
-        return int(value)
+        if takes_bool(sp, key):
+            return int(value)
+        raise PatternError(f"{key}= takes {attr_kind(sp, key).describe()}, got {value}",
+                           site.kwarg(key), f"e.g. {key}=0")
     if isinstance(value, int):
         return value
     if isinstance(value, Expr):
         _check_sizes([value], trace, site.kwarg(key))
         return value
     raise PatternError(f"{key}= must be an int or a size expression, got {value!r}",
-                       site.kwarg(key))
+                       site.kwarg(key), f"e.g. {key}=0, or a size such as {key}=N // tk.W")
 
 
 def _builder(kind: str) -> Callable[..., Tensor]:

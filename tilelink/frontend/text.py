@@ -29,6 +29,7 @@ from ..errors import (
     PatternError,
     SourceLoc,
     TileLinkError,
+    UsageError,
     closest,
 )
 from ..ir import DTYPES, OPS, WORLD, Bin, Const, Op, Param, Pattern, Placement, Sym, TensorDecl
@@ -36,9 +37,23 @@ from ..ir.expr import DivisionError
 
 PLACEMENT_WORDS = ("shard", "replicated", "partial", "local")
 
+# The largest source parse_text takes (characters; loader checks the file's bytes first).
+# A pattern is a header and a handful of lines (the examples are under 1 KB); a megabyte
+# is a thousand times that and still parses in seconds, while a runaway or wrong file
+# (a gigabyte on one line) is refused before it is read or parsed.
+MAX_SOURCE_CHARS = 2**20
+# The longest integer literal: 30 digits is far past any size (2**63 has 19), and keeps
+# Python's int parsing and printing (which refuse more than 4300 digits) out of reach.
+MAX_INT_DIGITS = 30
+# Operators and brackets in one statement. The parse tree of an expression is as deep as
+# its chain of operators, and turning it into IR recurses on it; a real size has a few.
+MAX_STMT_OPERATORS = 100
+_OPERATORS = {"PLUS", "MINUS", "STAR", "SLASH", "FLOORDIV", "PERCENT", "LPAR"}
+
 
 class _IndentProblem(Exception):
-    """Raised by the postlexer; `parse_text` turns it into a located DSLSyntaxError."""
+    """Raised by the postlexer (indentation, over-long statements); `parse_text` turns it
+    into a located DSLSyntaxError."""
 
     def __init__(self, line: int, col: int, message: str, hint: str):
         super().__init__(message)
@@ -59,8 +74,18 @@ class _Indenter(PostLex):
         body: str | None = None
         depth = 0
         last = None
+        operators = 0  # in the current statement
         for tok in stream:
             last = tok
+            if tok.type in _OPERATORS:
+                operators += 1
+                if operators > MAX_STMT_OPERATORS:
+                    raise _IndentProblem(tok.line, tok.column, "this statement is too long: "
+                                         f"more than {MAX_STMT_OPERATORS} operators and "
+                                         "brackets", "write the size as a pattern parameter "
+                                         "and pass its value with -D")
+            elif tok.type == "_NL":
+                operators = 0
             if tok.type == "PATTERN":
                 header_seen = True
             elif not header_seen and tok.type == "_NL":
@@ -131,6 +156,14 @@ def _err(cls, src: Source, tok: Token, message: str, hint: str | None = None):
     return cls(message, src.at(tok), hint)
 
 
+def _int(src: Source, tok: Token) -> int:
+    """An integer literal's value; more than MAX_INT_DIGITS digits is a located error."""
+    if len(tok) > MAX_INT_DIGITS:
+        raise _err(PatternError, src, tok, f"integer literal of {len(tok)} digits is too "
+                   "large", "sizes are element counts: at most 19 digits (2**63 - 1)")
+    return int(tok)
+
+
 @v_args(inline=True)
 class _Build(Transformer):
     """Parse tree -> Pattern. One method per grammar rule; names are checked at the end."""
@@ -143,10 +176,10 @@ class _Build(Transformer):
 
     # ---- size expressions
     def const(self, tok):
-        return Const(int(tok))
+        return Const(_int(self.src, tok))
 
     def neg(self, _minus, tok):
-        return Const(-int(tok))
+        return Const(-_int(self.src, tok))
 
     def sym(self, tok):
         s = Sym(str(tok))
@@ -156,7 +189,8 @@ class _Build(Transformer):
     def bin(self, lhs, op, rhs):
         e = Bin(str(op), lhs, rhs)
         if op in ("/", "//", "%") and rhs == Const(0):
-            raise _err(PatternError, self.src, op, f"{e} divides by zero")
+            raise _err(PatternError, self.src, op, f"{e} divides by zero",
+                       "a divisor is a positive size")
         if isinstance(lhs, Const) and isinstance(rhs, Const):  # fold, as Python would
             try:
                 return Const(e.evaluate({}))
@@ -173,7 +207,7 @@ class _Build(Transformer):
         if value is None:
             return Param(str(name), None, "int", self.src.at(name))
         if value.type == "INT":
-            return Param(str(name), int(value), "int", self.src.at(name))
+            return Param(str(name), _int(self.src, value), "int", self.src.at(name))
         if str(value) in DTYPES:
             return Param(str(name), str(value), "dtype", self.src.at(name))
         hint = closest(str(value), DTYPES)
@@ -358,7 +392,8 @@ _EXAMPLES: dict[str, list[str]] = {
     "header_name": ["pattern (M = 1)\n"],
     "header_parens": ["pattern p\n    return c\n"],
     "header_end": ["pattern p() :\n    return c\n", "pattern p(M) :\n    return c\n"],
-    "param_value": ["pattern p(M = )\n"],
+    "param_value": ["pattern p(M = )\n", "pattern p(M = -1)\n"],
+    "param_name": ["pattern p(M = 1,)\n", "pattern p(M = 1,, N = 1)\n", "pattern p(,)\n"],
     "params_comma": ["pattern p(M N)\n", "pattern p(M = 1 N)\n"],
     "body_indent": ["pattern p()\nreturn c\n"],
     "empty_body": ["pattern p()\n"],
@@ -379,6 +414,7 @@ _EXAMPLES: dict[str, list[str]] = {
     "call": [_BODY.format("c = a"), _BODY.format("c = a + b")],
     "call_args": [_BODY.format("c = f(a b)"), _BODY.format("c = f(a, dim 0)")],
     "return_names": [_BODY.format("return")],
+    "return_more": [_BODY.format("return a,"), _BODY.format("return a,, b")],
 }
 
 
@@ -476,6 +512,22 @@ def _comma(c):
     return "missing ',' between arguments", "write: op(a, b, dim = 0)"
 
 
+def _param_value(c):
+    if c.tok == "-":
+        return (f"the default of parameter '{c.prev}' is negative",
+                "a size is a positive integer (M = 8192)")
+    return (f"expected a default value for parameter '{c.prev}'",
+            "an integer (M = 8192) or a dtype (dtype = bf16)")
+
+
+def _after_comma(what: str, example: str):
+    def explain(c):
+        if c.code[: c.col - 1].rstrip().endswith(","):
+            return f"expected {what} after ',', not {c.what()}", "remove the extra ','"
+        return f"expected {what}, not {c.what()}", example
+    return explain
+
+
 def _size(c):
     if c.code[: c.col - 1].rstrip().endswith(","):
         return f"expected another item after ',', not {c.what()}", "remove the trailing ','"
@@ -491,8 +543,6 @@ _MESSAGES = {
                       "write: pattern {prev}(...), with () if it has none"),
     "header_end": ("unexpected {what} after the pattern header",
                    "the body starts on the next line, indented; no ':' needed"),
-    "param_value": ("expected a default value for parameter '{prev}'",
-                    "an integer (M = 8192) or a dtype (dtype = bf16)"),
     "params_comma": ("missing ',' between parameters", "write: pattern p(M = 8192, N = 8192)"),
     "empty_body": ("the pattern has no body",
                    "add indented lines: declarations, ops and a return"),
@@ -516,6 +566,9 @@ _EXPLAIN = {
     "call_args": _call_args,
     "stmt_end": _stmt_end,
     "size": _size,
+    "param_value": _param_value,
+    "param_name": _after_comma("a parameter", "write: pattern p(M = 8192, N = 8192)"),
+    "return_more": _after_comma("a tensor name", "write: return a, b"),
     "shape_comma": _comma,
 }
 
@@ -596,6 +649,9 @@ def _characters(err: UnexpectedCharacters, c: _Ctx):
         return "quotes are not used in the text DSL", "write names and dtypes bare: bf16"
     if ch == "." and c.code[: c.col - 1].rstrip()[-1:].isdigit():
         return "sizes are integers", "write a whole number, e.g. 8192"
+    if not ch.isascii() and (ch.isalnum() or ch == "_" or ch.isidentifier()):
+        return (f"unexpected character {ch!r}: names are ASCII letters, digits and '_'",
+                "rename it with ASCII characters only, e.g. x_1")
     allowed = {t for t in (err.allowed or ()) if not t.startswith("__")}
     return (f"unexpected character {ch!r}",
             "expected " + " or ".join(sorted(_describe(t) for t in allowed)) if allowed
@@ -622,7 +678,17 @@ def parse_text(source: str, filename: str = "<string>") -> Pattern:
     Raises `DSLSyntaxError` (the text does not parse) or `PatternError` (it parses but
     names something unknown); both render `file:line:col`, the line, a caret and a hint.
     """
+    if not isinstance(source, str):
+        raise UsageError(f"parse_text takes the source as a str, got {type(source).__name__}",
+                         hint="read a file with tilelink.load_text(path)")
+    if len(source) > MAX_SOURCE_CHARS:
+        raise DSLSyntaxError(f"{filename} is {len(source)} characters long; a pattern is at "
+                             f"most {MAX_SOURCE_CHARS} (1 MiB)",
+                             hint="a pattern is a header and a few lines: is this the right "
+                             "file?")
     source = source.removeprefix("\ufeff")
+    if "\r" in source:  # CRLF and old-Mac CR line ends read as LF, as Python reads them
+        source = source.replace("\r\n", "\n").replace("\r", "\n")
     src = Source(source, filename)
     text = source.rstrip() + "\n"
     try:
@@ -644,6 +710,9 @@ def parse_text(source: str, filename: str = "<string>") -> Pattern:
 
 def format_text(pattern: Pattern) -> str:
     """Render a pattern as text-DSL source (`parse_text(format_text(p)) == p`)."""
+    if not isinstance(pattern, Pattern):
+        raise UsageError(f"format_text takes a Pattern, got {type(pattern).__name__}",
+                         hint="e.g. format_text(load_pattern('examples/ag_gemm.tl'))")
     params = ", ".join(p.name if p.default is None else f"{p.name} = {p.default}"
                        for p in pattern.params)
     lines = [f"pattern {pattern.name}({params})"]

@@ -7,13 +7,18 @@ where shape rules run and every error gets the user's line.
 
 from __future__ import annotations
 
+import operator
+import re
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PatternError, SourceLoc, closest
+from ..errors import PatternError, SourceLoc, TileLinkWarning, UsageError, closest, show_int
+from .attrs import attr_kind, check_attr
 from .expr import WORLD, DivisionError
 from .ops import Op, spec
-from .tensor import DTYPES, BoundTensor, TensorDecl
+from .tensor import DTYPES, BoundTensor, Placement, TensorDecl
 
 
 @dataclass(frozen=True)
@@ -92,22 +97,25 @@ class Pattern:
                 hint = closest(o, known)
                 loc = self.output_locs[i] if i < len(self.output_locs) else self.loc
                 raise PatternError(f"unknown tensor '{o}' in return", loc,
-                                   f"did you mean '{hint}'?" if hint else None)
+                                   f"did you mean '{hint}'?" if hint else
+                                   "return tensors the pattern declares or computes: "
+                                   + ", ".join(known))
         return self
 
-    def bind(self, values: dict[str, Any] | None = None, world: int = 2) -> BoundPattern:
-        """Give every size a value (defaults overridden by `values`) and run shape rules."""
+    def bind(self, values: Mapping[str, Any] | None = None, world: int = 2) -> BoundPattern:
+        """Give every size a value (defaults overridden by `values`) and run shape rules.
+
+        `values` maps parameter names to ints (or their decimal strings, as `-D` gives
+        them) and dtype names; `world` is the number of ranks. Every problem is a located
+        `PatternError`: values that are not integers (64.9, True), sizes that W does not
+        divide (all of them at once), sizes no GPU can hold (see `tensor.MAX_DIM`), attribute
+        values of the wrong kind. Attributes are normalised here (`dim = -1` is the last
+        dim), and an input no op uses gets a `TileLinkWarning`.
+        """
         self.validate()
-        if world < 1:
-            raise PatternError(f"world size must be >= 1, got {world}")
+        world = check_world(world)
+        values = self._check_values(values)
         env: dict[str, Any] = {}
-        values = dict(values or {})
-        for name in values:
-            if self.param(name) is None:
-                hint = closest(name, [p.name for p in self.params])
-                raise PatternError(f"pattern {self.name} has no parameter '{name}'", self.loc,
-                                   f"did you mean '{hint}'?" if hint else
-                                   "parameters: " + ", ".join(p.name for p in self.params))
         for p in self.params:
             v = values.get(p.name, p.default)
             if v is None:
@@ -116,25 +124,58 @@ class Pattern:
             env[p.name] = _coerce(p, v)
         env[WORLD] = world
         tensors: dict[str, BoundTensor] = {}
+        uneven: list[PatternError] = []  # every size W does not divide, reported together
         for t in self.inputs:
-            tensors[t.name] = _bind_input(t, env, world)
+            bound = _bind_input(t, env, world, uneven)
+            if bound is not None:
+                tensors[t.name] = bound
+        if uneven:
+            raise _uneven_error(uneven, world)
+        bound_attrs: dict[str, dict[str, Any]] = {}
         for op in self.ops:
             sp = spec(op.kind)
-            attrs = dict(sp.attrs)
-            for k, v in op.attrs:
+            for k, _ in op.attrs:
                 if k not in sp.attrs:
                     hint = closest(k, sp.attrs)
                     raise PatternError(f"{op.kind} has no argument '{k}'", op.loc,
                                        f"did you mean '{hint}'?" if hint
                                        else f"write {sp.signature()}")
-                attrs[k] = _eval_attr(op, k, v, env)
             if not sp.variadic and len(op.args) != len(sp.operands):
                 raise PatternError(f"{op.kind} takes {len(sp.operands)} tensor argument(s), "
                                    f"got {len(op.args)}", op.loc, f"write {sp.signature()}")
-            inf = sp.rule(op, [tensors[a] for a in op.args], attrs, world)
-            tensors[op.result] = BoundTensor(op.result, inf.shape, inf.dtype, inf.placement,
-                                             world)
-        return BoundPattern(self, env, world, tensors)
+            operands = [tensors[a] for a in op.args]
+            attrs = _bound_attrs(op, sp, env, operands)
+            inf = sp.rule(op, operands, dict(attrs), world)
+            result = BoundTensor(op.result, tuple(inf.shape), inf.dtype, inf.placement, world)
+            _check_extent(result, f"the result of {op.kind}, {op.result},", op.loc)
+            tensors[op.result] = result
+            bound_attrs[op.result] = attrs
+        _warn_unused(self)
+        return BoundPattern(self, env, world, tensors, bound_attrs)
+
+    def _check_values(self, values) -> dict[str, Any]:
+        """`values` as a dict, after checking it names parameters of this pattern."""
+        if values is None:
+            return {}
+        if not isinstance(values, Mapping):
+            raise UsageError(f"values must be a dict of parameter values, got "
+                             f"{type(values).__name__}", hint="e.g. values={'M': 4096}")
+        for name in values:
+            if not isinstance(name, str):
+                raise UsageError(f"parameter names are strings, got {name!r} "
+                                 f"({type(name).__name__})", hint="e.g. values={'M': 4096}")
+            if name == WORLD:
+                v = _short(values[name])
+                raise PatternError(f"W is the world size, not a parameter of pattern "
+                                   f"{self.name}", self.loc,
+                                   f"use -W {v} / world_size={v}")
+            if self.param(name) is None:
+                hint = closest(name, [p.name for p in self.params])
+                raise PatternError(f"pattern {self.name} has no parameter '{_short(name)}'",
+                                   self.loc, f"did you mean '{hint}'?" if hint else
+                                   "parameters: " + (", ".join(p.name for p in self.params)
+                                                     or "none"))
+        return dict(values)
 
 
 @dataclass
@@ -145,6 +186,8 @@ class BoundPattern:
     env: dict[str, Any]
     world: int
     tensors: dict[str, BoundTensor]
+    # op result -> the op's attributes, defaults filled in, evaluated, checked, normalised
+    attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -155,10 +198,11 @@ class BoundPattern:
         return self.pattern.ops
 
     def op_attrs(self, op: Op) -> dict[str, Any]:
-        """The op's attributes with defaults filled in and sizes evaluated."""
-        attrs = dict(spec(op.kind).attrs)
-        attrs.update({k: _eval_attr(op, k, v, self.env) for k, v in op.attrs})
-        return attrs
+        """The op's attributes with defaults filled in, sizes evaluated and values checked
+        and normalised (a `dim` is 0 <= dim < rank), as the op's shape rule saw them."""
+        if op.result in self.attrs:
+            return dict(self.attrs[op.result])
+        return _bound_attrs(op, spec(op.kind), self.env, [self.tensors[a] for a in op.args])
 
     def signature(self) -> str:
         """The op kinds in order, e.g. 'all_gather>gemm' (what codegen dispatches on)."""
@@ -206,49 +250,142 @@ def _check_dtype(t: TensorDecl, pat: Pattern) -> None:
                        f"did you mean '{hint}'?" if hint else "use one of " + ", ".join(options))
 
 
+def _short(value, limit: int = 40) -> str:
+    """A user value for a message, cut to `limit` characters."""
+    text = show_int(value) if isinstance(value, int) else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_world(world) -> int:
+    """`world` as an int >= 1: a bool, float or string is a UsageError, < 1 a PatternError."""
+    if isinstance(world, bool) or isinstance(world, (float, str)):
+        raise UsageError(f"the world size must be an int, got {_short(repr(world))} "
+                         f"({type(world).__name__})", hint="e.g. world_size=2 (-W 2)")
+    try:
+        world = operator.index(world)
+    except TypeError:
+        raise UsageError(f"the world size must be an int, got {type(world).__name__}",
+                         hint="e.g. world_size=2 (-W 2)") from None
+    if world < 1:
+        raise PatternError(f"world size must be >= 1, got {show_int(world)}",
+                           hint="the world size is the number of ranks: 1 or more")
+    return world
+
+
+# A parameter's value: what `-D` gives (a decimal string) or an int; at most int64, so
+# every later computation (and message) works on a machine integer's worth of digits.
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,30}")
+_MAX_PARAM = 2**63 - 1
+
+
 def _coerce(p: Param, v: Any):
     if p.kind == "dtype":
-        if v not in DTYPES:
-            raise PatternError(f"{p.name} = {v} is not a dtype", p.loc,
+        if not isinstance(v, str) or v not in DTYPES:
+            raise PatternError(f"{p.name} = {_short(v)} is not a dtype", p.loc,
                                "use one of " + ", ".join(DTYPES))
         return v
-    try:
-        iv = int(v)
-    except (TypeError, ValueError):
-        raise PatternError(f"{p.name} = {v!r} is not an integer", p.loc) from None
+    hint = f"pass an integer, e.g. -D {p.name}=4096 (values={{'{p.name}': 4096}})"
+    if isinstance(v, bool):
+        raise PatternError(f"{p.name} = {v} is a bool, not an integer", p.loc, hint)
+    if isinstance(v, float):
+        what = "has a fraction" if v == v and v not in (float("inf"), float("-inf")) \
+            and not v.is_integer() else "is a float"
+        raise PatternError(f"{p.name} = {_short(v)} {what}; sizes are integers", p.loc, hint)
+    if isinstance(v, str):
+        text = v.strip()
+        if not _DECIMAL.fullmatch(text):
+            too_long = re.fullmatch(r"[+-]?[0-9]+", text) is not None
+            raise PatternError(f"{p.name} = {_short(repr(v))} is "
+                               + ("too large" if too_long else "not an integer"), p.loc, hint)
+        iv = int(text)
+    else:
+        try:
+            iv = operator.index(v)
+        except TypeError:
+            raise PatternError(f"{p.name} = {_short(repr(v))} is not an integer", p.loc,
+                               hint) from None
     if iv <= 0:
-        raise PatternError(f"{p.name} = {iv} must be positive", p.loc)
+        raise PatternError(f"{p.name} = {show_int(iv)} must be positive", p.loc,
+                           "a size is a number of elements: 1 or more")
+    if iv > _MAX_PARAM:
+        raise PatternError(f"{p.name} = {show_int(iv)} is too large: no size exceeds "
+                           "2**63 - 1", p.loc, "sizes are element counts; check the value")
     return iv
 
 
-def _bind_input(t: TensorDecl, env: dict, world: int) -> BoundTensor:
+def _bind_input(t: TensorDecl, env: dict, world: int,
+                uneven: list[PatternError]) -> BoundTensor | None:
+    """The bound input; None (with the problems added to `uneven`) when W or a division
+    does not divide one of its sizes."""
     shape = []
+    problems = len(uneven)
     for d in t.shape:
         try:
             v = d.evaluate(env)
         except DivisionError as e:
-            what = "the world size does not divide" if WORLD in d.symbols() else "uneven division in"
-            raise PatternError(
+            if e.rhs == 0:
+                raise PatternError(f"a dim of {t.name} divides by zero: {e}", t.loc,
+                                   "a divisor is a positive size") from None
+            what = ("the world size does not divide" if WORLD in d.symbols()
+                    else "uneven division in")
+            uneven.append(PatternError(
                 f"{what} a dim of {t.name}: {e}", t.loc,
                 f"{d} must divide evenly with W = {world}: pass e.g. "
-                + " ".join(f"-D {x}=<a multiple of {world}>" for x in sorted(d.symbols() - {WORLD}))
-            ) from None
+                + " ".join(f"-D {x}=<a multiple of {world}>"
+                           for x in sorted(d.symbols() - {WORLD}))))
+            shape.append(None)
+            continue
         if v <= 0:
-            raise PatternError(f"dim {d} of {t.name} is {v}; sizes must be positive", t.loc)
+            raise PatternError(f"dim {d} of {t.name} is {show_int(v)}; sizes must be positive",
+                               t.loc, "a size is a number of elements: 1 or more")
         shape.append(v)
     dtype = t.dtype if t.dtype in DTYPES else env[t.dtype]
     pl = t.placement
     if pl.kind == "shard":
-        if not 0 <= pl.dim < len(shape):
-            raise PatternError(f"shard({pl.dim}) is out of range for {t.name}, which has "
-                               f"{len(shape)} dims", t.loc,
-                               f"use shard(0) .. shard({len(shape) - 1})")
-        if shape[pl.dim] % world:
-            raise PatternError(
-                f"{t.name} is sharded on dim {pl.dim} ({t.shape[pl.dim]} = {shape[pl.dim]}), "
-                f"which the world size {world} does not divide", t.loc,
-                f"choose {t.shape[pl.dim]} as a multiple of {world}")
-    return BoundTensor(t.name, tuple(shape), dtype, pl, world)
+        if not -len(shape) <= pl.dim < len(shape):
+            raise PatternError(f"shard({show_int(pl.dim)}) is out of range for {t.name}, which "
+                               f"has {len(shape)} dims", t.loc,
+                               f"use shard(0) .. shard({len(shape) - 1})" if shape
+                               else f"{t.name} has no dims to shard")
+        if pl.dim < 0:  # counted from the last dim, as an op's dim is
+            pl = Placement("shard", pl.dim % len(shape))
+        if shape[pl.dim] is not None and shape[pl.dim] % world:
+            uneven.append(PatternError(
+                f"{t.name} is sharded on dim {pl.dim} ({t.shape[pl.dim]} = "
+                f"{show_int(shape[pl.dim])}), which the world size {world} does not divide",
+                t.loc, f"choose {t.shape[pl.dim]} as a multiple of {world}"))
+    if len(uneven) > problems:
+        return None
+    bound = BoundTensor(t.name, tuple(shape), dtype, pl, world)
+    _check_extent(bound, t.name, t.loc)
+    return bound
+
+
+def _uneven_error(problems: list[PatternError], world: int) -> PatternError:
+    """One error naming every size that does not divide (the first one's location)."""
+    if len(problems) == 1:
+        return problems[0]
+    first = problems[0]
+    lines = [f"{len(problems)} sizes do not divide evenly with W = {world}:"]
+    lines += [f"  {e.loc}: {e.message}" if e.loc else f"  {e.message}" for e in problems]
+    hints = list(dict.fromkeys(e.hint for e in problems if e.hint))
+    return PatternError("\n".join(lines), first.loc, "; ".join(hints) or None)
+
+
+def _check_extent(t: BoundTensor, what: str, loc: SourceLoc | None) -> None:
+    problem = t.extent_problem()
+    if problem is not None:
+        wrong, hint = problem
+        shape = "[" + ", ".join(show_int(d) for d in t.shape) + "]"
+        raise PatternError(f"{what} {wrong} (shape {shape})", loc, hint)
+
+
+def _bound_attrs(op: Op, sp, env: dict, operands: list[BoundTensor]) -> dict[str, Any]:
+    """The op's attributes: defaults, then its own values evaluated, checked, normalised."""
+    attrs = dict(sp.attrs)
+    for k, v in op.attrs:
+        attrs[k] = _eval_attr(op, k, v, env)
+    return {k: check_attr(op, k, v, attr_kind(sp, k), operands) for k, v in attrs.items()}
 
 
 def _eval_attr(op: Op, k: str, v, env):
@@ -261,3 +398,26 @@ def _eval_attr(op: Op, k: str, v, env):
             raise PatternError(f"unknown size {e} in {op.kind}({k} = {v})", op.loc,
                                "use a pattern parameter or W") from None
     return v
+
+
+# What was warned about already (warnings.warn_explicit's registry): one warning per
+# place and message in a process, however often the pattern is bound.
+_WARNED: dict = {}
+
+
+def _warn_unused(p: Pattern) -> None:
+    """Warn about inputs no op reads and the pattern does not return.
+
+    A warning, not an error: the pattern still means something (the input is allocated
+    and ignored), and a caller may keep an input for a fixed calling convention; but it
+    is usually a slip (the op was given another tensor), so it is shown at its line.
+    """
+    used = {a for op in p.ops for a in op.args} | set(p.outputs)
+    for t in p.inputs:
+        if t.name not in used:
+            loc = t.loc or p.loc
+            warnings.warn_explicit(
+                f"input '{t.name}' of pattern {p.name} is never used: no op reads it and it is "
+                f"not returned (remove it, or pass it to the op that should read it)",
+                TileLinkWarning, loc.file if loc else "<pattern>", loc.line if loc else 0,
+                registry=_WARNED)

@@ -13,11 +13,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import SourceLoc
+from ..errors import SourceLoc, show_int
 from .expr import Expr
 
 DTYPES = ("bf16", "fp16", "fp32", "int32", "int64")
 FLOAT_DTYPES = ("bf16", "fp16", "fp32")
+
+# Bounds on bound sizes, checked by `Pattern.bind` before anything is planned, so sizes no
+# GPU can hold get a located error at once instead of a MemoryError or minutes of planning.
+# - MAX_DIM: every dim, global and per rank. cuBLAS takes m, n, k as int32, Triton's grid
+#   and the kernels' index arithmetic are int32: no op here can run a longer dim.
+# - MAX_LOCAL_ELEMENTS: what one rank stores of one tensor. 2**40 elements are 2 TiB in the
+#   2-byte dtypes, several times the memory of any GPU (<= 288 GB in 2025), so no real
+#   problem is refused, and byte counts (x 8) stay far below int64's range.
+# - MAX_ELEMENTS: a tensor's global (logical) shape across ranks, e.g. after all_gather:
+#   2**48 allows 256 ranks of 2**40 elements each; byte counts stay below 2**51.
+# - MAX_RANK: dims per tensor. No op takes more than 4 ([B, S, H, D]); 8 leaves room, and
+#   keeps a declaration of a thousand dims from costing time in every later pass.
+MAX_DIM = 2**31 - 1
+MAX_LOCAL_ELEMENTS = 2**40
+MAX_ELEMENTS = 2**48
+MAX_RANK = 8
 
 
 @dataclass(frozen=True)
@@ -80,3 +96,33 @@ class BoundTensor:
 
     def __str__(self) -> str:
         return f"{self.name} : {list(self.shape)} {self.dtype} {self.placement}"
+
+    def extent_problem(self) -> tuple[str, str] | None:
+        """(what is wrong, which bound) when the tensor exceeds MAX_RANK, MAX_DIM,
+        MAX_LOCAL_ELEMENTS or MAX_ELEMENTS; None when it fits them."""
+        if len(self.shape) > MAX_RANK:
+            return f"has {len(self.shape)} dims", f"a tensor has at most {MAX_RANK} dims"
+        too_large = "is too large for any GPU: "
+        for i, d in enumerate(self.shape):
+            if d > MAX_DIM:
+                return (too_large + f"dim {i} is {show_int(d)}",
+                        f"the largest dim is 2**31 - 1 = {MAX_DIM}; {_CHECK}")
+        local = _product(self.local_shape)
+        if local > MAX_LOCAL_ELEMENTS:
+            return (too_large + f"each rank would hold {show_int(local)} elements",
+                    f"the most one rank holds of a tensor is 2**40 elements; {_CHECK}")
+        total = _product(self.shape)
+        if total > MAX_ELEMENTS:
+            return (too_large + f"it has {show_int(total)} elements",
+                    f"the most a tensor has is 2**48 elements; {_CHECK}")
+        return None
+
+
+_CHECK = "check the sizes (-D) and the world size"
+
+
+def _product(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n  # (at most MAX_RANK factors of at most MAX_DIM: checked before)

@@ -12,7 +12,8 @@ from ..errors import ConfigError
 from ..ir import BoundPattern, Pattern
 from ..schedule import Schedule, get_target, make_schedule
 from .emulated import EmulationResult, run_emulated
-from .reference import Verdict, error_bound, evaluate, judge, make_inputs, rounding_depth
+from .inputs import call_inputs
+from .reference import Verdict, error_bound, evaluate, judge, rounding_depth
 
 
 def schedule_for(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
@@ -136,9 +137,12 @@ def check(bp: BoundPattern, result: EmulationResult) -> CheckReport:
 
 def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
             config: dict | None = None, *, seed: int = 0, calls: int = 1, delays: bool = False,
-            timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1):
+            timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1,
+            inputs=None):
     """Run the generated kernel in the emulated world; returns (schedule, result).
 
+    `inputs`: the caller's tensors, {name: [tensor of rank 0, ...]} (or a list of those, one
+    per call), checked by `runtime.inputs.call_inputs`; without them,
     `calls` back-to-back calls get fresh inputs each (seed, seed + 1, ...); `delays` adds a
     random sleep before each launch on each rank; `first_epoch` numbers the first call
     (start near 2**31 to cross the int32 wrap-around); `fault` injects a failure for testing
@@ -154,12 +158,12 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
         # the non-overlapped plan has no kernel: run it as it runs on GPUs (each op in the
         # pattern's dtype, as NCCL and cuBLAS compute it), so a check compares it with the
         # fp32 reference rather than with itself
-        ins = [make_inputs(s.bound, seed + i) for i in range(calls)]
+        ins = call_inputs(s.bound, inputs, calls, seed)
         return s, EmulationResult(ins, [evaluate(s.bound, x, exact=False) for x in ins], 0.0)
     if fault is not None and emulated_fault is None:
         _check_skip_rank(fault, s.bound.world)
     source = render_triton(s, fault=emulated_fault)
-    ins = [make_inputs(s.bound, seed + i) for i in range(calls)]
+    ins = call_inputs(s.bound, inputs, calls, seed)
     from ..codegen.compile import load_module
 
     mod = load_module(source)

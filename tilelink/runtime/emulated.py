@@ -31,6 +31,7 @@ import torch
 
 from ..errors import HangError, TileLinkError
 from .copy_ops import buffer_layout, check_copy_ops
+from .inputs import check_module_inputs
 from .reference import TORCH_DTYPES
 
 ALIGN = 256
@@ -203,6 +204,7 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     from ..codegen.compile import load_module
 
     mod = load_module(source)
+    check_module_inputs(mod, world, per_call_inputs)  # wrong shapes would be read out of bounds
     sym_shapes, out_shapes = mod.SYMMETRIC, mod.OUTPUTS
     ncalls = len(per_call_inputs)
     heap_bytes = sum(_nbytes(s, d) for s, d in sym_shapes.values())

@@ -625,6 +625,10 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     import torch
     import torch.distributed as dist
 
+    if not torch.cuda.is_available():  # a CPU-only torch, or no GPU visible
+        raise NotSupportedError("compile_op runs on GPUs, and torch sees none (torch.cuda is "
+                                "not available)", hint="run the kernel on the CPU with "
+                                "tk.emulate(pattern, world_size) or `tilelink run`")
     if not dist.is_initialized():
         raise TileLinkError("compile_op needs torch.distributed to be initialised",
                             hint="call torch.distributed.init_process_group('nccl') first, or "
