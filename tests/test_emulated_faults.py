@@ -189,6 +189,7 @@ def test_ranks_die_with_their_parent(sig):
 @pytest.mark.parametrize("world", [65, 128, 10**6])
 def test_a_world_larger_than_the_machine_can_run_is_refused(world, monkeypatch):
     monkeypatch.setattr(emulated, "_cores", lambda: 2)  # 2 cores: at most 64 ranks
+    monkeypatch.setattr(emulated, "_available_memory", lambda: 64 << 30)
     with pytest.raises(NotSupportedError) as err:
         emulated.check_world(world)
     text = str(err.value)

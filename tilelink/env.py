@@ -49,6 +49,11 @@ def spin_limit(default: int = DEFAULT_SPIN_LIMIT) -> int:
     return parse_int("TILELINK_SPIN_LIMIT", text, 1, MAX_SPIN_LIMIT, str(DEFAULT_SPIN_LIMIT))
 
 
+def cache_root_chosen() -> bool:
+    """Whether the user chose the cache root (TILELINK_CACHE set and not blank)."""
+    return bool(os.environ.get("TILELINK_CACHE", "").strip())
+
+
 def cache_root() -> tuple[Path, bool]:
     """The cache root and whether the user chose it (`TILELINK_CACHE`).
 
@@ -56,9 +61,8 @@ def cache_root() -> tuple[Path, bool]:
     says), else `~/.cache/tilelink`. The directory is not created or checked here
     (tilelink.private_cache does that).
     """
-    chosen = os.environ.get("TILELINK_CACHE", "")
-    if chosen.strip():
-        return Path(os.path.abspath(chosen)), True
+    if cache_root_chosen():
+        return Path(os.path.abspath(os.environ["TILELINK_CACHE"])), True
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "tilelink", False

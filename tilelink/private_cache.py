@@ -76,7 +76,10 @@ def cache_dir(name: str, *, create: bool = True) -> Path | None:
     Returns None when `create` is False and it does not exist yet. Raises CacheError when
     the directory, the root or a directory above it is unsafe or unusable.
     """
-    root, explicit = env.cache_root()
+    try:
+        root, explicit = env.cache_root()
+    except env.EnvError as e:  # no usable HOME: the default location is unusable
+        raise CacheError(e.message, hint=e.hint) from None
     real = Path(os.path.realpath(root))
     try:
         _check_ancestors(real.parent, explicit)
@@ -110,7 +113,7 @@ def cache_dir_or_fallback(name: str) -> Path:
     try:
         return cache_dir(name)  # (never None: it creates the directory)
     except CacheError as e:
-        if env.cache_root()[1]:
+        if env.cache_root_chosen():
             raise
         if name not in _fallback:
             made = Path(tempfile.mkdtemp(prefix=f"tilelink-{name}-"))  # 0700, unpredictable
@@ -287,7 +290,7 @@ def write_atomic(directory: Path, name: str, data: bytes, *, durable: bool = Fal
             continue
         except OSError as e:
             raise CacheError(f"cannot write in the cache directory {directory}: {e.strerror}",
-                             hint=_hint(env.cache_root()[1])) from None
+                             hint=_hint(env.cache_root_chosen())) from None
     else:
         raise CacheError(f"cannot make a temporary file in {directory}")
     try:

@@ -121,7 +121,14 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from triton.runtime.interpreter import InterpretedFunction
+
     fn = kernel_of(mod, kernel)
+    if isinstance(fn, InterpretedFunction):  # TRITON_INTERPRET=1 made @triton.jit interpret
+        raise ConfigError(f"cannot compile for {target.name}: the kernels were made for "
+                          "Triton's interpreter (TRITON_INTERPRET=1 is set)",
+                          hint="unset TRITON_INTERPRET to compile (the emulated world sets it "
+                          "in its rank processes itself)")
     consts = {}
     for name in fn.arg_names:
         if name not in mod.SIGNATURE:

@@ -46,14 +46,14 @@ ALIGN = 256
 DIAG_RECORDS = 64
 DIAG_FIELDS = 8
 # World-size bound. Ranks are processes running Triton's interpreter: each takes ~17 MB of
-# private memory (measured at W = 16; RANK_MEMORY leaves room for larger tiles), and all of
+# private memory (measured at W = 16; RANK_MEMORY allows twice that), and all of
 # them share the cores, each rank's waits spinning while it waits. 64 ranks on 2 cores run
 # the smallest AG-GEMM (M = 2048, N = 512, K = 32) in 71 s; twice as many ranks take about
 # four times as long (every rank's tiles grow with W too). So at most RANKS_PER_CORE ranks
 # per core, MAX_WORLD in all, and RANK_MEMORY per rank of the memory available.
 MAX_WORLD = 256
 RANKS_PER_CORE = 32
-RANK_MEMORY = 64 << 20
+RANK_MEMORY = 32 << 20
 MAX_TIMEOUT = 7 * 24 * 3600.0  # seconds (a week): beyond it, the watchdog is as good as off
 EXIT_GRACE = 0.5  # seconds a dead rank's result may still be in flight in the queue
 
