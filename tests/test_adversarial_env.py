@@ -46,7 +46,7 @@ def test_a_bad_spin_limit_does_not_break_importing_the_gpu_runtime():
     # it was int()-ed at import: `import tilelink.runtime.gpu` died with a ValueError
     out = subprocess.run([sys.executable, "-c", "import tilelink.runtime.gpu"],
                          env=dict(os.environ, TILELINK_SPIN_LIMIT="abc", PYTHONPATH=str(ROOT)),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
 
 

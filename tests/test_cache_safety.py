@@ -20,8 +20,8 @@ import warnings
 import pytest
 
 from tilelink import private_cache
-from tilelink.codegen import render_triton
 from tilelink.codegen import compile as codegen_compile
+from tilelink.codegen import render_triton
 from tilelink.codegen.compile import load_module
 from tilelink.errors import TileLinkError
 from tilelink.frontend import load_text

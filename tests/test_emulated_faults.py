@@ -155,9 +155,10 @@ def test_ranks_die_with_their_parent(sig):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(EXAMPLES / "ag_gemm.tl")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ranks: list[int] = []
     try:
         assert parent.stdout.readline().strip() == b"ready"
-        ranks, deadline = [], time.monotonic() + 60
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # rank 0 spins, waiting on rank 1's rows
             ranks = [p for p in _children(parent.pid) if _alive(p)]
             if ranks:
@@ -176,11 +177,12 @@ def test_ranks_die_with_their_parent(sig):
     finally:
         if parent.poll() is None:
             parent.kill()
-        for p in _children(parent.pid):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+        for p in ranks + _children(parent.pid):  # (orphans, if the test failed)
+            if _alive(p):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 # ---------------------------------------------------------------- world size, watchdog

@@ -81,7 +81,8 @@ def run(args) -> int:
     pins = _defines(args.config, "--config")
     bp = load_pattern(args.pattern).bind(values, args.world_size)  # bad input fails here
     if args.budget is not None and args.budget < 1:
-        raise TileLinkError(f"--budget must be >= 1, got {args.budget}")
+        raise TileLinkError(f"--budget must be >= 1, got {args.budget}",
+                            hint="e.g. --budget 8 (leave it out: a quarter of the space)")
     if args.time is not None and not (math.isfinite(args.time) and args.time > 0):
         raise TileLinkError(f"--time must be > 0 and finite (seconds), got {args.time:g}",
                             hint="e.g. --time 600 (leave it out for no time limit)")

@@ -120,7 +120,6 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
     from triton.runtime.interpreter import InterpretedFunction
 
     fn = kernel_of(mod, kernel)

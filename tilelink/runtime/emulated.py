@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 import mmap
-import queue
 import multiprocessing as mp
 import os
+import queue
 import random
 import signal
 import sys

@@ -119,7 +119,7 @@ def _config_from(d: dict) -> Config:
 
 
 def _load(path: Path) -> dict:
-    """The JSON record of a cache file; ValueError (with the reason) if it cannot be used."""
+    """The JSON record of a cache file; ValueError or TypeError (saying why) if unusable."""
     data = private_cache.read_entry(path, MAX_ENTRY_BYTES)  # BadEntry is a ValueError
     if data is None:
         raise FileNotFoundError(path)
@@ -130,7 +130,7 @@ def _load(path: Path) -> dict:
     except UnicodeDecodeError as e:
         raise ValueError(f"it is not UTF-8 text ({e.reason})") from None
     if not isinstance(record, dict):
-        raise ValueError(f"it holds a JSON {type(record).__name__}, not a tune record")
+        raise TypeError(f"it holds a JSON {type(record).__name__}, not a tune record")
     return record
 
 
@@ -156,7 +156,7 @@ def lookup(bp: BoundPattern, device_name: str, directory: Path | None = None,
         if data.get("key") != cache_key(bp, device_name, graph):
             raise ValueError("its key does not match (a hash collision or an edited file)")
         if not isinstance(data.get("config"), dict):
-            raise ValueError("it has no config record")
+            raise TypeError("it has no config record")
         cfg = _config_from(data["config"])
         if target is not None:
             from ..schedule.schedule import default_space
@@ -177,7 +177,7 @@ def read_entry(path: Path) -> dict | None:
     """The whole JSON record of a cache file (for showing it), or None if unusable."""
     try:
         return _load(Path(path))
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, TypeError):
         return None
 
 
