@@ -417,3 +417,26 @@ def test_the_tune_cache_is_bounded(cache, monkeypatch):
     newest = tune_cache.store(_bound(), "NVIDIA H100", Config())  # 6 > 4: pruned to 3
     left = {p.name for p in (cache / "tune").iterdir()}
     assert left == {paths[3].name, paths[4].name, newest.name}
+
+
+def _dir_stat(mode: int, gid: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFDIR | mode, 0, 0, 1, os.geteuid(), gid, 0, 0, 0, 0))
+
+
+@pytest.mark.parametrize("mode,gid,replaceable", [
+    (0o755, None, False), (0o700, None, False),
+    (0o777, None, True),  # anyone may rename our directory away
+    (0o1777, None, False),  # sticky, as /tmp: only an entry's owner may
+    (0o775, "ours", False),  # our own group (umask 002, a user private group)
+    (0o775, "other", True),  # a group of others
+])
+def test_which_directories_others_could_replace(mode, gid, replaceable, monkeypatch):
+    import grp
+    import pwd
+
+    ours = os.getegid()
+    monkeypatch.setattr(grp, "getgrgid", lambda g: grp.struct_group(("g", "x", g, ["me"])))
+    monkeypatch.setattr(pwd, "getpwuid", lambda u: pwd.struct_passwd(
+        ("me", "x", u, ours, "", "/home/me", "/bin/sh")))
+    gid = {"ours": ours, "other": ours + 4242, None: ours}[gid]
+    assert private_cache._others_can_replace(_dir_stat(mode, gid)) is replaceable

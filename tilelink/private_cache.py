@@ -130,8 +130,29 @@ def _describe(st: os.stat_result) -> str:
 
 
 def _others_can_replace(st: os.stat_result) -> bool:
-    """Group or others may rename entries of this directory (and it is not sticky)."""
-    return bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX
+    """Someone else may rename entries of this directory: it is writable by others, or by a
+    group with other members, and not sticky. (A group-writable directory of the user's
+    private group, as umask 002 makes them, is only ours.)"""
+    if st.st_mode & stat.S_ISVTX:
+        return False
+    if st.st_mode & 0o002:
+        return True
+    return bool(st.st_mode & 0o020) and not _group_only_us(st.st_gid)
+
+
+def _group_only_us(gid: int) -> bool:
+    """`gid` is our own group and lists no other member."""
+    if gid != os.getegid():
+        return False
+    try:
+        import grp
+        import pwd
+
+        members = set(grp.getgrgid(gid).gr_mem)
+        me = pwd.getpwuid(_uid()).pw_name
+    except (ImportError, KeyError):
+        return False
+    return members <= {me}
 
 
 def _check_ancestors(path: Path, explicit: bool) -> None:
