@@ -58,3 +58,18 @@ def test_console_script_runs_the_quick_start():
                           "2", "--check"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "emulated world" in out.stderr and "check: OK" in out.stdout
+
+
+@pytest.mark.parametrize("world,words", [(1, "(1 CPU process,"), (2, "(2 CPU processes,")])
+def test_run_counts_its_processes_in_words(world, words, monkeypatch, capsys):
+    # "1 CPU processes"; the world itself is not run here (emulate stops at once)
+    import tilelink.runtime as runtime
+    from tilelink.errors import TileLinkError
+
+    def stop(*args, **kwargs):
+        raise TileLinkError("stopped before running")
+
+    monkeypatch.setattr(runtime, "emulate", stop)
+    assert main(["run", AG, "-W", str(world), "-D", "M=64", "-D", "N=64"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "stopped before running" in err

@@ -17,6 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import argtypes
+
 # the design shapes (docs/design.md; bf16, N and K global): pattern file -> [(M, N, K), ...]
 DESIGN_SUITE = {
     "ag_gemm.tl": [(8192, 8192, 8192), (8192, 28672, 8192), (8192, 49152, 12288),
@@ -49,8 +51,8 @@ def add_parser(sub) -> None:
                    "the 5 AG-GEMM / 4 GEMM-RS")
     b.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
-    b.add_argument("--world-size", "-W", type=int, default=2, help="number of ranks/GPUs "
-                   "(default 2)")
+    b.add_argument("--world-size", "-W", type=argtypes.world_size, default=2,
+                   help="number of ranks/GPUs (default 2)")
     b.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="TileLink schedule config values (default: the op's own choice)")
     b.add_argument("--json", metavar="PATH", help="write the results (and run metadata) here")
@@ -62,15 +64,20 @@ def add_parser(sub) -> None:
                    "needed")
     b.add_argument("--markdown", action="store_true", help="print the docs/perf.md section "
                    "(markdown table, date, host, versions, command) after the table")
-    b.add_argument("--warmup", type=int, default=5, help="calls before each timed batch "
+    b.add_argument("--warmup", type=argtypes.warmup,
+                   default=5, help="calls before each timed batch "
                    "(default 5)")
-    b.add_argument("--iters", type=int, default=20, help="back-to-back calls per timed batch "
+    b.add_argument("--iters", type=argtypes.count,
+                   default=20, help="back-to-back calls per timed batch "
                    "(default 20)")
-    b.add_argument("--rounds", type=int, default=3, help="timed batches per system, "
+    b.add_argument("--rounds", type=argtypes.count,
+                   default=3, help="timed batches per system, "
                    "interleaved; the median is reported (default 3)")
-    b.add_argument("--reps", type=int, default=5, help="single calls from idle; median "
+    b.add_argument("--reps", type=argtypes.count,
+                   default=5, help="single calls from idle; median "
                    "(default 5)")
-    b.add_argument("--seed", type=int, default=0, help="random input seed (default 0)")
+    b.add_argument("--seed", type=argtypes.seed, default=0,
+                   help=f"random input seed, 0 to {argtypes.MAX_SEED} (default 0)")
     b.add_argument("--systems", metavar="A,B,...",
                    help="time only these systems (default: all): " + ", ".join(SYSTEM_NAMES) +
                    ". E.g. --systems tilelink,gemm times TileLink and cuBLAS without the "

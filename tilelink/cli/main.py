@@ -5,20 +5,39 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
+from .. import env
 from ..errors import TileLinkError
+from . import argtypes
 
 STAGES = ("ir", "plan", "schedule", "triton", "ttir", "ttgir", "llir", "ptx", "amdgcn")
+# what each NAME=VALUE option takes, for the hint of a malformed item
+_EXAMPLES = {"-D": "-D M=4096 (a pattern parameter)",
+             "--config": "--config block_m=128 comm=sm (a schedule knob; "
+                         "tilelink compile PATTERN --emit schedule lists them)"}
 
 
 def _defines(items: list[str], what: str) -> dict[str, str]:
-    out = {}
+    """NAME=VALUE items of option `what` (-D or --config) as a dict; a malformed, empty or
+    contradictory item is a TileLinkError whose hint shows what that option takes."""
+    out: dict[str, str] = {}
+    example = _EXAMPLES.get(what, f"{what} NAME=VALUE")
     for item in items or []:
-        if "=" not in item:
-            raise TileLinkError(f"{what} '{item}' is not NAME=VALUE",
-                                hint=f"write e.g. {what} M=4096")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
+        k, eq, v = item.partition("=")
+        k, v = k.strip(), v.strip()
+        if not eq or not k:
+            raise TileLinkError(f"{what} '{item}' is not NAME=VALUE", hint=f"write e.g. {example}")
+        if not v:
+            raise TileLinkError(f"{what} '{item}' gives {k} no value",
+                                hint=f"write e.g. {example}")
+        if what == "-D" and k == "W":
+            raise TileLinkError(f"-D '{item}': W is the world size, not a pattern parameter",
+                                hint=f"use -W {v} (--world-size)")
+        if k in out and out[k] != v:
+            raise TileLinkError(f"{what} gives {k} twice ({k}={out[k]} and {k}={v})",
+                                hint=f"give {k} once")
+        out[k] = v
     return out
 
 
@@ -26,7 +45,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("pattern", help="a .tl file, or path/to/file.py:function")
     p.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
-    p.add_argument("--world-size", "-W", type=int, default=2, help="number of ranks (default 2)")
+    p.add_argument("--world-size", "-W", type=argtypes.world_size, default=2,
+                   help=f"number of ranks, 1 to {argtypes.MAX_WORLD} (default 2)")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override schedule config values (see --emit schedule for the space)")
 
@@ -54,22 +74,26 @@ def build_parser() -> argparse.ArgumentParser:
     _common(r)
     r.add_argument("--check", action="store_true", help="compare with the non-overlapped torch "
                    "reference; exit 1 on mismatch")
-    r.add_argument("--seed", type=int, default=0, help="random input seed (default 0)")
-    r.add_argument("--calls", type=int, default=1, help="back-to-back calls, fresh inputs each")
+    r.add_argument("--seed", type=argtypes.seed, default=0,
+                   help=f"random input seed, 0 to {argtypes.MAX_SEED} (default 0)")
+    r.add_argument("--calls", type=argtypes.calls, default=1,
+                   help=f"back-to-back calls, fresh inputs each, 1 to {argtypes.MAX_CALLS}")
     r.add_argument("--delays", action="store_true", help="random delay before each rank's launch")
-    r.add_argument("--timeout", type=float, default=120.0,
+    r.add_argument("--timeout", type=argtypes.seconds(120), default=120.0,
                    help="emulated world: seconds before stuck waits are stopped and reported "
-                   "(default 120)")
+                   "(default 120; scaled up when there are more ranks than cores)")
     r.add_argument("--emulate", action="store_true",
                    help="use the emulated world even when GPUs are present")
-    r.add_argument("--backend", choices=("torch", "nvshmem", "nvshmem-ptr"), default="torch",
+    r.add_argument("--backend", choices=("torch", "nvshmem", "nvshmem-ptr"), default=None,
                    help="GPU symmetric memory: torch symmetric memory (default); nvshmem = the "
                    "NVSHMEM heap with NVSHMEM's device-side put/signal linked into the kernel; "
                    "nvshmem-ptr = the NVSHMEM heap through peer pointers")
     r.add_argument("--graph", action="store_true",
                    help="GPU: capture one call in a CUDA graph and replay it --calls times")
-    r.add_argument("--spin-limit", type=int, default=None,
-                   help="GPU: spins before a wait gives up and is reported (~1 us each)")
+    r.add_argument("--spin-limit", type=argtypes.spin_limit, default=None,
+                   help="GPU: spins before a wait gives up and is reported (~1 us each; "
+                   f"1 to {argtypes.MAX_SPIN_LIMIT}; default $TILELINK_SPIN_LIMIT or "
+                   f"{env.DEFAULT_SPIN_LIMIT})")
     for name in SUBCOMMANDS:
         module = _subcommand(name)
         if module is not None:
@@ -139,8 +163,9 @@ def cmd_run(args) -> int:
     if gpu_count():
         why = "--emulate given" if args.emulate else f"only {gpu_count()} GPU(s) visible"
         print(f"tilelink: {why}", file=sys.stderr)
+    _emulated_world_checks(args, bp.world)
     print(f"tilelink: no GPU in use: running {bp.name} on the emulated world "
-          f"({bp.world} CPU processes, Triton interpreter)", file=sys.stderr)
+          f"({_processes(bp.world)}, Triton interpreter)", file=sys.stderr)
     s, res = emulate(bp, config=_defines(args.config, "--config"), seed=args.seed,
                      calls=args.calls, delays=args.delays, timeout=args.timeout)
     print(f"{bp.name}: {bp.sizes_str()}; config {s.config}")
@@ -154,18 +179,44 @@ def cmd_run(args) -> int:
     return 0 if rep.ok else 1
 
 
+def _processes(n: int) -> str:
+    return f"{n} CPU process" + ("" if n == 1 else "es")
+
+
+# run options that only GPUs use: (attribute, the option as written, its unset value)
+GPU_ONLY = (("graph", "--graph", False), ("backend", "--backend", None),
+            ("spin_limit", "--spin-limit", None))
+
+
+def _emulated_world_checks(args, world: int) -> None:
+    """Before running on the emulated world: refuse GPU-only options (they would be ignored
+    there) and a world larger than this machine can emulate."""
+    from ..runtime.emulated import check_world
+
+    given = [flag for attr, flag, unset in GPU_ONLY if getattr(args, attr, unset) != unset]
+    if given:
+        why = "--emulate was given" if getattr(args, "emulate", False) else "no GPU is in use"
+        raise TileLinkError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to "
+                            f"GPU runs only, and this run goes to the emulated world ({why})",
+                            hint="drop " + " and ".join(given) + ", or run on a host with "
+                            f"{world} GPU(s)")
+    check_world(world)
+
+
 def _run_gpu(args, values: dict) -> int:
     """`tilelink run` on GPUs: spawn the ranks (or join torchrun's), report per rank."""
     from ..runtime.gpu_run import RunSpec, run_rank
-    from ..runtime.launcher import launch_world, under_torchrun
+    from ..runtime.launcher import launch_world
 
+    backend = args.backend or "torch"
     spec = RunSpec(args.pattern, values, _defines(args.config, "--config"), calls=args.calls,
                    seed=args.seed, check=args.check, delays=args.delays, graph=args.graph,
-                   backend=args.backend, spin_limit=args.spin_limit, timing_iters=20)
+                   backend=backend, spin_limit=args.spin_limit, timing_iters=20)
     print(f"tilelink: running on {args.world_size} GPU rank(s), symmetric memory backend "
-          f"{args.backend}", file=sys.stderr)
+          f"{backend}", file=sys.stderr)
     res = launch_world(run_rank, args.world_size, spec)
-    if under_torchrun() and int(os.environ["RANK"]) != 0:  # rank 0 reports for everyone
+    launch = env.torchrun_rank()
+    if launch is not None and launch[0] != 0:  # rank 0 reports for everyone
         return 0
     ok = True
     print(f"{res['pattern']}: {res['sizes']}; W = {res['world']}")
@@ -189,18 +240,63 @@ def _run_gpu(args, values: dict) -> int:
     return 0 if ok else 1
 
 
+def _check_pattern_path(spec: str) -> None:
+    """Refuse a pattern path the file system cannot even look up (a name too long, a NUL)
+    with its reason; a missing file or a directory is left to the loader's own message."""
+    path = spec
+    head, sep, attr = spec.rpartition(":")
+    if sep and head.endswith(".py") and attr.isidentifier():
+        path = head
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except (OSError, ValueError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        shown = path if len(path) <= 80 else path[:60] + f"... ({len(path)} characters)"
+        raise TileLinkError(f"cannot open the pattern file {shown}: {why}",
+                            hint="give the path of a .tl file, or path/to/file.py:function")
+
+
+def _check_environment(args) -> None:
+    """Environment variables the command will use, validated before any work (tilelink.env)."""
+    if args.command not in ("run", "tune", "bench"):
+        return
+    env.spin_limit()  # a malformed TILELINK_SPIN_LIMIT: EnvError
+    launch = env.torchrun_rank()  # malformed RANK / WORLD_SIZE: EnvError
+    if launch is not None and not getattr(args, "emulate", False):
+        from ..runtime.launcher import gpu_count
+
+        if gpu_count() == 0:
+            raise env.EnvError(f"RANK={launch[0]} and WORLD_SIZE={launch[1]} say this is one "
+                               "rank of a torchrun launch, but no CUDA GPU is visible",
+                               hint="unset RANK and WORLD_SIZE to use the emulated world, or "
+                               "launch on a host with GPUs")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line, `tilelink: warning: ...` (no source lines that look like a
+    traceback)."""
+    print(f"tilelink: warning: {message}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tilelink` command."""
     args = build_parser().parse_args(argv)
-    try:
-        handlers = {"compile": cmd_compile, "run": cmd_run}
-        handler = handlers.get(args.command) or _subcommand(args.command).run
-        return handler(args)
-    except TileLinkError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            if isinstance(getattr(args, "pattern", None), str):
+                _check_pattern_path(args.pattern)
+            _check_environment(args)
+            handlers = {"compile": cmd_compile, "run": cmd_run}
+            handler = handlers.get(args.command) or _subcommand(args.command).run
+            return handler(args)
+        except TileLinkError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
 
 
 if __name__ == "__main__":

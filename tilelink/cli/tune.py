@@ -14,10 +14,20 @@ times there mean nothing, correctness does (CI uses this to prove the space vali
 
 from __future__ import annotations
 
-import os
+import math
 import sys
 
+from . import argtypes
+
 TOP = 10  # table rows on GPUs
+
+
+def _rank() -> int:
+    """This process's rank under torchrun (0 otherwise)."""
+    from ..env import torchrun_rank
+
+    launch = torchrun_rank()
+    return launch[0] if launch else 0
 
 
 def add_parser(sub) -> None:
@@ -44,18 +54,19 @@ def add_parser(sub) -> None:
                    "compare the model-pruned pick with the exhaustive best")
     t.add_argument("--emulate", action="store_true", help="use the emulated world (CPU) even "
                    "when GPUs are present")
-    t.add_argument("--top", type=int, metavar="N", help=f"table rows (default {TOP}; the "
-                   "emulated world: every config)")
-    t.add_argument("--timeout", type=float, default=60.0, help="emulated world: seconds before "
-                   "a config's stuck waits are reported (default 60)")
+    t.add_argument("--top", type=argtypes.count, metavar="N", help=f"table rows, >= 1 (default "
+                   f"{TOP}; the emulated world: every config)")
+    t.add_argument("--timeout", type=argtypes.seconds(60), default=60.0, help="emulated world: "
+                   "seconds before a config's stuck waits are reported (default 60)")
     t.add_argument("--graph", action="store_true", help="GPU: tune for calls captured in a "
                    "CUDA graph: time back-to-back replays (each config's replay is checked), "
                    "over the configs that can be captured (copy-engine AG-GEMM with "
                    "capturable=1, and its library-GEMM plan). The winner is cached apart from "
                    "the eager one; compile_op's captured calls take it")
-    t.add_argument("--warmup", type=int, default=5, help="GPU: calls before each timed batch")
-    t.add_argument("--iters", type=int, default=20, help="GPU: back-to-back calls timed per "
-                   "config (default 20)")
+    t.add_argument("--warmup", type=argtypes.warmup, default=5,
+                   help="GPU: calls before each timed batch (default 5)")
+    t.add_argument("--iters", type=argtypes.count, default=20, help="GPU: back-to-back calls "
+                   "timed per config (default 20)")
 
 
 def run(args) -> int:
@@ -70,9 +81,11 @@ def run(args) -> int:
     pins = _defines(args.config, "--config")
     bp = load_pattern(args.pattern).bind(values, args.world_size)  # bad input fails here
     if args.budget is not None and args.budget < 1:
-        raise TileLinkError(f"--budget must be >= 1, got {args.budget}")
-    if args.time is not None and args.time <= 0:
-        raise TileLinkError(f"--time must be > 0 seconds, got {args.time:g}")
+        raise TileLinkError(f"--budget must be >= 1, got {args.budget}",
+                            hint="e.g. --budget 8 (leave it out: a quarter of the space)")
+    if args.time is not None and not (math.isfinite(args.time) and args.time > 0):
+        raise TileLinkError(f"--time must be > 0 and finite (seconds), got {args.time:g}",
+                            hint="e.g. --time 600 (leave it out for no time limit)")
     if not args.emulate and (under_torchrun() or gpu_count() >= args.world_size):
         return _tune_gpu(args, bp, values, pins)
     if args.graph:
@@ -84,6 +97,11 @@ def run(args) -> int:
     if gpu_count():
         why = "--emulate given" if args.emulate else f"only {gpu_count()} GPU(s) visible"
         print(f"tilelink tune: {why}", file=sys.stderr)
+    from ..codegen.compile import cache_dir
+    from ..runtime.emulated import check_world
+
+    check_world(bp.world)
+    cache_dir()  # an unusable TILELINK_CACHE fails here once, not as every config's failure
     return _tune_emulated(args, bp, pins)
 
 
@@ -96,13 +114,14 @@ def _tune_emulated(args, bp, pins: dict) -> int:
     from ..tune.measure import EmulatedMeasure
     from ..tune.search import tune
     from ..tune.space import candidates, pin
+    from .main import _processes
 
     target = get_target("interp")
     cands = pin(candidates(bp, target), pins, bp, target)
     limited = args.budget is not None or args.time is not None
     n = min(args.budget, len(cands)) if args.budget else len(cands)
     print(f"tilelink tune: no GPU in use: running {n} of {len(cands)} configs of the emulated "
-          f"space of {bp.name} ({bp.sizes_str()}) on {bp.world} CPU processes and checking "
+          f"space of {bp.name} ({bp.sizes_str()}) on {_processes(bp.world)} and checking "
           "each against torch (times are not meaningful)", file=sys.stderr)
     bar = Progress(n, "tilelink tune")
     res = tune(bp, target, EmulatedMeasure(bp, timeout=args.timeout), budget=args.budget,
@@ -128,16 +147,18 @@ def _tune_emulated(args, bp, pins: dict) -> int:
 def _tune_gpu(args, bp, values: dict, pins: dict) -> int:
     import torch
 
-    from ..runtime.launcher import launch_world, under_torchrun
+    from .. import env
+    from ..runtime.launcher import launch_world
     from ..tune.cache import lookup, read_entry, store
 
-    device = torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", "0")))
+    launch = env.torchrun_rank()
+    device = torch.cuda.get_device_name(launch[2] if launch else 0)
     graph = bool(getattr(args, "graph", False))
     mode = " for calls captured in a CUDA graph" if graph else ""
     if not (args.force or args.exhaustive):
         found = lookup(bp, device, graph=graph)
         if found is not None:
-            if under_torchrun() and int(os.environ["RANK"]) != 0:
+            if _rank() != 0:
                 return 0
             cfg, path = found
             entry = read_entry(path) or {}
@@ -151,7 +172,7 @@ def _tune_gpu(args, bp, values: dict, pins: dict) -> int:
     print(f"tilelink tune: {bp.name} ({bp.sizes_str()}) on {args.world_size} GPU rank(s) "
           f"({device})" + (", timing CUDA-graph replays" if graph else ""), file=sys.stderr)
     out = launch_world(_gpu_rank, args.world_size, args.pattern, values, opts)
-    if out is None or (under_torchrun() and int(os.environ["RANK"]) != 0):
+    if out is None or _rank() != 0:
         return 0  # rank 0 reports for everyone
     res, base = out["result"], out["baselines"]
     if out["model_device"] == "generic":
@@ -171,11 +192,16 @@ def _tune_gpu(args, bp, values: dict, pins: dict) -> int:
     if best is None:
         print("no config ran: nothing cached")
         return 1
-    path = store(bp, out["device"], best.config, time_ms=best.ms,
-                 results=[t.as_dict(res.bound) for t in res.ranked[:TOP]], graph=graph)
+    from ..private_cache import CacheError
     from ..tune.space import describe, is_fallback
 
     print(f"best: {best.ms:.3f} ms  {describe(best.config, res.bound)}")
+    try:
+        path = store(bp, out["device"], best.config, time_ms=best.ms,
+                     results=[t.as_dict(res.bound) for t in res.ranked[:TOP]], graph=graph)
+    except CacheError as e:
+        print(f"tilelink tune: the winner was not cached:\n{e}", file=sys.stderr)
+        return 1
     if is_fallback(best.config):
         print("note: overlap does not pay at this shape: the non-overlapped fallback wins")
     if graph:

@@ -7,13 +7,14 @@ amdgcn` and the CI checks compile the very source the runtime would launch.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import importlib.util
-import os
+import re
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from .. import private_cache
 from ..errors import ConfigError
 from ..lang import flavour
 from ..schedule import Target
@@ -22,26 +23,70 @@ STAGES = {"cuda": ("ttir", "ttgir", "llir", "ptx", "cubin"),
           "hip": ("ttir", "ttgir", "llir", "amdgcn", "hsaco")}
 
 
+MODULE_MAX_FILES = 1024  # generated modules kept (least recently used pruned beyond)
+MODULE_MAX_BYTES = 64 << 20
+_MODULE_FILE = re.compile(r"^[0-9a-f]{64}\.py$")
+
+
 def cache_dir() -> Path:
-    root = Path(os.environ.get("TILELINK_CACHE", Path(tempfile.gettempdir()) / "tilelink-cache"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    """The private directory of generated modules: `<cache root>/modules` (see
+    tilelink.private_cache: per user, 0700, owner-checked), or a private temporary one when
+    the default location is unusable."""
+    return private_cache.cache_dir_or_fallback("modules")
 
 
 def load_module(source: str, name: str = "tilelink_generated") -> ModuleType:
-    """Import generated source from a file (Triton reads kernel source through inspect)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = cache_dir() / f"{name}_{digest}.py"
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        tmp.replace(path)
-    modname = f"{name}_{digest}"
-    spec = importlib.util.spec_from_file_location(modname, path)
+    """Import generated source from a file (Triton reads kernel source through inspect).
+
+    The file is `<sha256 of the source>.py` in the private module cache and must hold exactly
+    `source`: an entry that does not (empty, truncated, replaced, not a regular file of ours)
+    is discarded and written again, never executed. The module runs from the verified bytes.
+    """
+    data = source.encode()
+    digest = hashlib.sha256(data).hexdigest()
+    path = _cached_file(data, digest)
+    modname = f"{name}_{digest[:16]}"
+    loader = _VerifiedSource(str(path), data)
+    spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _cached_file(data: bytes, digest: str) -> Path:
+    """The cache file holding `data` (named by its digest): reused if it verifies, else
+    (re)written atomically; the cache is pruned after a write."""
+    directory = cache_dir()
+    path = directory / f"{digest}.py"
+    try:
+        found, bad = private_cache.read_entry(path, len(data)), False
+    except private_cache.BadEntry:
+        found, bad = None, True  # not ours to run: replaced below
+    if found == data:
+        private_cache.touch(path)
+        return path
+    if bad or found is not None:
+        private_cache.discard(path)
+    private_cache.write_atomic(directory, path.name, data)
+    private_cache.prune(directory, _MODULE_FILE, MODULE_MAX_FILES, MODULE_MAX_BYTES)
+    return path
+
+
+class _VerifiedSource(importlib.abc.SourceLoader):
+    """Executes the bytes that were verified (never re-reads the file) and writes no
+    bytecode; `path` is the module's `__file__`, where inspect (Triton) reads its source."""
+
+    def __init__(self, path: str, data: bytes):
+        self.path, self.data = path, data
+
+    def get_filename(self, fullname: str) -> str:
+        return self.path
+
+    def get_data(self, path: str) -> bytes:
+        if path != self.path:
+            raise OSError(f"{path} is not this module's source")
+        return self.data
 
 
 def kernel_names(mod: ModuleType) -> list[str]:
@@ -75,8 +120,14 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.runtime.interpreter import InterpretedFunction
 
     fn = kernel_of(mod, kernel)
+    if isinstance(fn, InterpretedFunction):  # TRITON_INTERPRET=1 made @triton.jit interpret
+        raise ConfigError(f"cannot compile for {target.name}: the kernels were made for "
+                          "Triton's interpreter (TRITON_INTERPRET=1 is set)",
+                          hint="unset TRITON_INTERPRET to compile (the emulated world sets it "
+                          "in its rank processes itself)")
     consts = {}
     bound = getattr(mod, "KERNEL_CONSTS", {}).get(fn.__name__, {})  # composed modules
     for name in fn.arg_names:
@@ -106,6 +157,12 @@ def emit_stage(source: str, target: Target, stage: str) -> str:
     as text (a module with several kernels gets a comment line naming each)."""
     stages = STAGES.get(target.backend, ())
     text_stages = [s for s in stages if s not in ("cubin", "hsaco")]
+    if not text_stages:
+        raise ConfigError(f"--emit {stage}: target {target.name} runs in the Triton "
+                          "interpreter, so it has no compiled stages",
+                          hint=f"compile for a GPU target (--target cuda:90, cuda:80 or "
+                          f"hip:gfx942 --emit {stage}), or print what the interpreter runs "
+                          "with --emit triton")
     if stage not in text_stages:
         raise ConfigError(f"--emit {stage} is not a stage of target {target.name}",
                           hint="stages: " + ", ".join(text_stages))

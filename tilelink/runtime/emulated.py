@@ -11,25 +11,34 @@ time. The copy engine is a thread per rank that performs the module's copy-engin
 A watchdog in the parent sets the abort flag when the timeout expires: every spinning
 wait then gives up, writes a diagnostic record and returns, and the parent turns the
 records into a `HangError` that names the rank, program, role, wait site, slot and the
-pattern lines behind it. Ranks still alive after a grace period are killed.
+pattern lines behind it. Ranks still alive after a grace period are killed. The timeout
+scales with the load: W ranks on C cores run about W / C times slower than alone.
+
+A rank that raises or dies (a signal, an exit) is reported at once as a `RankFailedError`
+with its exit cause and traceback, and its peers are stopped. Ranks die with the parent
+(PR_SET_PDEATHSIG on Linux, and the parent kills them on SIGTERM / SIGHUP). The world size
+is bounded by the cores and memory there are (`world_limit`).
 """
 
 from __future__ import annotations
 
+import math
 import mmap
-import queue
 import multiprocessing as mp
 import os
+import queue
 import random
+import signal
 import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import HangError, TileLinkError
+from ..errors import HangError, NotSupportedError, TileLinkError
 from .copy_ops import buffer_layout, check_copy_ops
 from .inputs import check_module_inputs
 from .reference import TORCH_DTYPES
@@ -37,6 +46,88 @@ from .reference import TORCH_DTYPES
 ALIGN = 256
 DIAG_RECORDS = 64
 DIAG_FIELDS = 8
+# World-size bound. Ranks are processes running Triton's interpreter: each takes ~17 MB of
+# private memory (measured at W = 16; RANK_MEMORY allows twice that), and all of
+# them share the cores, each rank's waits spinning while it waits. 64 ranks on 2 cores run
+# the smallest AG-GEMM (M = 2048, N = 512, K = 32) in 71 s; twice as many ranks take about
+# four times as long (every rank's tiles grow with W too). So at most RANKS_PER_CORE ranks
+# per core, MAX_WORLD in all, and RANK_MEMORY per rank of the memory available.
+MAX_WORLD = 256
+RANKS_PER_CORE = 32
+RANK_MEMORY = 32 << 20
+MAX_TIMEOUT = 7 * 24 * 3600.0  # seconds (a week): beyond it, the watchdog is as good as off
+EXIT_GRACE = 0.5  # seconds a dead rank's result may still be in flight in the queue
+
+
+class RankFailedError(TileLinkError):
+    """A rank of the emulated world raised or died; names it, its exit cause and traceback."""
+
+    kind = "rank failed"
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available for new processes (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def world_limit() -> tuple[int, str]:
+    """The largest emulated world this machine can run, and why (cores or memory)."""
+    cores = _cores()
+    limit, why = MAX_WORLD, "the bound on any host"
+    if RANKS_PER_CORE * cores < limit:
+        limit = RANKS_PER_CORE * cores
+        why = (f"{cores} core(s) here run at most {RANKS_PER_CORE} interpreter ranks each "
+               "before the world takes minutes per call")
+    avail = _available_memory()
+    if avail is not None and avail // RANK_MEMORY < limit:
+        limit = max(1, avail // RANK_MEMORY)
+        why = (f"{avail / 2**30:.1f} GiB of memory available, about "
+               f"{RANK_MEMORY >> 20} MiB per rank")
+    return limit, why
+
+
+def check_world(world: int) -> None:
+    """Refuse a world size the emulated world cannot run here (clear message and hint)."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise TileLinkError(f"the world size must be a whole number >= 1, got {world!r}")
+    limit, why = world_limit()
+    if world > limit:
+        raise NotSupportedError(f"the emulated world runs at most {limit} ranks here, not "
+                                f"{world} ({why})",
+                                hint=f"use -W {min(limit, 8)} (a GPU node has up to 8 ranks), "
+                                "or run on GPUs")
+
+
+def check_timeout(timeout: float) -> float:
+    """A usable watchdog timeout (seconds): finite and > 0 (nan or inf would switch it off)."""
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        raise TileLinkError(f"the timeout must be a number of seconds, got {timeout!r}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:
+        raise TileLinkError(f"the timeout must be > 0 and at most {MAX_TIMEOUT:g} seconds, "
+                            f"got {timeout!r}",
+                            hint="e.g. --timeout 120 (nan or inf would never report a hang)")
+    return value
+
+
+def load_factor(world: int) -> float:
+    """How much slower each rank runs than alone: ranks per core, at least 1."""
+    return max(1.0, world / _cores())
 
 
 class _Arena:
@@ -166,8 +257,34 @@ def wrap_epoch(n: int) -> int:
     return (n + 2**31) % 2**32 - 2**31
 
 
-def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_epoch=1):
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this rank when the parent dies (SIGKILL included), and exit now
+    if it died between the fork and here. Linux only (elsewhere: a thread polls)."""
     try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+        def poll():
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=poll, daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_epoch=1,
+               parent=None):
+    abort = rt_args["abort"]
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # (not the parent's handler, inherited)
+            signal.signal(sig, signal.SIG_DFL)
+        if parent is not None:
+            _die_with_parent(parent)
         # torch ops in a forked rank (a library GEMM, gemm=library) must not use the intra-op
         # thread pool: if the parent had started it, its threads do not exist after the fork
         # and the first parallel op waits for them forever
@@ -188,7 +305,9 @@ def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_ep
             rt.join()
         errq.put((rank, None))
     except BaseException:
-        errq.put((rank, traceback.format_exc()))
+        # after the abort flag went up, an error is a consequence (a wait that gave up), not
+        # the cause: the parent reports the cause first
+        errq.put((rank, traceback.format_exc(), bool(int(abort[0]))))
 
 
 def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[torch.Tensor]]],
@@ -198,13 +317,21 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     """Run a generated module on `world` emulated ranks for each call's inputs.
 
     `describe_wait(record) -> str` turns a diagnostic record into words (the caller knows
-    the plan); raises HangError if any wait gave up, TileLinkError if a rank failed.
-    `first_epoch` numbers the first call (tests start near 2**31 to cross the int32 wrap).
+    the plan); raises HangError if any wait gave up, RankFailedError if a rank raised or
+    died. `first_epoch` numbers the first call (tests start near 2**31 to cross the int32
+    wrap). `timeout` is scaled by the load (ranks per core, `load_factor`).
     """
     from ..codegen.compile import load_module
 
     mod = load_module(source)
     check_module_inputs(mod, world, per_call_inputs)  # wrong shapes would be read out of bounds
+    check_world(world)
+    timeout = check_timeout(timeout)
+    factor = load_factor(world)
+    watch_timeout = timeout * factor
+    waited = f"{timeout:g} s" if factor == 1 else (
+        f"{watch_timeout:g} s: {timeout:g} s scaled by {factor:g} for {world} ranks on "
+        f"{_cores()} core(s)")
     sym_shapes, out_shapes = mod.SYMMETRIC, mod.OUTPUTS
     ncalls = len(per_call_inputs)
     heap_bytes = sum(_nbytes(s, d) for s, d in sym_shapes.values())
@@ -212,7 +339,15 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
                    for call in per_call_inputs for ts in call.values() for t in ts)
     io_bytes += ncalls * world * sum(_nbytes(s, d) for s, d in out_shapes.values())
     ctl_bytes = 2 * ALIGN + 4 * (DIAG_FIELDS + DIAG_RECORDS * DIAG_FIELDS) + ALIGN * 4
-    arena = _Arena(world * (heap_bytes + ALIGN) + io_bytes + ctl_bytes + ALIGN * 64)
+    arena_bytes = world * (heap_bytes + ALIGN) + io_bytes + ctl_bytes + ALIGN * 64
+    avail = _available_memory()
+    if avail is not None and arena_bytes + world * RANK_MEMORY > avail:
+        raise NotSupportedError(
+            f"the emulated world needs about {(arena_bytes + world * RANK_MEMORY) / 2**30:.1f}"
+            f" GiB ({arena_bytes / 2**30:.1f} GiB of shared buffers for {ncalls} call(s), "
+            f"{world} rank processes); {avail / 2**30:.1f} GiB are available",
+            hint="use smaller -D sizes, fewer --calls or fewer ranks")
+    arena = _Arena(arena_bytes)
     heaps = []
     for _ in range(world):
         heaps.append({k: arena.take(s, TORCH_DTYPES[d]).zero_() for k, (s, d) in sym_shapes.items()})
@@ -241,34 +376,40 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
                 ins[name] = shared
             calls_by_rank[r].append((ins, {k: v[r] for k, v in outs_call.items()}))
     rt_args = dict(world=world, symmetric=None, peers=heaps, heap_bases=heap_bases, abort=abort,
-                   diag=diag, spin_limit=2**31 - 1, timeout=timeout)
+                   diag=diag, spin_limit=2**31 - 1, timeout=watch_timeout)
     ctx = mp.get_context("fork")
     errq = ctx.Queue()
     procs = []
     start = time.monotonic()
-    for r in range(world):
-        args = dict(rt_args, symmetric=heaps[r])
-        p = ctx.Process(target=_rank_main, args=(r, source, args, calls_by_rank[r], delays, seed,
-                                                 fault, errq, first_epoch), daemon=True)
-        p.start()
-        procs.append(p)
-    results = _watch(procs, errq, abort, timeout)
+    with _ranks_die_with_us(procs):
+        for r in range(world):
+            args = dict(rt_args, symmetric=heaps[r])
+            p = ctx.Process(target=_rank_main, args=(r, source, args, calls_by_rank[r], delays,
+                                                     seed, fault, errq, first_epoch, os.getpid()),
+                            daemon=True)
+            p.start()
+            procs.append(p)
+        results, dead = _watch(procs, errq, abort, watch_timeout)
     elapsed = time.monotonic() - start
-    failures = {r: tb for r, tb in results.items() if tb}
-    records = _decode(diag)
+    # a traceback raised before the abort flag went up is a cause; after, a consequence
+    causes = {r: res[0] for r, res in results.items() if res and not res[1]}
+    records, total = _decode(diag)
+    words = [describe_wait(rec) if describe_wait else str(rec) for rec in records]
+    if causes or dead:
+        raise _failure(causes, dead, words, total)
     if records:
-        words = [describe_wait(rec) if describe_wait else str(rec) for rec in records]
         stuck = ", ".join(sorted({str(rec["rank"]) for rec in records}))
-        raise HangError(f"a wait was never satisfied (timeout {timeout:g} s); stuck ranks: "
-                        f"{stuck}\n" + "\n".join(f"  {w}" for w in words),
+        raise HangError(f"a wait was never satisfied (timeout {waited}); stuck ranks: "
+                        f"{stuck}\n" + "\n".join(f"  {w}" for w in words) + _dropped(total),
                         hint="the wait names the producer tile and pattern line it needed")
     missing = [r for r in range(world) if r not in results]
     if missing:
-        raise HangError(f"rank(s) {missing} did not finish within {timeout:g} s and were "
-                        "stopped; no wait reported (a rank died or was not waiting)")
+        raise HangError(f"rank(s) {missing} did not finish within {waited} and were "
+                        "stopped; no wait reported (a rank was not waiting)")
+    failures = {r: res[0] for r, res in results.items() if res}
     if failures:
         r, tb = sorted(failures.items())[0]
-        raise TileLinkError(f"rank {r} failed in the emulated world:\n{tb}")
+        raise RankFailedError(f"rank {r} failed in the emulated world:\n{tb}")
     for p in procs:
         p.join()
     clones = [{k: [t.clone() for t in v] for k, v in o.items()} for o in outputs]
@@ -279,41 +420,138 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return next(k for k, v in TORCH_DTYPES.items() if v == dtype)
 
 
-def _watch(procs, errq, abort, timeout) -> dict[int, str | None]:
-    """Collect each rank's result; on timeout raise the abort flag, then kill stragglers."""
-    results: dict[int, str | None] = {}
+def _dropped(total: int) -> str:
+    """The line saying how many diagnostic records did not fit (none: empty)."""
+    if total <= DIAG_RECORDS:
+        return ""
+    return (f"\n  ... and {total - DIAG_RECORDS} more wait(s) gave up, not shown (the record "
+            f"buffer holds {DIAG_RECORDS})")
+
+
+def exit_cause(code: int | None) -> str:
+    """A process exit code in words: 'killed by signal SIGKILL (9)', 'exited with code 3'."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "signal"
+        return f"killed by signal {name} ({-code})"
+    return f"exited with code {code}"
+
+
+def _failure(causes: dict[int, str], dead: dict[int, int], waits: list[str],
+             total: int) -> RankFailedError:
+    """The error for ranks that raised (`causes`: tracebacks) or died (`dead`: exit codes),
+    with what their peers' waits did then."""
+    parts = []
+    for r in sorted(dead):
+        parts.append(f"rank {r} {exit_cause(dead[r])} before it finished its calls")
+    for r in sorted(causes):
+        parts.append(f"rank {r} raised:\n" + causes[r].rstrip())
+    ranks = sorted(set(dead) | set(causes))
+    head = (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} failed in the "
+            "emulated world: ")
+    text = head + "\n".join(parts)
+    if waits:
+        text += (f"\nthe other ranks were then stopped; {total} wait(s) gave up (a consequence, "
+                 f"not the cause), the first: {waits[0]}")
+    hint = "the traceback above is the failed rank's own" if causes else (
+        "SIGKILL with no one killing it is often the out-of-memory killer (see dmesg); use "
+        "smaller -D sizes or fewer ranks")
+    return RankFailedError(text, hint=hint)
+
+
+@contextmanager
+def _ranks_die_with_us(procs: list):
+    """While the ranks run: a SIGTERM or SIGHUP to this process kills them first, then acts
+    as it would have (the ranks also die with us through PR_SET_PDEATHSIG)."""
+    installed = {}
+
+    def handler(signum, frame):
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        previous = installed.get(signum, signal.SIG_DFL)
+        signal.signal(signum, previous)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                old = signal.getsignal(sig)
+                if old is signal.SIG_IGN or old is None:
+                    continue  # ignored (e.g. under nohup): keep it so, and the ranks with it
+                signal.signal(sig, handler)
+                installed[sig] = old
+            except (ValueError, OSError):
+                pass
+    try:
+        yield
+    finally:
+        for sig, old in installed.items():
+            signal.signal(sig, old)
+
+
+def _watch(procs, errq, abort, timeout, grace: float = 15.0):
+    """Collect each rank's result: (traceback or None, whether it came after the abort).
+
+    Raises the abort flag on timeout, when a rank reports a traceback, or when a rank's
+    process is gone without a result (returned in `dead`: rank -> exit code); ranks still
+    alive `grace` seconds after the abort are killed.
+    """
+    results: dict[int, tuple[str, bool] | None] = {}
+    dead: dict[int, int] = {}
+    gone_at: dict[int, float] = {}
     deadline = time.monotonic() + timeout
     aborted_at = None
-    while len(results) < len(procs):
+
+    def stop(now):
+        nonlocal aborted_at
+        if aborted_at is None:
+            abort[0] = 1
+            aborted_at = now
+
+    while len(results) + len(dead) < len(procs):
         try:
-            r, tb = errq.get(timeout=0.05)
-            results[r] = tb
-            if tb and aborted_at is None:  # one rank failed: stop the others too
-                abort[0] = 1
-                aborted_at = time.monotonic()
+            item = errq.get(timeout=0.05)
+            r = item[0]
+            results[r] = (item[1], item[2]) if item[1] else None
+            dead.pop(r, None)
+            if item[1]:  # one rank failed: stop the others too
+                stop(time.monotonic())
             continue
         except queue.Empty:
             pass
         now = time.monotonic()
+        for r, p in enumerate(procs):
+            if r in results or r in dead or p.exitcode is None:
+                continue
+            # gone: a result it put before exiting is in the pipe already; give it a moment
+            if now - gone_at.setdefault(r, now) > EXIT_GRACE:
+                dead[r] = p.exitcode
+                stop(now)
         if aborted_at is None and now > deadline:
-            abort[0] = 1
-            aborted_at = now
-        if aborted_at is not None and now > aborted_at + 15:
-            break
-        if all(not p.is_alive() for p in procs) and errq.empty():
+            stop(now)
+        if aborted_at is not None and now > aborted_at + grace:
             break
     for p in procs:
         if p.is_alive():
             p.kill()
             p.join()
-    return results
+    return results, dead
 
 
-def _decode(diag: torch.Tensor) -> list[dict]:
-    count = min(int(diag[0]), DIAG_RECORDS)
+def _decode(diag: torch.Tensor) -> tuple[list[dict], int]:
+    """The diagnostic records kept (at most DIAG_RECORDS) and how many waits gave up."""
+    total = max(0, int(diag[0]))
     keys = ("rank", "program", "site", "slot", "expected", "observed", "spins", "valid")
     recs = []
-    for i in range(count):
+    for i in range(min(total, DIAG_RECORDS)):
         base = DIAG_FIELDS + i * DIAG_FIELDS
         recs.append(dict(zip(keys, (int(x) for x in diag[base:base + DIAG_FIELDS]))))
-    return recs
+    return recs, total

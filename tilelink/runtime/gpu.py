@@ -17,12 +17,12 @@ followed by a stream write of its signal, and stream waits for buffer releases
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 
 from ..codegen import render_triton
 from ..codegen.compile import load_module
+from ..env import spin_limit as spin_limit_from_env
 from ..errors import ConfigError, HangError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, Pattern
 from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
@@ -35,10 +35,9 @@ from .fast_launch import FastLauncher
 from .reference import TORCH_DTYPES
 from .symmetric import BACKENDS, SymmetricHeap
 
-# Spin bound of every wait, in iterations (~1 us each on an H200): a broken producer ends
-# in a HangError after about this many microseconds instead of a hung GPU.
+# The spin bound of every wait (tilelink.env.spin_limit: TILELINK_SPIN_LIMIT, parsed when an
+# op is built) is in iterations, ~1 us each on an H200.
 SHOW_RECORDS = 6  # diagnostic records spelled out in a HangError (the rest are counted)
-DEFAULT_SPIN_LIMIT = int(os.environ.get("TILELINK_SPIN_LIMIT", 20_000_000))
 
 
 def device_target(backend: str = "torch"):
@@ -662,7 +661,7 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
         major, minor = torch.cuda.get_device_capability()
         raise ConfigError(f"gemm=ws is Hopper's warp-specialised kernel (wgmma); this GPU is "
                           f"sm_{major}{minor}", hint="use gemm=triton (the default)")
-    limit = spin_limit or DEFAULT_SPIN_LIMIT
+    limit = spin_limit or spin_limit_from_env()  # $TILELINK_SPIN_LIMIT, read now (tilelink.env)
     captured = _captured_config(bp, target, s.config, base, graph_tuned,
                                 explicit=bool(overrides), fault=fault)
     _agree(f"{s.config} captured={captured} spin_limit={limit} backend={backend} "

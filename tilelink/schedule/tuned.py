@@ -1,14 +1,18 @@
 """The tuning cache: the winning config of a (pattern, sizes, world, device, versions) as JSON.
 
-One file per key in `$TILELINK_CACHE/tune` (default `~/.cache/tilelink/tune`), named
+One file per key in `$TILELINK_CACHE/tune` (default `$XDG_CACHE_HOME/tilelink/tune`, else
+`~/.cache/tilelink/tune`: a private directory, see tilelink.private_cache), named
 `<pattern>-<sha256 prefix>.json`. The key is everything that can change which config wins
 or whether it still runs: the pattern's IR text (and user tile functions' source), the
 bound sizes, dtypes, world size, device name, and the torch / triton / tilelink versions.
 The file also holds the key itself, so a lookup checks it and never trusts the name alone.
 
-Files are written atomically (temporary file + rename), so a crash leaves either the old
-file or the new one. A corrupt, partial or stale file is reported with a warning and
-ignored: the cache can make things faster, never make them fail.
+Files are written atomically (a fresh temporary file, never following links, + rename), so a
+crash leaves either the old file or the new one. A corrupt, partial, stale, oversized or
+deeply nested file, one that is not a regular file of ours (a link, a FIFO), or an unsafe
+cache directory is reported with a warning and ignored: the cache can make things faster,
+never make them fail. The directory keeps at most TUNE_MAX_FILES entries (least recently
+used pruned).
 """
 
 from __future__ import annotations
@@ -16,17 +20,21 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
-import tempfile
+import re
 import time
 import warnings
 from dataclasses import fields
 from pathlib import Path
 
+from .. import private_cache
 from ..ir import BoundPattern
 from .config import Config
 
 FORMAT = 1
+MAX_ENTRY_BYTES = 4 << 20  # a record holds one config and a results table: far below this
+TUNE_MAX_FILES = 4096
+TUNE_MAX_BYTES = 256 << 20
+_ENTRY = re.compile(r"^[\w-]*-[0-9a-f]{20}\.json$")
 
 
 class TuneCacheWarning(UserWarning):
@@ -34,10 +42,19 @@ class TuneCacheWarning(UserWarning):
 
 
 def cache_dir() -> Path:
-    """`$TILELINK_CACHE/tune`, else `~/.cache/tilelink/tune`."""
-    root = os.environ.get("TILELINK_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "tilelink"
-    return base / "tune"
+    """Where tuned configs live: `<cache root>/tune` (tilelink.env.cache_root: TILELINK_CACHE,
+    else $XDG_CACHE_HOME/tilelink, else ~/.cache/tilelink). Not created or checked here."""
+    from ..env import cache_root
+
+    return cache_root()[0] / "tune"
+
+
+def _checked_dir(directory: Path | None, create: bool) -> Path | None:
+    """The private tune directory (`directory` if given), checked; None if it does not
+    exist and `create` is False. Raises CacheError (tilelink.private_cache) if unsafe."""
+    if directory is None:
+        return private_cache.cache_dir("tune", create=create)
+    return private_cache.private_dir(Path(directory), create=create)
 
 
 def versions() -> dict[str, str]:
@@ -101,21 +118,45 @@ def _config_from(d: dict) -> Config:
     return Config(**d)
 
 
+def _load(path: Path) -> dict:
+    """The JSON record of a cache file; ValueError or TypeError (saying why) if unusable."""
+    data = private_cache.read_entry(path, MAX_ENTRY_BYTES)  # BadEntry is a ValueError
+    if data is None:
+        raise FileNotFoundError(path)
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("it is nested too deeply to be a tune record") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"it is not UTF-8 text ({e.reason})") from None
+    if not isinstance(record, dict):
+        raise TypeError(f"it holds a JSON {type(record).__name__}, not a tune record")
+    return record
+
+
 def lookup(bp: BoundPattern, device_name: str, directory: Path | None = None,
            target=None, graph: bool = False) -> tuple[Config, Path] | None:
     """The cached winner for `bp` on `device_name` and its file, or None.
 
-    With `target`, a cached config that is no longer valid there is ignored (warned).
+    With `target`, a cached config that is no longer valid there is ignored (warned). An
+    unusable file or cache directory is ignored with a TuneCacheWarning.
     """
-    path = cache_path(bp, device_name, directory, graph)
-    if not path.exists():
-        return None
     try:
-        data = json.loads(path.read_text())
+        where = _checked_dir(directory, create=False)
+    except private_cache.CacheError as e:
+        warnings.warn(f"ignoring the tune cache: {e}", TuneCacheWarning, stacklevel=2)
+        return None
+    if where is None:
+        return None
+    path = cache_path(bp, device_name, where, graph)
+    try:
+        data = _load(path)
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
         if data.get("key") != cache_key(bp, device_name, graph):
             raise ValueError("its key does not match (a hash collision or an edited file)")
+        if not isinstance(data.get("config"), dict):
+            raise TypeError("it has no config record")
         cfg = _config_from(data["config"])
         if target is not None:
             from ..schedule.schedule import default_space
@@ -123,40 +164,39 @@ def lookup(bp: BoundPattern, device_name: str, directory: Path | None = None,
             bad = default_space(target).reasons(cfg, bp)
             if bad:
                 raise ValueError("the config is not valid any more: " + "; ".join(bad))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         warnings.warn(f"ignoring tune cache file {path}: {e}", TuneCacheWarning, stacklevel=2)
         return None
+    private_cache.touch(path)
     return cfg, path
 
 
 def read_entry(path: Path) -> dict | None:
-    """The whole JSON record of a cache file (for showing it), or None if unreadable."""
+    """The whole JSON record of a cache file (for showing it), or None if unusable."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        return _load(Path(path))
+    except (OSError, ValueError, TypeError):
         return None
 
 
 def store(bp: BoundPattern, device_name: str, config: Config, *, time_ms: float | None = None,
           results: list[dict] | None = None, directory: Path | None = None,
           graph: bool = False) -> Path:
-    """Write the winner (and the ranked results, for `tilelink tune` to show) atomically."""
-    path = cache_path(bp, device_name, directory, graph)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the winner (and the ranked results, for `tilelink tune` to show) atomically.
+
+    Raises CacheError (tilelink.private_cache) when the cache directory is unsafe or
+    cannot be written (the message names it and says what to do)."""
+    where = _checked_dir(directory, create=True)
+    path = cache_path(bp, device_name, where, graph)
     record = {"format": FORMAT, "key": cache_key(bp, device_name, graph),
               "config": config.as_dict(),
               "time_ms": time_ms, "results": results or [],
               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(record, indent=1, sort_keys=True).encode()
+    private_cache.write_atomic(where, path.name, text, durable=True)
+    private_cache.prune(where, _ENTRY, TUNE_MAX_FILES, TUNE_MAX_BYTES)
     return path
 
 

@@ -1,0 +1,309 @@
+"""Malformed and adversarial command lines for run, compile, tune and bench.
+
+Every case must end in exit code 2 (an argparse error with the usage line, or a TileLinkError
+with a hint), name the bad value, print no traceback and finish within a bound. The CLI runs
+in this process (fast); nothing here reaches a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tilelink.runtime import emulated
+
+from .adversarial import assert_refused
+from .conftest import EXAMPLES
+
+AG = str(EXAMPLES / "ag_gemm.tl")
+PATTERN_COMMANDS = ["compile", "run", "tune", "bench"]
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _argv(command: str, *extra: str) -> list[str]:
+    return [command, AG, *extra]
+
+
+def _value_error(option: str, value: str) -> list[str]:
+    """What an argparse refusal of `value` for `option` must say."""
+    return [f"argument {option}", repr(value), "usage: tilelink"]
+
+
+# ---------------------------------------------------------------- whole-number options
+
+BAD_WHOLE = ["0", "-1", "abc", "1.5", "", "1e3", "0x10", "nan", "99999999999999999999"]
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+@pytest.mark.parametrize("value", BAD_WHOLE + ["257", "-999999"])
+def test_world_size(command, value, capsys):
+    assert_refused(_argv(command, "-W", value), _value_error("--world-size/-W", value) +
+                   ["from 1 to 256"], capsys)
+
+
+@pytest.mark.parametrize("value", BAD_WHOLE + ["100001"])
+def test_run_calls(value, capsys):
+    # --calls 0 / -1 --check printed "check: OK" having checked nothing
+    assert_refused(_argv("run", "--check", "--calls", value),
+                   _value_error("--calls", value), capsys)
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("value", ["-1", "4294967296", "99999999999999999999", "abc", "1.5",
+                                   "", "nan"])
+def test_seed(command, value, capsys):
+    # 99999999999999999999 was an OverflowError traceback from torch.manual_seed
+    assert_refused(_argv(command, "--seed", value), _value_error("--seed", value), capsys)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5", "2147483648", ""])
+def test_run_spin_limit(value, capsys):
+    assert_refused(_argv("run", "--spin-limit", value), _value_error("--spin-limit", value),
+                   capsys)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5", ""])
+def test_tune_top(value, capsys):
+    # --top 0 showed every row and --top -1 none
+    assert_refused(_argv("tune", "--emulate", "--top", value), _value_error("--top", value),
+                   capsys)
+
+
+@pytest.mark.parametrize("command,option,value", [
+    (c, "--warmup", v) for c in ("tune", "bench") for v in ("-1", "abc", "1.5")] + [
+    (c, "--iters", v) for c in ("tune", "bench") for v in ("0", "-1", "x")] + [
+    ("bench", o, v) for o in ("--rounds", "--reps") for v in ("0", "-1")])
+def test_timing_counts(command, option, value, capsys):
+    assert_refused(_argv(command, option, value), _value_error(option, value), capsys)
+
+
+@pytest.mark.parametrize("value,needle", [("0", "--budget must be >= 1"),
+                                          ("-3", "--budget must be >= 1"),
+                                          ("abc", "invalid int value: 'abc'")])
+def test_tune_budget(value, needle, capsys):
+    assert_refused(_argv("tune", "--emulate", "--budget", value), needle, capsys)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_tune_time(value, capsys):
+    assert_refused(_argv("tune", "--emulate", "--time", value),
+                   ["--time must be > 0 and finite", f"got {value}", "hint:"],
+                   capsys)
+
+
+# ---------------------------------------------------------------- seconds
+
+BAD_SECONDS = ["nan", "NaN", "inf", "-inf", "0", "-0", "-1", "abc", "", "1e308", "604801"]
+
+
+@pytest.mark.parametrize("command", ["run", "tune"])
+@pytest.mark.parametrize("value", BAD_SECONDS)
+def test_timeout(command, value, capsys):
+    # nan / inf switched the watchdog off (a hang never reported); 0 / -1 faked a hang.
+    # (--timeout=VALUE: argparse reads a separate "-inf" as an option, not a value)
+    assert_refused(_argv(command, f"--timeout={value}"), _value_error("--timeout", value) +
+                   ["number of seconds > 0"], capsys)
+
+
+# ---------------------------------------------------------------- choices, targets, stages
+
+
+@pytest.mark.parametrize("value", ["ptx2", "", "TRITON", "cubin"])
+def test_compile_emit_choice(value, capsys):
+    assert_refused(_argv("compile", "--emit", value),
+                   _value_error("--emit", value) + ["invalid choice"], capsys)
+
+
+@pytest.mark.parametrize("value", ["mpi", "", "NVSHMEM"])
+def test_run_backend_choice(value, capsys):
+    assert_refused(_argv("run", "--backend", value),
+                   _value_error("--backend", value) + ["invalid choice"], capsys)
+
+
+@pytest.mark.parametrize("value", ["cuda", "", "hip:gfx000", "interp:90", "cuda:91", "x" * 500,
+                                   "cuda:90 "])
+def test_compile_unknown_target(value, capsys):
+    assert_refused(_argv("compile", "--target", value), [f"unknown target '{value}'", "hint:"],
+                   capsys)
+
+
+@pytest.mark.parametrize("stage,target,needles", [
+    # the interpreter target said "hint: stages: " with nothing after it
+    ("ptx", "interp", ["--emit ptx: target interp runs in the Triton interpreter",
+                       "hint: compile for a GPU target"]),
+    ("ttir", "interp", ["--emit ttir: target interp", "or print what the interpreter runs"]),
+    ("amdgcn", "cuda:90", ["--emit amdgcn is not a stage of target cuda:90",
+                           "hint: stages: ttir, ttgir, llir, ptx"]),
+    ("ptx", "hip:gfx942", ["--emit ptx is not a stage of target hip:gfx942",
+                           "hint: stages: ttir, ttgir, llir, amdgcn"]),
+])
+def test_compile_stage_not_of_target(stage, target, needles, capsys):
+    err = assert_refused(_argv("compile", "--emit", stage, "--target", target), needles, capsys)
+    assert "stages: \n" not in err + "\n"
+
+
+# ---------------------------------------------------------------- -D and --config items
+
+MALFORMED = [("M", "is not NAME=VALUE"), ("=5", "is not NAME=VALUE"),
+             (" =3", "is not NAME=VALUE"), ("M=", "gives M no value")]
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+@pytest.mark.parametrize("item,words", MALFORMED)
+def test_define_malformed(command, item, words, capsys):
+    err = assert_refused(_argv(command, "-D", item), [f"-D '{item}' {words}",
+                                                      "hint: write e.g. -D M=4096"], capsys)
+    assert "--config" not in err
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+def test_define_world_size_points_to_w(command, capsys):
+    assert_refused(_argv(command, "-D", "W=4"), ["W is the world size", "hint: use -W 4"],
+                   capsys)
+
+
+@pytest.mark.parametrize("command", ["compile", "run"])
+def test_define_given_twice(command, capsys):
+    assert_refused(_argv(command, "-D", "M=128", "-D", "M=256"),
+                   ["gives M twice (M=128 and M=256)", "hint: give M once"], capsys)
+
+
+@pytest.mark.parametrize("item,needle", [
+    ("M=abc", "M = 'abc' is not an integer"), ("M=-5", "M = -5 must be positive"),
+    ("M=0", "M = 0 must be positive"), ("M=1.5", "M = '1.5' is not an integer"),
+    ("M=1e9", "M = '1e9' is not an integer"), ("Q=3", "has no parameter 'Q'"),
+    ("dtype=int128", "int128"), ("M=3", "multiple of 2"),
+    ("M=99999999999999999999", "too large"),
+])
+def test_define_values_the_pattern_refuses(item, needle, capsys):
+    assert_refused(_argv("compile", "-D", item), needle, capsys)
+
+
+@pytest.mark.parametrize("command", ["compile", "run", "tune"])
+@pytest.mark.parametrize("item,words", [("block_m", "is not NAME=VALUE"),
+                                        ("=3", "is not NAME=VALUE"),
+                                        ("block_m=", "gives block_m no value"),
+                                        ("comm=", "gives comm no value")])
+def test_config_malformed_hint_shows_a_config_item(command, item, words, capsys):
+    # the hint suggested `--config M=4096`, a -D size
+    err = assert_refused(_argv(command, "--config", item),
+                         [f"--config '{item}' {words}", "hint: write e.g. --config block_m=128"],
+                         capsys)
+    assert "M=4096" not in err
+
+
+@pytest.mark.parametrize("item,needle", [
+    ("block_m=48", "power of two"), ("blockm=3", "unknown config key 'blockm'"),
+    ("comm=carrier-pigeon", "comm=carrier-pigeon is not one of"),
+    ("block_m=-64", "block_m=-64"), ("block_m=abc", "block_m='abc' must be an integer"),
+    ("block_m=99999999999999999999", "block_m=99999999999999999999"),
+    ("stages=0", "stages=0 is not one of"), ("warps=3", "warps=3 is not one of"),
+    ("num_programs=0", "num_programs=0 must be in"), ("M=4096", "unknown config key 'M'"),
+])
+def test_config_values_the_schedule_refuses(item, needle, capsys):
+    assert_refused(_argv("compile", "--config", item), needle, capsys)
+
+
+@pytest.mark.parametrize("item,needle", [("block_m=48", "power of two"),
+                                         ("comm=carrier-pigeon", "is not one of")])
+def test_run_config_refused_before_any_rank_starts(item, needle, capsys):
+    assert_refused(_argv("run", "--config", item), needle, capsys)
+
+
+# ---------------------------------------------------------------- pattern paths
+
+
+@pytest.fixture
+def paths(tmp_path):
+    (tmp_path / "dir.tl").mkdir()
+    os.mkfifo(tmp_path / "fifo.tl")
+    (tmp_path / "notes.txt").write_text("pattern")
+    deep = "/".join(["d" * 200] * 25)  # longer than PATH_MAX
+    return {
+        "missing": (str(tmp_path / "missing.tl"), "no such pattern file"),
+        "a directory": (str(tmp_path / "dir.tl"), "is a directory"),
+        "a FIFO": (str(tmp_path / "fifo.tl"), "is not a file"),
+        "a name too long": (str(tmp_path / ("x" * 300 + ".tl")), "File name too long"),
+        "a path too long": (str(tmp_path / deep) + ".tl", "too long"),
+        "under a FIFO": (str(tmp_path / "fifo.tl" / "x.tl"), "not a directory"),
+        "a wrong suffix": (str(tmp_path / "notes.txt"), "cannot load a pattern from"),
+        "empty": ("", "cannot load a pattern from ''"),
+        "a missing .py": (str(tmp_path / "missing.py") + ":f", "no such pattern file"),
+        "a bad function name": (str(EXAMPLES / "patterns.py") + ":not a name",
+                                "cannot load a pattern from"),
+        "a missing function": (str(EXAMPLES / "patterns.py") + ":nope", "has no pattern 'nope'"),
+    }
+
+
+PATH_CASES = ["missing", "a directory", "a FIFO", "a name too long", "a path too long",
+              "under a FIFO", "a wrong suffix", "empty", "a missing .py", "a bad function name",
+              "a missing function"]
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+@pytest.mark.parametrize("case", PATH_CASES)
+def test_pattern_path(command, case, paths, capsys):
+    # a name longer than the file system allows was an OSError traceback; a FIFO must not
+    # block
+    path, needle = paths[case]
+    if command == "bench" and not path:  # (bench's pattern is optional: --suite instead)
+        needle = "bench needs a pattern or --suite design"
+    err = assert_refused([command, path], needle, capsys)
+    assert len(err) < 2000  # a long path is shortened, not echoed whole
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root reads any file")
+@pytest.mark.parametrize("command", ["compile", "run"])
+def test_unreadable_pattern(command, tmp_path, capsys):
+    path = tmp_path / "secret.tl"
+    path.write_text((EXAMPLES / "ag_gemm.tl").read_text())
+    path.chmod(0)
+    assert_refused([command, str(path)], ["cannot read", "secret.tl"], capsys)
+
+
+def test_nul_in_a_path_is_refused(capsys):
+    assert_refused(["compile", "bad\0name.tl"], "embedded null byte", capsys)
+
+
+# ---------------------------------------------------------------- GPU-only run options
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--graph"], "--graph applies"), (["--backend", "nvshmem"], "--backend applies"),
+    (["--backend", "nvshmem-ptr"], "--backend applies"), (["--spin-limit", "5"], "--spin-limit"),
+    (["--graph", "--spin-limit", "5"], "--graph, --spin-limit apply"),
+    (["--emulate", "--graph"], "--emulate was given"),
+])
+def test_gpu_only_options_are_refused_on_the_emulated_world(extra, named, capsys):
+    # they were silently ignored there
+    assert_refused(_argv("run", *extra), [named, "GPU runs only", "emulated world", "hint: drop"],
+                   capsys)
+
+
+@pytest.mark.parametrize("command", [["run"], ["tune", "--emulate"]])
+@pytest.mark.parametrize("world", ["65", "128", "256"])
+def test_a_world_too_large_to_emulate(command, world, monkeypatch, capsys):
+    monkeypatch.setattr(emulated, "_cores", lambda: 2)  # as on a 2-core CI machine
+    monkeypatch.setattr(emulated, "_available_memory", lambda: 64 << 30)
+    m = str(32 * int(world))
+    assert_refused([command[0], AG, *command[1:], "-W", world, "-D", f"M={m}", "-D",
+                    f"N={8 * int(world)}"],
+                   [f"at most 64 ranks here, not {world}", "hint: use -W 8"], capsys)
+
+
+# ---------------------------------------------------------------- the command line itself
+
+
+@pytest.mark.parametrize("argv,needle", [
+    ([], "the following arguments are required: command"),
+    (["nope"], "invalid choice: 'nope'"),
+    (["run"], "the following arguments are required: pattern"),
+    (["run", AG, "--nope"], "unrecognized arguments: --nope"),
+    (["compile", AG, "--emit"], "expected one argument"),
+    (["run", AG, "--calls"], "expected one argument"),
+    (["tune", AG, "--top"], "expected one argument"),
+    (["bench", "--suite", "everything"], "invalid choice: 'everything'"),
+])
+def test_malformed_command_lines(argv, needle, capsys):
+    assert_refused(argv, needle, capsys)

@@ -1,0 +1,64 @@
+"""argparse `type=` validators: a bad value is an argparse error (exit 2, the usage line, the
+option, the value given and what to write), never a traceback or a value silently misused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+MAX_WORLD = 256  # ranks (the largest NVLink domain is 72 GPUs; compile takes ~20 s at 256).
+# The emulated world bounds it further by cores and memory (tilelink.runtime.emulated).
+MAX_CALLS = 100_000  # every call's inputs are made up front
+MAX_SEED = 2**32 - 1
+MAX_SECONDS = 7 * 24 * 3600.0  # a week
+MAX_SPIN_LIMIT = 2**31 - 1  # the kernels count spins in 32-bit words
+
+
+def _show(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def whole(low: int, high: int, example: int):
+    """A type accepting the whole numbers low..high (decimal; '1_000' and '+3' too)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number from {low} to {high}, got {_show(text)} "
+                f"(e.g. {example})")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def seconds(example: float):
+    """A type accepting a finite number of seconds > 0 and at most a week (nan and inf
+    would switch a watchdog off; 0 or less would report a hang at once)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+            raise argparse.ArgumentTypeError(
+                f"must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got "
+                f"{_show(text)} (e.g. {example:g})")
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
+
+
+world_size = whole(1, MAX_WORLD, 2)
+calls = whole(1, MAX_CALLS, 5)
+seed = whole(0, MAX_SEED, 0)
+spin_limit = whole(1, MAX_SPIN_LIMIT, 20_000_000)
+count = whole(1, 1_000_000, 10)  # --top, --iters, --rounds, --reps
+warmup = whole(0, 1_000_000, 5)
