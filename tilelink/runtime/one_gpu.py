@@ -413,7 +413,7 @@ def _copy(out):
 def _refill(static: dict, new: dict, stream) -> None:
     for k, v in new.items():
         static[k].copy_(v)
-        v.record_stream(stream)
+    _used_on(new.values(), stream)
 
 
 def _used_on(tensors, stream) -> None:

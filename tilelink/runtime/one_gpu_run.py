@@ -126,30 +126,38 @@ def run_many_one_gpu(world_size: int, specs: list[RunSpec], first: int = 0) -> l
 
 
 def run_one_gpu_cases(world_size: int, specs: list[RunSpec],
-                      case_timeout: float = CASE_TIMEOUT) -> list[dict]:
+                      case_timeout: float = CASE_TIMEOUT, runner=None) -> list[dict]:
     """Run `specs` in a one-GPU world of `world_size` ranks in a spawned process; one result
     per spec, in order. A case that crashes the process or takes longer than `case_timeout`
     seconds is reported as failed (an `error` on every rank) and the cases after it run in a
-    fresh process, so a hang never outlives its time limit and takes no other case with it."""
-    from .launcher import OneGpuWorldLost, launch_one_gpu_world
+    fresh process, so a hang never outlives its time limit and takes no other case with it.
+    `runner`: what the process runs (default `run_many_one_gpu`; the tests pass a fake)."""
+    from ..errors import TileLinkError
+    from .launcher import launch_one_gpu_world
 
     results: dict[int, dict] = {}
-    start = 0
-    while start < len(specs):
-        def keep(message):
-            index, result = message
-            results[index] = result
+    start, fruitless = 0, 0
 
+    def keep(message):
+        index, result = message
+        results[index] = result
+
+    while start < len(specs):
         try:
-            launch_one_gpu_world(run_many_one_gpu, world_size, specs[start:], start,
+            launch_one_gpu_world(runner or run_many_one_gpu, world_size, specs[start:], start,
                                  idle_timeout=case_timeout, on_progress=keep)
             break
-        except OneGpuWorldLost as e:
+        except TileLinkError as e:
+            # the process died, overran the case's time limit, or raised (a CUDA error leaves
+            # its context unusable): the first case it did not report failed
             lost = next(i for i in range(start, len(specs)) if i not in results)
-            results[lost] = failed_case(specs[lost], world_size,
-                                        f"{e.message} during this case (the cases after it "
-                                        "ran in a fresh process)")
-            start = lost + 1
+            fruitless = fruitless + 1 if lost == start else 1
+            why = (f"{e.message} during this case (the cases after it ran in a fresh process)"
+                   if fruitless < 3 else f"{e.message} (three processes in a row failed "
+                   "before finishing a case: the remaining cases were not run)")
+            for i in range(lost, len(specs) if fruitless >= 3 else lost + 1):
+                results[i] = failed_case(specs[i], world_size, why)
+            start = lost + 1 if fruitless < 3 else len(specs)
     return [results[i] for i in range(len(specs))]
 
 
