@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..codegen import render_triton
 from ..codegen.compile import load_module
@@ -55,6 +56,39 @@ def device_target(backend: str = "torch"):
     return replace(t, num_sms=sms)
 
 
+def new_stream(device=None):
+    """A CUDA stream of its own: `torch.cuda.ExternalStream` over a non-blocking stream made by
+    the driver (cuStreamCreate). `torch.cuda.Stream()` hands out 32 pooled streams round-robin,
+    so two of its streams can be one CUDA stream, and work queued behind a spinning kernel on
+    it would wait for that kernel: a copy engine's side stream must never be its caller's
+    stream, nor, in a one-GPU world, another rank's. Never destroyed (the ops that use it live
+    as long as the process)."""
+    import ctypes
+
+    import torch
+
+    create = _stream_create()
+    handle = ctypes.c_void_p()
+    with torch.cuda.device(device):
+        torch.cuda.current_stream()  # (the device's primary context is current now)
+        code = create(ctypes.byref(handle), 0x1)  # CU_STREAM_NON_BLOCKING
+    if code != 0:
+        raise TileLinkError(f"cuStreamCreate failed with CUDA driver error {code}")
+    return torch.cuda.ExternalStream(handle.value, device=device)
+
+
+@lru_cache(maxsize=1)
+def _stream_create():
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuStreamCreate
+    except (OSError, AttributeError) as e:
+        raise TileLinkError(f"cannot load cuStreamCreate from the CUDA driver: {e}") from None
+    fn.argtypes, fn.restype = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint], ctypes.c_int
+    return fn
+
+
 class CopyEngine:
     """Copy-engine ops of a generated module, enqueued on a side stream in order.
 
@@ -65,11 +99,13 @@ class CopyEngine:
     AG-GEMM call took ~400 us of host time against a 100 us GEMM (docs/perf.md).
     """
 
-    def __init__(self, heap: SymmetricHeap, flags: bool = False):
+    def __init__(self, heap: SymmetricHeap, flags: bool = False, streams: tuple | None = None):
         import torch
 
         self.heap = heap
-        self.stream = torch.cuda.Stream()
+        # the side stream, and a service stream that nothing blocks (diagnostics, unstick):
+        # the caller's (a one-GPU world shares one pair per rank between its ops), else new
+        self.stream, self.service = streams or (new_stream(), new_stream())
         self.handle = self.stream.cuda_stream  # raw handle for the driver calls
         self.pending_waits: list[tuple[int, int]] = []  # (address, value) of recent waits
         self.flat = [{k: v.view(-1) for k, v in peer.items()} for peer in heap.peers]
@@ -147,7 +183,7 @@ class CopyEngine:
 
         if self.flags:
             return
-        s = torch.cuda.Stream()
+        s = self.service
         for addr, value in self.pending_waits:
             current = _word_at(self.flat, addr, s)
             if current is None or ((current - value + 2**31) % 2**32 - 2**31) < 0:
@@ -241,7 +277,7 @@ class TileLinkOp:
     _released_waits = None  # (timeout, waits) that `settle` released for `report` to name
 
     def __init__(self, bound: BoundPattern, schedule, module, heap: SymmetricHeap, group,
-                 spin_limit: int):
+                 spin_limit: int, engine_streams: tuple | None = None):
         import torch
 
         self.bound, self.schedule, self.config = bound, schedule, schedule.config
@@ -254,8 +290,8 @@ class TileLinkOp:
         # every rank's at the end of its launch (abort_everywhere in the templates)
         abort = heap.tensors["ctl"][1:2]
         diag = torch.zeros(DIAG_WORDS, dtype=torch.int32, device=self.device)
-        engine = (CopyEngine(heap, flags=bool(getattr(module, "CAPTURABLE", 0)))
-                  if self.copy_engine else None)
+        engine = (CopyEngine(heap, flags=bool(getattr(module, "CAPTURABLE", 0)),
+                             streams=engine_streams) if self.copy_engine else None)
         self.rt = GpuRankRuntime(heap.rank, heap.world, heap.tensors, heap.heap_bases, abort,
                                  diag, spin_limit, engine)
         self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
@@ -473,8 +509,7 @@ class TileLinkOp:
         getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
         side_done = torch.cuda.Event()
         side_done.record(engine.stream)
-        reader = torch.cuda.Stream()
-        with torch.cuda.stream(reader):
+        with torch.cuda.stream(engine.service):
             gave_up = int(self.rt.diag[0].item())
         deadline = time.monotonic() + (0 if gave_up else timeout)
         while not side_done.query() and time.monotonic() < deadline:
@@ -647,7 +682,8 @@ class ProcessGroupWorld:
     `annotate(schedule)`; `tuned` (whether the tuner's cache applies); `agree(choice)`
     (every rank builds the same op); `heaps(symmetric, backend)` (one heap per rank built
     here); `barrier()`; `fallback_ops(bound, schedule)` (the non-overlapped plan's op per
-    rank built here); `prepare_module(module)`; `group` (handed to the ops).
+    rank built here); `prepare_module(module)`; `engine_streams(rank)` (the copy engine's
+    side and service streams, or None for new ones); `group` (handed to the ops).
     """
 
     tuned = True  # the tuner's cached configs were measured on worlds like this one
@@ -690,6 +726,10 @@ class ProcessGroupWorld:
     def prepare_module(self, module) -> None:
         pass
 
+    def engine_streams(self, rank: int) -> None:
+        """(Each op's copy engine makes its own streams.)"""
+        return None
+
 
 def _op_key(bp: BoundPattern, cfg, backend, world_key: tuple, spin_limit, fault) -> tuple:
     return (bp.pattern.name, bp.signature(), bp.sizes_str(), bp.world, str(cfg), backend,
@@ -709,8 +749,9 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     tuner's cached best config for this pattern, sizes and GPU is used when one exists
     (`tuned=False` skips the lookup). `backend`: "torch" (torch symmetric memory), "nvshmem"
     (NVSHMEM heap, kernels use NVSHMEM's device-side put/signal) or "nvshmem-ptr" (NVSHMEM heap
-    through peer pointers). Ops are cached per (pattern, sizes, config, backend, group, device): a second
-    call returns the same op. `fault` ("drop_notify") is for testing the watchdog.
+    through peer pointers). Ops are cached per (pattern, sizes, config, backend, group,
+    device): a second call returns the same op. `fault` ("drop_notify") is for testing the
+    watchdog. (`compile_ops` builds ops for any world: a one-GPU world's every rank.)
     """
     import torch.distributed as dist
 
@@ -836,7 +877,8 @@ def _build_ops(bp: BoundPattern, s, target, world, backend: str, limit: int,
             mod.init_signals(heap.tensors, 1)
     torch.cuda.synchronize()
     world.barrier()  # every rank's signals are initialised before anyone's first call
-    ops = [TileLinkOp(bp, s, mod, heap, world.group, limit) for heap in heaps]
+    ops = [TileLinkOp(bp, s, mod, heap, world.group, limit, world.engine_streams(heap.rank))
+           for heap in heaps]
     for op in ops:
         _warm_up(op)
     return ops

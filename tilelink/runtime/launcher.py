@@ -160,9 +160,17 @@ def report_progress(message) -> None:
         _PROGRESS.put(("progress", message))
 
 
+# A one-GPU world's ranks spin on each other from separate streams: each stream should have
+# a hardware queue of its own, or a rank's work can wait behind another's spinning kernel
+# (CUDA multiplexes streams onto CUDA_DEVICE_MAX_CONNECTIONS queues, 8 by default, 32 at most)
+ONE_GPU_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+
+
 def _one_gpu_child(fn, world_size, args, results):
     global _PROGRESS
     _PROGRESS = results
+    for k, v in ONE_GPU_ENV.items():  # before CUDA starts in this process
+        os.environ.setdefault(k, v)
     try:
         import torch
 

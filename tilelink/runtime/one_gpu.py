@@ -42,7 +42,7 @@ import itertools
 from dataclasses import replace
 
 from ..errors import ConfigError, HangError, NotSupportedError, TileLinkError
-from .gpu import FallbackOp, compile_ops, device_target
+from .gpu import FallbackOp, compile_ops, device_target, new_stream
 
 # SMs no rank's persistent grid may take: work the kernels wait on that needs an SM (the
 # driver may run a same-device cuMemcpyAsync as a kernel) always finds one
@@ -139,8 +139,14 @@ class OneGpuWorld:
         self.budget = sm_budget(self.sms, size, reserved_sms)
         self.size = size
         self.ranks = tuple(range(size))
-        self.streams = [torch.cuda.Stream(self.device) for _ in range(size)]
-        self.capture_stream = torch.cuda.Stream(self.device)  # one-graph captures
+        # Streams of their own (not torch's pool, where a 33rd stream is the 1st again), made
+        # together, so that they sit on distinct hardware queues (CUDA_DEVICE_MAX_CONNECTIONS,
+        # which launch_one_gpu_world raises to 32): a rank's kernel spins until the others'
+        # run, so no rank's work may queue behind another's. Every op of the world shares them.
+        self.streams = [new_stream(self.device) for _ in range(size)]
+        self.side_streams = [(new_stream(self.device), new_stream(self.device))
+                             for _ in range(size)]
+        self.capture_stream = new_stream(self.device)  # one-graph captures
         self._id = next(_WORLD_IDS)
 
     def note(self) -> str:
@@ -178,6 +184,10 @@ class OneGpuWorld:
 
     def prepare_module(self, module) -> None:
         share_kernels_across_ranks(module)
+
+    def engine_streams(self, rank: int) -> tuple:
+        """Rank `rank`'s copy-engine side stream and service stream (shared by its ops)."""
+        return self.side_streams[rank]
 
     # ---- using the world ----------------------------------------------------------------
 
