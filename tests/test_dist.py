@@ -8,7 +8,7 @@ On one GPU, `TILELINK_ONE_GPU_WORLDS=2,3,4 pytest -m "dist or gpu" tests/test_di
 runs every case of CASES, WATCHDOG and NOT_YET_RUN in the one-GPU world (all ranks on one
 GPU, each on its own stream; docs/one-gpu.md) at each of those world sizes, with the sizes
 `at_world` gives; the W = 1 cases run as always. The kernels are compiled first in
-TILELINK_ONE_GPU_JOBS processes at once (default 8; 0: no precompilation), and each case has
+TILELINK_ONE_GPU_JOBS processes at once (default 12; 0: no precompilation), and each case has
 TILELINK_ONE_GPU_CASE_TIMEOUT seconds (default 120) before it is stopped and failed.
 """
 
@@ -353,7 +353,7 @@ def one_gpu_results(request):
         pytest.skip("the one-GPU world runs where TILELINK_ONE_GPU_WORLDS is set (e.g. 2,3,4)")
     if gpu_count() < 1:
         pytest.skip("the one-GPU world needs a CUDA GPU")
-    jobs = int(os.environ.get("TILELINK_ONE_GPU_JOBS", "8"))
+    jobs = int(os.environ.get("TILELINK_ONE_GPU_JOBS", "12"))
     if jobs > 0 and not _PRECOMPILED:  # every world's kernels at once, before the first runs
         _PRECOMPILED.append(precompile({w: [at_world(s, w) for s in ONE_GPU_CASES.values()]
                                         for w in ONE_GPU_WORLDS}, jobs))

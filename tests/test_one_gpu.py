@@ -507,6 +507,19 @@ def test_processes_that_never_finish_a_case_stop_the_run(monkeypatch):
     assert "remaining cases were not run" in got[4]["ranks"][0]["error"]
 
 
+@pytest.mark.parametrize("jobs", [1, 5, 12])
+def test_precompilation_deals_every_case_to_one_process(jobs):
+    from tilelink.runtime.one_gpu_run import precompile_parts
+
+    cases = {w: [RunSpec(f"case {i} at {w}") for i in range(7)] for w in (2, 3, 4)}
+    parts = precompile_parts(cases, jobs)
+    assert len(parts) <= max(3, jobs + 2)
+    for w, specs in cases.items():  # each world's cases, each exactly once, in its world
+        dealt = [s for pw, part in parts if pw == w for s in part]
+        assert sorted(d.pattern for d in dealt) == sorted(s.pattern for s in specs)
+    assert all(part for _, part in parts)
+
+
 # ---- the CLI: which world, and what is refused --------------------------------------------
 
 @pytest.mark.parametrize("requested,w,gpus,torchrun,want", [

@@ -88,7 +88,7 @@ def annotate_schedule(schedule, sms: int, world: int, reserved: int = RESERVED_S
 
 
 def check_backend(backend: str) -> None:
-    """Refuse symmetric-memory backends this world cannot have (ConfigError)."""
+    """Refuse symmetric-memory backends this world cannot have (NotSupportedError)."""
     if backend in REFUSED_BACKENDS:
         raise NotSupportedError(
             f"the one-GPU world cannot use backend '{backend}': NVSHMEM runs one PE per GPU, "

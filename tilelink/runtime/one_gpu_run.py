@@ -182,7 +182,15 @@ def _compile_specs(world_size: int, specs: list[RunSpec]) -> int:
     return built
 
 
-def precompile(cases: dict[int, list[RunSpec]], jobs: int = 8,
+def precompile_parts(cases: dict[int, list[RunSpec]], jobs: int) -> list[tuple[int, list]]:
+    """(world size, specs) for each of about `jobs` processes: every world's specs dealt
+    round-robin to its share of the processes (a process builds one world)."""
+    per_world = max(1, -(-jobs // max(1, len(cases))))
+    parts = [(w, specs[i::per_world]) for w, specs in cases.items() for i in range(per_world)]
+    return [(w, specs) for w, specs in parts if specs]
+
+
+def precompile(cases: dict[int, list[RunSpec]], jobs: int = 12,
                timeout: float = 600.0) -> str:
     """Compile the kernels of `cases` (world size -> specs) in `jobs` one-GPU processes at
     once, ahead of the runs (which then load them from Triton's cache instead of compiling
@@ -193,9 +201,7 @@ def precompile(cases: dict[int, list[RunSpec]], jobs: int = 8,
     from ..errors import TileLinkError
     from .launcher import launch_one_gpu_world
 
-    per_world = max(1, jobs // max(1, len(cases)))
-    parts = [(w, specs[i::per_world]) for w, specs in cases.items() for i in range(per_world)]
-    parts = [(w, specs) for w, specs in parts if specs]
+    parts = precompile_parts(cases, jobs)
     t0 = time.monotonic()
 
     def one(part):
