@@ -629,8 +629,6 @@ def _tilelink(*argv, timeout=300):
     # the copy engine's kernel, replayed from per-rank CUDA graphs
     ["run", str(EXAMPLES / "ag_gemm.tl"), "-W", "2", "--check", "--calls", "5", "--graph",
      "--config", "comm=copy_engine", "capturable=1"],
-    ["run", str(EXAMPLES / "gemm_rs.tl"), "-W", "4", "--check", "--calls", "5", "--delays",
-     "--config", "comm=sm"],
 ])
 def test_run_in_the_one_gpu_world_on_a_gpu(argv):
     out = _tilelink(*argv, "--world", "one-gpu")
