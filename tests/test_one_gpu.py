@@ -460,6 +460,121 @@ def test_compile_ops_builds_every_rank_of_a_one_gpu_world(monkeypatch):
         world.compile(AG, values, backend="nvshmem")
 
 
+# ---- the run driver, on a fake world ------------------------------------------------------
+
+class FakeRunOp:
+    """A WorldOp stand-in: every rank's exact outputs (rank `wrong`'s off by 1), and the
+    watchdog findings it is given."""
+
+    def __init__(self, bp, wrong=None, hang_rank=None, refuse=False):
+        self.bound, self.wrong, self.hang_rank, self.refuse = bp, wrong, hang_rank, refuse
+        self.ops = [type("Rank", (), {"config": f"cfg {r}"})() for r in range(bp.world)]
+        self.input_names = tuple(d.name for d in bp.pattern.inputs)
+        self.output_names = tuple(bp.pattern.outputs)
+        self.calls, self.replays, self.delayed = 0, 0, []
+
+    def make_inputs(self, seed):
+        per_rank = make_inputs(self.bound, seed)
+        return [{n: v[r] for n, v in per_rank.items()} for r in range(self.bound.world)]
+
+    def __call__(self, inputs, before=None):
+        if self.refuse:
+            raise NotSupportedError("this schedule cannot be captured")
+        self.calls += 1
+        for r in range(self.bound.world):
+            if before is not None:
+                before(r)
+                self.delayed.append(r)
+        return self._outputs(inputs)
+
+    def _outputs(self, inputs):
+        want = evaluate(self.bound, {n: [x[n] for x in inputs] for n in self.input_names})
+        outs = [want[self.output_names[0]][r].clone() for r in range(self.bound.world)]
+        if self.wrong is not None:
+            outs[self.wrong] += 1
+        return outs
+
+    def capture(self, static):
+        if self.refuse:
+            raise NotSupportedError("this schedule cannot be captured")
+        op = self
+
+        class Graph:
+            def replay(self, inputs):
+                op.replays += 1
+                return op._outputs(inputs)
+
+        return Graph()
+
+    def check_diagnostics(self, timeout):
+        return [HangError(f"rank {r}: 3 wait(s) gave up") if r == self.hang_rank else None
+                for r in range(self.bound.world)]
+
+    def captured_config(self):
+        return None
+
+
+class FakeRunWorld:
+    def __init__(self, op):
+        self.op, self.size, self.ranks, self.streams = op, op.bound.world, range(op.bound.world), []
+
+    def compile(self, bp, **kwargs):
+        assert bp.world == self.size
+        return self.op
+
+    def note(self):
+        return "NOTE"
+
+
+def _drive(monkeypatch, spec, **fake):
+    from tilelink.frontend import load_pattern
+    from tilelink.runtime.one_gpu_run import run_world_spec
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    bp = load_pattern(spec.pattern).bind(spec.values, 3)
+    op = FakeRunOp(bp, **fake)
+    return run_world_spec(FakeRunWorld(op), spec), op
+
+
+RS_SPEC = RunSpec(str(EXAMPLES / "gemm_rs.tl"), {"M": "96", "N": "40", "K": "96"}, calls=4)
+
+
+def test_the_run_driver_checks_every_call_of_every_rank(monkeypatch):
+    from dataclasses import replace
+
+    res, op = _drive(monkeypatch, replace(RS_SPEC, delays=True))
+    assert res["world"] == 3 and res["note"] == "NOTE" and op.calls == 4
+    assert op.delayed == [0, 1, 2] * 4  # a delay before each rank's launch of each call
+    for r, summary in enumerate(res["ranks"]):
+        assert summary["rank"] == r and summary["config"] == f"cfg {r}"
+        assert summary["hang"] is None and summary["bad_calls"] == 0
+        assert summary["errors"]["out"] == (0.0, 0.0)
+    res, _ = _drive(monkeypatch, RS_SPEC, wrong=1)
+    assert [s["bad_calls"] for s in res["ranks"]] == [0, 4, 0]
+    assert res["ranks"][1]["errors"]["out"][0] >= 0.5  # (off by 1, rounded to bf16)
+
+
+def test_the_run_driver_reports_a_hang_on_every_rank(monkeypatch):
+    res, _ = _drive(monkeypatch, RS_SPEC, hang_rank=2)
+    assert "gave up" in res["ranks"][2]["hang"] and "HangError" in res["ranks"][2]["hang"]
+    for s in res["ranks"][:2]:  # the others say why theirs were not checked
+        assert "another rank's wait gave up" in s["hang"] and not s["errors"]
+    res, _ = _drive(monkeypatch, RS_SPEC, refuse=True)  # a call raised before any launch
+    assert all("cannot be captured" in s["hang"] for s in res["ranks"])
+
+
+def test_the_run_driver_replays_graphs_and_mixes_eager_calls(monkeypatch):
+    from dataclasses import replace
+
+    res, op = _drive(monkeypatch, replace(RS_SPEC, graph=True, mixed=True, calls=6))
+    assert (op.replays, op.calls) == (3, 3)  # every other call eager
+    assert all(s["bad_calls"] == 0 and s["errors"] for s in res["ranks"])
+    res, op = _drive(monkeypatch, replace(RS_SPEC, graph=True, calls=5))
+    assert (op.replays, op.calls) == (5, 0)
+
+
 # ---- the process launcher ---------------------------------------------------------------
 
 def test_the_launcher_runs_one_process_and_relays_its_progress(monkeypatch):
