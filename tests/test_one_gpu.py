@@ -745,7 +745,7 @@ def _tilelink(*argv, timeout=300):
     ["run", str(EXAMPLES / "ag_gemm.tl"), "-W", "2", "--check", "--calls", "5", "--graph",
      "--config", "comm=copy_engine", "capturable=1"],
 ])
-def test_run_in_the_one_gpu_world_on_a_gpu(argv):
+def test_cli_run_on_one_gpu(argv):
     out = _tilelink(*argv, "--world", "one-gpu")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "check: OK" in out.stdout and "NOT a performance number" in out.stdout
