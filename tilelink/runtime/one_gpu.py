@@ -107,9 +107,11 @@ def share_kernels_across_ranks(module) -> list[str]:
 
     changed = []
     for name, fn in vars(module).items():
-        if not isinstance(fn, JITFunction) or fn.device_caches:
+        # (Triton 3.6's JITFunction: `params` are read when its first launch builds the
+        # binder, kept in `device_caches`; a Triton without them compiles per rank, as before)
+        if not isinstance(fn, JITFunction) or getattr(fn, "device_caches", True):
             continue
-        params = [p for p in fn.params if p.name == "me"]
+        params = [p for p in getattr(fn, "params", ()) if getattr(p, "name", None) == "me"]
         for p in params:
             p.do_not_specialize = True
         if params:
