@@ -3,11 +3,19 @@
 One world is started per symmetric-memory backend and runs every case in it (process
 start-up and NCCL init dominate otherwise). Each case checks every call against the NCCL +
 torch reference on the same inputs.
+
+On one GPU, `TILELINK_ONE_GPU_WORLDS=2,3,4 pytest -m "dist or gpu" tests/test_dist.py` also
+runs every case of CASES, WATCHDOG and NOT_YET_RUN in the one-GPU world (all ranks on one
+GPU, each on its own stream; docs/one-gpu.md) at each of those world sizes, with the sizes
+`at_world` gives; the W = 1 cases run as always. The kernels are compiled first in
+TILELINK_ONE_GPU_JOBS processes at once (default 12; 0: no precompilation), and each case has
+TILELINK_ONE_GPU_CASE_TIMEOUT seconds (default 120) before it is stopped and failed.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -272,6 +280,30 @@ WATCHDOG = {
 # divide by 2, 4 and 8)
 WORLD = int(os.environ.get("TILELINK_DIST_WORLD", "2"))
 
+# The one-GPU world (docs/one-gpu.md): every case of these at each world size in
+# TILELINK_ONE_GPU_WORLDS (none unless set), all ranks on one GPU
+ONE_GPU_CASES = CASES | WATCHDOG | NOT_YET_RUN
+ONE_GPU_WORLDS = tuple(int(w) for w in os.environ.get("TILELINK_ONE_GPU_WORLDS", "").split(",")
+                       if w.strip())
+# the world sizes tests/test_dist_cases_schedule.py checks every one-GPU case at (on the CPU)
+ONE_GPU_CHECKED_WORLDS = (2, 3, 4)
+# the sizes each pattern's world size divides (a's rows and b's columns for AG-GEMM; the rows
+# of the result and the K of the operands for GEMM-RS)
+SHARDED = {AG: ("M", "N"), RS: ("M", "K")}
+
+
+def at_world(spec: RunSpec, world: int) -> RunSpec:
+    """`spec` with sizes world size `world` divides. The cases' sizes divide by 2, 4 and 8,
+    and run unchanged there; at any other world size (3 in the one-GPU world) each size the
+    world divides becomes `world` times its share at W = 4, so every rank has the rows and
+    columns it has at W = 4 (the same raggedness, the same tile groups per rank for the
+    fused reduce); the other sizes stay."""
+    names = SHARDED[spec.pattern]
+    if all(int(spec.values[n]) % world == 0 for n in names if n in spec.values):
+        return spec
+    values = {k: str(int(v) // 4 * world) if k in names else v for k, v in spec.values.items()}
+    return replace(spec, values=values)
+
 
 def _world(cases: dict, world: int = WORLD) -> dict:
     from tilelink.runtime.launcher import gpu_count, launch_world
@@ -305,6 +337,31 @@ def new_single_results():
 @pytest.fixture(scope="module")
 def nvshmem_results():
     return _world(NVSHMEM_CASES | NVSHMEM_WATCHDOG)
+
+
+_PRECOMPILED: list[str] = []
+
+
+@pytest.fixture(scope="module", params=ONE_GPU_WORLDS or ONE_GPU_CHECKED_WORLDS,
+                ids=lambda w: f"W{w}")
+def one_gpu_results(request):
+    """(world size, case name -> result) of every one-GPU case at one world size."""
+    from tilelink.runtime.launcher import gpu_count
+    from tilelink.runtime.one_gpu_run import CASE_TIMEOUT, precompile, run_one_gpu_cases
+
+    world = request.param
+    if not ONE_GPU_WORLDS:
+        pytest.skip("the one-GPU world runs where TILELINK_ONE_GPU_WORLDS is set (e.g. 2,3,4)")
+    if gpu_count() < 1:
+        pytest.skip("the one-GPU world needs a CUDA GPU")
+    jobs = int(os.environ.get("TILELINK_ONE_GPU_JOBS", "12"))
+    if jobs > 0 and not _PRECOMPILED:  # every world's kernels at once, before the first runs
+        _PRECOMPILED.append(precompile({w: [at_world(s, w) for s in ONE_GPU_CASES.values()]
+                                        for w in ONE_GPU_WORLDS}, jobs))
+        print(_PRECOMPILED[0], flush=True)
+    timeout = float(os.environ.get("TILELINK_ONE_GPU_CASE_TIMEOUT", CASE_TIMEOUT))
+    specs = [at_world(s, world) for s in ONE_GPU_CASES.values()]
+    return world, dict(zip(ONE_GPU_CASES, run_one_gpu_cases(world, specs, timeout)))
 
 
 def _assert_ok(res, captured_kernel: bool = False):
@@ -345,11 +402,29 @@ def test_nvshmem(nvshmem_results, case):
     _assert_ok(nvshmem_results[case])
 
 
-@pytest.mark.parametrize("case", list(WATCHDOG) + list(NVSHMEM_WATCHDOG))
-def test_watchdog_reports_a_broken_pattern(torch_results, nvshmem_results, case):
-    results = torch_results if case in WATCHDOG else nvshmem_results
-    for r in results[case]["ranks"]:
+def _assert_watchdog_reported(res):
+    for r in res["ranks"]:
         assert r.get("error") is None, r["error"]
         text = r["hang"] or ""
         assert "HangError" in text and "gave up" in text, text
         assert "waited on" in text and "expected >=" in text, text
+
+
+@pytest.mark.parametrize("case", list(WATCHDOG) + list(NVSHMEM_WATCHDOG))
+def test_watchdog_reports_a_broken_pattern(torch_results, nvshmem_results, case):
+    results = torch_results if case in WATCHDOG else nvshmem_results
+    _assert_watchdog_reported(results[case])
+
+
+@pytest.mark.gpu  # the one-GPU world: one GPU is enough (conftest)
+@pytest.mark.parametrize("case", list(CASES) + list(NOT_YET_RUN))
+def test_one_gpu_world(one_gpu_results, case):
+    world, results = one_gpu_results
+    assert results[case]["world"] == world
+    _assert_ok(results[case], captured_kernel=case in CAPTURED_KERNEL and world == 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(WATCHDOG))
+def test_one_gpu_world_watchdog_reports_a_broken_pattern(one_gpu_results, case):
+    _assert_watchdog_reported(one_gpu_results[1][case])

@@ -87,6 +87,9 @@ def add_parser(sub) -> None:
                    "host leaves the critical path, as in a model that replays graphs); each "
                    "replay's output is checked first. TileLink ops that cannot be captured "
                    "are marked FAILED (AG-GEMM copy-engine configs need capturable=1)")
+    b.add_argument("--world", choices=("gpus", "one-gpu", "emulated"), default="gpus",
+                   help="gpus (the only world bench times: one GPU per rank); one-gpu and "
+                   "emulated are refused with the reason (use tilelink run --check there)")
     b.add_argument("--tuned", action="store_true",
                    help="use the config `tilelink tune` cached for each shape, if any (default: "
                    "the schedule's default config, or --config)")
@@ -136,6 +139,21 @@ def specs_from_args(args) -> list:
     return specs
 
 
+def refuse_world(world: str) -> str | None:
+    """Why bench does not run in `world` (None: it does, on one GPU per rank)."""
+    if world == "one-gpu":
+        return ("tilelink bench: refused in the one-GPU world. Its W ranks share one GPU's SMs "
+                "(each rank's kernel gets a 1/W share) and memory bandwidth, and no byte "
+                "crosses NVLink, so its timings say nothing about the pattern on W GPUs and "
+                "cannot be compared with the baselines. To check a pattern there use: "
+                "tilelink run PATTERN --check --world one-gpu")
+    if world == "emulated":
+        return ("tilelink bench: refused in the emulated world (CPU processes, Triton "
+                "interpreter): nothing there is timed like a GPU. To check a pattern use: "
+                "tilelink run PATTERN --check --world emulated")
+    return None
+
+
 def gpu_count() -> int:
     try:
         import torch
@@ -178,6 +196,10 @@ def run(args) -> int:
 
     specs = specs_from_args(args)
     systems = systems_from_args(args)
+    refused = refuse_world(getattr(args, "world", "gpus"))
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     if args.plot:
         if args.json and not have_matplotlib():
             # the numbers are kept: the chart can be drawn later, on any machine
@@ -190,9 +212,10 @@ def run(args) -> int:
     n = gpu_count()
     if n < args.world_size:
         print(f"tilelink bench: needs {args.world_size} CUDA GPUs, found {n}. Benchmarks are "
-              "not meaningful on the emulated world (CPU processes, Triton interpreter); to "
-              "check a pattern without GPUs use: tilelink run PATTERN --check",
-              file=sys.stderr)
+              "not meaningful on the emulated world (CPU processes, Triton interpreter), nor "
+              "on the one-GPU world (the ranks share one GPU's SMs and memory bandwidth); to "
+              "check a pattern without W GPUs use: tilelink run PATTERN --check "
+              f"{'--world one-gpu' if n else '--world emulated'}", file=sys.stderr)
         return 2
     from ..bench.run import bench_rank
     from ..runtime.launcher import launch_world

@@ -68,9 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "triton)")
     c.add_argument("--target", default="cuda:90",
                    help="cuda:90, cuda:80, hip:gfx942 or interp (default cuda:90)")
+    c.add_argument("--world", choices=("gpus", "one-gpu"), default="gpus",
+                   help="gpus: one GPU per rank (default); one-gpu: schedule for the one-GPU "
+                   "world, where the W ranks share one GPU of the target's SMs and each rank's "
+                   "persistent grid gets its share (--emit schedule says how many)")
     r = sub.add_parser("run", help="run a pattern and check it against torch",
-                       description="Run the generated kernel: on the emulated world (one CPU "
-                       "process per rank, Triton interpreter) when no GPU is present.")
+                       description="Run the generated kernel on W GPUs, on one GPU (--world "
+                       "one-gpu: every rank on its own stream, for correctness), or on the "
+                       "emulated world (one CPU process per rank, Triton interpreter), which is "
+                       "what a machine without a GPU runs.")
     _common(r)
     r.add_argument("--check", action="store_true", help="compare with the non-overlapped torch "
                    "reference; exit 1 on mismatch")
@@ -82,8 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=argtypes.seconds(120), default=120.0,
                    help="emulated world: seconds before stuck waits are stopped and reported "
                    "(default 120; scaled up when there are more ranks than cores)")
+    r.add_argument("--world", choices=RUN_WORLDS, default="auto",
+                   help="where the W ranks run. gpus: one GPU per rank (W GPUs, or torchrun's "
+                   "ranks); one-gpu: every rank on ONE GPU, each on its own stream with its "
+                   "share of the SMs (checks a multi-rank kernel on real hardware; its timings "
+                   "are not performance numbers); emulated: one CPU process per rank in "
+                   "Triton's interpreter. auto (default): gpus with W GPUs, emulated with "
+                   "none; with 1 to W-1 GPUs it asks you to choose")
     r.add_argument("--emulate", action="store_true",
-                   help="use the emulated world even when GPUs are present")
+                   help="the same as --world emulated")
     r.add_argument("--backend", choices=("torch", "nvshmem", "nvshmem-ptr"), default=None,
                    help="GPU symmetric memory: torch symmetric memory (default); nvshmem = the "
                    "NVSHMEM heap with NVSHMEM's device-side put/signal linked into the kernel; "
@@ -99,6 +112,46 @@ def build_parser() -> argparse.ArgumentParser:
         if module is not None:
             module.add_parser(sub)
     return parser
+
+
+RUN_WORLDS = ("auto", "emulated", "one-gpu", "gpus")
+
+
+def choose_world(requested: str, world_size: int, gpus: int, torchrun: bool) -> str:
+    """The world `tilelink run` uses: "gpus", "one-gpu" or "emulated" (TileLinkError where
+    the request cannot be met, or where "auto" would have to guess)."""
+    if requested == "emulated":
+        return "emulated"
+    if requested == "gpus":
+        if torchrun or gpus >= world_size:
+            return "gpus"
+        raise TileLinkError(f"--world gpus needs {world_size} GPUs (one per rank); {gpus} "
+                            "visible", hint=_world_choices(world_size, gpus))
+    if requested == "one-gpu":
+        if torchrun:
+            raise TileLinkError("--world one-gpu runs every rank in one process: start it "
+                                "without torchrun", hint="tilelink run PATTERN -W N "
+                                "--world one-gpu")
+        if gpus < 1:
+            raise TileLinkError("--world one-gpu needs a CUDA GPU; none visible",
+                                hint="use --world emulated (CPU processes, Triton "
+                                "interpreter)")
+        return "one-gpu"
+    if torchrun or gpus >= world_size:
+        return "gpus"
+    if gpus == 0:
+        return "emulated"
+    raise TileLinkError(f"W = {world_size} ranks, but {gpus} GPU(s) visible: say which world "
+                        "to run in", hint=_world_choices(world_size, gpus))
+
+
+def _world_choices(world_size: int, gpus: int) -> str:
+    return ("--world one-gpu (all ranks on one GPU, each on its own stream: checks the kernel "
+            "on real hardware, timings are not performance numbers), --world emulated (one "
+            "CPU process per rank, Triton's interpreter), or a host with "
+            f"{world_size} GPUs (--world gpus)" if gpus else
+            "--world emulated (one CPU process per rank, Triton's interpreter), or a host with "
+            f"{world_size} GPUs")
 
 
 # Commands that live in their own module (tilelink/cli/<name>.py) with
@@ -131,6 +184,11 @@ def cmd_compile(args) -> int:
         return 0
     target = get_target(args.target)
     overrides = _defines(args.config, "--config")
+    shared = _one_gpu_sms(target) if getattr(args, "world", "gpus") == "one-gpu" else None
+    if shared is not None:
+        from ..runtime.one_gpu import one_gpu_target
+
+        target = one_gpu_target(target, args.world_size)
     s = make_schedule(bp, target, overrides)
     if s.config.comm == "none" and args.emit not in ("plan", "schedule") and \
             "comm" not in overrides:
@@ -138,6 +196,10 @@ def cmd_compile(args) -> int:
         print(f"tilelink: note: {s.notes[0]}; showing the overlapped kernel instead",
               file=sys.stderr)
         s = make_schedule(bp, target, overrides, allow_fallback=False)
+    if shared is not None:
+        from ..runtime.one_gpu import annotate_schedule
+
+        s = annotate_schedule(s, shared, args.world_size)
     if args.emit == "plan":
         print(s.plan.render())
     elif args.emit == "schedule":
@@ -149,6 +211,17 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _one_gpu_sms(target) -> int:
+    """The SMs the one-GPU world splits, for `compile --world one-gpu`: the target's (the
+    runtime reads the GPU's own count)."""
+    from ..errors import ConfigError
+
+    if target.backend != "cuda" or target.lang != "nvidia":
+        raise ConfigError(f"--world one-gpu schedules for a CUDA GPU; target {target.name} is "
+                          "not one", hint="use --target cuda:90 or cuda:80")
+    return target.num_sms
+
+
 def cmd_run(args) -> int:
     from ..frontend import load_pattern
     from ..runtime import check, emulate
@@ -158,11 +231,18 @@ def cmd_run(args) -> int:
     pat = load_pattern(args.pattern)
     values = _defines(args.defines, "-D")
     bp = pat.bind(values, args.world_size)
-    if not args.emulate and (under_torchrun() or gpu_count() >= args.world_size):
+    if args.emulate and args.world not in ("auto", "emulated"):
+        raise TileLinkError(f"--emulate and --world {args.world} contradict each other",
+                            hint="--emulate is --world emulated: give one of them")
+    gpus = gpu_count()
+    world = choose_world("emulated" if args.emulate else args.world, args.world_size, gpus,
+                         under_torchrun())
+    if world == "gpus":
         return _run_gpu(args, values)
-    if gpu_count():
-        why = "--emulate given" if args.emulate else f"only {gpu_count()} GPU(s) visible"
-        print(f"tilelink: {why}", file=sys.stderr)
+    if world == "one-gpu":
+        return _run_one_gpu(args, values)
+    if gpus:
+        print("tilelink: --world emulated given", file=sys.stderr)
     _emulated_world_checks(args, bp.world)
     print(f"tilelink: no GPU in use: running {bp.name} on the emulated world "
           f"({_processes(bp.world)}, Triton interpreter)", file=sys.stderr)
@@ -218,6 +298,33 @@ def _run_gpu(args, values: dict) -> int:
     launch = env.torchrun_rank()
     if launch is not None and launch[0] != 0:  # rank 0 reports for everyone
         return 0
+    return _report(args, res, "ms per call (steady state, max over ranks)")
+
+
+def _run_one_gpu(args, values: dict) -> int:
+    """`tilelink run --world one-gpu`: every rank in one spawned process on one GPU."""
+    from ..runtime.gpu_run import RunSpec
+    from ..runtime.launcher import launch_one_gpu_world
+    from ..runtime.one_gpu import check_backend
+    from ..runtime.one_gpu_run import run_one_gpu_spec
+
+    check_backend(args.backend)
+    spec = RunSpec(args.pattern, values, _defines(args.config, "--config"), calls=args.calls,
+                   seed=args.seed, check=args.check, delays=args.delays, graph=args.graph,
+                   spin_limit=args.spin_limit, timing_iters=20)
+    print(f"tilelink: running {args.world_size} ranks on ONE GPU (the one-GPU world: one "
+          "stream and one heap per rank, each rank's grid a share of the SMs). This checks "
+          "the kernel on real hardware; its timings are NOT performance numbers (the ranks "
+          "share one GPU's SMs and memory bandwidth, and no data crosses NVLink)",
+          file=sys.stderr)
+    res = launch_one_gpu_world(run_one_gpu_spec, args.world_size, spec)
+    if res.get("note"):
+        print(f"note: {res['note']}")
+    return _report(args, res, "ms per call in the one-GPU world: NOT a performance number")
+
+
+def _report(args, res: dict, timing: str) -> int:
+    """Print a GPU run's summary per rank; the exit status (1: a mismatch or a hang)."""
     ok = True
     print(f"{res['pattern']}: {res['sizes']}; W = {res['world']}")
     for r in res["ranks"]:
@@ -226,11 +333,11 @@ def _run_gpu(args, values: dict) -> int:
             ok = False
             print(f"  {r['hang']}")
             continue
-        ms = f"{r['ms_per_call']:.3f} ms per call (steady state, max over ranks)" \
-            if r["ms_per_call"] is not None else ""
+        ms = f"{r['ms_per_call']:.3f} {timing}" if r["ms_per_call"] is not None else ""
         print(f"  {r['calls']} call(s); {ms}")
         for name, (ae, re_) in r["errors"].items():
-            print(f"  {name}: max abs error {ae:.3g}, max rel error {re_:.3g}")
+            print(f"  {name}: max abs error {ae:.3g}, worst error {re_:.3g} of |ref| + "
+                  "rms(ref)")
         if args.check:
             ok &= r["bad_calls"] == 0
             if r["bad_calls"]:

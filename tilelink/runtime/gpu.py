@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..codegen import render_triton
 from ..codegen.compile import load_module
@@ -54,6 +55,39 @@ def device_target(backend: str = "torch"):
     return replace(t, num_sms=sms)
 
 
+def new_stream(device=None):
+    """A CUDA stream of its own: `torch.cuda.ExternalStream` over a non-blocking stream made by
+    the driver (cuStreamCreate). `torch.cuda.Stream()` hands out 32 pooled streams round-robin,
+    so two of its streams can be one CUDA stream, and work queued behind a spinning kernel on
+    it would wait for that kernel: a copy engine's side stream must never be its caller's
+    stream, nor, in a one-GPU world, another rank's. Never destroyed (the ops that use it live
+    as long as the process)."""
+    import ctypes
+
+    import torch
+
+    create = _stream_create()
+    handle = ctypes.c_void_p()
+    with torch.cuda.device(device):
+        torch.cuda.current_stream()  # (the device's primary context is current now)
+        code = create(ctypes.byref(handle), 0x1)  # CU_STREAM_NON_BLOCKING
+    if code != 0:
+        raise TileLinkError(f"cuStreamCreate failed with CUDA driver error {code}")
+    return torch.cuda.ExternalStream(handle.value, device=device)
+
+
+@lru_cache(maxsize=1)
+def _stream_create():
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuStreamCreate
+    except (OSError, AttributeError) as e:
+        raise TileLinkError(f"cannot load cuStreamCreate from the CUDA driver: {e}") from None
+    fn.argtypes, fn.restype = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint], ctypes.c_int
+    return fn
+
+
 class CopyEngine:
     """Copy-engine ops of a generated module, enqueued on a side stream in order.
 
@@ -64,11 +98,13 @@ class CopyEngine:
     AG-GEMM call took ~400 us of host time against a 100 us GEMM (docs/perf.md).
     """
 
-    def __init__(self, heap: SymmetricHeap, flags: bool = False):
+    def __init__(self, heap: SymmetricHeap, flags: bool = False, streams: tuple | None = None):
         import torch
 
         self.heap = heap
-        self.stream = torch.cuda.Stream()
+        # the side stream, and a service stream that nothing blocks (diagnostics, unstick):
+        # the caller's (a one-GPU world shares one pair per rank between its ops), else new
+        self.stream, self.service = streams or (new_stream(), new_stream())
         self.handle = self.stream.cuda_stream  # raw handle for the driver calls
         self.pending_waits: list[tuple[int, int]] = []  # (address, value) of recent waits
         self.flat = [{k: v.view(-1) for k, v in peer.items()} for peer in heap.peers]
@@ -146,7 +182,7 @@ class CopyEngine:
 
         if self.flags:
             return
-        s = torch.cuda.Stream()
+        s = self.service
         for addr, value in self.pending_waits:
             current = _word_at(self.flat, addr, s)
             if current is None or ((current - value + 2**31) % 2**32 - 2**31) < 0:
@@ -237,9 +273,10 @@ class TileLinkOp:
 
     captured_op: TileLinkOp | None = None
     _captured = False  # a call of this op was captured: check_diagnostics, see _launch_here
+    _released_waits = None  # (timeout, waits) that `settle` released for `report` to name
 
     def __init__(self, bound: BoundPattern, schedule, module, heap: SymmetricHeap, group,
-                 spin_limit: int):
+                 spin_limit: int, engine_streams: tuple | None = None):
         import torch
 
         self.bound, self.schedule, self.config = bound, schedule, schedule.config
@@ -252,8 +289,8 @@ class TileLinkOp:
         # every rank's at the end of its launch (codegen/protocol.py: abort_everywhere)
         abort = heap.tensors["ctl"][1:2]
         diag = torch.zeros(DIAG_WORDS, dtype=torch.int32, device=self.device)
-        engine = (CopyEngine(heap, flags=bool(getattr(module, "CAPTURABLE", 0)))
-                  if self.copy_engine else None)
+        engine = (CopyEngine(heap, flags=bool(getattr(module, "CAPTURABLE", 0)),
+                             streams=engine_streams) if self.copy_engine else None)
         self.rt = GpuRankRuntime(heap.rank, heap.world, heap.tensors, heap.heap_bases, abort,
                                  diag, spin_limit, engine)
         self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
@@ -435,42 +472,68 @@ class TileLinkOp:
         """Wait for the last call; raise HangError naming every wait that gave up (the GPU
         watchdog). After a HangError the op's signals may be out of step with its peers':
         do not call it again (the op cache keeps it, so that every rank's cache stays
-        the same; a hang is a bug to fix, not a state to resume from). Bounded: the kernel's waits are (spin limit), and a copy engine still
-        waiting `timeout` s after the kernel ended is released and reported."""
+        the same; a hang is a bug to fix, not a state to resume from). Bounded: the kernel's
+        waits are (spin limit), and a copy engine still waiting `timeout` s after the kernel
+        ended is released and reported.
+
+        Three steps, which a world of several ranks in one process runs rank by rank
+        (`one_gpu.WorldOp.check_diagnostics`): `settle` every op, synchronise the device,
+        `report` every op."""
+        import torch
+
+        self.settle(timeout)
+        torch.cuda.synchronize()
+        self.report()
+
+    def settle(self, timeout: float = 120.0) -> None:
+        """Bring the last call to an end without waiting on any stream but this op's own: the
+        kernel ends (its waits are bounded); a copy engine still waiting `timeout` s after the
+        kernel ended (0 s where the kernel's waits already gave up) is released (`unstick`)
+        and remembered for `report`. No device-wide synchronisation: in a one-GPU world
+        another rank's side stream may still be stuck until that rank settles."""
         import time
 
         import torch
 
-        if self.captured_op is not None and self.captured_op._captured:
-            self.captured_op.check_diagnostics(timeout)  # the kernel replays ran
-        if self.rt.engine is None:
-            torch.cuda.synchronize()
-            diag = self.rt.diag.cpu()
-            aborted = int(self.rt.abort.item())
-        else:
-            # the caller's stream joins the side stream: read the records on another stream
-            if self._captured:
-                torch.cuda.synchronize()  # graph replays do not re-record kernel_done
-            else:
-                getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
-            side_done = torch.cuda.Event()
-            side_done.record(self.rt.engine.stream)
-            reader = torch.cuda.Stream()
-            with torch.cuda.stream(reader):
-                diag = self.rt.diag.to("cpu", non_blocking=False)
-                aborted = int(self.rt.abort.item())
-            deadline = time.monotonic() + (0 if int(diag[0]) else timeout)
-            while not side_done.query() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if not side_done.query():
-                waits = list(self.rt.engine.pending_waits)
-                self.rt.engine.unstick()
-                torch.cuda.synchronize()
-                if not int(diag[0]):
-                    raise HangError(f"rank {self.rt.rank}: the copy engine was still waiting "
-                                    f"{timeout:g} s after the kernel ended; its waits "
-                                    f"(address, value): {waits}")
-            torch.cuda.synchronize()
+        self._released_waits = None
+        captured = self.captured_op
+        if captured is not None and captured._captured:
+            captured.settle(timeout)  # the kernel replays ran
+        engine = self.rt.engine
+        if engine is None or self._captured:
+            # nothing to release: no side stream, or graph replays (flag gates only: a
+            # captured side stream always drains, see CopyEngine.unstick)
+            return
+        # the caller's stream joins the side stream: read the records on another stream
+        getattr(self, "kernel_done", torch.cuda.Event()).synchronize()
+        side_done = torch.cuda.Event()
+        side_done.record(engine.stream)
+        with torch.cuda.stream(engine.service):
+            gave_up = int(self.rt.diag[0].item())
+        deadline = time.monotonic() + (0 if gave_up else timeout)
+        while not side_done.query() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not side_done.query():
+            waits = list(engine.pending_waits)
+            engine.unstick()
+            if not gave_up:
+                self._released_waits = (timeout, waits)
+
+    def report(self) -> None:
+        """After `settle` and a device synchronisation: raise HangError naming every wait
+        that gave up (this op's, or its captured op's first), or saying that another rank
+        raised this rank's abort word or that the copy engine had to be released."""
+        captured = self.captured_op
+        if captured is not None and captured._captured:
+            captured.report()
+        released, self._released_waits = self._released_waits, None
+        if released is not None:
+            timeout, waits = released
+            raise HangError(f"rank {self.rt.rank}: the copy engine was still waiting "
+                            f"{timeout:g} s after the kernel ended; its waits "
+                            f"(address, value): {waits}")
+        diag = self.rt.diag.cpu()
+        aborted = int(self.rt.abort.item())
         count = int(diag[0])
         if not count and aborted:
             self.rt.abort.zero_()
@@ -506,7 +569,7 @@ class FallbackOp(TileLinkOp):
     in a CUDA graph go to it (a replay has no host work per call, so there the overlap pays).
     """
 
-    def __init__(self, bound: BoundPattern, schedule, group):
+    def __init__(self, bound: BoundPattern, schedule, group, rank: int | None = None):
         import torch
 
         self.bound, self.schedule, self.config, self.group = bound, schedule, schedule.config, group
@@ -519,7 +582,7 @@ class FallbackOp(TileLinkOp):
                       for n in self.input_names}
 
         self.module = _Layout
-        self.rt = type("Rank", (), {"rank": dist_rank(group)})()
+        self.rt = type("Rank", (), {"rank": dist_rank(group) if rank is None else rank})()
 
         self._lean = bound.lean_operands()
 
@@ -562,6 +625,16 @@ class FallbackOp(TileLinkOp):
         if self.captured_op is not None and self.captured_op._captured:
             self.captured_op.check_diagnostics(timeout)
 
+    def settle(self, timeout: float = 120.0) -> None:
+        """(See TileLinkOp.settle: only the captured calls' kernel has anything to settle.)"""
+        if self.captured_op is not None and self.captured_op._captured:
+            self.captured_op.settle(timeout)
+
+    def report(self) -> None:
+        """(See TileLinkOp.report: only the captured calls' kernel can have given up.)"""
+        if self.captured_op is not None and self.captured_op._captured:
+            self.captured_op.report()
+
 
 def _check_world_order(group) -> None:
     """NVSHMEM's device calls name PEs by global rank while kernels use the group's ranks:
@@ -598,14 +671,70 @@ def _agree(choice: str, group) -> None:
                           "TILELINK_CACHE) to every rank")
 
 
-def _op_key(bp: BoundPattern, cfg, backend, group, spin_limit, fault) -> tuple:
-    import torch
+class ProcessGroupWorld:
+    """Where an op's ranks live, for `compile_ops`: one rank per process, one GPU each, the
+    ranks of a torch.distributed process group (what `compile_op` builds for).
 
+    The world interface (`one_gpu.OneGpuWorld` is the other world): `size`; `key()` (what
+    tells its ops apart in the op cache); `target(backend)` (the schedule's target);
+    `annotate(schedule)`; `tuned` (whether the tuner's cache applies); `agree(choice)`
+    (every rank builds the same op); `heaps(symmetric, backend)` (one heap per rank built
+    here); `barrier()`; `fallback_ops(bound, schedule)` (the non-overlapped plan's op per
+    rank built here); `prepare_module(module)`; `engine_streams(rank)` (the copy engine's
+    side and service streams, or None for new ones); `group` (handed to the ops).
+    """
+
+    tuned = True  # the tuner's cached configs were measured on worlds like this one
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def key(self) -> tuple:
+        import torch
+
+        return (getattr(self.group, "group_name", None), torch.cuda.current_device())
+
+    def target(self, backend: str):
+        target = device_target(backend)
+        if target.lang == "nvshmem":
+            _check_world_order(self.group)
+        return target
+
+    def annotate(self, schedule):
+        return schedule
+
+    def agree(self, choice: str) -> None:
+        _agree(choice, self.group)
+
+    def heaps(self, symmetric: dict, backend: str) -> list:
+        return [SymmetricHeap(symmetric, self.group, backend)]
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group)
+
+    def fallback_ops(self, bp: BoundPattern, schedule) -> list:
+        return [FallbackOp(bp, schedule, self.group, rank=self.rank)]
+
+    def prepare_module(self, module) -> None:
+        pass
+
+    def engine_streams(self, rank: int) -> None:
+        """(Each op's copy engine makes its own streams.)"""
+        return None
+
+
+def _op_key(bp: BoundPattern, cfg, backend, world_key: tuple, spin_limit, fault) -> tuple:
     return (bp.pattern.name, bp.signature(), bp.sizes_str(), bp.world, str(cfg), backend,
-            getattr(group, "group_name", None), torch.cuda.current_device(), spin_limit, fault)
+            *world_key, spin_limit, fault)
 
 
-_OPS: dict[tuple, TileLinkOp] = {}
+_OPS: dict[tuple, list[TileLinkOp]] = {}
 
 
 def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
@@ -618,8 +747,9 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     tuner's cached best config for this pattern, sizes and GPU is used when one exists
     (`tuned=False` skips the lookup). `backend`: "torch" (torch symmetric memory), "nvshmem"
     (NVSHMEM heap, kernels use NVSHMEM's device-side put/signal) or "nvshmem-ptr" (NVSHMEM heap
-    through peer pointers). Ops are cached per (pattern, sizes, config, backend, group, device): a second
-    call returns the same op. `fault` ("drop_notify") is for testing the watchdog.
+    through peer pointers). Ops are cached per (pattern, sizes, config, backend, group,
+    device): a second call returns the same op. `fault` ("drop_notify") is for testing the
+    watchdog. (`compile_ops` builds ops for any world: a one-GPU world's every rank.)
     """
     import torch
     import torch.distributed as dist
@@ -632,29 +762,39 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
         raise TileLinkError("compile_op needs torch.distributed to be initialised",
                             hint="call torch.distributed.init_process_group('nccl') first, or "
                             "use `tilelink run`, which starts the ranks itself")
-    world = dist.get_world_size(group)
+    return compile_ops(pattern, values, config, ProcessGroupWorld(group), backend=backend,
+                       spin_limit=spin_limit, tuned=tuned, fault=fault, verbose=verbose)[0]
+
+
+def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, world, *,
+                backend: str = "torch", spin_limit: int | None = None, tuned: bool = True,
+                fault: str | None = None, verbose: bool = False) -> list[TileLinkOp]:
+    """`compile_op` for any world: the ops of the ranks `world` builds in this process (one
+    for a process group, every rank's for a one-GPU world), in rank order. Cached per
+    (pattern, sizes, config, backend, world.key(), spin limit, fault)."""
+    import torch
+
+    size = world.size
     if isinstance(pattern, BoundPattern):
         bp = pattern
-        if bp.world != world:
-            raise ConfigError(f"the pattern was bound for W = {bp.world} but the group has "
-                              f"{world} ranks")
+        if bp.world != size:
+            raise ConfigError(f"the pattern was bound for W = {bp.world} but the world has "
+                              f"{size} ranks")
     else:
-        bp = pattern.bind(values or {}, world)
+        bp = pattern.bind(values or {}, size)
     if backend not in BACKENDS:
         raise ConfigError(f"unknown symmetric-memory backend '{backend}'",
                           hint="backends: " + ", ".join(BACKENDS))
-    target = device_target(backend)
-    if target.lang == "nvshmem":
-        _check_world_order(group)
+    target = world.target(backend)
     overrides, base, graph_tuned = {}, None, None
     if config is not None and not isinstance(config, dict):
         base = config
     elif config:
         overrides = {k: str(v) for k, v in config.items()}
-    elif tuned:
+    elif tuned and world.tuned:
         base = _tuned_config(bp, verbose, target)
         graph_tuned = _tuned_config(bp, verbose, target, graph=True)
-    s = make_schedule(bp, target, overrides, base=base)
+    s = world.annotate(make_schedule(bp, target, overrides, base=base))
     if s.config.gemm == "ws" and torch.cuda.get_device_capability()[0] != 9:
         # device_target maps every sm_90+ GPU to cuda:90; wgmma and setmaxnreg are sm_90's
         # (every rank has the same GPU: all raise here, before any collective)
@@ -664,23 +804,24 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     limit = spin_limit or spin_limit_from_env()  # $TILELINK_SPIN_LIMIT, read now (tilelink.env)
     captured = _captured_config(bp, target, s.config, base, graph_tuned,
                                 explicit=bool(overrides), fault=fault)
-    _agree(f"{s.config} captured={captured} spin_limit={limit} backend={backend} "
-           f"fault={fault}", group)
-    key = _op_key(bp, s.config, backend, group, limit, fault) + (str(captured),)
+    world.agree(f"{s.config} captured={captured} spin_limit={limit} backend={backend} "
+                f"fault={fault}")
+    key = _op_key(bp, s.config, backend, world.key(), limit, fault) + (str(captured),)
     if key in _OPS:
         return _OPS[key]
-    op = _build_op(bp, s, target, group, backend, limit, fault, verbose)
+    ops = _build_ops(bp, s, target, world, backend, limit, fault, verbose)
     if captured is not None:
         # Built now, not at the first capture: building takes collectives (the heap's
         # rendezvous, _agree), which cannot run while a stream is captured; it costs the
         # kernel's compilation and its heap. The op is the one an explicit config of the
         # same values returns (same cache key): one heap, and its calls are ordered like
         # any op's.
-        op.captured_op = compile_op(bp, config=captured, group=group, backend=backend,
-                                    spin_limit=spin_limit, tuned=False, fault=fault,
-                                    verbose=verbose)
-    _OPS[key] = op
-    return op
+        kernels = compile_ops(bp, None, captured, world, backend=backend,
+                              spin_limit=spin_limit, tuned=False, fault=fault, verbose=verbose)
+        for op, kernel in zip(ops, kernels):
+            op.captured_op = kernel
+    _OPS[key] = ops
+    return ops
 
 
 def _captured_config(bp: BoundPattern, target, config: Config, base: Config | None,
@@ -706,32 +847,37 @@ def _captured_config(bp: BoundPattern, target, config: Config, base: Config | No
     return captured
 
 
-def _build_op(bp: BoundPattern, s, target, group, backend: str, limit: int,
-              fault: str | None, verbose: bool) -> TileLinkOp:
-    """The op of schedule `s`: NCCL + cuBLAS for comm=none, else the generated module on a
-    new symmetric heap, its signals initialised and its kernels compiled (collective)."""
+def _build_ops(bp: BoundPattern, s, target, world, backend: str, limit: int,
+               fault: str | None, verbose: bool) -> list[TileLinkOp]:
+    """The ops of schedule `s` for the ranks `world` builds here: NCCL + cuBLAS for
+    comm=none, else the generated module on new symmetric heaps, their signals initialised
+    and the kernels compiled (collective in a process group)."""
     import torch
 
     if s.config.comm == "none":
         if verbose:
             print(f"tilelink: {bp.name}: non-overlapped plan (comm=none)")
-        return FallbackOp(bp, s, group)
+        return world.fallback_ops(bp, s)
     source = render_triton(s, fault=fault)  # (an unknown fault is a ConfigError)
     mod = load_module(source, name=f"tilelink_gpu_{bp.name}")
+    world.prepare_module(mod)
     if getattr(mod, "TMA", False):
         _set_triton_allocator()
-    heap = SymmetricHeap(mod.SYMMETRIC, group, backend)
+    heaps = world.heaps(mod.SYMMETRIC, backend)
     if target.lang == "nvshmem":
         from .nvshmem_device import install_hook
 
         install_hook()  # NVSHMEM is initialised now (the heap): register modules as compiled
     if hasattr(mod, "init_signals"):
-        mod.init_signals(heap.tensors, 1)
+        for heap in heaps:
+            mod.init_signals(heap.tensors, 1)
     torch.cuda.synchronize()
-    heap.barrier()  # every rank's signals are initialised before anyone's first call
-    op = TileLinkOp(bp, s, mod, heap, group, limit)
-    _warm_up(op)
-    return op
+    world.barrier()  # every rank's signals are initialised before anyone's first call
+    ops = [TileLinkOp(bp, s, mod, heap, world.group, limit, world.engine_streams(heap.rank))
+           for heap in heaps]
+    for op in ops:
+        _warm_up(op)
+    return ops
 
 
 def _compile_only(kernel, grid: tuple, args: tuple, options: dict) -> None:

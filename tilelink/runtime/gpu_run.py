@@ -49,16 +49,13 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     from ..frontend import load_pattern
     from .dist_reference import evaluate_local
     from .gpu import compile_op
-    from .reference import compare, tolerance
 
     bp = load_pattern(spec.pattern).bind(spec.values, world)
     tuned = not spec.config if spec.tuned is None else spec.tuned
     op = compile_op(bp, config=spec.config or None, backend=spec.backend,
                     spin_limit=spec.spin_limit, fault=spec.fault, tuned=tuned,
                     verbose=rank == 0)  # says so when a tuned config is used
-    summary = {"rank": rank, "config": str(op.config), "calls": spec.calls, "errors": {},
-               "bad_calls": 0, "hang": None, "ms_per_call": None, "device":
-               torch.cuda.get_device_name()}
+    summary = new_summary(rank, op.config, spec.calls)
     rng = random.Random(spec.seed * 7919 + rank)
     inputs = [op.make_inputs(spec.seed + i) for i in range(spec.calls)]
     outputs = []
@@ -83,19 +80,8 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
         summary["hang"] = ("another rank's wait gave up (see its report); this rank's results "
                            "were not checked")
     if summary["hang"] is None and spec.check:
-        k = max((t.shape[-1] for t in bp.tensors.values()), default=1)
         for ins, out in zip(inputs, outputs):
-            want = evaluate_local(bp, ins)
-            outs = out if isinstance(out, tuple) else (out,)
-            bad = False
-            for name, got in zip(op.output_names, outs):
-                ae, re_ = compare(got, want[name])
-                prev = summary["errors"].get(name, (0.0, 0.0))
-                summary["errors"][name] = (max(prev[0], ae), max(prev[1], re_))
-                atol, rtol = tolerance(bp.tensors[name].dtype, k)
-                bad |= bool(torch.isnan(got.float()).any()) or not torch.allclose(
-                    got.float(), want[name].float(), atol=atol * max(1, world), rtol=rtol)
-            summary["bad_calls"] += int(bad)
+            tally_call(summary, bp, op.output_names, out, evaluate_local(bp, ins))
     if summary["hang"] is None and spec.timing_iters:
         from .timing import steady_state_ms
 
@@ -105,6 +91,41 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     everyone = [None] * world
     dist.all_gather_object(everyone, summary)
     return {"pattern": bp.name, "sizes": bp.sizes_str(), "world": world, "ranks": everyone}
+
+
+def new_summary(rank: int, config, calls: int) -> dict:
+    """One rank's summary before anything ran (what run_rank and the one-GPU world report)."""
+    import torch
+
+    return {"rank": rank, "config": str(config), "calls": calls, "errors": {}, "bad_calls": 0,
+            "hang": None, "ms_per_call": None, "device": torch.cuda.get_device_name()}
+
+
+def tally_call(summary: dict, bp, output_names, out, want: dict) -> None:
+    """Fold one call's outputs `out` (a tensor or a tuple, in `output_names` order) into
+    `summary`: per output the max abs error and the worst error relative to the output's
+    scale (`reference.judge`, the emulated check's rule), and one more bad call if any
+    output is not finite or outside its bound."""
+    from .reference import error_bound, judge, rounding_depth
+
+    k = max((t.shape[-1] for t in bp.tensors.values()), default=1)
+    outs = out if isinstance(out, tuple) else (out,)
+    bad = False
+    for name, got in zip(output_names, outs):
+        bound = error_bound(bp.tensors[name].dtype, rounding_depth(bp, name), k)
+        v = judge(got, want[name], bound)
+        prev = summary["errors"].get(name, (0.0, 0.0))
+        summary["errors"][name] = (max(prev[0], v.max_abs), max(prev[1], v.worst))
+        bad |= not v.ok
+    summary["bad_calls"] += int(bad)
+
+
+def failed_case(spec: RunSpec, world: int, error: str) -> dict:
+    """The result of a case that could not run (every rank reports `error`)."""
+    return {"pattern": spec.pattern, "sizes": str(spec.values), "world": world,
+            "ranks": [{"rank": r, "error": error, "config": str(spec.config), "calls": 0,
+                       "errors": {}, "bad_calls": 0, "hang": None, "ms_per_call": None}
+                      for r in range(world)]}
 
 
 def _graph_replays(op, inputs, mixed: bool = False) -> list:
@@ -151,11 +172,7 @@ def run_many(rank: int, world: int, specs: list[RunSpec]) -> list[dict]:
         except (ConfigError, PatternError) as e:
             # sizes or a config this world cannot take: raised the same on every rank before
             # any collective, so the case is reported and the world goes on with the next
-            error = f"{type(e).__name__}: {e}"
-            out.append({"pattern": spec.pattern, "sizes": str(spec.values), "world": world,
-                        "ranks": [{"rank": r, "error": error, "config": str(spec.config),
-                                   "calls": 0, "errors": {}, "bad_calls": 0, "hang": None,
-                                   "ms_per_call": None} for r in range(world)]})
+            out.append(failed_case(spec, world, f"{type(e).__name__}: {e}"))
         if rank == 0:
             print(f"    done in {time.monotonic() - t0:.1f} s", flush=True)
     return out

@@ -4,6 +4,10 @@
 torch.distributed (NCCL) initialised and the rank's CUDA device current, and returns rank
 0's result. Under `torchrun` (RANK / WORLD_SIZE set) it runs `fn` in this process instead.
 A rank that raises stops the world: its traceback comes back as a TileLinkError.
+
+`launch_one_gpu_world(fn, world_size, *args)` runs `fn(world_size, *args)` in ONE spawned
+process that holds every rank of a one-GPU world (`runtime/one_gpu.py`) on the first visible
+GPU, isolated from this one: a crash, or a run past its time limit, is a TileLinkError here.
 """
 
 from __future__ import annotations
@@ -139,3 +143,97 @@ def launch_world(fn, world_size: int, *args):
         codes = {r: procs[r].exitcode for r in missing}
         raise TileLinkError(f"rank(s) {missing} exited without a result (exit codes {codes})")
     return got[0][1]
+
+
+class OneGpuWorldLost(TileLinkError):
+    """The one-GPU world's process died, or ran past its time limit, before it returned."""
+
+
+# the results queue of this process when launch_one_gpu_world started it (report_progress)
+_PROGRESS = None
+
+
+def report_progress(message) -> None:
+    """Inside a process that `launch_one_gpu_world` started: hand `message` (picklable) to the
+    launcher's `on_progress` now, and restart its idle clock. Elsewhere: nothing."""
+    if _PROGRESS is not None:
+        _PROGRESS.put(("progress", message))
+
+
+# A one-GPU world's ranks spin on each other from separate streams: each stream should have
+# a hardware queue of its own, or a rank's work can wait behind another's spinning kernel
+# (CUDA multiplexes streams onto CUDA_DEVICE_MAX_CONNECTIONS queues, 8 by default, 32 at most)
+ONE_GPU_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+
+
+def _one_gpu_child(fn, world_size, args, results):
+    global _PROGRESS
+    _PROGRESS = results
+    for k, v in ONE_GPU_ENV.items():  # before CUDA starts in this process
+        os.environ.setdefault(k, v)
+    try:
+        import torch
+
+        if torch.cuda.is_available():  # (the CPU tests run the process machinery alone)
+            torch.cuda.set_device(0)
+        results.put(("ok", fn(world_size, *args)))
+    except TileLinkError as e:  # already readable: no traceback
+        results.put(("error", f"{type(e).__name__}: {e}"))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+def launch_one_gpu_world(fn, world_size: int, *args, timeout: float | None = None,
+                         idle_timeout: float | None = None, on_progress=None):
+    """Run `fn(world_size, *args)` in one spawned process on this host's first visible GPU
+    and return its result (`fn` must be picklable: a module-level function).
+
+    `timeout`: seconds the whole run may take; `idle_timeout`: seconds between two messages
+    of `report_progress` (or before the first); past either the process is killed and
+    OneGpuWorldLost raised, as when it dies. `on_progress(message)` receives the messages.
+    An exception in `fn` comes back as a TileLinkError with its traceback.
+    """
+    if gpu_count() < 1:
+        raise TileLinkError("the one-GPU world needs a CUDA GPU; none is visible",
+                            hint="use the emulated world (--world emulated)")
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    proc = ctx.Process(target=_one_gpu_child, args=(fn, world_size, args, results))
+    proc.start()
+    start = last = time.monotonic()
+    finished = False
+    try:
+        while True:
+            if not results.empty():
+                kind, value = results.get()
+                if kind == "progress":
+                    last = time.monotonic()
+                    if on_progress is not None:
+                        on_progress(value)
+                    continue
+                finished = True
+                if kind == "ok":
+                    return value
+                raise TileLinkError(f"the one-GPU world failed:\n{value.rstrip()}")
+            if not proc.is_alive():
+                if not results.empty():  # a result put just before it exited
+                    continue
+                raise OneGpuWorldLost(f"the one-GPU world's process exited without a result "
+                                      f"(exit code {proc.exitcode})")
+            now = time.monotonic()
+            if timeout is not None and now - start > timeout:
+                raise OneGpuWorldLost(f"the one-GPU world was still running after {timeout:g} "
+                                      "s: stopped")
+            if idle_timeout is not None and now - last > idle_timeout:
+                raise OneGpuWorldLost(f"the one-GPU world reported nothing for {idle_timeout:g} "
+                                      "s: stopped")
+            time.sleep(0.02)
+    finally:
+        # a process that returned exits by itself (its CUDA context's teardown may take a
+        # moment); one that failed or hung is killed, which frees the GPU
+        proc.join(timeout=60 if finished else 0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

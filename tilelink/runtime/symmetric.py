@@ -17,6 +17,10 @@ Backends, behind that one interface:
   NVSHMEM's device library; see `tilelink.runtime.nvshmem_device`);
 - "nvshmem-ptr": the same NVSHMEM heap, reached through peer pointers like "torch" (the
   generated kernel is the plain CUDA one; intra-node only).
+
+`DeviceHeaps` is the same interface for W ranks in ONE process on one device (the one-GPU
+world, `runtime/one_gpu.py`): torch symmetric memory refuses two ranks on one device, so each
+rank's heap is one plain allocation there, laid out by the same `layout`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ def layout(symmetric: dict) -> tuple[dict[str, int], int]:
         offsets[name] = total
         total += -(-_nbytes(shape, dtype) // ALIGN) * ALIGN
     return offsets, max(total, ALIGN)
+
+
+def buffer_view(whole, offset: int, shape, dtype: str):
+    """The buffer of `shape` and `dtype` at byte `offset` of the uint8 heap tensor `whole`."""
+    return whole[offset:offset + _nbytes(shape, dtype)].view(TORCH_DTYPES[dtype]).view(shape)
 
 
 def select_backend(name: str) -> None:
@@ -96,8 +105,7 @@ class SymmetricHeap:
         self.tensors = self.peers[self.rank]
 
     def _view(self, whole, name, shape, dtype):
-        start = self.offsets[name]
-        return whole[start:start + _nbytes(shape, dtype)].view(TORCH_DTYPES[dtype]).view(shape)
+        return buffer_view(whole, self.offsets[name], shape, dtype)
 
     def barrier(self) -> None:
         """A host barrier among the heap's ranks after this rank's GPU work is done (setup
@@ -108,3 +116,52 @@ class SymmetricHeap:
 
         torch.cuda.synchronize()
         dist.barrier(group=self.group)
+
+
+class DeviceHeaps:
+    """The symmetric heaps of `world` ranks that share one device (one process).
+
+    Each rank's heap is one plain allocation (`torch.empty`, trimmed to an ALIGN-aligned
+    start), its buffers at the offsets `layout` gives, so `symm_at(ptr, peer)` =
+    `ptr - bases[me] + bases[peer]` finds a peer's buffer as it does in a real symmetric
+    heap. `heaps[r]` is rank r's view, with `SymmetricHeap`'s interface.
+    """
+
+    def __init__(self, symmetric: dict, world: int, device):
+        import torch
+
+        self.offsets, self.nbytes = layout(symmetric)
+        self.raw, wholes = [], []
+        for _ in range(world):
+            # ALIGN bytes of slack: the start is aligned whatever the allocator gives
+            raw = torch.empty(self.nbytes + ALIGN, dtype=torch.uint8, device=device)
+            skip = -raw.data_ptr() % ALIGN
+            self.raw.append(raw)
+            wholes.append(raw[skip:skip + self.nbytes])
+        self.bases = [w.data_ptr() for w in wholes]
+        # one table for every rank: symm_at subtracts bases[me] and adds bases[peer]
+        self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=device)
+        self.peers = [{name: buffer_view(w, self.offsets[name], shape, dtype)
+                       for name, (shape, dtype) in symmetric.items()} for w in wholes]
+        self.heaps = [DeviceHeap(self, r) for r in range(world)]
+
+
+class DeviceHeap:
+    """Rank `rank`'s view of `DeviceHeaps`: what `SymmetricHeap` gives a rank (tensors,
+    peers, heap_bases, rank, world, barrier), so the GPU runtime and the generated modules
+    cannot tell the two apart."""
+
+    backend = "device"
+
+    def __init__(self, heaps: DeviceHeaps, rank: int):
+        self.heaps, self.rank, self.world = heaps, rank, len(heaps.peers)
+        self.offsets, self.nbytes = heaps.offsets, heaps.nbytes
+        self.peers, self.heap_bases = heaps.peers, heaps.heap_bases
+        self.tensors = heaps.peers[rank]
+
+    def barrier(self) -> None:
+        """Every rank lives in this process: the device's work done is the barrier."""
+        import torch
+
+        if self.heap_bases.is_cuda:
+            torch.cuda.synchronize()

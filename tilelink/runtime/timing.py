@@ -83,6 +83,32 @@ def steady_state_ms(fn: Callable[[], object], *, warmup: int = 5, iters: int = 2
     return max_over_ranks([ms], group)[0]
 
 
+def steady_state_streams_ms(fn: Callable[[], object], streams: list, *, warmup: int = 5,
+                            iters: int = 20) -> float:
+    """Milliseconds per call of `iters` back-to-back calls of `fn` whose work forks from the
+    current stream onto `streams` and is not joined back (a one-GPU world's call: one stream
+    per rank): the end event waits for every stream. One process, so no max over ranks.
+
+    In a one-GPU world the ranks share one GPU's SMs and memory bandwidth: this measures
+    that world, not the pattern on W GPUs (not a performance number)."""
+    if iters < 1:
+        raise ValueError("iters must be >= 1")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    current = torch.cuda.current_stream()
+    for s in streams:
+        current.wait_stream(s)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def single_call_ms(fn: Callable[[], object], *, reps: int = 5, group=None,
                    warmup: int = 1) -> float:
     """Median latency in ms of one call of `fn` started from idle (max over ranks per call).
