@@ -260,6 +260,59 @@ NOT_YET_RUN_SINGLE_GPU = {
     "w1_rs_ws_fused_graph": RunSpec(RS, TALL, RS_WS_FUSED | {"group_m": "4"}, calls=20,
                                     graph=True),
 }
+# Composed patterns (kernels assembled from per-op lowerings; examples/): each pattern on
+# its default plan and on every comm resource it has, ragged against the 128-row tiles,
+# under random per-rank delays, 1,000 back-to-back calls and CUDA graphs. Every size a
+# world divides is a multiple of 24, so the cases run unchanged at W = 1, 2, 3, 4 and 8.
+# Not yet run on GPUs: a world of their own (W = 1 and the one-GPU world; multi-GPU hosts).
+GEMM_AR, FLASH = str(EXAMPLES / "gemm_ar.tl"), str(EXAMPLES / "flash_decode.tl")
+TP_MLP, FSDP = str(EXAMPLES / "tp_mlp.tl"), str(EXAMPLES / "fsdp_gemm.tl")
+AG_COLS, RS_COLS = str(EXAMPLES / "ag_cols_gemm.tl"), str(EXAMPLES / "gemm_rs_cols.tl")
+PY = str(EXAMPLES / "patterns.py")
+AG_NORM, AG_BIAS, RS_NORM = PY + ":ag_rmsnorm", PY + ":ag_gemm_bias", PY + ":gemm_rs_rmsnorm"
+AR_DECODE = {"M": "128", "N": "1024", "K": "2400"}
+AR_RAGGED = {"M": "360", "N": "1000", "K": "1200"}
+DECODE = {"B": "4", "H": "8", "S": "2400", "D": "64"}
+MLP = {"M": "1200", "H": "512", "I": "2400"}
+RAGGED_FSDP = {"M": "1000", "N": "520", "K": "1200"}
+RAGGED_RS_COLS = {"M": "1000", "N": "1200", "K": "1200"}
+NORM = {"M": "1200", "K": "256"}
+BIAS = {"M": "1200", "N": "192", "K": "512"}
+RS_NORM_SIZES = {"M": "1200", "K": "256", "D": "1200"}
+COMPOSED = {
+    "gemm_ar_decode_delays": RunSpec(GEMM_AR, AR_DECODE, {}, calls=100, delays=True, seed=30),
+    "gemm_ar_ragged_delays": RunSpec(GEMM_AR, AR_RAGGED, {}, calls=100, delays=True, seed=31),
+    "gemm_ar_1000": RunSpec(GEMM_AR, AR_DECODE, {}, calls=1000),
+    "gemm_ar_graph_mixed": RunSpec(GEMM_AR, AR_RAGGED, {}, calls=20, graph=True, mixed=True),
+    "flash_decode_delays": RunSpec(FLASH, DECODE, {}, calls=100, delays=True, seed=32),
+    "flash_decode_graph": RunSpec(FLASH, DECODE, {}, calls=20, graph=True),
+    "tp_mlp_sm_delays": RunSpec(TP_MLP, MLP, {"comm": "sm"}, calls=50, delays=True, seed=33),
+    "tp_mlp_ce_delays": RunSpec(TP_MLP, MLP, {"comm": "copy_engine"}, calls=50, delays=True,
+                                seed=34),
+    "tp_mlp_none": RunSpec(TP_MLP, MLP, {"comm": "none"}, calls=5),
+    "fsdp_ce_delays": RunSpec(FSDP, RAGGED_FSDP, {"comm": "copy_engine"}, calls=100,
+                              delays=True, seed=35),
+    "fsdp_sm_ragged": RunSpec(FSDP, RAGGED_FSDP, {"comm": "sm"}, calls=20),
+    "ag_cols_delays": RunSpec(AG_COLS, RAGGED_FSDP, {}, calls=100, delays=True, seed=36),
+    "rs_cols_delays": RunSpec(RS_COLS, RAGGED_RS_COLS, {}, calls=100, delays=True, seed=37),
+    "ag_rmsnorm_ce_delays": RunSpec(AG_NORM, NORM, {"comm": "copy_engine"}, calls=100,
+                                    delays=True, seed=38),
+    "ag_rmsnorm_sm_1000": RunSpec(AG_NORM, NORM, {"comm": "sm"}, calls=1000),
+    "ag_gemm_bias_ce_delays": RunSpec(AG_BIAS, BIAS, {"comm": "copy_engine"}, calls=50,
+                                      delays=True, seed=39),
+    "ag_gemm_bias_sm_graph": RunSpec(AG_BIAS, BIAS, {"comm": "sm"}, calls=20, graph=True),
+    "gemm_rs_rmsnorm_ce_delays": RunSpec(RS_NORM, RS_NORM_SIZES, {"comm": "copy_engine"},
+                                         calls=50, delays=True, seed=40),
+    "gemm_rs_rmsnorm_sm_delays": RunSpec(RS_NORM, RS_NORM_SIZES, {"comm": "sm"}, calls=50,
+                                         delays=True, seed=41),
+}
+# the producer of a composed pattern never signals (W >= 2: at W = 1 nothing waits on a peer)
+COMPOSED_WATCHDOG = {
+    "gemm_ar_drop_notify": RunSpec(GEMM_AR, AR_DECODE, {}, fault="drop_notify",
+                                   spin_limit=200_000, check=False),
+    "flash_decode_drop_notify": RunSpec(FLASH, DECODE, {}, fault="drop_notify",
+                                        spin_limit=200_000, check=False),
+}
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,
                                       check=False, **NV),
@@ -282,7 +335,7 @@ WORLD = int(os.environ.get("TILELINK_DIST_WORLD", "2"))
 
 # The one-GPU world (docs/one-gpu.md): every case of these at each world size in
 # TILELINK_ONE_GPU_WORLDS (none unless set), all ranks on one GPU
-ONE_GPU_CASES = CASES | WATCHDOG | NOT_YET_RUN
+ONE_GPU_CASES = CASES | WATCHDOG | NOT_YET_RUN | COMPOSED | COMPOSED_WATCHDOG
 ONE_GPU_WORLDS = tuple(int(w) for w in os.environ.get("TILELINK_ONE_GPU_WORLDS", "").split(",")
                        if w.strip())
 # the world sizes tests/test_dist_cases_schedule.py checks every one-GPU case at (on the CPU)
@@ -298,7 +351,7 @@ def at_world(spec: RunSpec, world: int) -> RunSpec:
     world divides becomes `world` times its share at W = 4, so every rank has the rows and
     columns it has at W = 4 (the same raggedness, the same tile groups per rank for the
     fused reduce); the other sizes stay."""
-    names = SHARDED[spec.pattern]
+    names = SHARDED.get(spec.pattern, ())  # (the composed cases' sizes divide by 24)
     if all(int(spec.values[n]) % world == 0 for n in names if n in spec.values):
         return spec
     values = {k: str(int(v) // 4 * world) if k in names else v for k, v in spec.values.items()}
@@ -332,6 +385,16 @@ def single_results():
 @pytest.fixture(scope="module")
 def new_single_results():
     return _world(NOT_YET_RUN_SINGLE_GPU, world=1)
+
+
+@pytest.fixture(scope="module")
+def composed_results():
+    return _world(COMPOSED | COMPOSED_WATCHDOG)
+
+
+@pytest.fixture(scope="module")
+def composed_single_results():
+    return _world(COMPOSED, world=1)
 
 
 @pytest.fixture(scope="module")
@@ -397,6 +460,22 @@ def test_single_gpu_not_yet_run(new_single_results, case):
     _assert_ok(new_single_results[case])
 
 
+@pytest.mark.parametrize("case", list(COMPOSED))
+def test_composed_on_gpus(composed_results, case):
+    _assert_ok(composed_results[case])
+
+
+@pytest.mark.gpu  # one GPU is enough (conftest)
+@pytest.mark.parametrize("case", list(COMPOSED))
+def test_composed_single_gpu(composed_single_results, case):
+    _assert_ok(composed_single_results[case])
+
+
+@pytest.mark.parametrize("case", list(COMPOSED_WATCHDOG))
+def test_composed_watchdog_reports_a_broken_pattern(composed_results, case):
+    _assert_watchdog_reported(composed_results[case])
+
+
 @pytest.mark.parametrize("case", list(NVSHMEM_CASES))
 def test_nvshmem(nvshmem_results, case):
     _assert_ok(nvshmem_results[case])
@@ -417,7 +496,7 @@ def test_watchdog_reports_a_broken_pattern(torch_results, nvshmem_results, case)
 
 
 @pytest.mark.gpu  # the one-GPU world: one GPU is enough (conftest)
-@pytest.mark.parametrize("case", list(CASES) + list(NOT_YET_RUN))
+@pytest.mark.parametrize("case", list(CASES) + list(NOT_YET_RUN) + list(COMPOSED))
 def test_one_gpu_world(one_gpu_results, case):
     world, results = one_gpu_results
     assert results[case]["world"] == world
@@ -425,6 +504,6 @@ def test_one_gpu_world(one_gpu_results, case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", list(WATCHDOG))
+@pytest.mark.parametrize("case", list(WATCHDOG) + list(COMPOSED_WATCHDOG))
 def test_one_gpu_world_watchdog_reports_a_broken_pattern(one_gpu_results, case):
     _assert_watchdog_reported(one_gpu_results[1][case])

@@ -15,17 +15,20 @@ from tilelink.codegen import render_triton
 from tilelink.frontend import load_pattern
 from tilelink.schedule import get_target, make_schedule
 
-from .test_dist import (CASES, NOT_YET_RUN, NOT_YET_RUN_SINGLE_GPU, NVSHMEM_CASES,
+from .test_dist import (CASES, COMPOSED, COMPOSED_WATCHDOG, NOT_YET_RUN,
+                        NOT_YET_RUN_SINGLE_GPU, NVSHMEM_CASES,
                         NVSHMEM_WATCHDOG, ONE_GPU_CASES, ONE_GPU_CHECKED_WORLDS, SINGLE_GPU,
                         SHARDED, WATCHDOG, at_world)
 
 ALL = {f"{group}:{name}": spec for group, cases in
-       (("torch", CASES | WATCHDOG | NOT_YET_RUN), ("nvshmem", NVSHMEM_CASES | NVSHMEM_WATCHDOG))
+       (("torch", CASES | WATCHDOG | NOT_YET_RUN | COMPOSED | COMPOSED_WATCHDOG),
+        ("nvshmem", NVSHMEM_CASES | NVSHMEM_WATCHDOG))
        for name, spec in cases.items()}
 
 
 # the one-GPU cases run at W = 1 only
-ONE_GPU = {f"torch:{name}": spec for name, spec in (SINGLE_GPU | NOT_YET_RUN_SINGLE_GPU).items()}
+ONE_GPU = {f"torch:{name}": spec for name, spec in
+           (SINGLE_GPU | NOT_YET_RUN_SINGLE_GPU | COMPOSED).items()}
 
 
 @pytest.mark.parametrize("case,world", [(c, w) for c in ALL for w in (2, 4, 8)]
@@ -83,7 +86,7 @@ def test_at_world_keeps_the_multi_gpu_sizes_and_scales_the_rest():
         three = at_world(spec, 3)
         load_pattern(three.pattern).bind(three.values, 3)  # W = 3 divides them
         for name, value in spec.values.items():
-            if name in SHARDED[spec.pattern]:  # each rank's share is the one it has at W = 4
+            if name in SHARDED.get(spec.pattern, ()):  # each rank's share is the one it has at W = 4
                 assert int(three.values[name]) // 3 == int(value) // 4, (name, spec.values)
             else:
                 assert three.values[name] == value

@@ -73,7 +73,7 @@ def test_the_pattern_binds():
     bound = parse_text(AG_GEMM).bind({"M": 256, "N": 128, "K": 64}, world=4)
     assert bound.tensors["a_full"].shape == (256, 64)
     assert bound.tensors["c"].shape == (256, 32)
-    assert bound.signature() == "all_gather>gemm"
+    assert [op.kind for op in bound.ops] == ["all_gather", "gemm"]
 
 
 def test_gemm_rs_and_all_reduce_parse():

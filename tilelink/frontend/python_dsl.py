@@ -434,13 +434,13 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
                                site.arg(i + skip))
     if not sp.variadic and len(tensors) != len(sp.operands):
         raise PatternError(f"{kind} takes {len(sp.operands)} tensor argument(s), got "
-                           f"{len(tensors)}", site.loc(), f"write {sp.signature()}")
+                           f"{len(tensors)}", site.loc(), f"write {sp.usage()}")
     values = []
     for k, v in attrs.items():
         if k not in sp.attrs:
             hint = closest(k, sp.attrs)
             raise PatternError(f"{kind} has no argument '{k}'", site.kwarg(k),
-                               f"did you mean '{hint}'?" if hint else f"write {sp.signature()}")
+                               f"did you mean '{hint}'?" if hint else f"write {sp.usage()}")
         values.append((k, _attr(sp, k, v, trace, site)))
     arg_locs = tuple(site.arg(i + skip) for i in range(len(tensors)))
     record = (tuple(tensors), tuple(values), fn_name, arg_locs)
@@ -469,7 +469,7 @@ def _builder(kind: str) -> Callable[..., Tensor]:
         return _apply(kind, args, attrs, name)
 
     build.__name__ = build.__qualname__ = kind
-    call = f"{kind}(fn, *tensors)" if kind == "map" else sp.signature()
+    call = f"{kind}(fn, *tensors)" if kind == "map" else sp.usage()
     build.__doc__ = (f"{call}: {sp.doc}\n\nTensors are positional, attributes keyword; "
                      "`name=` names the result (default: the variable holding it).")
     return build

@@ -299,7 +299,7 @@ class _Build(Transformer):
             attrs.append((str(tok), value.value if isinstance(value, Const) else value))
         if sp is not None and not sp.variadic and len(names) != len(sp.operands):
             raise _err(PatternError, self.src, op, f"{kind} takes {len(sp.operands)} tensor "
-                       f"argument(s), got {len(names)}", f"write {sp.signature()}")
+                       f"argument(s), got {len(names)}", f"write {sp.usage()}")
         o = Op(kind, str(result), tuple(names), tuple(attrs), None, self.src.at(op), tuple(locs))
         return ("op", result, o)
 
@@ -375,7 +375,7 @@ def _check_attr(src: Source, sp, tok: Token, attrs: list) -> None:
     if sp is not None and str(tok) not in sp.attrs:
         hint = closest(str(tok), sp.attrs)
         raise _err(PatternError, src, tok, f"{sp.name} has no argument '{tok}'",
-                   f"did you mean '{hint}'?" if hint else f"write {sp.signature()}")
+                   f"did you mean '{hint}'?" if hint else f"write {sp.usage()}")
 
 
 # ---- syntax errors ----------------------------------------------------------------------

@@ -65,7 +65,8 @@ class OpSpec:
     doc: str
     variadic: bool = False  # `map` takes any number of tensors
 
-    def signature(self) -> str:
+    def usage(self) -> str:
+        """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
         args = list(self.operands) + [f"{k} = {v}" if v is not None else k for k, v in self.attrs.items()]
         return f"{self.name}({', '.join(args)})"
 

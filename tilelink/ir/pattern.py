@@ -139,10 +139,10 @@ class Pattern:
                     hint = closest(k, sp.attrs)
                     raise PatternError(f"{op.kind} has no argument '{k}'", op.loc,
                                        f"did you mean '{hint}'?" if hint
-                                       else f"write {sp.signature()}")
+                                       else f"write {sp.usage()}")
             if not sp.variadic and len(op.args) != len(sp.operands):
                 raise PatternError(f"{op.kind} takes {len(sp.operands)} tensor argument(s), "
-                                   f"got {len(op.args)}", op.loc, f"write {sp.signature()}")
+                                   f"got {len(op.args)}", op.loc, f"write {sp.usage()}")
             operands = [tensors[a] for a in op.args]
             attrs = _bound_attrs(op, sp, env, operands)
             inf = sp.rule(op, operands, dict(attrs), world)
@@ -204,32 +204,8 @@ class BoundPattern:
             return dict(self.attrs[op.result])
         return _bound_attrs(op, spec(op.kind), self.env, [self.tensors[a] for a in op.args])
 
-    def signature(self) -> str:
-        """The op kinds in order, e.g. 'all_gather>gemm' (what codegen dispatches on)."""
-        return ">".join(op.kind for op in self.ops)
-
     def sizes_str(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.env.items())
-
-    def lean_operands(self) -> tuple[str, str] | None:
-        """(a, b) input names when the pattern is all_gather(a, dim 0) -> gemm(., b) or
-        gemm(a, b) -> reduce_scatter(., dim 0) on inputs directly, returning only the last
-        op's result: the lean form that the non-overlapped plan runs as plain NCCL + cuBLAS
-        calls, and that the captured-call kernel covers. None: any other pattern."""
-        ops, inputs = self.ops, {d.name for d in self.pattern.inputs}
-        if list(self.pattern.outputs) != [ops[-1].result]:
-            return None  # it returns more (or other) than the last op's result
-        if self.signature() == "all_gather>gemm":
-            ag, mm = ops
-            ok = (self.op_attrs(ag).get("dim") == 0 and mm.args[0] == ag.result
-                  and ag.args[0] in inputs and mm.args[1] in inputs)
-            return (ag.args[0], mm.args[1]) if ok else None
-        if self.signature() == "gemm>reduce_scatter":
-            mm, rs = ops
-            ok = (self.op_attrs(rs).get("dim") == 0 and rs.args[0] == mm.result
-                  and all(x in inputs for x in mm.args))
-            return tuple(mm.args) if ok else None
-        return None
 
 
 def _check_new(name, known, loc, params):

@@ -58,12 +58,29 @@ def evaluate_local(bp: BoundPattern, inputs: dict[str, torch.Tensor], group=None
     `exact`: fp32 matmuls and reductions (the checking reference); else in the pattern's
     dtype (cuBLAS bf16 GEMM, NCCL reduction in bf16): the non-overlapped plan itself.
     """
-    vals = dict(inputs)
+    outs = local_program(bp, group, exact)(inputs)
+    return dict(zip(bp.pattern.outputs, outs))
+
+
+def local_program(bp: BoundPattern, group=None, exact: bool = False):
+    """`evaluate_local` prepared once for many calls: a function of this rank's inputs
+    (name -> tensor) that returns the pattern's outputs in order, each op its registered
+    distributed reference. Its per-call host work is the ops' own torch / NCCL calls (the
+    non-overlapped plan's op calls it on every call, so nothing is looked up there)."""
+    steps = []
     for op in bp.ops:
         fn = DIST_REFERENCES.get(op.kind)
         if fn is None:
             raise NotSupportedError(f"no GPU reference for op '{op.kind}' yet", op.loc)
         ctx = RefContext(bp, bp.op_attrs(op), TORCH_DTYPES[bp.tensors[op.result].dtype],
                          bp.world, exact, group)
-        vals[op.result] = fn(op, ctx, [vals[a] for a in op.args])
-    return {name: vals[name] for name in bp.pattern.outputs}
+        steps.append((fn, op, ctx, tuple(op.args)))
+    outputs = tuple(bp.pattern.outputs)
+
+    def run(inputs: dict[str, torch.Tensor]) -> tuple:
+        vals = dict(inputs)
+        for fn, op, ctx, args in steps:
+            vals[op.result] = fn(op, ctx, [vals[a] for a in args])
+        return tuple(vals[n] for n in outputs)
+
+    return run

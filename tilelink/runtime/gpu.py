@@ -584,41 +584,22 @@ class FallbackOp(TileLinkOp):
         self.module = _Layout
         self.rt = type("Rank", (), {"rank": dist_rank(group) if rank is None else rank})()
 
-        self._lean = bound.lean_operands()
+        # every op's torch / NCCL call in the pattern's dtype, prepared once: the plan a
+        # user would write by hand, on buffers from torch's caching allocator (fresh per
+        # call: the allocator orders their reuse with the streams that used them, so a call
+        # needs no event of its own; a kept buffer cost an event record and a stream query
+        # per call, ~15 us of host time, and at AG M = 1024 on 4 GPUs the call is host-bound)
+        from .dist_reference import local_program
+
+        self._program = local_program(bound, group, exact=False)
 
     def __call__(self, *args, **kwargs):
         import torch
 
         if self.captured_op is not None and torch.cuda.is_current_stream_capturing():
             return self.captured_op(*args, **kwargs)
-        ins = self._bind(args, kwargs)
-        if self._lean is None:
-            from .dist_reference import evaluate_local
-
-            outs = evaluate_local(self.bound, ins, self.group, exact=False)
-            vals = tuple(outs[n] for n in self.output_names)
-            return vals[0] if len(vals) == 1 else vals
-        return self._lean_call(*(ins[n] for n in self._lean))
-
-    def _lean_call(self, a, b):
-        """NCCL and cuBLAS on buffers from torch's caching allocator, what a user would write
-        by hand (evaluate_local allocates and re-checks everything per call). Fresh buffers,
-        not ones kept across calls: the allocator orders their reuse with the streams that
-        used them, so a call needs no event of its own. (A kept buffer needed an event
-        record and a stream query per call, ~15 us of host time; at AG M = 1024 on 4 GPUs
-        the call is host-bound.)"""
-        import torch
-        import torch.distributed as dist
-
-        w = self.bound.world
-        if self.bound.ops[0].kind == "all_gather":
-            full = torch.empty((w * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
-            dist.all_gather_into_tensor(full, a, group=self.group)
-            return torch.mm(full, b)
-        partial = torch.mm(a, b)
-        out = torch.empty((a.shape[0] // w, b.shape[1]), dtype=a.dtype, device=a.device)
-        dist.reduce_scatter_tensor(out, partial, group=self.group)
-        return out
+        outs = self._program(self._bind(args, kwargs))
+        return outs[0] if len(outs) == 1 else outs
 
     def check_diagnostics(self, timeout: float = 120.0) -> None:
         """Nothing spins in the non-overlapped plan; the captured calls' kernel is checked."""
@@ -730,7 +711,7 @@ class ProcessGroupWorld:
 
 
 def _op_key(bp: BoundPattern, cfg, backend, world_key: tuple, spin_limit, fault) -> tuple:
-    return (bp.pattern.name, bp.signature(), bp.sizes_str(), bp.world, str(cfg), backend,
+    return (bp.pattern.name, repr(bp.ops), bp.sizes_str(), bp.world, str(cfg), backend,
             *world_key, spin_limit, fault)
 
 
@@ -839,10 +820,6 @@ def _captured_config(bp: BoundPattern, target, config: Config, base: Config | No
         if extra is not None:
             captured = make_schedule(bp, target, extra, allow_fallback=False).config
     if captured is None or captured == config:
-        return None
-    if bp.lean_operands() is None and (captured.comm == "none") != (config.comm == "none"):
-        # the fallback's generic path returns every output of the pattern (a gathered tensor
-        # too, say) and a kernel op only its own: captured and eager calls would differ
         return None
     return captured
 

@@ -210,17 +210,28 @@ def default_config(bp: BoundPattern, target: Target,
                     "default): a replay has no host work per call (2x H200, AG M = 1024: "
                     "0.107 ms against 0.147 for NCCL + cuBLAS replayed the same way)")
         return replace(base, comm="none"), why
-    values: dict[str, str] = {}
     sites = op_sites(bp, cfg, target)
-    for op in bp.ops:
-        lw = lowering_for(sites[op.result])
-        if lw is not None:
-            for k, v in lw.defaults(sites[op.result]).items():
+    proposals = [lw.defaults(sites[op.result]) for op in bp.ops
+                 if (lw := lowering_for(sites[op.result])) is not None]
+    space = default_space(target)
+    first = None
+    # Two ops' lowerings may want different values of a knob they share (an all_gather's
+    # one-chunk-per-shard comm_block_m against a reduce_scatter's register-sized reduce
+    # tile, say): each op's defaults in turn take precedence, the first merge that gives a
+    # valid config wins (the first op's, where none does: its reasons are then reported).
+    for lead in range(max(1, len(proposals))):
+        values: dict[str, str] = {}
+        for d in proposals[lead:lead + 1] + proposals[:lead] + proposals[lead + 1:]:
+            for k, v in d.items():
                 values.setdefault(k, v)
-    cfg = cfg.with_values(values)
-    # a default knob that makes the config invalid (a fused reduce whose tile groups would
-    # straddle two ranks' rows, say) is dropped again
-    return _drop_invalid_features(cfg, {}, bp, default_space(target), cfg), None
+        merged = cfg.with_values(values)
+        # a default knob that makes the config invalid (a fused reduce whose tile groups
+        # would straddle two ranks' rows, say) is dropped again
+        merged = _drop_invalid_features(merged, {}, bp, space, merged)
+        if not space.reasons(merged, bp):
+            return merged, None
+        first = first or merged
+    return first, None
 
 
 def captured_overrides(bp: BoundPattern, target: Target) -> dict[str, str] | None:

@@ -89,7 +89,6 @@ def cache_key(bp: BoundPattern, device_name: str, graph: bool = False) -> dict:
     key = {
         "pattern": bp.name,
         "ir": _pattern_text(bp),
-        "signature": bp.signature(),
         "sizes": {k: str(v) for k, v in sorted(bp.env.items())},
         "dtypes": {k: t.dtype for k, t in sorted(bp.tensors.items())},
         "world": bp.world,
