@@ -21,7 +21,7 @@ def _result(label: str = "all_gather>gemm", world: int = 2, m: int = 8192,
             tilelink: float = 0.8, failed: bool = False) -> BenchResult:
     ms = {"tilelink": tilelink, "nccl_cublas": 1.0, "async_tp": 0.9, "gemm": 0.7,
           "nccl_comm": 0.3, "ce_comm": 0.2}
-    return BenchResult(pattern="p", signature=label, sizes={"M": m, "N": 8192, "K": 8192},
+    return BenchResult(pattern="p", ops=label, sizes={"M": m, "N": 8192, "K": 8192},
                        world=world, flops_per_rank=2 * m * 4096 * 8192,
                        comm_bytes_per_rank=m * 8192, steady_ms=ms,
                        failed={"tilelink": "boom"} if failed else {})

@@ -1,8 +1,8 @@
 """Benchmarks: TileLink against NCCL+cuBLAS, torch async-TP, GEMM and comm alone (issue #5).
 
 `timing` (events, steady state, single-call latency: `tilelink.runtime.timing`, which
-`tilelink run` uses too), `baselines` (per pattern signature),
-`report` (records, table, progress), `plot` (the chart; matplotlib is optional), `run` (the
+`tilelink run` uses too), `baselines` (derived from the pattern's ops), `providers` (what
+op families register for them), `report` (records, table, progress), `plot` (the chart; matplotlib is optional), `run` (the
 per-rank benchmark body). GPU-only modules import torch.distributed lazily; `report` and
 `plot` need no GPU.
 """

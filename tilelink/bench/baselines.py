@@ -1,19 +1,25 @@
-"""Baselines per pattern signature, on this rank's local inputs (GPU, torch.distributed).
+"""Baselines of any pattern, on this rank's local inputs (GPU, torch.distributed).
 
-`build(bp, inputs, group)` returns `{system: Baseline}` for the pattern's signature:
+`build(bp, inputs, group)` returns `{system: Baseline}`, each derived from the pattern's ops
+(their distributed references and what their modules register in `providers`):
 
-    "all_gather>gemm"      a [M/W, K] shard(0), b [K, N/W]  ->  c = all_gather(a) @ b
-    "gemm>reduce_scatter"  a [M, K/W], b [K/W, N]           ->  out = reduce_scatter(a @ b)
+    nccl_cublas  the non-overlapped plan: every op as its distributed reference in the
+                 pattern's dtype (NCCL collectives, cuBLAS / torch compute), one by one
+    async_tp     the same, with every op pair that torch async-TP fuses (`providers.FUSED`)
+                 done by that fused call; absent when no pair of the pattern has one
+    gemm         compute alone: the compute ops on the collectives' results (computed once,
+                 here, outside anything timed)
+    nccl_comm    the collectives alone (NCCL), on their operands computed once here
+    ce_comm      the collectives' transfers alone (`providers.TRANSFERS`): direct copies into
+                 the peers' symmetric buffers, the copy engine's cudaMemcpyAsync over NVLink
 
 Every `Baseline.fn` is a zero-argument callable, asynchronous on the current stream (side
-streams are joined back), writing into buffers allocated here, outside anything timed; it
-returns its output. `Baseline.check()` runs it once and compares with `reference()` (fp32
-on the GPU, from NCCL-gathered inputs), so a wrong baseline is never timed. `note` says
+streams are joined back), returning a tuple of tensors. `Baseline.check(ref)` runs it once
+and compares it with what it must produce, so a wrong baseline is never timed: the output
+systems with `reference()` (fp32 arithmetic rounded at op boundaries, NCCL-gathered bits),
+compute alone with the exact compute ops on the same collective results, NCCL comm with the
+exact collectives, copy-engine comm bit for bit with what each peer sent. `note` says
 exactly what one call does.
-
-What the two comm-alone systems move: the bytes one rank receives in the collective —
-all_gather: the W-1 peer shards of `a`; reduce_scatter: the W-1 peer partials of this
-rank's M/W output rows (the sums are not part of the transfer).
 """
 
 from __future__ import annotations
@@ -24,89 +30,56 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import NotSupportedError
-
-SIGNATURES = ("all_gather>gemm", "gemm>reduce_scatter")
-
 
 @dataclass
 class Baseline:
     """A zero-arg callable to time, how to check it once, and what it does."""
 
     key: str
-    fn: Callable[[], torch.Tensor]
-    check: Callable[[torch.Tensor], tuple[float, float, bool]]  # ref -> (max abs, rel, ok)
+    fn: Callable[[], tuple]
+    check: Callable[[tuple], tuple[float, float, bool]]  # ref -> (max abs, rel, ok)
     note: str
     # what one call must rewrite: NaN-filled before a CUDA-graph replay is checked, so a
-    # replay that skipped a step (the gather before the GEMM, a peer's push) cannot pass on
-    # what the eager calls left there
+    # replay that skipped a step (a peer's push) cannot pass on what the eager calls left
     poison: tuple[torch.Tensor, ...] = ()
-
-
-# ---------------------------------------------------------------- which input is which
-
-
-def roles(bp) -> dict[str, str]:
-    """Input names by role for the two supported signatures (NotSupportedError otherwise)."""
-    sig = bp.signature()
-    ops = bp.ops
-    if sig == "all_gather>gemm":
-        ag, mm = ops
-        if bp.op_attrs(ag)["dim"] != 0 or mm.args[0] != ag.result:
-            raise NotSupportedError("bench: AG-GEMM baselines need all_gather(x, dim = 0) as "
-                                    "the gemm's first operand", mm.loc)
-        return {"a": ag.args[0], "b": mm.args[1]}
-    if sig == "gemm>reduce_scatter":
-        mm, rs = ops
-        if bp.op_attrs(rs)["dim"] != 0:
-            raise NotSupportedError("bench: GEMM-RS baselines need reduce_scatter(c, dim = 0)",
-                                    rs.loc)
-        return {"a": mm.args[0], "b": mm.args[1]}
-    raise NotSupportedError(f"bench: no baselines for pattern '{bp.name}' ({sig}); supported: "
-                            + ", ".join(SIGNATURES))
 
 
 # ---------------------------------------------------------------- checks
 
 
-def compare(got: torch.Tensor, ref: torch.Tensor, k: int, dtype: str, slack: float = 1.0
-            ) -> tuple[float, float, bool]:
-    """(max abs error, ||got-ref|| / ||ref||, ok) of an output against the fp32 reference.
-
-    ok: all finite, relative error < 1e-2 (bf16 operands land between 1e-3 and 1e-2), and
-    every element within the K-long reduction tolerance of `runtime.reference` (times
-    `slack`: GEMM-RS rounds twice, partial then sum).
-    """
-    from ..runtime.reference import tolerance
-
-    atol, rtol = tolerance(dtype, k)
-    return _judge(got, ref, slack * (atol + rtol * ref.abs()))
+def as_tuple(out) -> tuple:
+    """A system's output as a tuple of tensors (a single-output op returns the tensor)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def sum_compare(got: torch.Tensor, parts: torch.Tensor, dtype: str
-                ) -> tuple[float, float, bool]:
-    """(max abs error, relative error, ok) of `got` against the sum of `parts` ([W, ...]) done
-    in `dtype` in any order: NCCL's reduce-scatter rounds each of its W - 1 partial sums, and
-    a partial sum can be larger than the result (the partials cancel), so each element may
-    be off by W roundings of the sum of |parts| (at W = 4 a fixed K-based tolerance flagged
-    NCCL itself: max abs err 5.75 on values of a few thousand)."""
-    from ..runtime.reference import tolerance
+def check_outputs(bp, names, got, want) -> tuple[float, float, bool]:
+    """(max abs error, worst normwise error, ok) of outputs `got` (a tensor or a tuple, in
+    the order of `names`) against `want`: each within `runtime.reference.output_bound` of
+    its own scale (`judge`, the rule `tilelink run --check` applies)."""
+    from ..runtime.reference import judge, output_bound
 
-    atol, rtol = tolerance(dtype, 1)  # rtol: two units of roundoff in `dtype`
-    return _judge(got, parts.sum(0), atol + parts.shape[0] * (rtol / 2) * parts.abs().sum(0))
+    got, want = as_tuple(got), as_tuple(want)
+    if len(got) != len(want):
+        return float("inf"), float("inf"), False
+    max_abs, rel, ok = 0.0, 0.0, True
+    for name, g, w in zip(names, got, want):
+        v = judge(g, w, output_bound(bp, name))
+        max_abs, rel, ok = max(max_abs, v.max_abs), max(rel, v.normwise), ok and v.ok
+    return max_abs, rel, ok
 
 
-def _judge(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor
-           ) -> tuple[float, float, bool]:
-    """(max abs error, ||got-want|| / ||want||, ok): ok when all finite, the relative error
-    is below 1e-2 and every element's error is within `bound` (element-wise)."""
-    g = got.float()
-    diff = (g - want).abs()
-    finite = bool(torch.isfinite(g).all())
-    max_abs = float(diff.max()) if finite else float("inf")
-    rel = float(diff.norm() / want.norm().clamp_min(1e-30)) if finite else float("inf")
-    within = bool((diff <= bound).all()) if finite else False
-    return max_abs, rel, finite and rel < 1e-2 and within
+def bitwise_check(got, want) -> tuple[float, float, bool]:
+    """(max abs difference, 0 or 1, ok): every tensor identical bit for bit."""
+    got, want = as_tuple(got), as_tuple(want)
+    same = len(got) == len(want) and all(
+        g.shape == w.shape and bool(torch.equal(g.view(torch.uint8), w.view(torch.uint8)))
+        for g, w in zip(got, want))
+    if same:
+        return 0.0, 0.0, True
+    err = max((float((g.float() - w.float()).abs().nan_to_num(1e30).max())
+               for g, w in zip(got, want) if g.shape == w.shape and g.numel()),
+              default=float("inf"))
+    return err, 1.0, False
 
 
 def _no_tf32(fn):
@@ -119,32 +92,13 @@ def _no_tf32(fn):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def _gather0(x: torch.Tensor, group) -> torch.Tensor:
-    """all_gather along dim 0 into a new [W * rows, ...] tensor (NCCL)."""
-    import torch.distributed as dist
+def reference(bp, inputs: dict[str, torch.Tensor], group) -> tuple[torch.Tensor, ...]:
+    """This rank's pattern outputs (in `bp.pattern.outputs` order), every op as its exact
+    distributed reference: fp32 arithmetic rounded at op boundaries, NCCL collectives (a
+    collective call: every rank calls it)."""
+    from ..runtime.dist_reference import local_program
 
-    w = dist.get_world_size(group)
-    out = torch.empty((w * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-    return out
-
-
-def reference(bp, inputs: dict[str, torch.Tensor], group) -> torch.Tensor:
-    """This rank's pattern output in fp32, from inputs gathered with NCCL (bf16 bits exact)."""
-    import torch.distributed as dist
-
-    r = roles(bp)
-    a, b = inputs[r["a"]], inputs[r["b"]]
-    w, rank = dist.get_world_size(group), dist.get_rank(group)
-    if bp.signature() == "all_gather>gemm":
-        a_full = _gather0(a, group)
-        return _no_tf32(lambda: a_full.float() @ b.float())
-    m, kl = a.shape
-    # a [M, K/W] per rank -> a_full [M, K] (ranks' column blocks side by side); b by rows.
-    a_full = _gather0(a, group).view(w, m, kl).permute(1, 0, 2).reshape(m, w * kl)
-    b_full = _gather0(b, group)
-    rows = slice(rank * (m // w), (rank + 1) * (m // w))
-    return _no_tf32(lambda: a_full[rows].float() @ b_full.float())
+    return _no_tf32(lambda: local_program(bp, group, exact=True)(inputs))
 
 
 # ---------------------------------------------------------------- symmetric memory
@@ -172,10 +126,9 @@ def enable_symm_mem(group) -> None:
 
 
 class PeerBuffers:
-    """A symmetric [W, *block] buffer on every rank; `slot(peer, i)` is peer's slot i here.
-
-    Slot i of a rank's buffer receives what rank i sends it.
-    """
+    """A symmetric [W, *block] buffer on every rank (NaN-filled); slot i of a rank's buffer
+    receives what rank i sends it. A block smaller than a slot fills the slot's first
+    elements (flat slots take blocks of any shape: ranks of a ragged shard send less)."""
 
     def __init__(self, block: tuple[int, ...], dtype: torch.dtype, group):
         import torch.distributed as dist
@@ -202,7 +155,12 @@ class PeerBuffers:
         over NVLink — the same mechanism torch async-TP uses. With W > 2 the peers' copies
         go on separate side streams (one per peer) joined back to the current stream.
         """
-        pairs = [(self.peers[p][self.rank], blocks[p].contiguous()) for p in sorted(self.peers)]
+        pairs = []
+        for p in sorted(self.peers):
+            src = blocks[p].contiguous().view(-1)
+            pairs.append((self.peers[p][self.rank].view(-1)[:src.numel()], src))
+        if not pairs:  # W = 1: nobody to send to
+            return lambda: None
         if len(pairs) == 1:
             (dst, src), = pairs
 
@@ -225,13 +183,6 @@ class PeerBuffers:
 # ---------------------------------------------------------------- the builders
 
 
-def _symm_op(name: str):
-    """torch.ops.symm_mem.<name> (registered when torch's symmetric memory module loads)."""
-    import torch.distributed._symmetric_memory
-
-    return getattr(torch.ops.symm_mem, name)
-
-
 def _or_raise_later(make):
     """`make()`, or — if this torch lacks what it needs — a callable raising that error, so
     only that baseline's check fails (and is reported), not the whole shape."""
@@ -245,32 +196,6 @@ def _or_raise_later(make):
         return unavailable
 
 
-def _exact_check(got_fn, want_fn, poison=(), after_poison=None):
-    """A comm check: poison the receive buffer, move once, compare bit for bit.
-    `after_poison`: run between the two (a barrier, where the peers write the buffer)."""
-    def check(_ref):
-        for t in poison:
-            t.fill_(float("nan"))
-        if after_poison is not None:
-            after_poison()
-        got, want = got_fn(), want_fn()
-        same = bool(torch.equal(got, want))
-        err = 0.0 if same else float((got.float() - want.float()).abs().nan_to_num(1e30).max())
-        return err, 0.0 if same else 1.0, same
-    return check
-
-
-def _output_check(fn, poison, k, dtype, slack=1.0):
-    """A compute check: poison the preallocated output, run once, compare with the ref."""
-    def check(ref):
-        for t in poison:
-            t.fill_(float("nan"))
-        out = fn()
-        torch.cuda.synchronize()
-        return compare(out, ref, k, dtype, slack)
-    return check
-
-
 def _sync_barrier(group):
     import torch.distributed as dist
 
@@ -279,194 +204,190 @@ def _sync_barrier(group):
     torch.cuda.synchronize()
 
 
-def build(bp, inputs: dict[str, torch.Tensor], group=None) -> dict[str, Baseline]:
-    """Every baseline of `bp`'s signature on these (this rank's) inputs."""
-    sig = bp.signature()
-    if sig == "all_gather>gemm":
-        return _build_ag_gemm(bp, inputs, group)
-    if sig == "gemm>reduce_scatter":
-        return _build_gemm_rs(bp, inputs, group)
-    roles(bp)  # raises the NotSupportedError
-    return {}
+def _program(steps: list, vals: dict, results: tuple[str, ...]) -> Callable[[], tuple]:
+    """Zero-arg callable: run prepared op steps on (a copy of) `vals`, return `results`."""
+    from ..runtime.dist_reference import run_steps
+
+    def call():
+        out = run_steps(steps, dict(vals))
+        return tuple(out[r] for r in results)
+    return call
 
 
-def _build_ag_gemm(bp, inputs, group) -> dict[str, Baseline]:
-    import torch.distributed as dist
+def _output_check(bp, fn) -> Callable:
+    """Check of a system computing the pattern's outputs: against the reference."""
+    names = tuple(bp.pattern.outputs)
 
-    r = roles(bp)
-    a, b = inputs[r["a"]].contiguous(), inputs[r["b"]].contiguous()
-    w, rank = dist.get_world_size(group), dist.get_rank(group)
-    m_loc, k = a.shape
-    dtype = bp.tensors[r["a"]].dtype
-    gname = group_name(group)
-    a_full = torch.empty((w * m_loc, k), dtype=a.dtype, device=a.device)
-    c = torch.empty((w * m_loc, b.shape[1]), dtype=a.dtype, device=a.device)
-
-    def nccl_cublas():
-        dist.all_gather_into_tensor(a_full, a, group=group)
-        return torch.mm(a_full, b, out=c)
-
-    enable_symm_mem(group)
-
-    def make_async_tp():
-        op = _symm_op("fused_all_gather_matmul")
-        kw = ({"return_A": False} if any(x.name == "return_A"
-                                         for x in op.default._schema.arguments)
-              else {})  # older torch always returns the gathered A too
-        return lambda: op(a, [b], 0, gname, **kw)[1][0]
-
-    async_tp = _or_raise_later(make_async_tp)
-
-    # GEMM alone: the gathered operand already in place (gathered once, here).
-    a_gemm = _gather0(a, group)
-    c_gemm = torch.empty_like(c)
-
-    def gemm():
-        return torch.mm(a_gemm, b, out=c_gemm)
-
-    a_comm = torch.empty_like(a_full)
-
-    def nccl_comm():
-        dist.all_gather_into_tensor(a_comm, a, group=group)
-        return a_comm
-
-    bufs = PeerBuffers((m_loc, k), a.dtype, group)
-    push = bufs.push_fn({p: a for p in bufs.peers})
-
-    def ce_comm():
-        push()
-        return bufs.local
-
-    def ce_got():
-        _sync_barrier(group)  # every rank's push has landed
-        return torch.cat([bufs.local[p] for p in sorted(bufs.peers)])
-
-    peer_rows = [a_gemm[p * m_loc:(p + 1) * m_loc] for p in range(w) if p != rank]
-    return {
-        "nccl_cublas": Baseline("nccl_cublas", nccl_cublas,
-                                _output_check(nccl_cublas, [a_full, c], k, dtype),
-                                "all_gather_into_tensor (NCCL) into a preallocated [M, K], then "
-                                "torch.mm(out=) [M, K] x [K, N/W]", poison=(a_full, c)),
-        "async_tp": Baseline("async_tp", async_tp, _output_check(async_tp, [], k, dtype),
-                             "torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group, "
-                             "return_A=False) (allocates its output each call)"),
-        "gemm": Baseline("gemm", gemm, _output_check(gemm, [c_gemm], k, dtype),
-                         "torch.mm(out=) [M, K] x [K, N/W] on the already-gathered operand",
-                         poison=(c_gemm,)),
-        "nccl_comm": Baseline("nccl_comm", nccl_comm,
-                              _exact_check(lambda: (nccl_comm(), torch.cuda.synchronize(),
-                                                    a_comm)[2], lambda: a_gemm, [a_comm]),
-                              "all_gather_into_tensor (NCCL) of a [M/W, K] shard into [M, K]",
-                              poison=(a_comm,)),
-        "ce_comm": Baseline("ce_comm", ce_comm,
-                            _exact_check(lambda: (ce_comm(), ce_got())[1],
-                                         lambda: torch.cat(peer_rows), bufs.received,
-                                         lambda: _sync_barrier(group)),
-                            "copy_ of this rank's [M/W, K] shard into slot `rank` of every "
-                            "peer's symmetric buffer (cudaMemcpyAsync over NVLink, copy "
-                            "engine); all ranks push at once, no flag or barrier inside the "
-                            "call (nobody reads the data), so it times the transfer only",
-                            poison=bufs.received),
-    }
-
-
-def _build_gemm_rs(bp, inputs, group) -> dict[str, Baseline]:
-    import torch.distributed as dist
-
-    r = roles(bp)
-    a, b = inputs[r["a"]].contiguous(), inputs[r["b"]].contiguous()
-    w, rank = dist.get_world_size(group), dist.get_rank(group)
-    m, k_loc = a.shape
-    n = b.shape[1]
-    k = k_loc * w
-    dtype = bp.tensors[r["a"]].dtype
-    gname = group_name(group)
-    partial = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    out = torch.empty((m // w, n), dtype=a.dtype, device=a.device)
-
-    def nccl_cublas():
-        torch.mm(a, b, out=partial)
-        dist.reduce_scatter_tensor(out, partial, group=group)
-        return out
-
-    enable_symm_mem(group)
-
-    def make_async_tp():
-        op = _symm_op("fused_matmul_reduce_scatter")
-        return lambda: op(a, b, "sum", 0, gname)
-
-    async_tp = _or_raise_later(make_async_tp)
-
-    partial_gemm = torch.empty_like(partial)
-
-    def gemm():
-        return torch.mm(a, b, out=partial_gemm)
-
-    # Comm alone moves real partials (this rank's GEMM result, computed once).
-    src = torch.mm(a, b)
-    out_comm = torch.empty_like(out)
-
-    def nccl_comm():
-        dist.reduce_scatter_tensor(out_comm, src, group=group)
-        return out_comm
-
-    rows = m // w
-    bufs = PeerBuffers((rows, n), a.dtype, group)
-    push = bufs.push_fn({p: src[p * rows:(p + 1) * rows] for p in bufs.peers})
-
-    def ce_comm():
-        push()
-        return bufs.local
-
-    def ce_got():
-        _sync_barrier(group)
-        return torch.cat([bufs.local[p] for p in sorted(bufs.peers)])
-
-    def partials_of_my_rows():
-        """[W, M/W, N]: every rank's partial of this rank's rows (all partials gathered)."""
-        return _gather0(src, group).view(w, m, n)[:, rank * rows:(rank + 1) * rows]
-
-    def ce_want():
-        allp = partials_of_my_rows()
-        return torch.cat([allp[p] for p in range(w) if p != rank])
-
-    def nccl_comm_check(_ref):
-        out_comm.fill_(float("nan"))
-        got = (nccl_comm(), torch.cuda.synchronize(), out_comm)[2]
-        return sum_compare(got, partials_of_my_rows().float(), dtype)
-
-    return {
-        "nccl_cublas": Baseline("nccl_cublas", nccl_cublas,
-                                _output_check(nccl_cublas, [partial, out], k, dtype, slack=2.0),
-                                "torch.mm(out=) [M, K/W] x [K/W, N], then reduce_scatter_tensor "
-                                "(NCCL, sum) into a preallocated [M/W, N]",
-                                poison=(partial, out)),
-        "async_tp": Baseline("async_tp", async_tp, _output_check(async_tp, [], k, dtype, 2.0),
-                             "torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, 'sum', 0, "
-                             "group) (allocates its output each call)"),
-        "gemm": Baseline("gemm", gemm, _rs_gemm_check(gemm, partial_gemm, a, b, group, k, dtype),
-                         "torch.mm(out=) [M, K/W] x [K/W, N] (this rank's partial)",
-                         poison=(partial_gemm,)),
-        "nccl_comm": Baseline("nccl_comm", nccl_comm, nccl_comm_check,
-                              "reduce_scatter_tensor (NCCL, sum) of a [M, N] partial into "
-                              "[M/W, N] (includes NCCL's sums)", poison=(out_comm,)),
-        "ce_comm": Baseline("ce_comm", ce_comm, _exact_check(lambda: (ce_comm(), ce_got())[1],
-                                                             ce_want, bufs.received,
-                                                             lambda: _sync_barrier(group)),
-                            "copy_ of the [M/W, N] partial rows owned by each peer into slot "
-                            "`rank` of that peer's symmetric buffer (cudaMemcpyAsync over "
-                            "NVLink, copy engine); all ranks push at once; no flag, barrier "
-                            "or reduction inside the call: it times the transfer only",
-                            poison=bufs.received),
-    }
-
-
-def _rs_gemm_check(gemm, partial_gemm, a, b, group, k, dtype):
-    """GEMM alone in GEMM-RS computes a partial: compare with this rank's own fp32 product."""
-    def check(_ref):
-        partial_gemm.fill_(float("nan"))
-        got = gemm()
+    def check(ref):
+        out = fn()
         torch.cuda.synchronize()
-        ref = _no_tf32(lambda: a.float() @ b.float())
-        return compare(got, ref, a.shape[1], dtype)
+        return check_outputs(bp, names, out, ref)
     return check
+
+
+def build(bp, inputs: dict[str, torch.Tensor], group=None) -> dict[str, Baseline]:
+    """Every baseline of `bp` on these (this rank's) inputs (a collective call)."""
+    from ..ir.ops import OPS
+    from ..runtime.dist_reference import local_program, op_steps, run_steps
+
+    comm = [op for op in bp.ops if OPS[op.kind].category == "comm"]
+    compute = [op for op in bp.ops if OPS[op.kind].category != "comm"]
+    # every intermediate value once, as the non-overlapped plan computes it: the operands of
+    # compute alone and comm alone (so neither times the other's work)
+    vals = run_steps(op_steps(bp, bp.ops, group), dict(inputs))
+    plan = local_program(bp, group, exact=False)
+    systems = {"nccl_cublas": Baseline(
+        "nccl_cublas", lambda: plan(inputs), _output_check(bp, lambda: plan(inputs)),
+        "the non-overlapped plan: " + "; then ".join(_op_words(bp, op) for op in bp.ops))}
+    fused = _build_async_tp(bp, inputs, group)
+    if fused is not None:
+        systems["async_tp"] = fused
+    if compute:
+        systems["gemm"] = _build_compute(bp, compute, vals, group)
+    if comm:
+        systems["nccl_comm"] = _build_nccl_comm(bp, comm, vals, group)
+        systems["ce_comm"] = _build_ce_comm(bp, comm, vals, group)
+    return systems
+
+
+def _op_words(bp, op) -> str:
+    """`out = kind(args)`: one op of the pattern, as its line reads."""
+    return f"{op.result} = {op.kind}({', '.join(op.args)})"
+
+
+def _build_async_tp(bp, inputs, group) -> Baseline | None:
+    """The non-overlapped plan with every fusable op pair (`providers.FUSED`) fused; None
+    when no pair of this pattern has a fused call. A pair fuses when the consumer is the next
+    op and the producer's result is used by nothing else (nor returned)."""
+    from ..runtime.dist_reference import op_steps, run_steps
+    from .providers import FUSED
+
+    ops, parts, words, i = list(bp.ops), [], [], 0
+    uses = {}
+    for op in ops:
+        for a in op.args:
+            uses[a] = uses.get(a, 0) + 1
+    while i < len(ops):
+        op, nxt = ops[i], ops[i + 1] if i + 1 < len(ops) else None
+        provider = FUSED.get((op.kind, nxt.kind)) if nxt is not None else None
+        if (provider is not None and op.result in nxt.args and uses[op.result] == 1
+                and op.result not in bp.pattern.outputs):
+            made = _or_raise_later(lambda: provider(bp, op, nxt, group))
+            if made is not None:
+                parts.append(("fused", nxt.result, made))
+                words.append(getattr(made, "note", "a fused call that could not be made"))
+                i += 2
+                continue
+        parts.append(("steps", op_steps(bp, [op], group), None))
+        words.append(_op_words(bp, op))
+        i += 1
+    if not any(kind == "fused" for kind, _, _ in parts):
+        return None
+    outputs = tuple(bp.pattern.outputs)
+
+    def async_tp():
+        vals = dict(inputs)
+        for kind, what, made in parts:
+            if kind == "fused":
+                vals[what] = made.run(vals) if hasattr(made, "run") else made()
+            else:
+                run_steps(what, vals)
+        return tuple(vals[n] for n in outputs)
+
+    return Baseline("async_tp", async_tp, _output_check(bp, async_tp), "; then ".join(words))
+
+
+def _build_compute(bp, compute, vals, group) -> Baseline:
+    """The compute ops alone, on the collectives' results computed once; checked against
+    the exact compute ops on those same values."""
+    from ..runtime.dist_reference import op_steps
+
+    results = tuple(op.result for op in compute)
+    fn = _program(op_steps(bp, compute, group), vals, results)
+    exact = _program(op_steps(bp, compute, group, exact=True), vals, results)
+
+    def check(_ref):
+        out = fn()
+        torch.cuda.synchronize()
+        return check_outputs(bp, results, out, _no_tf32(exact))
+    return Baseline("gemm", fn, check, "compute alone, on the collectives' results: "
+                    + "; then ".join(_op_words(bp, op) for op in compute))
+
+
+def _build_nccl_comm(bp, comm, vals, group) -> Baseline:
+    """Each collective alone (NCCL), on its operands computed once; checked against the same
+    collectives in fp32 (a reduction's sums may round in any order)."""
+    from ..runtime.dist_reference import op_steps
+
+    results = tuple(op.result for op in comm)
+    fn = _program(op_steps(bp, comm, group), vals, results)
+    exact = _program(op_steps(bp, comm, group, exact=True), vals, results)
+
+    def check(_ref):
+        out = fn()
+        torch.cuda.synchronize()
+        return check_outputs(bp, results, out, exact())
+    return Baseline("nccl_comm", fn, check, "the collectives alone (NCCL) on their operands: "
+                    + "; then ".join(_op_words(bp, op) for op in comm))
+
+
+def _build_ce_comm(bp, comm, vals, group) -> Baseline:
+    """Each collective's transfers alone: what `providers.TRANSFERS` says this rank sends
+    each peer, copied into slot `rank` of that peer's symmetric buffer. Checked bit for bit
+    against what every peer sent (gathered with NCCL)."""
+    import torch.distributed as dist
+
+    from ..ir.ops import OPS  # noqa: F401  (the op registry is filled by now)
+    from ..runtime.reference import TORCH_DTYPES, RefContext
+    from ..runtime.timing import max_over_ranks
+    from .providers import TRANSFERS
+
+    w, rank = dist.get_world_size(group), dist.get_rank(group)
+    pushes, bufs, sent = [], [], []
+    for op in comm:
+        ctx = RefContext(bp, bp.op_attrs(op), TORCH_DTYPES[bp.tensors[op.result].dtype],
+                         bp.world, False, group)
+        blocks = {p: b.contiguous() for p, b in
+                  TRANSFERS[op.kind].sends(op, ctx, [vals[a] for a in op.args]).items()}
+        n = int(max_over_ranks([max((b.numel() for b in blocks.values()), default=0)],
+                               group)[0])
+        buf = PeerBuffers((n,), blocks[next(iter(blocks))].dtype if blocks
+                          else TORCH_DTYPES[bp.tensors[op.result].dtype], group)
+        pushes.append(buf.push_fn(blocks))
+        bufs.append(buf)
+        sent.append((blocks, n))
+
+    def ce_comm():
+        for push in pushes:
+            push()
+        return tuple(b.local for b in bufs)
+
+    def check(_ref):
+        for b in bufs:
+            for t in b.received:
+                t.fill_(float("nan"))
+        _sync_barrier(group)  # every poison fill before any peer pushes
+        ce_comm()
+        _sync_barrier(group)  # every rank's push has landed
+        got, want = [], []
+        for b, (blocks, n) in zip(bufs, sent):
+            # row q of `mine`: what this rank sent rank q (NaN-padded like the slots)
+            mine = torch.full((w, n), float("nan"), dtype=b.local.dtype, device=b.local.device)
+            for q, blk in blocks.items():
+                mine[q, :blk.numel()] = blk.reshape(-1)
+            rows = [torch.empty_like(mine) for _ in range(w)]
+            dist.all_gather(rows, mine, group=group)
+            for p in range(w):
+                if p != rank:
+                    got.append(b.local[p])
+                    want.append(rows[p][rank])
+        return bitwise_check(tuple(got), tuple(want))
+
+    return Baseline("ce_comm", ce_comm, check,
+                    "the collectives' transfers alone: " + "; then ".join(
+                        f"{op.kind}: copy_ of what this rank sends each peer into slot `rank` "
+                        "of that peer's symmetric buffer" for op in comm)
+                    + " (cudaMemcpyAsync over NVLink, copy engine; peers on side streams); all "
+                    "ranks push at once, no flag, barrier or reduction inside the call: it "
+                    "times the transfer only",
+                    poison=tuple(t for b in bufs for t in b.received))

@@ -8,13 +8,14 @@ fields only, so they can be recomputed from a saved JSON.
 Systems (keys of `steady_ms` / `single_ms`):
 
     tilelink     the TileLink op
-    nccl_cublas  NCCL collective, then cuBLAS matmul (or matmul then collective): no overlap
-    async_tp     torch async-TP (torch.ops.symm_mem fused ops)
-    gemm         cuBLAS matmul of the per-rank shape alone
-    nccl_comm    the NCCL collective alone, same bytes
+    nccl_cublas  the non-overlapped plan: every op in turn (NCCL collectives, cuBLAS / torch)
+    async_tp     torch async-TP: its fused symm_mem ops where an op pair has one
+    gemm         the compute ops alone (cuBLAS / torch) on the collectives' results
+    nccl_comm    the NCCL collectives alone, same bytes
     ce_comm      copy-engine peer copies of the same bytes alone
 
 floor = max(gemm, fastest of nccl_comm / ce_comm): no overlapped kernel runs much faster.
+Which baselines a pattern has, and what each runs, follows from its ops (`baselines`).
 """
 
 from __future__ import annotations
@@ -27,50 +28,68 @@ from typing import Any
 
 SYSTEMS = ("tilelink", "nccl_cublas", "async_tp", "gemm", "nccl_comm", "ce_comm")
 NAMES = {"tilelink": "TileLink", "nccl_cublas": "NCCL+cuBLAS", "async_tp": "torch async-TP",
-         "gemm": "cuBLAS GEMM alone", "nccl_comm": "NCCL comm alone",
+         "gemm": "compute alone", "nccl_comm": "NCCL comm alone",
          "ce_comm": "copy-engine comm alone", "floor": "floor"}
 BASELINES = ("nccl_cublas", "async_tp")  # what TileLink's speedup is reported over
 COMM = ("nccl_comm", "ce_comm")
-LABELS = {"all_gather>gemm": "AG-GEMM", "gemm>reduce_scatter": "GEMM-RS"}
+# why a pattern may have no such baseline (its ops decide: `baselines.build`)
+NOT_APPLICABLE = {"nccl_cublas": "no ops", "async_tp": "no op pair torch async-TP fuses",
+                  "gemm": "no compute op", "nccl_comm": "no collective",
+                  "ce_comm": "no collective"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 
 
 # ---------------------------------------------------------------- what a shape must do
 
 
+def op_chain(bp) -> str:
+    """The pattern's op kinds in order, `>`-joined: what the record says was measured."""
+    return ">".join(op.kind for op in bp.ops)
+
+
+def chain_label(chain: str) -> str:
+    """A short name of an op chain for tables and charts: a collective by the initials of
+    its name, any other op in capitals; `all_gather>gemm` -> AG-GEMM."""
+    import tilelink  # noqa: F401  (the op registry)
+    from ..ir.ops import OPS
+
+    def short(kind: str) -> str:
+        spec = OPS.get(kind)
+        if spec is not None and spec.category == "comm":
+            return "".join(w[0] for w in kind.split("_")).upper()
+        return kind.upper()
+
+    return "-".join(short(k) for k in chain.split(">") if k)
+
+
 def flops_per_rank(bp) -> int:
-    """Floating-point operations one rank's GEMM(s) must do (2·m·n·k per gemm, local shapes).
+    """Floating-point operations one rank's compute ops must do (what each op family
+    registers in `providers.FLOPS`, local shapes; ops without a count add nothing).
 
     AG-GEMM: the gathered [M, K] times this rank's [K, N/W]; GEMM-RS: [M, K/W] times
     [K/W, N]. Both are 2·M·N·K / W per rank.
     """
-    total = 0
-    for op in bp.ops:
-        if op.kind == "gemm":
-            a, b = (bp.tensors[x].local_shape for x in op.args)
-            total += 2 * a[0] * a[1] * b[1]
-    return total
+    import tilelink  # noqa: F401  (the op modules register their counts)
+
+    from .providers import FLOPS
+
+    return sum(FLOPS[op.kind](bp, op) for op in bp.ops if op.kind in FLOPS)
 
 
 def comm_bytes_per_rank(bp) -> int:
-    """Bytes one rank receives from its peers in the pattern's collectives.
+    """Bytes one rank receives from its peers in the pattern's collectives (what each
+    collective registers in `providers.TRANSFERS`: all_gather, the W-1 peer slices;
+    reduce_scatter, the W-1 peer partials of this rank's slice — the bytes on the wire; the
+    sums are extra work)."""
+    import tilelink  # noqa: F401
 
-    all_gather: the W-1 peer shards of the gathered tensor; reduce_scatter: the W-1 peer
-    partials of this rank's output rows (the bytes on the wire; the sums are extra work).
-    """
+    from .providers import TRANSFERS
+
     total = 0
-    w = bp.world
     for op in bp.ops:
-        if op.kind in ("all_gather", "reduce_scatter"):
-            src = bp.tensors[op.args[0]]
-            # all_gather: one shard (the input's local shape) from each peer;
-            # reduce_scatter: each peer's partial of this rank's rows (the output's shape).
-            block = src.local_shape if op.kind == "all_gather" else \
-                bp.tensors[op.result].local_shape
-            n = 1
-            for d in block:
-                n *= d
-            total += (w - 1) * n * DTYPE_BYTES.get(src.dtype, 2)
+        if op.kind in TRANSFERS:
+            total += (TRANSFERS[op.kind].received(bp, op)
+                      * DTYPE_BYTES.get(bp.tensors[op.args[0]].dtype, 2))
     return total
 
 
@@ -82,7 +101,7 @@ class BenchResult:
     """One shape's measurements (all times in ms, max over ranks)."""
 
     pattern: str
-    signature: str
+    ops: str  # the op kinds in order, `>`-joined (`op_chain`)
     sizes: dict[str, Any]
     world: int
     flops_per_rank: int
@@ -100,7 +119,7 @@ class BenchResult:
 
     @property
     def label(self) -> str:
-        return LABELS.get(self.signature, self.signature)
+        return chain_label(self.ops)
 
     @property
     def shape(self) -> str:
@@ -147,6 +166,8 @@ class BenchResult:
     @classmethod
     def from_dict(cls, d: dict) -> BenchResult:
         known = {f for f in cls.__dataclass_fields__}
+        if "signature" in d and "ops" not in d:  # JSON written before the field's rename
+            d = {**d, "ops": d["signature"]}
         return cls(**{k: v for k, v in d.items() if k in known})
 
 

@@ -8,6 +8,7 @@ from ..ir.ops import Inferred, check_dim, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
+from ..bench.providers import Fused, fused_pair, symm_mem_op, transfer
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -59,6 +60,43 @@ def dist_ref(op, ctx, args):
     full = torch.empty((ctx.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(full, x, group=ctx.group)
     return full.movedim(0, ctx.attrs["dim"]).contiguous()
+
+
+def _received(bp, op) -> int:
+    n = 1
+    for d in bp.tensors[op.args[0]].local_shape:  # one slice from each peer
+        n *= d
+    return (bp.world - 1) * n
+
+
+@transfer("all_gather", received=_received)
+def sends(op, ctx, args):
+    """Every peer receives this rank's slice, whole."""
+    import torch.distributed as dist
+
+    me = dist.get_rank(ctx.group)
+    return {p: args[0] for p in range(ctx.world) if p != me}
+
+
+@fused_pair("all_gather", "gemm")
+def fused_all_gather_matmul(bp, ag, mm, group):
+    """torch async-TP's fused_all_gather_matmul: the gathered rows as the gemm's first
+    operand (`all_gather(a, dim = 0)`, equal shards on every rank)."""
+    from ..bench.baselines import enable_symm_mem, group_name
+
+    x = bp.tensors[ag.args[0]]
+    if (bp.op_attrs(ag)["dim"] != 0 or list(mm.args[:1]) != [ag.result]
+            or ag.result in mm.args[1:] or x.shape[0] % bp.world):
+        return None
+    enable_symm_mem(group)
+    op, gname = symm_mem_op("fused_all_gather_matmul"), group_name(group)
+    # newer torch can skip returning the gathered operand; older always returns it
+    kw = ({"return_A": False} if any(a.name == "return_A" for a in op.default._schema.arguments)
+          else {})
+    a, b = ag.args[0], mm.args[1]
+    return Fused(lambda vals: op(vals[a], [vals[b]], 0, gname, **kw)[1][0],
+                 "torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group, return_A=False) "
+                 "(allocates its output each call)")
 
 # ---- lowerings ----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from ..ir.ops import Inferred, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, col_axis, plain_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
+from ..bench.providers import transfer
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 from .reduce_scatter import rank_sum
@@ -50,6 +51,22 @@ def dist_ref(op, ctx, args):
     dist.all_reduce(res, group=ctx.group)
     return res.to(ctx.dtype)
 
+
+
+def _received(bp, op) -> int:
+    n = 1
+    for d in bp.tensors[op.args[0]].local_shape:
+        n *= d
+    return (bp.world - 1) * n
+
+
+@transfer("all_reduce", received=_received)
+def sends(op, ctx, args):
+    """One shot: every peer receives this rank's whole partial (each sums what it gets)."""
+    import torch.distributed as dist
+
+    me = dist.get_rank(ctx.group)
+    return {p: args[0] for p in range(ctx.world) if p != me}
 
 # ---- lowerings ----------------------------------------------------------------------------
 

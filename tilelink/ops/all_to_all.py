@@ -8,6 +8,7 @@ from ..ir.ops import Inferred, fail, local_shape, register
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, chunk_axis, region_rule
 from ..plan.tiling import FULL, DimRule, TileGrid
+from ..bench.providers import transfer
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -66,17 +67,40 @@ def ref(op, ctx, args):
     return outs
 
 
-@dist_reference("all_to_all")
-def dist_ref(op, ctx, args):
-    import torch.distributed as dist
 
-    x, splits = args
+def _received_elements(bp, op) -> int:
+    n = 1
+    for d in bp.tensors[op.result].local_shape:
+        n *= d
+    return (bp.world - 1) * n // bp.world  # W slots of `capacity` rows, one per source
+
+
+def _send_buffer(x, splits, ctx):
+    """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded)."""
     cap = ctx.attrs["capacity"]
     mine = [int(v) for v in splits.tolist()]
     send = torch.zeros((ctx.world * cap,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     for d in range(ctx.world):
         rows = _received(x, mine, d, cap)
         send[d * cap:d * cap + rows.shape[0]] = rows
+    return send
+
+
+@transfer("all_to_all", received=_received_elements)
+def sends(op, ctx, args):
+    """Peer d receives its `capacity`-row slot of this rank's send buffer."""
+    import torch.distributed as dist
+
+    me, cap = dist.get_rank(ctx.group), ctx.attrs["capacity"]
+    send = _send_buffer(*args, ctx)
+    return {d: send[d * cap:(d + 1) * cap] for d in range(ctx.world) if d != me}
+
+
+@dist_reference("all_to_all")
+def dist_ref(op, ctx, args):
+    import torch.distributed as dist
+
+    send = _send_buffer(*args, ctx)
     out = torch.empty_like(send)
     dist.all_to_all_single(out, send, group=ctx.group)
     return out

@@ -8,6 +8,7 @@ from ..ir.ops import Inferred, check_dim, fail, register
 from ..ir.tensor import shard
 from ..plan.regions import FULL, access, chunk_axis, col_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
+from ..bench.providers import Fused, fused_pair, symm_mem_op, transfer
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -66,6 +67,39 @@ def dist_ref(op, ctx, args):
     part = torch.empty((x.shape[0] // ctx.world, *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.reduce_scatter_tensor(part, x, group=ctx.group)
     return part.movedim(0, ctx.attrs["dim"]).to(ctx.dtype).contiguous()
+
+
+def _received(bp, op) -> int:
+    n = 1
+    for d in bp.tensors[op.result].local_shape:  # each peer's partial of this rank's slice
+        n *= d
+    return (bp.world - 1) * n
+
+
+@transfer("reduce_scatter", received=_received)
+def sends(op, ctx, args):
+    """Peer p receives this rank's partial of p's slice (the sum is the receiver's work)."""
+    import torch.distributed as dist
+
+    me = dist.get_rank(ctx.group)
+    parts = torch.chunk(args[0], ctx.world, dim=ctx.attrs["dim"])
+    return {p: parts[p] for p in range(ctx.world) if p != me}
+
+
+@fused_pair("gemm", "reduce_scatter")
+def fused_matmul_reduce_scatter(bp, mm, rs, group):
+    """torch async-TP's fused_matmul_reduce_scatter: the gemm's result summed over ranks and
+    scattered by rows (`reduce_scatter(c, dim = 0)`, rows divisible by W)."""
+    from ..bench.baselines import enable_symm_mem, group_name
+
+    if bp.op_attrs(rs)["dim"] != 0 or bp.tensors[mm.result].shape[0] % bp.world:
+        return None
+    enable_symm_mem(group)
+    op, gname = symm_mem_op("fused_matmul_reduce_scatter"), group_name(group)
+    a, b = mm.args
+    return Fused(lambda vals: op(vals[a], vals[b], "sum", 0, gname),
+                 "torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, 'sum', 0, group) "
+                 "(allocates its output each call)")
 
 # ---- lowerings ----------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from ..ir import BoundPattern, Pattern
 from ..schedule import Schedule, get_target, make_schedule
 from .emulated import EmulationResult, run_emulated
 from .inputs import call_inputs
-from .reference import Verdict, error_bound, evaluate, judge, rounding_depth
+from .reference import Verdict, evaluate, judge, output_bound
 
 
 def schedule_for(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
@@ -116,11 +116,10 @@ def check(bp: BoundPattern, result: EmulationResult) -> CheckReport:
     the bound counts the roundings on the output's path (`rounding_depth`)."""
     worst: dict[str, Verdict] = {}
     ok = True
-    k = max((t.shape[-1] for t in bp.tensors.values()), default=1)
     for ins, outs in zip(result.inputs, result.outputs):
         want = evaluate(bp, ins)
         for name, per_rank in outs.items():
-            bound = error_bound(bp.tensors[name].dtype, rounding_depth(bp, name), k)
+            bound = output_bound(bp, name)
             for got, ref in zip(per_rank, want[name]):
                 v = judge(got, ref, bound)
                 ok = ok and v.ok

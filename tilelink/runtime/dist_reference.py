@@ -67,20 +67,31 @@ def local_program(bp: BoundPattern, group=None, exact: bool = False):
     (name -> tensor) that returns the pattern's outputs in order, each op its registered
     distributed reference. Its per-call host work is the ops' own torch / NCCL calls (the
     non-overlapped plan's op calls it on every call, so nothing is looked up there)."""
+    steps = op_steps(bp, bp.ops, group, exact)
+    outputs = tuple(bp.pattern.outputs)
+
+    def run(inputs: dict[str, torch.Tensor]) -> tuple:
+        vals = run_steps(steps, dict(inputs))
+        return tuple(vals[n] for n in outputs)
+
+    return run
+
+
+def op_steps(bp: BoundPattern, ops, group=None, exact: bool = False) -> list:
+    """The distributed references of `ops` (in order), looked up once: `run_steps` runs them."""
     steps = []
-    for op in bp.ops:
+    for op in ops:
         fn = DIST_REFERENCES.get(op.kind)
         if fn is None:
             raise NotSupportedError(f"no GPU reference for op '{op.kind}' yet", op.loc)
         ctx = RefContext(bp, bp.op_attrs(op), TORCH_DTYPES[bp.tensors[op.result].dtype],
                          bp.world, exact, group)
         steps.append((fn, op, ctx, tuple(op.args)))
-    outputs = tuple(bp.pattern.outputs)
+    return steps
 
-    def run(inputs: dict[str, torch.Tensor]) -> tuple:
-        vals = dict(inputs)
-        for fn, op, ctx, args in steps:
-            vals[op.result] = fn(op, ctx, [vals[a] for a in args])
-        return tuple(vals[n] for n in outputs)
 
-    return run
+def run_steps(steps: list, vals: dict) -> dict:
+    """Run `op_steps` on `vals` (name -> this rank's tensor), adding each op's result."""
+    for fn, op, ctx, args in steps:
+        vals[op.result] = fn(op, ctx, [vals[a] for a in args])
+    return vals

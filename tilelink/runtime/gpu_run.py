@@ -106,14 +106,12 @@ def tally_call(summary: dict, bp, output_names, out, want: dict) -> None:
     `summary`: per output the max abs error and the worst error relative to the output's
     scale (`reference.judge`, the emulated check's rule), and one more bad call if any
     output is not finite or outside its bound."""
-    from .reference import error_bound, judge, rounding_depth
+    from .reference import judge, output_bound
 
-    k = max((t.shape[-1] for t in bp.tensors.values()), default=1)
     outs = out if isinstance(out, tuple) else (out,)
     bad = False
     for name, got in zip(output_names, outs):
-        bound = error_bound(bp.tensors[name].dtype, rounding_depth(bp, name), k)
-        v = judge(got, want[name], bound)
+        v = judge(got, want[name], output_bound(bp, name))
         prev = summary["errors"].get(name, (0.0, 0.0))
         summary["errors"][name] = (max(prev[0], v.max_abs), max(prev[1], v.worst))
         bad |= not v.ok

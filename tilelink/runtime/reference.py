@@ -124,6 +124,13 @@ def error_bound(dtype: str, depth: int, k: int) -> float:
     return 8 * depth * max(eps, UNIT_ROUNDOFF["fp32"] * max(1.0, k) ** 0.5)
 
 
+def output_bound(bp: BoundPattern, name: str) -> float:
+    """`error_bound` of pattern tensor `name`: its rounding depth, and for K the longest
+    last dimension of any tensor (the longest sum an output can be the result of)."""
+    k = max((t.shape[-1] for t in bp.tensors.values() if t.shape), default=1)
+    return error_bound(bp.tensors[name].dtype, rounding_depth(bp, name), k)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One output compared with its reference (see `judge`)."""

@@ -176,7 +176,7 @@ class GpuMeasure:
         return reference(self.bound, inputs, self.group)
 
     def _check(self, out, ref) -> None:
-        """An output against the fp32 reference (bench's check), else raise. Local."""
+        """Every output against the reference (bench's check), else raise. Local."""
         import torch
 
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -185,14 +185,14 @@ class GpuMeasure:
                        if o.is_floating_point()):
                 raise MismatchError("the output has NaN or Inf on random inputs") from None
             return
-        from ..runtime.reference import error_bound, judge, rounding_depth
+        from ..runtime.reference import judge, output_bound
 
         bp = self.bound
-        name = bp.pattern.outputs[0]
-        k = max(t.shape[-1] for t in bp.tensors.values())
-        v = judge(outs[0], ref, error_bound(bp.tensors[name].dtype, rounding_depth(bp, name), k))
-        if not v.ok:
-            raise MismatchError("the output differs from the reference: " + v.words(name))
+        refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+        for name, got, want in zip(bp.pattern.outputs, outs, refs):
+            v = judge(got, want, output_bound(bp, name))
+            if not v.ok:
+                raise MismatchError("the output differs from the reference: " + v.words(name))
 
 
 def baselines(bound: BoundPattern, group=None, *, warmup: int = 5, iters: int = 20,

@@ -8,6 +8,7 @@ from ...ir.ops import Inferred, fail, local_shape, register, result_placement, s
 from ...ir.tensor import PARTIAL
 from ...plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ...plan.tiling import DimRule, TileGrid
+from ...bench.providers import flops
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import reference
 
@@ -56,6 +57,13 @@ def ref(op, ctx, args):
 @dist_reference("gemm")
 def dist_ref(op, ctx, args):
     return _product(args[0], args[1], ctx.dtype, ctx.exact)
+
+
+@flops("gemm")
+def gemm_flops(bp, op) -> int:
+    """2·m·n·k: one multiply and one add per term of every output element."""
+    (m, k), (_, n) = (bp.tensors[x].local_shape for x in op.args)
+    return 2 * m * n * k
 
 
 from . import library, tl, ws  # noqa: E402,F401  (the lowerings register themselves)

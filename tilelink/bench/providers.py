@@ -1,0 +1,84 @@
+"""What the benchmark needs to know about an op family, registered by its module in
+`tilelink.ops` (the bench owns these registries and never names an op itself).
+
+- `transfer(kind)`: for a collective, the blocks one rank sends each peer when the
+  collective is done as direct copies (the copy-engine comm-alone baseline times exactly
+  these copies), and how many elements one rank receives (the bytes the report divides by).
+- `flops(kind)`: the floating-point operations of one rank's op (TFLOP/s in the report).
+- `fused_pair(producer, consumer)`: a fused provider outside TileLink (torch async-TP's
+  symmetric-memory ops) that computes `consumer(producer(...))` in one call. The async-TP
+  baseline of a pattern runs every op pair that has one fused, and every other op as the
+  non-overlapped plan does; a pattern with no such pair has no async-TP baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """How a collective's data moves between ranks, block by block.
+
+    XX
+    from its operand `x` (a reduction's partials are sent, not summed); `received(bp, op)`:
+    the elements one rank receives from all its peers together."""
+
+    sends: Callable
+    received: Callable
+
+
+@dataclass(frozen=True)
+class Fused:
+    """One fused call standing for an op pair: `run(vals) -> the consumer's result`, where
+    `vals` maps tensor names to this rank's values; `note` says what it calls."""
+
+    run: Callable
+    note: str
+
+
+TRANSFERS: dict[str, Transfer] = {}
+# op kind -> fn(bp, op) -> floating-point operations of one rank's op (local shapes)
+FLOPS: dict[str, Callable] = {}
+# (producer kind, consumer kind) -> fn(bp, producer, consumer, group) -> Fused | None
+# (None: this pair, with these attributes or operand positions, has no fused call)
+FUSED: dict[tuple[str, str], Callable] = {}
+
+
+def transfer(kind: str, received: Callable):
+    """Decorator: register the sends of collective `kind` (see `Transfer`)."""
+
+    def wrap(sends: Callable) -> Callable:
+        TRANSFERS[kind] = Transfer(sends, received)
+        return sends
+
+    return wrap
+
+
+def flops(kind: str):
+    """Decorator: register the FLOP count of compute op `kind` (see FLOPS)."""
+
+    def wrap(fn: Callable) -> Callable:
+        FLOPS[kind] = fn
+        return fn
+
+    return wrap
+
+
+def fused_pair(producer: str, consumer: str):
+    """Decorator: register a fused provider for `consumer(producer(...))` (see FUSED)."""
+
+    def wrap(fn: Callable) -> Callable:
+        FUSED[(producer, consumer)] = fn
+        return fn
+
+    return wrap
+
+
+def symm_mem_op(name: str):
+    """torch.ops.symm_mem.<name> (registered when torch's symmetric memory module loads)."""
+    import torch
+    import torch.distributed._symmetric_memory  # noqa: F401
+
+    return getattr(torch.ops.symm_mem, name)
