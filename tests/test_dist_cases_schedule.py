@@ -15,8 +15,7 @@ from tilelink.codegen import render_triton
 from tilelink.frontend import load_pattern
 from tilelink.schedule import get_target, make_schedule
 
-from .test_dist import (CASES, COMPOSED, COMPOSED_WATCHDOG, NOT_YET_RUN,
-                        NOT_YET_RUN_SINGLE_GPU, NVSHMEM_CASES,
+from .test_dist import (CASES, COMPOSED, COMPOSED_WATCHDOG, NOT_YET_RUN, NVSHMEM_CASES,
                         NVSHMEM_WATCHDOG, ONE_GPU_CASES, ONE_GPU_CHECKED_WORLDS, SINGLE_GPU,
                         SHARDED, WATCHDOG, at_world)
 
@@ -28,7 +27,7 @@ ALL = {f"{group}:{name}": spec for group, cases in
 
 # the one-GPU cases run at W = 1 only
 ONE_GPU = {f"torch:{name}": spec for name, spec in
-           (SINGLE_GPU | NOT_YET_RUN_SINGLE_GPU | COMPOSED).items()}
+           (SINGLE_GPU | COMPOSED).items()}
 
 
 @pytest.mark.parametrize("case,world", [(c, w) for c in ALL for w in (2, 4, 8)]

@@ -80,27 +80,6 @@ def test_misaligned_views_are_refused():
         _op()._bind((shifted, b), {})
 
 
-def test_fallback_takes_the_lean_path_only_where_it_means_the_same():
-    """FallbackOp runs AG->GEMM / GEMM->RS as NCCL + cuBLAS calls; every other pattern (or
-    a gather along another dim) goes through the generic non-overlapped evaluation."""
-    from tilelink.frontend.text import parse_text
-
-    assert AG.bind({}, 2).lean_operands() == ("a", "b")
-    assert load_text(EXAMPLES / "gemm_rs.tl").bind({}, 2).lean_operands() == ("a", "b")
-    assert load_text(EXAMPLES / "gemm_ar.tl").bind({}, 2).lean_operands() is None
-    swapped = parse_text("""
-pattern swapped(M = 256, N = 192, K = 128, dtype = bf16)
-    a : [M, K] dtype shard(0)
-    b : [N, M] dtype
-    a_full = all_gather(a, dim = 0)
-    c = gemm(b, a_full)
-    return c
-""", "swapped.tl")
-    assert swapped.bind({}, 2).lean_operands() is None  # the gathered operand is on the right
-    both = parse_text(AG_RETURNING_GATHERED, "both.tl")
-    assert both.bind({}, 2).lean_operands() is None  # two outputs: the generic path returns both
-
-
 def test_sizes_past_int32_offsets_are_refused_with_a_way_out():
     from tilelink.errors import ConfigError
     from tilelink.schedule import get_target, make_schedule
@@ -235,10 +214,9 @@ def test_copy_engine_ops_are_checked_before_anything_runs():
 
 
 def test_captured_calls_take_the_graph_tuned_config_only_where_outputs_agree():
-    # tune --graph's winner replaces the eager plan in captured calls, except where the
-    # pattern is not in the kernel's lean form and one plan is the fallback (its generic
-    # path returns every output; a kernel op only its own): captured and eager calls would
-    # return different things
+    # tune --graph's winner replaces the eager plan in captured calls, except under explicit
+    # overrides or a fault; a pattern returning two outputs too, since the non-overlapped
+    # plan and the kernel both return every output
     from tilelink.frontend.text import parse_text
     from tilelink.runtime.gpu import _captured_config
     from tilelink.schedule import Config, get_target
@@ -251,7 +229,7 @@ def test_captured_calls_take_the_graph_tuned_config_only_where_outputs_agree():
     assert _captured_config(lean, target, none, None, kernel, True, None) is None  # explicit
     assert _captured_config(lean, target, none, None, kernel, False, "drop_notify") is None
     both = parse_text(AG_RETURNING_GATHERED, "both.tl").bind({}, 2)
-    assert _captured_config(both, target, none, None, kernel, False, None) is None
+    assert _captured_config(both, target, none, None, kernel, False, None) == kernel
     # without a graph-tuned config the scheduler's own rule: the lean fallback takes the
     # overlapped kernel (capturable), an eager-tuned one (base given) does not
     got = _captured_config(lean, target, none, None, None, False, None)

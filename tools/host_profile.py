@@ -5,7 +5,7 @@
 Per rank, after a warm-up: `--calls` back-to-back calls of `compile_op(...)` on one input
 set; prints (rank 0) the host time per call (the loop without the final synchronize), the
 wall time per call (with it: host-bound when the two agree), the same two numbers for the
-bench's NCCL + cuBLAS call it competes with (AG-GEMM and GEMM-RS), and cProfile's top
+bench's NCCL + cuBLAS call it competes with (the non-overlapped plan), and cProfile's top
 functions by own time over the op's calls. For shapes whose GPU work is shorter than the
 host's (the non-overlapped plan at small M on 4 GPUs: docs/perf.md). Keep `--calls` small:
 once the launch queue fills (each call enqueues a kernel and several stream operations) the
