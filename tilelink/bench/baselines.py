@@ -298,37 +298,32 @@ def _build_async_tp(bp, inputs, group) -> Baseline | None:
 
 
 def _build_compute(bp, compute, vals, group) -> Baseline:
-    """The compute ops alone, on the collectives' results computed once; checked against
-    the exact compute ops on those same values."""
+    """The compute ops alone, on the collectives' results computed once."""
+    return _alone(bp, compute, vals, group, "gemm",
+                  "compute alone, on the collectives' results: ")
+
+
+def _build_nccl_comm(bp, comm, vals, group) -> Baseline:
+    """Each collective alone (NCCL), on its operands computed once."""
+    return _alone(bp, comm, vals, group, "nccl_comm",
+                  "the collectives alone (NCCL) on their operands: ")
+
+
+def _alone(bp, ops, vals, group, key: str, what: str) -> Baseline:
+    """`ops` alone as the non-overlapped plan runs them, on operands taken from `vals`;
+    checked against the same ops in exact arithmetic on the same operands (a reduction
+    across ranks may sum in any order: the bound takes that)."""
     from ..runtime.dist_reference import op_steps
 
-    results = tuple(op.result for op in compute)
-    fn = _program(op_steps(bp, compute, group), vals, results)
-    exact = _program(op_steps(bp, compute, group, exact=True), vals, results)
+    results = tuple(op.result for op in ops)
+    fn = _program(op_steps(bp, ops, group), vals, results)
+    exact = _program(op_steps(bp, ops, group, exact=True), vals, results)
 
     def check(_ref):
         out = fn()
         torch.cuda.synchronize()
         return check_outputs(bp, results, out, _no_tf32(exact))
-    return Baseline("gemm", fn, check, "compute alone, on the collectives' results: "
-                    + "; then ".join(_op_words(bp, op) for op in compute))
-
-
-def _build_nccl_comm(bp, comm, vals, group) -> Baseline:
-    """Each collective alone (NCCL), on its operands computed once; checked against the same
-    collectives in fp32 (a reduction's sums may round in any order)."""
-    from ..runtime.dist_reference import op_steps
-
-    results = tuple(op.result for op in comm)
-    fn = _program(op_steps(bp, comm, group), vals, results)
-    exact = _program(op_steps(bp, comm, group, exact=True), vals, results)
-
-    def check(_ref):
-        out = fn()
-        torch.cuda.synchronize()
-        return check_outputs(bp, results, out, exact())
-    return Baseline("nccl_comm", fn, check, "the collectives alone (NCCL) on their operands: "
-                    + "; then ".join(_op_words(bp, op) for op in comm))
+    return Baseline(key, fn, check, what + "; then ".join(_op_words(bp, op) for op in ops))
 
 
 def _build_ce_comm(bp, comm, vals, group) -> Baseline:

@@ -76,6 +76,22 @@ def fused_pair(producer: str, consumer: str):
     return wrap
 
 
+def peer_elements(bp, name: str) -> int:
+    """(W - 1) x the elements of tensor `name`'s local shape: one copy from every peer."""
+    n = 1
+    for d in bp.tensors[name].local_shape:
+        n *= d
+    return (bp.world - 1) * n
+
+
+def to_every_peer(ctx, x) -> dict:
+    """{peer: x} for every rank of ctx.group but this one: the same block to each."""
+    import torch.distributed as dist
+
+    me = dist.get_rank(ctx.group)
+    return {p: x for p in range(ctx.world) if p != me}
+
+
 def symm_mem_op(name: str):
     """torch.ops.symm_mem.<name> (registered when torch's symmetric memory module loads)."""
     import torch

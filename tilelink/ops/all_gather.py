@@ -8,7 +8,8 @@ from ..ir.ops import Inferred, check_dim, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
-from ..bench.providers import Fused, fused_pair, symm_mem_op, transfer
+from ..bench.providers import (Fused, fused_pair, peer_elements, symm_mem_op, to_every_peer,
+                               transfer)
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -62,20 +63,10 @@ def dist_ref(op, ctx, args):
     return full.movedim(0, ctx.attrs["dim"]).contiguous()
 
 
-def _received(bp, op) -> int:
-    n = 1
-    for d in bp.tensors[op.args[0]].local_shape:  # one slice from each peer
-        n *= d
-    return (bp.world - 1) * n
-
-
-@transfer("all_gather", received=_received)
+@transfer("all_gather", received=lambda bp, op: peer_elements(bp, op.args[0]))
 def sends(op, ctx, args):
     """Every peer receives this rank's slice, whole."""
-    import torch.distributed as dist
-
-    me = dist.get_rank(ctx.group)
-    return {p: args[0] for p in range(ctx.world) if p != me}
+    return to_every_peer(ctx, args[0])
 
 
 @fused_pair("all_gather", "gemm")

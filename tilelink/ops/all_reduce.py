@@ -8,7 +8,7 @@ from ..ir.ops import Inferred, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, col_axis, plain_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
-from ..bench.providers import transfer
+from ..bench.providers import peer_elements, to_every_peer, transfer
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 from .reduce_scatter import rank_sum
@@ -52,21 +52,10 @@ def dist_ref(op, ctx, args):
     return res.to(ctx.dtype)
 
 
-
-def _received(bp, op) -> int:
-    n = 1
-    for d in bp.tensors[op.args[0]].local_shape:
-        n *= d
-    return (bp.world - 1) * n
-
-
-@transfer("all_reduce", received=_received)
+@transfer("all_reduce", received=lambda bp, op: peer_elements(bp, op.args[0]))
 def sends(op, ctx, args):
     """One shot: every peer receives this rank's whole partial (each sums what it gets)."""
-    import torch.distributed as dist
-
-    me = dist.get_rank(ctx.group)
-    return {p: args[0] for p in range(ctx.world) if p != me}
+    return to_every_peer(ctx, args[0])
 
 # ---- lowerings ----------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from ..ir.ops import Inferred, fail, local_shape, register
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, chunk_axis, region_rule
 from ..plan.tiling import FULL, DimRule, TileGrid
-from ..bench.providers import transfer
+from ..bench.providers import peer_elements, transfer
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -68,13 +68,6 @@ def ref(op, ctx, args):
 
 
 
-def _received_elements(bp, op) -> int:
-    n = 1
-    for d in bp.tensors[op.result].local_shape:
-        n *= d
-    return (bp.world - 1) * n // bp.world  # W slots of `capacity` rows, one per source
-
-
 def _send_buffer(x, splits, ctx):
     """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded)."""
     cap = ctx.attrs["capacity"]
@@ -86,7 +79,8 @@ def _send_buffer(x, splits, ctx):
     return send
 
 
-@transfer("all_to_all", received=_received_elements)
+# the result holds W slots of `capacity` rows, one per source rank: W - 1 come from peers
+@transfer("all_to_all", received=lambda bp, op: peer_elements(bp, op.result) // bp.world)
 def sends(op, ctx, args):
     """Peer d receives its `capacity`-row slot of this rank's send buffer."""
     import torch.distributed as dist

@@ -8,7 +8,7 @@ from ..ir.ops import Inferred, check_dim, fail, register
 from ..ir.tensor import shard
 from ..plan.regions import FULL, access, chunk_axis, col_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
-from ..bench.providers import Fused, fused_pair, symm_mem_op, transfer
+from ..bench.providers import Fused, fused_pair, peer_elements, symm_mem_op, transfer
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -69,14 +69,8 @@ def dist_ref(op, ctx, args):
     return part.movedim(0, ctx.attrs["dim"]).to(ctx.dtype).contiguous()
 
 
-def _received(bp, op) -> int:
-    n = 1
-    for d in bp.tensors[op.result].local_shape:  # each peer's partial of this rank's slice
-        n *= d
-    return (bp.world - 1) * n
-
-
-@transfer("reduce_scatter", received=_received)
+# each peer's partial of this rank's slice
+@transfer("reduce_scatter", received=lambda bp, op: peer_elements(bp, op.result))
 def sends(op, ctx, args):
     """Peer p receives this rank's partial of p's slice (the sum is the receiver's work)."""
     import torch.distributed as dist
