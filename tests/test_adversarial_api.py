@@ -9,9 +9,7 @@ the emulated world: every refusal comes before a rank starts, so the suite takes
 
 from __future__ import annotations
 
-import contextlib
 import math
-import signal
 from pathlib import Path
 
 import pytest
@@ -34,24 +32,12 @@ from tilelink.frontend import LoadError
 from tilelink.runtime import run_emulated
 from tilelink.runtime.reference import make_inputs
 
+from .adversarial import deadline
+
 ROOT = Path(__file__).resolve().parent.parent
 AG = str(ROOT / "examples" / "ag_gemm.tl")
 PATTERNS = str(ROOT / "examples" / "patterns.py")
 
-
-@contextlib.contextmanager
-def bounded(seconds: float):
-    """Fail (instead of hanging) when the body takes longer than `seconds`."""
-    def expire(signum, frame):
-        raise TimeoutError(f"took more than {seconds} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def assert_clean(err: TileLinkError) -> None:
@@ -201,7 +187,7 @@ def test_python_dsl_misuse(tmp_path, case):
     cid, body, cls, words, line = case
     f = tmp_path / f"{cid.replace('-', '_')}.py"
     f.write_text(MODULE.format(body=body))
-    with bounded(10), pytest.raises(TileLinkError) as e:
+    with deadline(10), pytest.raises(TileLinkError) as e:
         tk.load_pattern(f"{f}:p").bind({}, 2)
     err = e.value
     assert type(err) is cls, str(err)
@@ -522,7 +508,7 @@ NO_HINT_YET = {"emulate-config-bad-int"}
 @pytest.mark.parametrize("case", API_CASES, ids=[c[0] for c in API_CASES])
 def test_python_api_misuse(case):
     cid, call, cls, words = case
-    with bounded(30), pytest.raises(TileLinkError) as e:
+    with deadline(30), pytest.raises(TileLinkError) as e:
         call()
     err = e.value
     assert type(err) is cls, str(err)
@@ -565,7 +551,7 @@ BAD_OPTIONS = st.one_of(
 @given(option=BAD_OPTIONS)
 def test_any_bad_emulate_option_is_refused_before_running(option):
     name, value = option
-    with bounded(30), pytest.raises(TileLinkError) as e:
+    with deadline(30), pytest.raises(TileLinkError) as e:
         tk.emulate(ag, **{name: value})
     assert isinstance(e.value, (UsageError, PatternError, RuntimeCheckError)), str(e.value)
     assert_clean(e.value)
@@ -574,7 +560,7 @@ def test_any_bad_emulate_option_is_refused_before_running(option):
 @settings(max_examples=100, deadline=5000)
 @given(pattern=JUNK | st.integers() | st.just(plain) | st.just(print))
 def test_anything_but_a_pattern_is_refused(pattern):
-    with bounded(30), pytest.raises(TileLinkError) as e:
+    with deadline(30), pytest.raises(TileLinkError) as e:
         tk.emulate(pattern, 2)
     assert isinstance(e.value, (UsageError, tk.LoadError)), str(e.value)
     assert_clean(e.value)
@@ -586,7 +572,7 @@ def test_any_object_as_a_dim_of_tk_input_binds_or_fails_cleanly(dim):
     def build(M=64):
         return tk.input((M, dim), "bf16")
 
-    with bounded(30):
+    with deadline(30):
         try:
             bp = tk.pattern(build).bind({}, 2)
         except TileLinkError as err:
@@ -604,7 +590,7 @@ def test_any_object_as_an_attribute_binds_or_fails_cleanly(value):
         a = tk.input((M, M), "bf16", shard=0)
         return tk.all_gather(a, dim=value)
 
-    with bounded(30):
+    with deadline(30):
         try:
             bp = tk.pattern(build).bind({}, 2)
         except TileLinkError as err:

@@ -14,8 +14,6 @@ Only parsing and binding run here (no plan, no emulated world): the suite takes 
 
 from __future__ import annotations
 
-import contextlib
-import signal
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,8 @@ from hypothesis import strategies as st
 
 from tilelink.errors import DSLSyntaxError, PatternError, TileLinkError
 from tilelink.frontend import LoadError, load_pattern, load_text, parse_text
+
+from .adversarial import deadline
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 H = "pattern p(M = 64, K = 32, dtype = bf16)\n"
@@ -34,20 +34,6 @@ B = "b : [K, M] dtype"
 def body(*lines: str) -> str:
     return H + "".join(f"    {line}\n" for line in lines)
 
-
-@contextlib.contextmanager
-def bounded(seconds: float):
-    """Fail (instead of hanging) when the body takes longer than `seconds`."""
-    def expire(signum, frame):
-        raise TimeoutError(f"took more than {seconds} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def assert_clean(err: TileLinkError) -> None:
@@ -62,7 +48,7 @@ def assert_clean(err: TileLinkError) -> None:
 
 def bind_error(source: str, world: int = 2) -> TileLinkError:
     """The error of parsing and binding `source` (as file c.tl) at `world` ranks."""
-    with bounded(10), pytest.raises(TileLinkError) as e:
+    with deadline(10), pytest.raises(TileLinkError) as e:
         parse_text(source, "c.tl").bind({}, world)
     assert_clean(e.value)
     return e.value
@@ -399,7 +385,7 @@ def test_mutated_examples_parse_and_bind_or_fail_cleanly(data):
             k = i % max(len(lines), 1)
             src = "".join(lines[:k + 1] + lines[k:])
     world = data.draw(st.integers(1, 4))
-    with bounded(10):
+    with deadline(10):
         try:
             parse_text(src, "m.tl").bind({}, world)
         except TileLinkError as err:
@@ -424,7 +410,7 @@ NAME_POSITIONS = [
 @settings(max_examples=200, deadline=3000)
 @given(template=st.sampled_from(NAME_POSITIONS), name=st.text(min_size=0, max_size=40))
 def test_any_text_in_a_name_position_parses_or_fails_cleanly(template, name):
-    with bounded(10):
+    with deadline(10):
         try:
             parse_text(template.format(n=name), "n.tl").bind({}, 2)
         except TileLinkError as err:
@@ -437,7 +423,7 @@ def test_any_text_in_a_name_position_parses_or_fails_cleanly(template, name):
 def test_arbitrary_bytes_as_a_pattern_file(tmp_path_factory, data):
     f = tmp_path_factory.mktemp("bytes") / "b.tl"
     f.write_bytes(data)
-    with bounded(10), pytest.raises(TileLinkError) as e:
+    with deadline(10), pytest.raises(TileLinkError) as e:
         load_text(f).bind({}, 2)
     assert_clean(e.value)
 
@@ -448,7 +434,7 @@ def test_arbitrary_bytes_as_a_pattern_file(tmp_path_factory, data):
        world=st.integers(1, 2**22))
 def test_any_literal_shape_binds_or_fails_cleanly(dims, world):
     src = body(f"a : [{', '.join(str(d) for d in dims)}] bf16", "return a")
-    with bounded(10):
+    with deadline(10):
         try:
             bp = parse_text(src, "s.tl").bind({}, world)
         except TileLinkError as err:
@@ -475,7 +461,7 @@ def test_any_literal_shape_binds_or_fails_cleanly(dims, world):
 def test_odd_files(tmp_path, content, cls, words):
     f = tmp_path / "odd.tl"
     f.write_bytes(content)
-    with bounded(10), pytest.raises(TileLinkError) as e:
+    with deadline(10), pytest.raises(TileLinkError) as e:
         load_pattern(f).bind({}, 2)
     assert type(e.value) is cls and words in e.value.message, str(e.value)
     assert_clean(e.value)
@@ -486,6 +472,6 @@ def test_a_gigabyte_on_one_line_is_refused_at_once(tmp_path):
     with open(f, "wb") as out:  # sparse: no disk space, and it must not be read
         out.write(b"pattern p(M = 4)\n    a : [M] bf16 ")
         out.truncate(2**30)
-    with bounded(2), pytest.raises(LoadError) as e:
+    with deadline(2), pytest.raises(LoadError) as e:
         load_pattern(f)
     assert "a pattern file is at most" in e.value.message and len(str(e.value)) < 400

@@ -7,10 +7,8 @@ or calls sys.exit while imported gives the user's frames, located, not ours.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import signal
 import sys
 
 import pytest
@@ -19,6 +17,8 @@ from tilelink.cli.main import main
 from tilelink.errors import DSLSyntaxError, ECHO_WIDTH, TileLinkError
 from tilelink.frontend import LoadError, load_pattern, load_text, parse_text
 from tilelink.frontend.loader import MAX_FILE_BYTES
+
+from .adversarial import deadline
 
 AG = """\
 pattern ag_gemm(M = 256, N = 192, K = 128, dtype = bf16)
@@ -30,23 +30,9 @@ pattern ag_gemm(M = 256, N = 192, K = 128, dtype = bf16)
 """
 
 
-@contextlib.contextmanager
-def bounded(seconds: float):
-    """Fail (instead of hanging) when the body takes longer than `seconds`."""
-    def expire(signum, frame):
-        raise TimeoutError(f"took more than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
 
 def load_error(spec) -> LoadError:
-    with bounded(10), pytest.raises(LoadError) as e:
+    with deadline(10), pytest.raises(LoadError) as e:
         load_pattern(spec)
     assert "Traceback" not in str(e.value)
     return e.value
@@ -147,7 +133,7 @@ def test_absurdly_large_files_are_refused_before_reading(tmp_path):
     f = tmp_path / "huge.tl"
     with open(f, "wb") as out:
         out.truncate(2**30)  # a sparse gigabyte: reading it would take seconds and memory
-    with bounded(2):
+    with deadline(2):
         err = load_error(f)
     assert err.message == f"{f} is {2**30} bytes; a pattern file is at most {MAX_FILE_BYTES} " \
                           "bytes (1 MiB)"

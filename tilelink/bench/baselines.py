@@ -332,7 +332,6 @@ def _build_ce_comm(bp, comm, vals, group) -> Baseline:
     against what every peer sent (gathered with NCCL)."""
     import torch.distributed as dist
 
-    from ..ir.ops import OPS  # noqa: F401  (the op registry is filled by now)
     from ..runtime.reference import TORCH_DTYPES, RefContext
     from ..runtime.timing import max_over_ranks
     from .providers import TRANSFERS
