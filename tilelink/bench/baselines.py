@@ -183,17 +183,21 @@ class PeerBuffers:
 # ---------------------------------------------------------------- the builders
 
 
-def _or_raise_later(make):
-    """`make()`, or — if this torch lacks what it needs — a callable raising that error, so
-    only that baseline's check fails (and is reported), not the whole shape."""
+def _fused(provider, bp, producer, consumer, group):
+    """`provider(...)`'s Fused call, None where it has none for this pair; where this torch
+    lacks what it needs, a Fused whose call raises that error, so only the async-TP check
+    fails (and is reported), not the whole shape."""
+    from .providers import Fused
+
     try:
-        return make()
+        return provider(bp, producer, consumer, group)
     except Exception as e:  # noqa: BLE001
         err = e  # `e` itself is unbound once the except block ends
 
-        def unavailable():
+        def unavailable(vals):
             raise err
-        return unavailable
+        return Fused(unavailable, f"{producer.kind} + {consumer.kind} fused (unavailable: "
+                     f"{type(err).__name__})")
 
 
 def _sync_barrier(group):
@@ -262,36 +266,34 @@ def _build_async_tp(bp, inputs, group) -> Baseline | None:
     from ..runtime.dist_reference import op_steps, run_steps
     from .providers import FUSED
 
-    ops, parts, words, i = list(bp.ops), [], [], 0
+    ops, steps, words, i = list(bp.ops), [], [], 0
     uses = {}
     for op in ops:
         for a in op.args:
             uses[a] = uses.get(a, 0) + 1
+    fused_any = False
     while i < len(ops):
         op, nxt = ops[i], ops[i + 1] if i + 1 < len(ops) else None
         provider = FUSED.get((op.kind, nxt.kind)) if nxt is not None else None
         if (provider is not None and op.result in nxt.args and uses[op.result] == 1
                 and op.result not in bp.pattern.outputs):
-            made = _or_raise_later(lambda: provider(bp, op, nxt, group))
+            made = _fused(provider, bp, op, nxt, group)
             if made is not None:
-                parts.append(("fused", nxt.result, made))
-                words.append(getattr(made, "note", "a fused call that could not be made"))
-                i += 2
+                steps.append(lambda vals, f=made.run, r=nxt.result: vals.update({r: f(vals)}))
+                words.append(made.note)
+                fused_any, i = True, i + 2
                 continue
-        parts.append(("steps", op_steps(bp, [op], group), None))
+        steps.append(lambda vals, s=op_steps(bp, [op], group): run_steps(s, vals))
         words.append(_op_words(bp, op))
         i += 1
-    if not any(kind == "fused" for kind, _, _ in parts):
+    if not fused_any:
         return None
     outputs = tuple(bp.pattern.outputs)
 
     def async_tp():
         vals = dict(inputs)
-        for kind, what, made in parts:
-            if kind == "fused":
-                vals[what] = made.run(vals) if hasattr(made, "run") else made()
-            else:
-                run_steps(what, vals)
+        for step in steps:
+            step(vals)
         return tuple(vals[n] for n in outputs)
 
     return Baseline("async_tp", async_tp, _output_check(bp, async_tp), "; then ".join(words))
@@ -345,8 +347,7 @@ def _build_ce_comm(bp, comm, vals, group) -> Baseline:
                   TRANSFERS[op.kind].sends(op, ctx, [vals[a] for a in op.args]).items()}
         n = int(max_over_ranks([max((b.numel() for b in blocks.values()), default=0)],
                                group)[0])
-        buf = PeerBuffers((n,), blocks[next(iter(blocks))].dtype if blocks
-                          else TORCH_DTYPES[bp.tensors[op.result].dtype], group)
+        buf = PeerBuffers((n,), vals[op.args[0]].dtype, group)  # what the collective moves
         pushes.append(buf.push_fn(blocks))
         bufs.append(buf)
         sent.append((blocks, n))
