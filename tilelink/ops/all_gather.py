@@ -189,7 +189,7 @@ class _Gather(Lowering):
     def _value(self, site) -> str:
         return "1" if self._flags(site) else "epoch"
 
-    def rows_first(self, kb, site) -> str | None:
+    def rows_ready_first(self, kb, site) -> str | None:
         """A consumer's tiles of this rank's own rows go first: they are ready first."""
         if self._dim(site) != 0:
             return None

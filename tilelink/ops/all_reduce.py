@@ -88,10 +88,12 @@ class AllReduceSM(ReduceScatterSM):
     def reduce_what(self, site) -> str:
         return "wait for every rank's tiles of a chunk of rows, sum them (every rank, all rows)"
 
-    def rows_first(self, kb, site) -> str | None:
+    def rows_needed_first(self, kb, site) -> str | None:
         return None  # every rank needs every tile: no order is better
 
     def declare(self, mb, site) -> None:
+        if self.alone(site):
+            return
         self.declare_common(mb, site)
         out, part = site.op.result, site.op.args[0]
         dep = reduce_dep(mb.plan, site.op)
@@ -101,6 +103,8 @@ class AllReduceSM(ReduceScatterSM):
         mb.signal(dep.signal, mb.plan.grids[part].size)
 
     def epilogue(self, kb, site, tile) -> list[str]:
+        if self.alone(site):
+            return self.store_whole(kb, site, tile)
         mb = kb.mb
         p = self._consts(kb, site)
         out = site.op.result

@@ -215,7 +215,7 @@ class _Scatter(Lowering):
             kb.const(f"{p}_{c}")
         return p
 
-    def rows_first(self, kb, site) -> str | None:
+    def rows_needed_first(self, kb, site) -> str | None:
         """The GEMM computes the next rank's rows first: their partials are shipped first."""
         if self._dim(site) != 0:
             return None
@@ -288,7 +288,49 @@ class ReduceScatterSM(_Scatter):
     def reduce_what(self, site) -> str:
         return "wait for every rank's tiles of a chunk of own rows, sum them"
 
+    # ---- W = 1: the sum of one partial is the partial ----------------------------------
+    # The GEMM's epilogue stores its tiles straight into the result: no stage buffer, no
+    # signal, no reduce role (its programs go to the GEMM), nothing to release.
+
+    @staticmethod
+    def alone(site) -> bool:
+        """One rank: nothing to exchange or sum."""
+        return site.bp.world == 1
+
+    def steps(self, site) -> list[Step]:
+        return [] if self.alone(site) else super().steps(site)
+
+    def tune_axes(self, site) -> list[dict]:
+        return [{}] if self.alone(site) else super().tune_axes(site)
+
+    def notes(self, site) -> list[str]:
+        if not self.alone(site):
+            return []
+        return [f"W = 1: {site.op.result} = {site.op.kind}({site.op.args[0]}) is "
+                f"{site.op.args[0]} itself; the GEMM's epilogue stores its tiles into "
+                f"{site.op.result} (no reduce role: every program computes)"]
+
+    def rows_needed_first(self, kb, site) -> str | None:
+        return None if self.alone(site) else super().rows_needed_first(kb, site)
+
+    def prologue(self, kb, site) -> list[str]:
+        return [] if self.alone(site) else super().prologue(kb, site)
+
+    def store_whole(self, kb, site, tile) -> list[str]:
+        """W = 1's epilogue: the tile into the result (the whole tensor on one rank)."""
+        out = site.op.result
+        p = ident(out)
+        m, n = site.result.local_shape
+        kb.const(f"{p}_M", value=m)
+        kb.const(f"{p}_N", value=n)
+        return [f"# W = 1: the tile is {out} (one rank's sum is its partial)",
+                f"mask = ({tile.rows}[:, None] < {p}_M) & ({tile.cols}[None, :] < {p}_N)",
+                f"tl.store({kb.view(out).base} + {tile.rows}[:, None] * {p}_N + "
+                f"{tile.cols}[None, :], {tile.values}, mask=mask)"]
+
     def declare(self, mb, site) -> None:
+        if self.alone(site):
+            return
         self.declare_common(mb, site)
         out, part = site.op.result, site.op.args[0]
         dep = reduce_dep(mb.plan, site.op)
@@ -300,6 +342,8 @@ class ReduceScatterSM(_Scatter):
         mb.signal(dep.signal, mb.plan.grids[part].size)
 
     def epilogue(self, kb, site, tile) -> list[str]:
+        if self.alone(site):
+            return self.store_whole(kb, site, tile)
         mb = kb.mb
         p = self._consts(kb, site)
         out = site.op.result

@@ -110,7 +110,7 @@ class ConfigSpace:
     comm_programs: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     block_m: tuple[int, ...] = (16, 32, 64, 128)
     block_n: tuple[int, ...] = (16, 32, 64, 128, 256)
-    block_k: tuple[int, ...] = (16, 32, 64)
+    block_k: tuple[int, ...] = (16, 32, 64, 128)
     # chunk rows: small chunks suit SM pushes; the copy engine wants few large copies
     comm_block_m: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     comm_block_n: tuple[int, ...] = (16, 32, 64, 128, 256)

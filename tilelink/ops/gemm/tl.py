@@ -12,6 +12,15 @@ TILE_KNOBS = ("num_programs", "block_m", "block_n", "block_k", "order", "group_m
               "warps", "flatten")
 
 
+#: tiles for GEMMs with few output tiles, largest first (1x H200, GEMM-AR at W = 1, N = 8192,
+#: K = 4096, CUDA-graph replays, 2026-11-25: 128x128 at M = 256 0.81x cuBLAS against 0.51x
+#: for the 128x256 default; 64x128 with block_k=128 at M = 128 0.67x against 0.37x)
+DECODE_TILES = (
+    {"block_m": 128, "block_n": 128, "block_k": 64, "stages": 4, "warps": 8},
+    {"block_m": 64, "block_n": 128, "block_k": 128, "stages": 3, "warps": 4},
+)
+
+
 def tma_ok(target, dtype: str, row_lengths) -> bool:
     """TMA loads on targets that have it, when every row stride is a multiple of 16 bytes
     (a descriptor's requirement); otherwise pointer loads (the header says which)."""
@@ -38,6 +47,27 @@ class GemmTriton(Lowering):
             return [f"its operands are {dtype}: the GEMM kernel multiplies bf16, fp16 or fp32 "
                     "(declare the operands with a float dtype)"]
         return []
+
+    def defaults(self, site) -> dict:
+        """Smaller tiles where the schedule's tiles would leave SMs idle (decode: a few
+        hundred rows or fewer): the first of DECODE_TILES that gives about a tile per
+        program, else the smallest. Measured on Hopper only (docs/perf.md, "Decode sizes"),
+        so proposed on targets with TMA loads."""
+        cfg = site.config
+        if not site.target.tma:
+            return {}
+        m, n = site.result.local_shape
+        enough = 0.9 * cfg.num_programs
+        for tiles in ((cfg.block_m, cfg.block_n),) + tuple((t["block_m"], t["block_n"])
+                                                           for t in DECODE_TILES):
+            if -(-m // tiles[0]) * -(-n // tiles[1]) >= enough:
+                break
+        else:
+            return {k: str(v) for k, v in DECODE_TILES[-1].items()}
+        if tiles == (cfg.block_m, cfg.block_n):
+            return {}
+        return {k: str(v) for k, v in next(t for t in DECODE_TILES
+                                           if (t["block_m"], t["block_n"]) == tiles).items()}
 
     def steps(self, site) -> list[Step]:
         gathered = [a for a in site.op.args if site.bp.ops and any(
@@ -145,13 +175,13 @@ class GemmTriton(Lowering):
         puts the next rank's first (its copy is shipped first)."""
         a = site.op.args[0]
         lw = kb.mb.producer_lowering(a)
-        if lw is not None and hasattr(lw, "rows_first"):
-            r = lw.rows_first(kb, kb.mb.site_of(a))
+        if lw is not None and hasattr(lw, "rows_ready_first"):
+            r = lw.rows_ready_first(kb, kb.mb.site_of(a))
             if r:
                 return r
         for lw, hs in hooks:
-            if hasattr(lw, "rows_first"):
-                r = lw.rows_first(kb, hs)
+            if hasattr(lw, "rows_needed_first"):
+                r = lw.rows_needed_first(kb, hs)
                 if r:
                     return r
         return None

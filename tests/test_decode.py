@@ -1,0 +1,72 @@
+"""Decode-sized reductions: at W = 1 a reduction is its input (no reduce role, no stage buffer,
+the GEMM's epilogue stores the result), and a GEMM with few output tiles gets smaller tiles
+on Hopper (docs/perf.md, "Decode sizes")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tilelink.cli.main import main
+from tilelink.codegen import render_triton
+from tilelink.frontend import load_pattern
+from tilelink.schedule import get_target, make_schedule
+from tilelink.schedule.schedule import default_config
+
+from .conftest import EXAMPLES
+
+GEMM_AR, GEMM_RS, RS_COLS = (str(EXAMPLES / f) for f in ("gemm_ar.tl", "gemm_rs.tl",
+                                                           "gemm_rs_cols.tl"))
+# (pattern, sizes that do not divide the interpreter's 32-row tiles, config)
+REDUCTIONS = [(GEMM_AR, {"M": 72, "N": 100, "K": 312}, {}),
+              (GEMM_RS, {"M": 72, "N": 100, "K": 312}, {"comm": "sm"}),
+              (RS_COLS, {"M": 100, "N": 72, "K": 312}, {"comm": "sm"})]
+
+
+def _schedule(path, sizes, world, target, config=None):
+    bp = load_pattern(path).bind(sizes, world)
+    return make_schedule(bp, get_target(target), config or None)
+
+
+@pytest.mark.parametrize("path,sizes,config", REDUCTIONS)
+@pytest.mark.parametrize("target", ["interp", "cuda:90"])
+def test_a_reduction_at_w1_is_stored_by_the_gemm_epilogue(path, sizes, config, target):
+    one = _schedule(path, sizes, 1, target, config)
+    two = _schedule(path, sizes, 2, target, config)
+    kinds = lambda s: [step.kind for step in s.composition.steps()]  # noqa: E731
+    assert kinds(one) == ["tiles"] and "reduce" in kinds(two)
+    text, text2 = render_triton(one), render_triton(two)
+    stage = lambda t: "_stage': (" in t  # noqa: E731  (a stage buffer in SYMMETRIC)
+    assert not stage(text) and stage(text2)  # no staged partials, no signals
+    assert "W = 1: the tile is" in text
+    assert "itself; the GEMM's epilogue stores its tiles" in one.render()  # --emit schedule
+
+
+@pytest.mark.parametrize("path,sizes,config", REDUCTIONS)
+def test_a_reduction_at_w1_checks_in_the_emulated_world(path, sizes, config, capsys):
+    args = ["run", path, "-W", "1", "--check", "--calls", "3"]
+    for k, v in sizes.items():
+        args += ["-D", f"{k}={v}"]
+    for k, v in config.items():
+        args += ["--config", f"{k}={v}"]
+    assert main(args) == 0
+    assert "check: OK" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("m,tiles", [(128, (64, 128, 128)), (256, (128, 128, 64)),
+                                     (512, (128, 256, 64)), (4096, (128, 256, 64))])
+def test_few_output_tiles_get_the_decode_tiles_on_hopper(m, tiles):
+    bp = load_pattern(GEMM_AR).bind({"M": m, "N": 8192, "K": 4096}, 1)
+    cfg, why = default_config(bp, get_target("cuda:90"))
+    assert why is None
+    assert (cfg.block_m, cfg.block_n, cfg.block_k) == tiles
+    # targets where these tiles were not measured keep the schedule's tiles
+    for other in ("cuda:80", "hip:gfx942"):
+        c, _ = default_config(bp, get_target(other))
+        assert (c.block_m, c.block_n) == (128, 256)
+
+
+def test_the_decode_tiles_compile_for_hopper(capsys):
+    assert main(["compile", GEMM_AR, "-W", "2", "-D", "M=128", "-D", "N=8192", "-D", "K=4096",
+                 "--target", "cuda:90", "--emit", "ptx"]) == 0
+    ptx = capsys.readouterr().out
+    assert ".entry gemm_ar_kernel" in ptx and "wgmma" in ptx
