@@ -120,6 +120,15 @@ def gemm_rs_gemm(M=84, K=60, N=44, P=36, dtype="bf16"):
 
 
 @tk.pattern
+def ag_gemm_return_both(M=84, K=60, N=44, dtype="bf16"):
+    a = tk.input((M, K), dtype, shard=0)
+    b = tk.input((K, N), dtype)
+    af = tk.all_gather(a, dim=0)
+    c = tk.gemm(af, b)
+    return af, c
+
+
+@tk.pattern
 def gemm_ar_ragged(M=44, K=84, N=60, dtype="bf16"):
     a = tk.input((M, K / W), dtype)
     b = tk.input((K / W, N), dtype)

@@ -108,6 +108,15 @@ RECOMBINED = {
     out = gemm(s, w)
     return out
 """,
+    # the gathered operand returned with the product (its copy to the output is a role no
+    # other role waits on: once refused by the program-order check)
+    "ag_gemm_return_both": """pattern ag_gemm_return_both(M = 84, K = 60, N = 44, dtype = bf16)
+    a : [M, K] dtype shard(0)
+    b : [K, N] dtype
+    af = all_gather(a, dim = 0)
+    c = gemm(af, b)
+    return af, c
+""",
     "gemm_ar_ragged": """pattern gemm_ar_ragged(M = 44, K = 84, N = 60, dtype = bf16)
     a : [M, K / W] dtype
     b : [K / W, N] dtype

@@ -179,6 +179,8 @@ def _reads(consumer: Step, producer: Step) -> bool:
     """Whether `consumer` waits for data `producer` makes within one call of the kernel."""
     if consumer.kind == "push":
         return False  # its source is ready when the kernel starts
+    if producer.kind == "copy_out":
+        return False  # it fills the pattern's output; the other roles read the heap copy
     if producer.op is consumer.op:
         return _ORDER[producer.kind] < _ORDER[consumer.kind]
     return producer.op.result in consumer.op.args
