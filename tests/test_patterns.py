@@ -372,11 +372,22 @@ def test_recombined_pattern_compiles_for_every_gpu_target(name, target, stage, t
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_what_cannot_be_composed_says_where_and_why(name, tmp_path, capsys):
     """The refusal names the file and line (or the op's location) and says why, with no
-    traceback."""
+    traceback: a DSL error at once; a lowering's refusal where the user asks for the
+    overlapped kernel (`--config comm=sm`), while the default falls back to the
+    non-overlapped plan, says why, and checks."""
     text, words = REFUSED[name]
+    words = (words,) if isinstance(words, str) else words
     path = _write(tmp_path, name, text)
-    assert main(["run", path, "-W", "2", "--check"]) != 0
+    dsl_error = any(": error: " in w for w in words)  # file:line:col: error: ...
+    args = ["run", path, "-W", "2", "--check"]
+    assert main(args + ([] if dsl_error else ["--config", "comm=sm"])) != 0
     err = capsys.readouterr().err
-    for w in (words,) if isinstance(words, str) else words:
+    for w in words:
         assert w in err, (w, err)
     assert "Traceback" not in err, err
+    if not dsl_error:
+        assert main(args + ["--calls", "2"]) == 0
+        out = capsys.readouterr()
+        assert "check: OK" in out.out
+        assert "non-overlapped plan chosen: no overlapped kernel can run this pattern" in \
+            out.out + out.err and words[-1] in out.out + out.err

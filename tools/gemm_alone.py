@@ -1,4 +1,4 @@
-"""TileLink's GEMM with no communication against cuBLAS, on one GPU (issue #5's 0.97x target).
+"""TileLink's GEMM with no communication against cuBLAS, on one GPU (the 0.97x target of docs/perf.md).
 
     python tools/gemm_alone.py                       # per-rank GEMMs of the M=8192 design shapes
     python tools/gemm_alone.py --shapes 8192x8192x8192 --configs "block_n=128" "stages=4"

@@ -1,4 +1,4 @@
-"""Benchmarks: TileLink against NCCL+cuBLAS, torch async-TP, GEMM and comm alone (issue #5).
+"""Benchmarks: TileLink against NCCL+cuBLAS, torch async-TP, GEMM and comm alone.
 
 `timing` (events, steady state, single-call latency: `tilelink.runtime.timing`, which
 `tilelink run` uses too), `baselines` (derived from the pattern's ops), `providers` (what

@@ -1,4 +1,4 @@
-"""`tilelink bench`: TileLink against its baselines on real GPUs, one table (issue #5).
+"""`tilelink bench`: TileLink against its baselines on real GPUs, one table.
 
     tilelink bench examples/ag_gemm.tl -D M=8192 -D N=8192 -D K=8192 --world-size 2
     tilelink bench --suite design --json bench.json --plot bench.png

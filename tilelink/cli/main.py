@@ -249,6 +249,8 @@ def cmd_run(args) -> int:
     s, res = emulate(bp, config=_defines(args.config, "--config"), seed=args.seed,
                      calls=args.calls, delays=args.delays, timeout=args.timeout)
     print(f"{bp.name}: {bp.sizes_str()}; config {s.config}")
+    if s.config.comm == "none" and s.notes:  # why the non-overlapped plan (default or asked)
+        print(f"note: {s.notes[0]}")
     print(f"ran {args.calls} call(s) on {bp.world} emulated ranks in {res.seconds:.1f} s")
     if not args.check:
         return 0

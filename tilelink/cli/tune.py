@@ -1,4 +1,4 @@
-"""`tilelink tune`: search a pattern's schedule space and cache the winner (issue #6).
+"""`tilelink tune`: search a pattern's schedule space and cache the winner.
 
     tilelink tune examples/ag_gemm.tl -D M=8192 -D N=8192 -D K=8192 --world-size 2
     tilelink tune examples/gemm_rs.tl -D M=8192 -D K=28672 -W 2 --exhaustive

@@ -191,8 +191,8 @@ def default_config(bp: BoundPattern, target: Target,
     """A starting point (the tuner improves on it) and, when it is the non-overlapped plan,
     why. `allow_fallback=False`: always an overlapped config (to show a kernel)."""
     base = _base(target)
-    if target.backend == "interp":
-        return base, None  # tiny tiles, SM communication: every code path in seconds
+    if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
+        return _or_fallback(base, bp, target, allow_fallback)
     cfg = replace(base, comm=_default_resource(bp, base, target))
     comms = [(s, lw) for s, lw in _comm_sites(bp, cfg, target) if lw is not None]
     flops = gemm_flops_per_rank(bp)
@@ -231,7 +231,20 @@ def default_config(bp: BoundPattern, target: Target,
         if not space.reasons(merged, bp):
             return merged, None
         first = first or merged
-    return first, None
+    return _or_fallback(first, bp, target, allow_fallback)
+
+
+def _or_fallback(cfg: Config, bp: BoundPattern, target: Target,
+                 allow_fallback: bool) -> tuple[Config, str | None]:
+    """`cfg`, or where the lowerings cannot run it (an all_reduce of a pattern input: the SM
+    lowering takes its partials from a GEMM's epilogue) the non-overlapped plan, which runs
+    every pattern, with the lowerings' reasons as the why. A config the user names is still
+    refused with them (make_schedule checks it)."""
+    bad = default_space(target).reasons(cfg, bp)
+    if not bad or not allow_fallback:
+        return cfg, None
+    return replace(cfg, comm="none"), ("non-overlapped plan chosen: no overlapped kernel can "
+                                       "run this pattern (" + "; ".join(bad) + ")")
 
 
 def captured_overrides(bp: BoundPattern, target: Target) -> dict[str, str] | None:
