@@ -29,6 +29,7 @@ from tilelink.errors import (
     UsageError,
 )
 from tilelink.frontend import LoadError
+from tilelink.frontend.text import parse_text
 from tilelink.runtime import run_emulated
 from tilelink.runtime.reference import make_inputs
 
@@ -598,3 +599,213 @@ def test_any_object_as_an_attribute_binds_or_fails_cleanly(value):
             assert err.loc is not None and err.loc.file == __file__
         else:
             assert value in (0, -2) and bp.op_attrs(bp.ops[0])["dim"] == 0
+
+
+# ---- sizes no GPU holds: refused before any plan, from every Python entry point -----------
+
+EXAMPLE_FILES = sorted((ROOT / "examples").glob("*.tl"))
+# 10**12 and 2**40 no dim takes, 10**20 is past int64, 2**31 - 2 fits a dim but its tensors
+# take terabytes per rank
+SIZES_NO_GPU_HOLDS = [10**12, 10**20, 2**31 - 2, 2**40]
+
+
+@pytest.fixture
+def no_planning(monkeypatch):
+    """The plans derived while the test runs (every refusal must come before one)."""
+    from tilelink.plan import plan
+
+    derived = []
+    real = plan.derive
+    monkeypatch.setattr(plan, "derive", lambda *a, **k: derived.append(a[0]) or real(*a, **k))
+    return derived
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.name)
+def test_sizes_no_gpu_holds_are_refused_before_any_plan(path, no_planning):
+    from tilelink.runtime.api import schedule_for
+
+    pat = tk.load_pattern(str(path))
+    for name in [p.name for p in pat.params if p.kind == "int"]:
+        for value in SIZES_NO_GPU_HOLDS:
+            seen = set()
+            for call in (lambda: pat.bind({name: value}, 2),
+                         lambda: schedule_for(pat, 2, {name: value}, None, "cuda:90"),
+                         lambda: schedule_for(pat, 2, {name: value}, None, "interp"),
+                         lambda: tk.emulate(pat, 2, {name: value}),
+                         lambda: tk.emulate(str(path), 2, {name: value}, {"comm": "none"})):
+                try:
+                    with deadline(20):
+                        call()
+                except TileLinkError as e:
+                    assert_clean(e)
+                    assert e.loc is not None and e.loc.file == str(path), str(e)
+                    assert e.hint, str(e)
+                    seen.add(str(e))
+                else:
+                    # only bind may accept sizes within its bounds (a dim < 2**31, at most
+                    # 512 GiB a rank): the schedule or the emulated world refuses them
+                    assert call is not None and value == 2**31 - 2 and not seen, (name, value)
+            assert seen, (name, value)
+            if value != 2**31 - 2:  # past a bound of bind's: one refusal, whichever entry
+                assert len(seen) == 1, seen
+            assert no_planning == [], (name, value)
+
+
+def test_all_the_tensors_one_rank_holds_are_bounded():
+    from tilelink.ir.tensor import MAX_RANK_BYTES
+
+    src = ("pattern p(R = 262144, C = 262144)\n"
+           "    a : [R, C] int64\n"
+           "    return a\n")
+    pat = parse_text(src, "p.tl")
+    assert pat.bind({}, 1).tensors["a"].local_bytes == MAX_RANK_BYTES == 2**39  # at the bound
+    with pytest.raises(PatternError) as e:
+        pat.bind({"C": 262145}, 1)
+    assert e.value.message.startswith("pattern p is too large for any GPU: one rank would hold "
+                                      "512 GiB of its tensors (a [262144, 262145] int64 512 GiB)")
+    assert (e.value.loc.file, e.value.loc.line) == ("p.tl", 2)
+    assert e.value.hint.startswith("one rank holds at most 512 GiB (2**39 bytes) of a "
+                                   "pattern's inputs and results; check the sizes (-D)")
+
+
+def test_op_results_count_towards_what_a_rank_holds():
+    # AG-GEMM at M = 2**31 - 2: a is 256 GiB a rank, the gathered a_full 512 and c 384
+    with pytest.raises(PatternError) as e:
+        tk.load_pattern(AG).bind({"M": 2**31 - 2}, 2)
+    assert "one rank would hold 1.1 TiB of its tensors (a_full [2147483646, 128] bf16 512 " \
+           "GiB, c [2147483646, 96] bf16 384 GiB, a [1073741823, 128] bf16 256 GiB" in str(e.value)
+    assert e.value.loc.line == 6  # a_full, the largest, where it is computed
+
+
+def test_a_plan_too_large_to_derive_is_refused_at_the_op(no_planning):
+    from tilelink.plan import TileSizes, build_plan
+    from tilelink.plan.plan import MAX_PLAN_TILES
+
+    bp = tk.load_pattern(AG).bind({"M": 2**21}, 2)
+    with deadline(10), pytest.raises(NotSupportedError) as e:
+        build_plan(bp, TileSizes(128, 128, 1, 0))  # one row a chunk
+    assert e.value.message.startswith("the plan of all_gather (a_full) would have 2097152 "
+                                      "tiles (chunk 2097152; tiles of block_m=128, "
+                                      "block_n=128, comm_block_m=1, comm_block_n=0)")
+    assert f"at most {MAX_PLAN_TILES} (2**20) tiles per op" in e.value.message
+    assert "--config comm_block_m, comm_block_n" in e.value.hint
+    assert e.value.loc.line == 6 and no_planning == []
+
+
+def test_a_kernel_less_schedule_derives_its_plan_only_when_asked(no_planning):
+    from tilelink.runtime.api import schedule_for
+
+    s = schedule_for(tk.load_pattern(AG), 2, {"M": 2**27}, {"comm": "none"}, "cuda:90")
+    assert s.kernel is None and no_planning == []  # nothing to run needs it
+    small = schedule_for(tk.load_pattern(AG), 2, {}, {"comm": "none"}, "cuda:90")
+    assert small.plan.grids["c"].size > 0 and no_planning == ["a_full"]  # derived on demand
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError(
+    "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+    "to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)")])
+@pytest.mark.parametrize("config", [{"comm": "none"}, {"comm": "sm"}])
+def test_running_out_of_memory_in_the_emulated_world_is_a_clean_refusal(failure, config,
+                                                                        monkeypatch):
+    # under a process memory limit the first input's allocation failed with a traceback
+    from tilelink.runtime import api
+
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(api, "call_inputs", fail)
+    with deadline(30), pytest.raises(NotSupportedError) as e:
+        tk.emulate(AG, 2, {"M": 64, "N": 64, "K": 32}, config)
+    assert e.value.message.startswith("out of memory allocating the tensors of ag_gemm (")
+    assert e.value.loc.line == 6 and "smaller -D sizes" in e.value.hint
+
+
+def test_other_runtime_errors_are_not_taken_for_memory(monkeypatch):
+    from tilelink.runtime import api
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(api, "call_inputs", fail)
+    with pytest.raises(RuntimeError, match="something else"):
+        tk.emulate(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "none"})
+
+
+# ---- dtypes the ops do not take: the same refusal from every entry point -------------------
+
+FLOAT_OPS = [  # (op, the pattern's body around it, the operand that gets the integer dtype)
+    ("gemm", "a : [M, M] dtype\n    c = gemm(a, a)\n    return c", "a"),
+    ("attention", "q : [M, 2, 4] dtype\n    c = attention(q, q, q)\n    return c", "q"),
+    ("attention_partial", "q : [2, 2, 4] dtype\n    k : [2, M, 2, 4] dtype\n"
+     "    c = attention_partial(q, k, k)\n    return c", "q"),
+    ("lse_combine", "p : [M, 2, 5] dtype\n    c = lse_combine(p, splits = 1)\n    return c", "p"),
+    ("grouped_gemm", "x : [M, 4] dtype\n    w : [2, 4, 4] dtype\n    ids : [M, 1] int32\n"
+     "    c = grouped_gemm(x, w, ids)\n    return c", "x"),
+]
+
+
+@pytest.mark.parametrize("op,body,operand", FLOAT_OPS, ids=[c[0] for c in FLOAT_OPS])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_every_float_op_refuses_integer_operands_at_bind(op, body, operand, dtype):
+    src = f"pattern p(M = 8, dtype = bf16)\n    {body}\n"
+    pat = parse_text(src, "p.tl")
+    for ok in ("bf16", "fp16", "fp32"):
+        pat.bind({"dtype": ok}, 1)
+    line = next(i for i, x in enumerate(src.splitlines(), 1) if f"= {op}(" in x)
+    with pytest.raises(PatternError) as e:
+        pat.bind({"dtype": dtype}, 1)
+    assert e.value.message.startswith(f"{op} (c = {op}(")
+    assert e.value.message.endswith(f"takes bf16, fp16 or fp32 tensors; its operand {operand} "
+                                    f"is {dtype}")
+    assert e.value.loc.line == line and f"at p.tl:{line}:" in e.value.message
+    assert e.value.hint == (f"{operand} is {dtype} because the parameter dtype = {dtype}: pass "
+                            "-D dtype=bf16 (or fp16, fp32); from Python, values={'dtype': "
+                            "'bf16'}")
+
+
+def test_collectives_move_integers_and_grouped_gemm_routes_by_them():
+    src = ("pattern p(M = 8, dtype = int32)\n"
+           "    a : [M, 4] dtype shard(0)\n"
+           "    p : [M, 4] dtype\n"
+           "    b = all_gather(a, dim = 0)\n"
+           "    c = all_reduce(p)\n"
+           "    d = reduce_scatter(p, dim = 0)\n"
+           "    return b, c, d\n")
+    bp = parse_text(src).bind({"dtype": "int64"}, 2)
+    assert [bp.tensors[x].dtype for x in "bcd"] == ["int64"] * 3
+    src = ("pattern p(M = 8)\n    x : [M, 4] bf16\n    w : [2, 4, 4] bf16\n"
+           "    ids : [M, 1] fp32\n    c = grouped_gemm(x, w, ids)\n    return c\n")
+    with pytest.raises(PatternError) as e:
+        parse_text(src, "g.tl").bind({}, 1)
+    assert e.value.message.endswith("takes int32 or int64 tensors; its operand ids is fp32")
+    assert e.value.hint == "declare ids as int32 or int64"
+
+
+def test_a_declared_integer_input_is_named_in_the_hint():
+    src = "pattern p(M = 8)\n    a : [M, M] int32\n    c = gemm(a, a)\n    return c\n"
+    with pytest.raises(PatternError) as e:
+        parse_text(src, "p.tl").bind({}, 1)
+    assert e.value.hint == "declare a as bf16, fp16 or fp32"
+    assert e.value.loc.line == 3
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "int8", "bool", torch.int8, True])
+def test_integer_dtypes_are_one_refusal_from_every_python_entry_point(dtype):
+    from tilelink.runtime.api import schedule_for
+
+    texts = []
+    for call in (lambda: tk.load_pattern(AG).bind({"dtype": dtype}, 2),
+                 lambda: schedule_for(tk.load_pattern(AG), 2, {"dtype": dtype}),
+                 lambda: tk.emulate(AG, 2, {"dtype": dtype}),
+                 lambda: tk.emulate(AG, 2, {"dtype": dtype}, {"comm": "none"}),
+                 lambda: tk.emulate(f"{PATTERNS}:ag_gemm", 2, {"dtype": dtype})):
+        with deadline(20), pytest.raises(PatternError) as e:
+            call()
+        assert_clean(e.value)
+        assert "gemm (c = gemm(a_full, b), at " in e.value.message
+        assert "takes bf16, fp16 or fp32 tensors" in e.value.message
+        assert e.value.hint.endswith("-D dtype=bf16 (or fp16, fp32); from Python, "
+                                     "values={'dtype': 'bf16'}")
+        texts.append(str(e.value))
+    assert len(set(texts[:4])) == 1, texts  # the .tl pattern: one message, whichever entry
+    assert texts[4].startswith(f"{PATTERNS}:")  # the Python DSL's: at its own line

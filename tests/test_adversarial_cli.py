@@ -8,12 +8,13 @@ in this process (fast); nothing here reaches a kernel.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from tilelink.runtime import emulated
 
-from .adversarial import assert_refused
+from .adversarial import assert_refused, cli
 from .conftest import EXAMPLES
 
 AG = str(EXAMPLES / "ag_gemm.tl")
@@ -307,3 +308,132 @@ def test_a_world_too_large_to_emulate(command, world, monkeypatch, capsys):
 ])
 def test_malformed_command_lines(argv, needle, capsys):
     assert_refused(argv, needle, capsys)
+
+
+# ---------------------------------------------------------------- sizes no GPU holds
+
+# every entry point that takes a pattern and sizes: each must refuse them before a plan is
+# derived (a MemoryError, an OverflowError or minutes of planning before)
+SIZE_ENTRY_POINTS = [["compile", "--emit", "plan"], ["compile", "--emit", "schedule"],
+                     ["compile", "--emit", "triton"], ["run", "--check"], ["tune"], ["bench"]]
+# 10**12 and 2**40 rows no dim takes, 10**20 is past int64, 2**31 - 2 a dim that fits but
+# whose tensors take a TiB per rank
+SIZES_NO_GPU_HOLDS = ["1000000000000", "100000000000000000000", str(2**31 - 2), str(2**40)]
+
+
+@pytest.fixture
+def no_planning(monkeypatch):
+    """Fail the test if any plan is derived (every refusal must come before one)."""
+    from tilelink.plan import plan
+
+    derived = []
+    real = plan.derive
+    monkeypatch.setattr(plan, "derive", lambda *a, **k: derived.append(a[0]) or real(*a, **k))
+    return derived
+
+
+@pytest.mark.parametrize("command", SIZE_ENTRY_POINTS, ids=" ".join)
+@pytest.mark.parametrize("param", ["M", "N", "K"])
+@pytest.mark.parametrize("value", SIZES_NO_GPU_HOLDS)
+def test_sizes_no_gpu_holds_are_refused_before_planning(command, param, value, no_planning,
+                                                        capsys):
+    err = assert_refused([command[0], AG, *command[1:], "-D", f"{param}={value}"],
+                         ["too large", "hint: "], capsys)
+    assert err.startswith(f"{AG}:"), err  # located in the pattern
+    assert no_planning == []
+
+
+@pytest.mark.parametrize("command", SIZE_ENTRY_POINTS[:4], ids=" ".join)
+@pytest.mark.parametrize("define,line", [("M=16777216", 4), ("K=8388608", 4), ("N=16777216", 5)])
+def test_sizes_past_the_kernels_int32_offsets_are_refused_before_planning(
+        command, define, line, no_planning, capsys):
+    # a GPU holds these (4 GiB a tensor), the overlapped kernels cannot index them: refused
+    # at the tensor's declaration, before the plan (it took a minute to derive first)
+    err = assert_refused([command[0], AG, *command[1:], "-D", define, "--config", "comm=sm"],
+                         ["int32 offsets", "fewer than 1073741824 (2**30) per tensor",
+                          "hint: use --config comm=none"], capsys)
+    assert f"{AG}:{line}:5: config error: tensor " in err, err
+    assert no_planning == []
+
+
+def test_the_non_overlapped_plan_of_large_sizes_is_not_planned_until_shown(no_planning,
+                                                                          capsys):
+    big = ["-D", "M=134217728", "--config", "comm=none"]  # 72 GiB a rank: an H200 holds it
+    code, out, err, took = cli(["compile", AG, *big, "--emit", "schedule"], capsys)
+    assert code == 0 and "kernels: none: the non-overlapped plan" in out, err
+    assert no_planning == [] and took < 10
+    # --emit plan would derive 2**21 tiles: refused at the op, with what to change
+    err = assert_refused(["compile", AG, *big, "--emit", "plan"],
+                         ["the plan of gemm (c) would have 2097152 tiles (rank 2 x m 1048576 x n "
+                          "1;", "takes at most 1048576 (2**20) tiles per op",
+                          "hint: use smaller sizes (-D) or fewer ranks, or larger tiles "
+                          "(--config block_m, block_n)"], capsys)
+    assert err.startswith(f"{AG}:7:9: not supported: ")
+    assert no_planning == []
+
+
+def test_the_emulated_world_refuses_sizes_this_machine_cannot_hold(monkeypatch, capsys):
+    monkeypatch.setattr(emulated, "_available_memory", lambda: 64 << 30)
+    err = assert_refused(["run", AG, "--check", "-D", "M=134217728", "--config", "comm=none"],
+                         ["the emulated world needs at least 368 GiB for these sizes (2 ranks, "
+                          "each holding 40 GiB of inputs and outputs per call for 1 call(s) and "
+                          "a reference of 144 GiB; the largest tensor is a_full, 32 GiB per "
+                          "rank); 64 GiB of memory are available here",
+                          "hint: use smaller -D sizes"],
+                         capsys)
+    assert f"{AG}:6:14: not supported" in err
+
+
+# ---------------------------------------------------------------- dtypes the ops do not take
+
+DTYPE_ENTRY_POINTS = [["compile", "--emit", "ir"], ["compile", "--emit", "plan"],
+                      ["compile", "--emit", "schedule"], ["compile", "--emit", "triton"],
+                      ["run", "--check"], ["run", "--check", "--config", "comm=none"],
+                      ["run", "--check", "--config", "comm=sm"], ["tune"], ["bench"]]
+EVERY_EXAMPLE = sorted(str(p) for p in EXAMPLES.glob("*.tl")) + [
+    f"{EXAMPLES / 'patterns.py'}:{f}" for f in ("ag_rmsnorm", "ag_gemm_bias", "flash_decode")]
+
+
+@pytest.mark.parametrize("pattern", EVERY_EXAMPLE, ids=lambda p: p.rsplit("/", 1)[-1])
+@pytest.mark.parametrize("dtype", ["int32", "int64", "int8", "bool"])
+def test_integer_dtypes_on_float_ops_are_one_located_refusal_everywhere(pattern, dtype, capsys):
+    # int32 / int64 ran the non-overlapped plan (a torch GEMM of ints, "check: OK") or ended
+    # in a config error naming a lowering; int8 / bool were "not a dtype" with int32 and
+    # int64 offered. Now: the same message from every entry point, naming the op and place
+    # and the dtypes that work.
+    errors = {" ".join(c): assert_refused([c[0], pattern, *c[1:], "-D", f"dtype={dtype}"],
+                                          ["takes bf16, fp16 or fp32 tensors", f"{dtype}",
+                                           "hint: ", "-D dtype=bf16 (or fp16, fp32)"], capsys)
+              for c in DTYPE_ENTRY_POINTS}
+    assert len(set(errors.values())) == 1, errors
+    err = next(iter(errors.values()))
+    assert re.search(r"\b(gemm|grouped_gemm|attention|attention_partial|map) \(\w+ = \w+\(.*\), "
+                     r"at [^ ]+:\d+:\d+\)", err), err
+    if dtype in ("int8", "bool"):
+        assert f"dtype = {dtype} is not a dtype (TileLink's are bf16, fp16, fp32, int32, " \
+               "int64)" in err
+    else:
+        assert f"is {dtype}" in err and f"because the parameter dtype = {dtype}" in err
+
+
+# ---------------------------------------------------------------- lse_combine's splits
+
+
+@pytest.mark.parametrize("command", [["compile", "--emit", "plan"], ["compile", "--emit", "triton"],
+                                     ["run", "--check"]], ids=" ".join)
+@pytest.mark.parametrize("splits,needle", [
+    ("-1", "lse_combine(splits = -1): splits is the number of partials stacked on dim 0"),
+    ("0", "lse_combine(splits = 0): splits is the number of partials stacked on dim 0"),
+    ("1", "lse_combine(splits = 1): parts stacks 2 partials on dim 0"),
+    ("4", "lse_combine(splits = 4): parts stacks 2 partials on dim 0"),
+])
+def test_lse_combine_splits_that_are_not_the_gathered_partials(command, splits, needle, tmp_path,
+                                                               capsys):
+    # -1 was a ValueError traceback from the plan; 0 silently meant W; 1 and 4 ran and the
+    # check passed (the reference combined the same wrong rows)
+    path = tmp_path / "fd.tl"
+    path.write_text((EXAMPLES / "flash_decode.tl").read_text().replace(
+        "lse_combine(parts)", f"lse_combine(parts, splits = {splits})"))
+    err = assert_refused([command[0], str(path), *command[1:]], [needle, "hint: write splits"],
+                         capsys)
+    assert err.startswith(f"{path}:9:")

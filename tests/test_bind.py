@@ -315,6 +315,161 @@ def test_attribute_kinds_declared_by_an_op_spec_are_checked():
     assert check_attr(op, "splits", None, POSITIVE, []) is None  # not given: the rule's
 
 
+# ---- lse_combine's splits: a count of the gathered partials, checked at bind ----------------
+
+FD = """\
+pattern flash_decode(B = 4, H = 8, S = 512, D = 64, dtype = bf16)
+    q : [B, H, D] dtype replicated
+    k : [B, S / W, H, D] dtype
+    v : [B, S / W, H, D] dtype
+    part = attention_partial(q, k, v)
+    parts = all_gather(part, dim = 0)
+    o = lse_combine(parts)
+    return o
+"""
+GATHERED = ("one attention_partial result at fd.tl:5:12 from each of W = {w} ranks, by "
+            "all_gather at fd.tl:6:13")
+
+
+def _fd(splits: str | None, source: str = FD):
+    text = source if splits is None else source.replace(
+        "lse_combine(parts)", f"lse_combine(parts, splits = {splits})")
+    return parse_text(text, "fd.tl")
+
+
+def test_splits_has_a_declared_kind():
+    from tilelink.ir import OPS
+
+    kind = attr_kind(OPS["lse_combine"], "splits")
+    assert kind.kind == "count" and kind.of == 0 and kind.what == "partials"
+
+
+@pytest.mark.parametrize("splits", ["0", "-1", "-2", "0 - W", str(-2**40)])
+def test_splits_below_one_are_refused(splits):
+    # 0 silently meant W; a negative count was a ValueError traceback from the plan
+    with pytest.raises(PatternError) as e:
+        _fd(splits).bind({}, 2)
+    value = eval(splits.replace("W", "2"))
+    assert e.value.message == (f"lse_combine(splits = {value}): splits is the number of "
+                               "partials stacked on dim 0 (an integer >= 1 that divides its "
+                               "rows)")
+    assert (e.value.loc.line, e.value.loc.col) == (7, 9)
+    assert e.value.hint == "write splits = W, one partial per rank, or leave it out"
+
+
+@pytest.mark.parametrize("splits, world", [("1", 2), ("3", 2), ("4", 2), ("B", 2),
+                                           ("W * 2", 4), ("2", 4), ("W + 1", 3), ("2", 1)])
+def test_splits_other_than_the_gathered_partials_are_refused(splits, world):
+    # 1 and 4 at W = 2 ran and passed the check: the reference combined the same wrong rows
+    with pytest.raises(PatternError) as e:
+        _fd(splits).bind({"S": 512 * 3}, world)
+    value = eval(splits.replace("W", str(world)).replace("B", "4"))
+    assert e.value.message == (f"lse_combine(splits = {value}): parts stacks {world} "
+                               f"partial{'s' if world > 1 else ''} on dim 0 "
+                               f"({GATHERED.format(w=world)}), not {value}: splits = {value} "
+                               "would combine the wrong rows")
+    assert (e.value.loc.line, e.value.loc.col) == (7, 21)  # at parts
+    assert e.value.hint == f"write splits = {world} or leave it out (it defaults to W)"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("splits", [None, "W", "{w}"])
+def test_splits_equal_to_the_gathered_partials_bind(splits, world):
+    bp = _fd(splits.format(w=world) if splits else None).bind({"S": 512 * 3}, world)
+    assert bp.tensors["o"].shape == (4, 8, 64)
+
+
+def test_partials_not_gathered_are_one_split_not_w():
+    source = FD.replace("parts = all_gather(part, dim = 0)\n    o = lse_combine(parts)",
+                        "o = lse_combine(part)")
+    with pytest.raises(PatternError) as e:
+        parse_text(source, "fd.tl").bind({}, 2)
+    assert e.value.message == ("lse_combine's splits (not given: W = 2): part stacks 1 partial "
+                               "on dim 0 (one attention_partial result at fd.tl:5:12), not 2: "
+                               "splits = 2 would combine the wrong rows")
+    assert e.value.hint == "write splits = 1"
+    fixed = source.replace("lse_combine(part)", "lse_combine(part, splits = 1)")
+    assert parse_text(fixed).bind({}, 2).tensors["o"].shape == (4, 8, 64)
+
+
+INPUT_PARTS = """\
+pattern p(R = 8, H = 2, D = 4)
+    parts : [R, H, D + 1] fp32
+    o = lse_combine(parts)
+    return o
+"""
+
+
+@pytest.mark.parametrize("splits, world, words", [
+    ("3", 2, "lse_combine(splits = 3): 3 does not divide the 8 rows of parts, so they cannot "
+             "be 3 stacked partials"),
+    (None, 3, "lse_combine's splits (not given: W = 3): 3 does not divide the 8 rows of parts"),
+    ("16", 1, "lse_combine(splits = 16): 16 does not divide the 8 rows of parts"),
+])
+def test_splits_of_partials_from_an_input_must_divide_their_rows(splits, world, words):
+    # where the pattern does not show how the partials were stacked, the count must still
+    # divide the rows (3 was refused by the rule only; a default W = 3 the same way)
+    text = INPUT_PARTS if splits is None else INPUT_PARTS.replace(
+        "lse_combine(parts)", f"lse_combine(parts, splits = {splits})")
+    with pytest.raises(PatternError) as e:
+        parse_text(text, "p.tl").bind({}, world)
+    assert e.value.message.startswith(words) and e.value.loc.line == 3
+    assert e.value.hint.startswith("splits is the number of partials stacked on dim 0")
+
+
+@pytest.mark.parametrize("splits, world, rows", [("4", 2, 2), ("8", 1, 1), (None, 2, 4)])
+def test_splits_of_partials_from_an_input_that_divide_bind(splits, world, rows):
+    text = INPUT_PARTS if splits is None else INPUT_PARTS.replace(
+        "lse_combine(parts)", f"lse_combine(parts, splits = {splits})")
+    assert parse_text(text).bind({}, world).tensors["o"].shape == (rows, 2, 4)
+
+
+@pytest.mark.parametrize("value, kind", [("2", "str"), (2.0, "float"), (True, "bool"),
+                                         ([2], "list"), ((2,), "tuple")])
+def test_splits_of_the_wrong_type_are_refused(value, kind):
+    from tilelink.ir import Param, TensorDecl
+    from tilelink.ir.expr import Sym
+
+    p = TensorDecl("p", (Sym("R"), Sym("R"), Sym("R")), "fp32")
+    pat = Pattern("x", (Param("R", 4, "int"),), (p,),
+                  (Op("lse_combine", "o", ("p",), (("splits", value),)),), ("o",))
+    with pytest.raises(PatternError) as e:
+        pat.bind({}, 2)
+    assert e.value.message == (f"lse_combine(splits = {value!r}): splits takes the number of "
+                               "partials stacked on dim 0 (an integer >= 1 that divides its "
+                               f"rows), not a {kind}")
+    assert e.value.hint == "write e.g. splits = W"
+
+
+@pytest.mark.parametrize("value, words", [
+    (True, "splits= takes the number of partials stacked on dim 0"),
+    (2.5, "splits= must be an int or a size expression, got 2.5"),
+    ("2", "splits= must be an int or a size expression, got '2'"),
+])
+def test_python_dsl_refuses_splits_of_the_wrong_type(value, words):
+    with pytest.raises(PatternError, match=words.replace("(", r"\(")) as e:
+        @tk.pattern
+        def p(B=4, H=8, S=512, D=64):
+            q = tk.input((B, H, D), "bf16", placement="replicated")
+            k = tk.input((B, S / tk.W, H, D), "bf16")
+            parts = tk.all_gather(tk.attention_partial(q, k, k), dim=0)
+            return tk.lse_combine(parts, splits=value)
+    assert e.value.loc.file == __file__
+
+
+def test_python_dsl_splits_are_checked_against_the_gathered_partials():
+    @tk.pattern
+    def p(B=4, H=8, S=512, D=64):
+        q = tk.input((B, H, D), "bf16", placement="replicated")
+        k = tk.input((B, S / tk.W, H, D), "bf16")
+        parts = tk.all_gather(tk.attention_partial(q, k, k), dim=0)
+        return tk.lse_combine(parts, splits=tk.W * 2)
+
+    with pytest.raises(PatternError, match="stacks 2 partials on dim 0") as e:
+        p.bind({}, 2)
+    assert e.value.loc.file == __file__
+
+
 def test_causal_is_a_flag_in_both_dsls():
     src = ("pattern p(S = 8, H = 2, D = 4, dtype = bf16)\n"
            "    q : [S, H, D] dtype\n"

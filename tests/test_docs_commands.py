@@ -17,6 +17,9 @@ The rules:
   `compile --emit ...`): it must exit 0 with no traceback, and `run --check` must print
   "check: OK". So unmarked commands must be small: a command is GPU-sized, and must be
   marked, when it is `bench` (other than `--from`), or a `-D` size exceeds 1024.
+* A command whose line ends in a comment starting with `exits N` (`# exits 2: the hang
+  report`) shows a failure on purpose: it must exit with N, print its report (a `hint:`)
+  and no traceback.
 * `python -m pytest ...` commands are collected (`--collect-only`), never run: CI runs the
   suite itself, and the GPU markers select tests that skip without GPUs. Collection must
   select at least one test.
@@ -41,6 +44,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
         ROOT / "bench-results" / "README.md", ROOT / "tools" / "README.md"]
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
 GPU_MARK = re.compile(r"^gpu\b")
+EXIT_MARK = re.compile(r"^exits (\d+)\b")
 ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 STARTS_COMMAND = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(timeout\s+\d+\s+)?"
                             r"(tilelink|python3?)(\s|$)")
@@ -56,6 +60,7 @@ class Command:
     kind: str  # "tilelink" | "pytest" | "pip"
     argv: tuple[str, ...]  # after the program (tilelink: the subcommand first)
     gpu: bool
+    exit: int = 0  # the exit status the doc promises (`# exits N`)
 
     @property
     def text(self) -> str:
@@ -110,6 +115,8 @@ def _parse(where: str, text: str) -> list[Command]:
     if not cmd:
         return []
     gpu = bool(GPU_MARK.match(comment))
+    exits = EXIT_MARK.match(comment)
+    code = int(exits.group(1)) if exits else 0
     out = []
     for segment in re.split(r"\s&&\s", cmd):
         if not STARTS_COMMAND.match(segment.strip()):
@@ -123,11 +130,11 @@ def _parse(where: str, text: str) -> list[Command]:
         if not tokens:
             continue
         if tokens[0] == "tilelink":
-            out.append(Command(where, "tilelink", tuple(tokens[1:]), gpu))
+            out.append(Command(where, "tilelink", tuple(tokens[1:]), gpu, code))
         elif tokens[0] in ("python", "python3") and tokens[1:2] == ["-m"] and len(tokens) > 2:
             module, rest = tokens[2], tuple(tokens[3:])
             if module in ("tilelink", "tilelink.cli.main"):
-                out.append(Command(where, "tilelink", rest, gpu))
+                out.append(Command(where, "tilelink", rest, gpu, code))
             elif module in ("pytest", "pip"):
                 out.append(Command(where, module, rest, gpu))
             else:
@@ -219,8 +226,16 @@ def test_the_quick_start_is_two_commands_that_run_on_cpu():
 
 def test_every_doc_with_commands_is_scanned():
     where = {c.where.split(":")[0] for c in COMMANDS}
-    assert {"README.md", "docs/perf.md", "docs/tuning.md"} <= where
+    assert {"README.md", "docs/perf.md", "docs/tuning.md", "docs/diagnostics.md"} <= where
     assert TILELINK_CPU and TILELINK_GPU and PYTEST
+    assert any(c.exit for c in TILELINK_CPU)  # a documented failure (the hang report) runs
+
+
+def test_the_exit_marker_is_read():
+    (c,) = _parse("x.md:1", "tilelink run p.tl --timeout 5  # exits 2: the hang report")
+    assert (c.exit, c.gpu, c.argv) == (2, False, ("run", "p.tl", "--timeout", "5"))
+    (c,) = _parse("x.md:1", "tilelink run p.tl  # gpu")
+    assert (c.exit, c.gpu) == (0, True)
 
 
 @pytest.mark.parametrize("c", COMMANDS, ids=lambda c: c.where)
@@ -243,9 +258,12 @@ def test_cpu_command_runs(c):
     out = subprocess.run([sys.executable, "-m", "tilelink", *c.argv], cwd=ROOT, env=_env(),
                          capture_output=True, text=True, timeout=TIMEOUT)
     both = out.stdout + out.stderr
-    assert out.returncode == 0, f"{c.where}: `{c.text}` exited {out.returncode}\n{both[-3000:]}"
+    assert out.returncode == c.exit, (f"{c.where}: `{c.text}` exited {out.returncode}, not "
+                                      f"{c.exit}\n{both[-3000:]}")
     assert "Traceback" not in both, both[-3000:]
-    if c.argv[:1] == ("run",) and "--check" in c.argv:
+    if c.exit:
+        assert "hint: " in out.stderr, both[-3000:]  # the report the doc shows
+    elif c.argv[:1] == ("run",) and "--check" in c.argv:
         assert "check: OK" in out.stdout
 
 

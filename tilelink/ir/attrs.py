@@ -6,19 +6,25 @@ schedule, codegen, references) see checked values: a `dim` is an int with
 0 <= dim < rank of its tensor (`dim = -1` is the last one, as in torch), a flag is 0 or 1.
 
 An op declares the kind of an attribute in its `OpSpec` through an `attr_kinds` mapping
-(attribute name -> `Attr`); an attribute it does not declare follows the naming
-convention in `CONVENTIONS` (`dim` is a dim of the op's first tensor, `causal` a flag),
-else it is `INT`,
-any integer. A value of None means "not given" (an attribute whose default is None) and is
-left to the op's rule.
+(attribute name -> `Attr`, `register(..., attr_kinds=...)`); an attribute it does not declare
+follows the naming convention in `CONVENTIONS` (`dim` is a dim of the op's first tensor,
+`causal` a flag), else it is `INT`, any integer. A value of None means "not given" (an
+attribute whose default is None) and is left to the op's rule, except for a `count`, where
+it means one block per rank (W).
+
+A `count` also checks the value's provenance: where the pattern shows how its tensor was
+stacked (lse_combine's partials: one per rank from attention_partial, gathered along dim 0),
+the count must be the number of blocks stacked there (`Attr.expected`, asked with a
+`Graph` of the ops bound so far), or the op would combine rows of different blocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PatternError
+from ..errors import PatternError, show_int
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,10 @@ class Attr:
     of: int = 0
     low: int | None = None
     high: int | None = None
+    # kind "count": expected(graph, tensor name) -> (blocks, how they were stacked) where the
+    # pattern shows how the tensor's dim 0 was stacked, else None
+    expected: Callable | None = field(default=None, compare=False)
+    what: str = "blocks"  # kind "count": what the blocks are, for messages
 
     def describe(self) -> str:
         """What the attribute takes, in words (for messages)."""
@@ -41,6 +51,9 @@ class Attr:
             return "a flag: 0 or 1"
         if self.kind == "dim":
             return "a dim (an integer; negative counts from the last dim)"
+        if self.kind == "count":
+            return (f"the number of {self.what} stacked on dim 0 (an integer >= 1 that "
+                    "divides its rows)")
         if self.low is not None and self.high is not None:
             return f"an integer from {self.low} to {self.high}"
         if self.low is not None:
@@ -54,6 +67,16 @@ INT = Attr("int")
 POSITIVE = Attr("int", low=1)
 FLAG = Attr("flag")
 DIM = Attr("dim")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """What `check_attr` may ask about the pattern bound so far: the world size, the op that
+    computed each tensor (inputs have none) and each op's checked attributes."""
+
+    world: int
+    producer: dict
+    attrs: dict
 
 # attribute name -> kind, for attributes an op's spec does not declare: names that mean
 # the same in every op (`dim`: a dim of the first tensor; `causal`: on or off)
@@ -71,20 +94,24 @@ def takes_bool(sp, name: str) -> bool:
     return attr_kind(sp, name).kind == "flag"
 
 
-def check_attr(op, name: str, value: Any, kind: Attr, tensors: list) -> Any:
+def check_attr(op, name: str, value: Any, kind: Attr, tensors: list,
+               graph: Graph | None = None) -> Any:
     """The value of attribute `name` of `op`, checked against `kind` and normalised.
 
     `tensors` are the op's bound tensor operands (a dim is checked against the rank of
-    `tensors[kind.of]`). Raises a `PatternError` located at the op.
+    `tensors[kind.of]`); `graph` (None: not known) lets a `count` check its provenance.
+    Raises a `PatternError` located at the op.
     """
     if value is None:
+        if kind.kind == "count" and graph is not None:
+            _check_count(op, name, None, kind, tensors, graph)
         return None
     if isinstance(value, bool) and kind.kind == "flag":
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise PatternError(f"{op.kind}({name} = {value!r}): {name} takes {kind.describe()}, "
                            f"not a {type(value).__name__}", op.loc,
-                           f"write e.g. {name} = {1 if kind.kind == 'flag' else 0}")
+                           f"write e.g. {name} = {_example(kind)}")
     if kind.kind == "flag":
         if value not in (0, 1):
             raise PatternError(f"{op.kind}({name} = {value}): {name} is a flag (0 or 1)",
@@ -103,8 +130,50 @@ def check_attr(op, name: str, value: Any, kind: Attr, tensors: list) -> Any:
                                "counting from the last)" if rank else
                                f"{x.name} has no dims to choose from")
         return value % rank
+    if kind.kind == "count":
+        _check_count(op, name, value, kind, tensors, graph)
+        return value
     if (kind.low is not None and value < kind.low) or (kind.high is not None
                                                        and value > kind.high):
         raise PatternError(f"{op.kind}({name} = {value}): {name} takes {kind.describe()}",
                            op.loc)
     return value
+
+
+def _example(kind: Attr):
+    """A value of this kind, for hints."""
+    if kind.kind == "flag":
+        return 1
+    if kind.kind == "count":
+        return "W"
+    return kind.low if kind.low is not None else 0
+
+
+def _check_count(op, name: str, value: int | None, kind: Attr, tensors: list,
+                 graph: Graph | None) -> None:
+    """A `count` attribute: >= 1, divides the rows of its tensor, and is the number of blocks
+    the pattern stacked there (where it shows). None is one block per rank (W)."""
+    given = f"{op.kind}({name} = {show_int(value)})" if value is not None else \
+        f"{op.kind}'s {name} (not given: W = {graph.world if graph else '?'})"
+    if value is not None and value < 1:
+        raise PatternError(f"{given}: {name} is {kind.describe()}", op.loc,
+                           f"write {name} = W, one {kind.what[:-1]} per rank, or leave it out")
+    if kind.of >= len(tensors) or not tensors[kind.of].local_shape:
+        return  # an arity or rank error: the op's rule reports it
+    x = tensors[kind.of]
+    count = value if value is not None else (graph.world if graph is not None else None)
+    if count is None:
+        return
+    expected = kind.expected(graph, x.name) if kind.expected and graph is not None else None
+    if expected is not None and expected[0] != count:
+        n, how = expected
+        blocks = kind.what if n != 1 else kind.what[:-1]
+        default = " or leave it out (it defaults to W)" if n == graph.world else ""
+        raise PatternError(f"{given}: {x.name} stacks {n} {blocks} on dim 0 ({how}), not "
+                           f"{count}: {name} = {count} would combine the wrong rows",
+                           op.arg_loc(kind.of), f"write {name} = {n}{default}")
+    rows = x.local_shape[0]
+    if rows % count:
+        raise PatternError(f"{given}: {show_int(count)} does not divide the {show_int(rows)} "
+                           f"rows of {x.name}, so they cannot be {count} stacked {kind.what}",
+                           op.arg_loc(kind.of), f"{name} is {kind.describe()}")

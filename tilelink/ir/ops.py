@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PatternError, SourceLoc
-from .tensor import LOCAL, PARTIAL, REPLICATED, BoundTensor, Placement, shard
+from .tensor import FLOAT_DTYPES, LOCAL, PARTIAL, REPLICATED, BoundTensor, Placement, shard
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,12 @@ class OpSpec:
     rule: ShapeRule
     doc: str
     variadic: bool = False  # `map` takes any number of tensors
+    # attribute name -> its kind (tilelink.ir.attrs.Attr); undeclared ones follow
+    # attrs.CONVENTIONS, checked at bind for every op
+    attr_kinds: dict[str, Any] = field(default_factory=dict)
+    # operand index (or "*": every operand not listed) -> the dtypes it takes (None: any);
+    # undeclared operands follow the category's convention (`operand_dtypes`)
+    dtypes: dict[Any, tuple[str, ...] | None] = field(default_factory=dict)
 
     def usage(self) -> str:
         """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
@@ -75,14 +81,41 @@ class OpSpec:
 OPS: dict[str, OpSpec] = {}
 
 
-def register(name, category, operands, attrs, doc, variadic=False):
-    """Decorator: register a shape rule as the op family `name`."""
+def register(name, category, operands, attrs, doc, variadic=False, attr_kinds=None,
+             dtypes=None):
+    """Decorator: register a shape rule as the op family `name`. `attr_kinds` declares the
+    kinds of its attributes (see tilelink.ir.attrs), `dtypes` the dtypes of its operands
+    (see `operand_dtypes`); both are checked by `Pattern.bind` before the rule runs."""
 
     def wrap(rule: ShapeRule) -> ShapeRule:
-        OPS[name] = OpSpec(name, category, tuple(operands), dict(attrs), rule, doc, variadic)
+        OPS[name] = OpSpec(name, category, tuple(operands), dict(attrs), rule, doc, variadic,
+                           dict(attr_kinds or {}), dict(dtypes or {}))
         return rule
 
     return wrap
+
+
+#: the dtypes operands take where an op does not say: a compute op computes in floating point
+#: (GEMMs, softmax, user tile functions: the kernels and cuBLAS take bf16, fp16 and fp32), a
+#: collective moves or sums any dtype
+CATEGORY_DTYPES: dict[str, tuple[str, ...] | None] = {"compute": FLOAT_DTYPES, "comm": None}
+
+
+def operand_dtypes(sp: OpSpec, i: int) -> tuple[str, ...] | None:
+    """The dtypes operand `i` of an op of spec `sp` takes (None: any): the spec's `dtypes`
+    (by index, else "*"), else its category's convention (CATEGORY_DTYPES)."""
+    declared = sp.dtypes
+    if i in declared:
+        return declared[i]
+    if "*" in declared:
+        return declared["*"]
+    return CATEGORY_DTYPES.get(sp.category)
+
+
+def dtype_words(dtypes) -> str:
+    """'bf16, fp16 or fp32'."""
+    dtypes = list(dtypes)
+    return dtypes[0] if len(dtypes) == 1 else ", ".join(dtypes[:-1]) + " or " + dtypes[-1]
 
 
 def fail(op: Op, msg: str, hint: str | None = None, arg: int | None = None):

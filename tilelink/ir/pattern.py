@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PatternError, SourceLoc, TileLinkWarning, UsageError, closest, show_int
-from .attrs import attr_kind, check_attr
+from .attrs import Graph, attr_kind, check_attr
 from .expr import WORLD, DivisionError
-from .ops import Op, spec
-from .tensor import DTYPES, BoundTensor, Placement, TensorDecl
+from .ops import Op, dtype_words, operand_dtypes, spec
+from .tensor import (DTYPES, MAX_RANK_BYTES, BoundTensor, Placement, TensorDecl,
+                     show_bytes)
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,11 @@ class Pattern:
         `values` maps parameter names to ints (or their decimal strings, as `-D` gives
         them) and dtype names; `world` is the number of ranks. Every problem is a located
         `PatternError`: values that are not integers (64.9, True), sizes that W does not
-        divide (all of them at once), sizes no GPU can hold (see `tensor.MAX_DIM`), attribute
-        values of the wrong kind. Attributes are normalised here (`dim = -1` is the last
-        dim), and an input no op uses gets a `TileLinkWarning`.
+        divide (all of them at once), sizes no GPU can hold (see `tensor.MAX_DIM`; and all the
+        tensors one rank holds, `tensor.MAX_RANK_BYTES`), attribute values of the wrong kind.
+        Attributes are normalised here (`dim = -1` is the last dim), and an input no op uses
+        gets a `TileLinkWarning`. So every size problem is refused here, before a plan is
+        derived (which takes time in proportion to the number of tiles).
         """
         self.validate()
         world = check_world(world)
@@ -121,17 +124,22 @@ class Pattern:
             if v is None:
                 raise PatternError(f"parameter {p.name} has no default and no value", p.loc,
                                    f"pass -D {p.name}=VALUE")
-            env[p.name] = _coerce(p, v)
+            env[p.name] = _coerce(p, v, self)
         env[WORLD] = world
         tensors: dict[str, BoundTensor] = {}
         uneven: list[PatternError] = []  # every size W does not divide, reported together
+        # where each tensor's dtype comes from: ("param", P) a dtype parameter, ("input", T)
+        # the declaration of input T; for hints
+        dsource: dict[str, tuple[str, str]] = {}
         for t in self.inputs:
             bound = _bind_input(t, env, world, uneven)
             if bound is not None:
                 tensors[t.name] = bound
+            dsource[t.name] = ("input", t.name) if t.dtype in DTYPES else ("param", t.dtype)
         if uneven:
             raise _uneven_error(uneven, world)
         bound_attrs: dict[str, dict[str, Any]] = {}
+        graph = Graph(world, {}, bound_attrs)  # what an attribute's provenance check sees
         for op in self.ops:
             sp = spec(op.kind)
             for k, _ in op.attrs:
@@ -144,14 +152,31 @@ class Pattern:
                 raise PatternError(f"{op.kind} takes {len(sp.operands)} tensor argument(s), "
                                    f"got {len(op.args)}", op.loc, f"write {sp.usage()}")
             operands = [tensors[a] for a in op.args]
-            attrs = _bound_attrs(op, sp, env, operands)
+            _check_operand_dtypes(op, sp, operands, env, dsource)
+            attrs = _bound_attrs(op, sp, env, operands, graph)
             inf = sp.rule(op, operands, dict(attrs), world)
+            src = next((dsource[a] for a, x in zip(op.args, operands)
+                        if x.dtype == inf.dtype and a in dsource), None)
+            if src is not None:
+                dsource[op.result] = src
             result = BoundTensor(op.result, tuple(inf.shape), inf.dtype, inf.placement, world)
             _check_extent(result, f"the result of {op.kind}, {op.result},", op.loc)
             tensors[op.result] = result
             bound_attrs[op.result] = attrs
+            graph.producer[op.result] = op
+        _check_rank_bytes(self, tensors)
         _warn_unused(self)
         return BoundPattern(self, env, world, tensors, bound_attrs)
+
+    def decl_loc(self, name: str) -> SourceLoc | None:
+        """Where tensor `name` is declared: its input declaration or the op computing it."""
+        for t in self.inputs:
+            if t.name == name:
+                return t.loc
+        for op in self.ops:
+            if op.result == name:
+                return op.loc
+        return None
 
     def _check_values(self, values) -> dict[str, Any]:
         """`values` as a dict, after checking it names parameters of this pattern."""
@@ -207,6 +232,10 @@ class BoundPattern:
     def sizes_str(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.env.items())
 
+    def decl_loc(self, name: str) -> SourceLoc | None:
+        """Where tensor `name` is declared (see `Pattern.decl_loc`)."""
+        return self.pattern.decl_loc(name)
+
 
 def _check_new(name, known, loc, params):
     if name in known or name in params or name == WORLD:
@@ -254,11 +283,17 @@ _DECIMAL = re.compile(r"[+-]?[0-9]{1,30}")
 _MAX_PARAM = 2**63 - 1
 
 
-def _coerce(p: Param, v: Any):
+def _coerce(p: Param, v: Any, pat: Pattern | None = None):
     if p.kind == "dtype":
         if not isinstance(v, str) or v not in DTYPES:
-            raise PatternError(f"{p.name} = {_short(v)} is not a dtype", p.loc,
-                               "use one of " + ", ".join(DTYPES))
+            choices, op = _dtype_choices(pat, p.name) if pat is not None else (DTYPES, None)
+            if op is None:
+                raise PatternError(f"{p.name} = {_short(v)} is not a dtype", p.loc,
+                                   "use one of " + ", ".join(DTYPES))
+            raise PatternError(f"{p.name} = {_short(v)} is not a dtype (TileLink's are "
+                               f"{', '.join(DTYPES)}); {_op_words(op)} takes "
+                               f"{dtype_words(choices)} tensors", p.loc,
+                               _dtype_hint(p.name, choices))
         return v
     hint = f"pass an integer, e.g. -D {p.name}=4096 (values={{'{p.name}': 4096}})"
     if isinstance(v, bool):
@@ -287,6 +322,63 @@ def _coerce(p: Param, v: Any):
         raise PatternError(f"{p.name} = {show_int(iv)} is too large: no size exceeds "
                            "2**63 - 1", p.loc, "sizes are element counts; check the value")
     return iv
+
+
+def _op_words(op: Op) -> str:
+    """'gemm (c = gemm(a_full, b), at ag_gemm.tl:7:9)': an op named by kind, line and place."""
+    where = f", at {op.loc}" if op.loc else ""
+    return f"{op.kind} ({op}{where})"
+
+
+def _dtype_hint(param: str, choices) -> str:
+    first, rest = choices[0], list(choices[1:])
+    more = f" (or {', '.join(rest)})" if rest else ""
+    return f"pass -D {param}={first}{more}; from Python, values={{'{param}': '{first}'}}"
+
+
+def _dtype_choices(pat: Pattern, param: str) -> tuple[tuple[str, ...], Op | None]:
+    """The dtypes parameter `param` may take in this pattern: those every op reached by a
+    tensor of that dtype takes (`operand_dtypes`), and the first op that narrows them (None:
+    no op does). Follows the dtype from inputs through op results (over-approximately: a
+    result is taken to carry its operands' dtype)."""
+    carried = {t.name for t in pat.inputs if t.dtype == param}
+    choices, first = tuple(DTYPES), None
+    for op in pat.ops:
+        sp = spec(op.kind)
+        hit = False
+        for i, a in enumerate(op.args):
+            if a not in carried:
+                continue
+            hit = True
+            ok = operand_dtypes(sp, i) if sp is not None else None
+            if ok is not None:
+                narrowed = tuple(d for d in choices if d in ok)
+                if narrowed != choices and first is None:
+                    first = op
+                choices = narrowed
+        if hit:
+            carried.add(op.result)
+    return (choices or tuple(DTYPES)), first
+
+
+def _check_operand_dtypes(op: Op, sp, operands: list[BoundTensor], env: dict,
+                          dsource: dict[str, tuple[str, str]]) -> None:
+    """Refuse an operand whose dtype the op does not take (`operand_dtypes`), at the op,
+    naming the dtypes it takes and where the operand's dtype comes from."""
+    for i, x in enumerate(operands):
+        ok = operand_dtypes(sp, i)
+        if ok is None or x.dtype in ok:
+            continue
+        kind, name = dsource.get(x.name, ("", ""))
+        if kind == "param":
+            hint = (f"{x.name} is {x.dtype} because the parameter {name} = {env.get(name)}: "
+                    + _dtype_hint(name, ok))
+        elif kind == "input":
+            hint = f"declare {name} as {dtype_words(ok)}"
+        else:
+            hint = f"give {op.kind} a {dtype_words(ok)} tensor"
+        raise PatternError(f"{_op_words(op)} takes {dtype_words(ok)} tensors; its operand "
+                           f"{x.name} is {x.dtype}", op.loc, hint)
 
 
 def _bind_input(t: TensorDecl, env: dict, world: int,
@@ -356,12 +448,40 @@ def _check_extent(t: BoundTensor, what: str, loc: SourceLoc | None) -> None:
         raise PatternError(f"{what} {wrong} (shape {shape})", loc, hint)
 
 
-def _bound_attrs(op: Op, sp, env: dict, operands: list[BoundTensor]) -> dict[str, Any]:
+def _check_rank_bytes(p: Pattern, tensors: dict[str, BoundTensor]) -> None:
+    """Refuse sizes whose tensors (inputs and op results together) no GPU holds on one rank:
+    more than MAX_RANK_BYTES. Located at the largest tensor's declaration."""
+    sizes = sorted(((t.local_bytes, name) for name, t in tensors.items()), reverse=True)
+    total = sum(n for n, _ in sizes)
+    if total <= MAX_RANK_BYTES:
+        return
+    shown = []
+    for n, name in sizes[:4]:
+        t = tensors[name]
+        shape = "[" + ", ".join(show_int(d) for d in t.local_shape) + "]"
+        shown.append(f"{name} {shape} {t.dtype} {show_bytes(n)}")
+    if len(sizes) > 4:
+        shown.append(f"{len(sizes) - 4} more")
+    largest = sizes[0][1]
+    raise PatternError(
+        f"pattern {p.name} is too large for any GPU: one rank would hold {show_bytes(total)} of "
+        f"its tensors ({', '.join(shown)}); the largest, {largest}, is declared here",
+        p.decl_loc(largest) or p.loc,
+        f"one rank holds at most {show_bytes(MAX_RANK_BYTES)} (2**{MAX_RANK_BYTES.bit_length() - 1}"
+        f" bytes) of a pattern's inputs and results; {_CHECK_SIZES}")
+
+
+_CHECK_SIZES = "check the sizes (-D) and the world size"
+
+
+def _bound_attrs(op: Op, sp, env: dict, operands: list[BoundTensor],
+                 graph: Graph | None = None) -> dict[str, Any]:
     """The op's attributes: defaults, then its own values evaluated, checked, normalised."""
     attrs = dict(sp.attrs)
     for k, v in op.attrs:
         attrs[k] = _eval_attr(op, k, v, env)
-    return {k: check_attr(op, k, v, attr_kind(sp, k), operands) for k, v in attrs.items()}
+    return {k: check_attr(op, k, v, attr_kind(sp, k), operands, graph)
+            for k, v in attrs.items()}
 
 
 def _eval_attr(op: Op, k: str, v, env):

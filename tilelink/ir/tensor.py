@@ -18,6 +18,8 @@ from .expr import Expr
 
 DTYPES = ("bf16", "fp16", "fp32", "int32", "int64")
 FLOAT_DTYPES = ("bf16", "fp16", "fp32")
+INT_DTYPES = ("int32", "int64")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 
 # Bounds on bound sizes, checked by `Pattern.bind` before anything is planned, so sizes no
 # GPU can hold get a located error at once instead of a MemoryError or minutes of planning.
@@ -30,10 +32,16 @@ FLOAT_DTYPES = ("bf16", "fp16", "fp32")
 #   2**48 allows 256 ranks of 2**40 elements each; byte counts stay below 2**51.
 # - MAX_RANK: dims per tensor. No op takes more than 4 ([B, S, H, D]); 8 leaves room, and
 #   keeps a declaration of a thousand dims from costing time in every later pass.
+# - MAX_RANK_BYTES: what one rank holds of all the pattern's tensors together (its inputs and
+#   every op's result, each of which is materialised), in bytes. 2**39 (512 GiB) is about
+#   twice the memory of the largest GPU (288 GB in 2025), so every problem a GPU can run
+#   passes, while one that cannot (AG-GEMM with M = 2**31 - 2, K = 128: 1.1 TiB per rank) is
+#   refused at bind, before minutes of planning.
 MAX_DIM = 2**31 - 1
 MAX_LOCAL_ELEMENTS = 2**40
 MAX_ELEMENTS = 2**48
 MAX_RANK = 8
+MAX_RANK_BYTES = 2**39
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,11 @@ class BoundTensor:
     def __str__(self) -> str:
         return f"{self.name} : {list(self.shape)} {self.dtype} {self.placement}"
 
+    @property
+    def local_bytes(self) -> int:
+        """Bytes one rank stores of this tensor."""
+        return _product(self.local_shape) * DTYPE_BYTES[self.dtype]
+
     def extent_problem(self) -> tuple[str, str] | None:
         """(what is wrong, which bound) when the tensor exceeds MAX_RANK, MAX_DIM,
         MAX_LOCAL_ELEMENTS or MAX_ELEMENTS; None when it fits them."""
@@ -126,3 +139,13 @@ def _product(dims) -> int:
     for d in dims:
         n *= d
     return n  # (at most MAX_RANK factors of at most MAX_DIM: checked before)
+
+
+def show_bytes(n: int) -> str:
+    """A byte count for a message: '1.1 TiB', '384 GiB', '24 KiB', '12 bytes'."""
+    for unit, shift in (("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            text = f"{v:.1f}" if v < 10 else f"{v:.0f}"
+            return f"{text.removesuffix('.0')} {unit}"
+    return f"{n} bytes"

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ..ir.attrs import Attr
 from ..ir.ops import Inferred, fail, local_shape, register, result_placement, same_dtype
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
@@ -126,13 +127,37 @@ def partial_dist_ref(op, ctx, args):
     return _partial(*args).to(ctx.dtype)
 
 
+def stacked_partials(graph, name: str) -> tuple[int, str] | None:
+    """(how many attention_partial results tensor `name` stacks on dim 0, how) where the
+    pattern shows it: 1 for attention_partial's own result, W times as many for an all_gather
+    of such a tensor along dim 0; None for anything else (an input, another op)."""
+    op = graph.producer.get(name)
+    if op is None:
+        return None
+    where = f" at {op.loc}" if op.loc else ""
+    if op.kind == "attention_partial":
+        return 1, f"one attention_partial result{where}"
+    if op.kind == "all_gather" and graph.attrs.get(op.result, {}).get("dim") == 0:
+        inner = stacked_partials(graph, op.args[0])
+        if inner is not None:
+            n = inner[0] * graph.world
+            return n, f"{inner[1]} from each of W = {graph.world} ranks, by all_gather{where}"
+    return None
+
+
+#: splits: how many partials `parts` stacks (None: W, one per rank); checked at bind against
+#: the rows of parts and, where the pattern shows how they were gathered, their number
+SPLITS = Attr("count", of=0, expected=stacked_partials, what="partials")
+
+
 @register("lse_combine", "compute", ["parts"], {"splits": None},
           "Combine `splits` attention partials stacked on dim 0 ([splits * B, H, D + 1]) "
-          "by their log-sum-exp weights -> [B, H, D].")
+          "by their log-sum-exp weights -> [B, H, D]; `splits` defaults to W.",
+          attr_kinds={"splits": SPLITS})
 def combine_shape(op, xs, attrs, world):
     (p,) = xs
     s = local_shape(p)
-    ways = attrs["splits"] or world
+    ways = attrs["splits"] or world  # (>= 1 and dividing the rows: checked at bind)
     if len(s) != 3 or s[0] % ways:
         fail(op, f"lse_combine needs [splits * B, H, D + 1] with splits = {ways}; "
              f"{p.name} is {list(s)}", "all_gather the attention_partial output on dim 0")

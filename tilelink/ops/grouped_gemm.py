@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.ops import Inferred, fail, local_shape, register, same_dtype
-from ..ir.tensor import LOCAL
+from ..ir.tensor import INT_DTYPES, LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 from ..runtime.dist_reference import dist_reference
@@ -14,7 +14,8 @@ from ..runtime.reference import reference
 
 @register("grouped_gemm", "compute", ["x", "w", "ids"], {},
           "MoE expert GEMM: row t of x times expert w[ids[t, j]] for each of the top-k "
-          "choices j: [T, K], [E, K, N], [T, k] -> [T * k, N].")
+          "choices j: [T, K], [E, K, N], [T, k] -> [T * k, N].",
+          dtypes={2: INT_DTYPES})  # x and w: floats (a compute op's); ids: expert numbers
 def shape(op, xs, attrs, world):
     x, w, ids = xs
     sx, sw, si = local_shape(x), local_shape(w), local_shape(ids)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from ..ir.ops import Inferred, fail, local_shape, register, result_placement
+from ..ir.tensor import FLOAT_DTYPES
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 
 
+# dtypes: the result has the first input's dtype (a float: the tiles compute in floating
+# point); the tile function reads the other inputs as it likes
 @register("map", "compute", [], {}, variadic=True,
-          doc="Apply a user tile function (Python DSL) to row blocks of its first input.")
+          doc="Apply a user tile function (Python DSL) to row blocks of its first input.",
+          dtypes={0: FLOAT_DTYPES, "*": None})
 def shape(op, xs, attrs, world):
     if not xs:
         fail(op, "map needs at least one tensor argument")

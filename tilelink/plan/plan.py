@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import NotSupportedError, show_int
 from ..ir import BoundPattern, spec
 from .derive import Dependency, derive
 from .regions import TileSizes, box_extents, grid_for
@@ -44,10 +45,22 @@ class Plan:
         return render_plan(self, max_tiles)
 
 
+#: the most tiles one op's grid (every rank's tiles) may have. Deriving a plan visits every
+#: consumer tile (tens of microseconds each, and a table entry each where no closed form
+#: holds), so this bounds planning to about a minute and its memory to a few hundred MB. The
+#: largest measured problems have far fewer (GEMM-RS M = 65536, N = 8192 at W = 8: 131072).
+MAX_PLAN_TILES = 2**20
+
+
 def build_plan(bp: BoundPattern, tiles: TileSizes | None = None) -> Plan:
-    """Tile every op, derive every op-to-op dependency and lay out one signal array each."""
+    """Tile every op, derive every op-to-op dependency and lay out one signal array each.
+
+    Raises NotSupportedError (located at the op) before deriving anything when an op's grid
+    has more than MAX_PLAN_TILES tiles."""
     tiles = tiles or TileSizes()
     grids = {op.result: grid_for(bp, op, tiles) for op in bp.ops}
+    for op in bp.ops:
+        _check_tiles(op, grids[op.result], tiles)
     producer_of = {op.result: op for op in bp.ops}
     deps: list[Dependency] = []
     signals: list[SignalArray] = []
@@ -66,3 +79,18 @@ def build_plan(bp: BoundPattern, tiles: TileSizes | None = None) -> Plan:
                 d.notes.append(f"{spec(prod.kind).category} -> {spec(op.kind).category}")
             deps.extend(found)
     return Plan(bp, tiles, grids, deps, signals)
+
+
+def _check_tiles(op, grid: TileGrid, tiles: TileSizes) -> None:
+    """Refuse a grid too large to plan (MAX_PLAN_TILES), naming its axes and the tile sizes."""
+    if grid.size <= MAX_PLAN_TILES:
+        return
+    axes = " x ".join(f"{a.name} {show_int(a.tiling.count)}" for a in grid.axes)
+    knobs = ("comm_block_m, comm_block_n" if spec(op.kind).category == "comm"
+             else "block_m, block_n")
+    raise NotSupportedError(
+        f"the plan of {op.kind} ({op.result}) would have {show_int(grid.size)} tiles ({axes}; "
+        f"tiles of block_m={tiles.block_m}, block_n={tiles.block_n}, comm_block_m="
+        f"{tiles.comm_block_m}, comm_block_n={tiles.comm_block_n}); a plan derives every "
+        f"tile's waits and takes at most {show_int(MAX_PLAN_TILES)} (2**20) tiles per op",
+        op.loc, f"use smaller sizes (-D) or fewer ranks, or larger tiles (--config {knobs})")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from ..codegen import render_triton
 from ..codegen.protocol import SITE_RELEASE
-from ..errors import ConfigError
+from ..errors import ConfigError, NotSupportedError
 from ..ir import BoundPattern, Pattern
+from ..ir.tensor import show_bytes
 from ..schedule import Schedule, get_target, make_schedule
+from . import emulated
 from .emulated import EmulationResult, run_emulated
 from .inputs import call_inputs
 from .reference import Verdict, evaluate, judge, output_bound
@@ -117,7 +120,8 @@ def check(bp: BoundPattern, result: EmulationResult) -> CheckReport:
     worst: dict[str, Verdict] = {}
     ok = True
     for ins, outs in zip(result.inputs, result.outputs):
-        want = evaluate(bp, ins)
+        with memory_guard(bp):
+            want = evaluate(bp, ins)
         for name, per_rank in outs.items():
             bound = output_bound(bp, name)
             for got, ref in zip(per_rank, want[name]):
@@ -149,6 +153,7 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     signals its data: what a mapping pointing at a slot nobody notifies looks like).
     """
     s = schedule_for(pattern, world_size, values, config, "interp")
+    check_emulated_memory(s.bound, calls)
     emulated_fault = fault if fault is None or not fault.startswith("skip_rank:") else None
     if s.config.comm == "none":
         if fault is not None:
@@ -157,12 +162,15 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
         # the non-overlapped plan has no kernel: run it as it runs on GPUs (each op in the
         # pattern's dtype, as NCCL and cuBLAS compute it), so a check compares it with the
         # fp32 reference rather than with itself
-        ins = call_inputs(s.bound, inputs, calls, seed)
-        return s, EmulationResult(ins, [evaluate(s.bound, x, exact=False) for x in ins], 0.0)
+        with memory_guard(s.bound):
+            ins = call_inputs(s.bound, inputs, calls, seed)
+            outs = [evaluate(s.bound, x, exact=False) for x in ins]
+        return s, EmulationResult(ins, outs, 0.0)
     if fault is not None and emulated_fault is None:
         _check_skip_rank(fault, s.bound.world)
     source = render_triton(s, fault=emulated_fault)
-    ins = call_inputs(s.bound, inputs, calls, seed)
+    with memory_guard(s.bound):
+        ins = call_inputs(s.bound, inputs, calls, seed)
     from ..codegen.compile import load_module
 
     mod = load_module(source)
@@ -172,6 +180,53 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
                        describe_wait=lambda rec: describe_wait(s, mod, rec, None, explained),
                        first_epoch=first_epoch)
     return s, res
+
+
+def check_emulated_memory(bp: BoundPattern, calls: int) -> None:
+    """Refuse sizes whose tensors do not fit this machine's memory, before any is allocated
+    (else the first input would end in a MemoryError, or the out-of-memory killer).
+
+    The emulated world holds every rank's inputs and outputs for every call, and one call's
+    reference at a time, every tensor of the pattern in up to fp32 (twice the bytes of a
+    16-bit dtype): a lower bound of what a run takes, on every rank."""
+    avail = emulated._available_memory()
+    if avail is None:
+        return
+    kept = set(bp.pattern.outputs) | {t.name for t in bp.pattern.inputs}
+    per_call = sum(bp.tensors[n].local_bytes for n in kept)
+    per_rank = sum(t.local_bytes for t in bp.tensors.values())
+    need = bp.world * (calls * per_call + 2 * per_rank + emulated.RANK_MEMORY)
+    if need > avail:
+        largest = max(bp.tensors.values(), key=lambda t: t.local_bytes)
+        raise NotSupportedError(
+            f"the emulated world needs at least {show_bytes(need)} for these sizes ({bp.world} "
+            f"ranks, each holding {show_bytes(per_call)} of inputs and outputs per call for "
+            f"{calls} call(s) and a reference of {show_bytes(2 * per_rank)}; the largest "
+            f"tensor is {largest.name}, {show_bytes(largest.local_bytes)} per rank); "
+            f"{show_bytes(avail)} of memory are available here",
+            bp.decl_loc(largest.name),
+            hint="use smaller -D sizes, fewer --calls or fewer ranks (the emulated world "
+                 "checks a pattern at small sizes; large ones are for GPUs)")
+
+
+@contextmanager
+def memory_guard(bp: BoundPattern):
+    """An allocation that fails (a process memory limit `check_emulated_memory` cannot see)
+    becomes a NotSupportedError naming the sizes, not a MemoryError traceback."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        text = str(e)
+        if not isinstance(e, MemoryError) and "allocate" not in text and \
+                "out of memory" not in text.lower():
+            raise
+        largest = max(bp.tensors.values(), key=lambda t: t.local_bytes)
+        per_rank = sum(t.local_bytes for t in bp.tensors.values())
+        raise NotSupportedError(
+            f"out of memory allocating the tensors of {bp.name} ({show_bytes(per_rank)} per "
+            f"rank, {bp.world} ranks; the largest is {largest.name}, "
+            f"{show_bytes(largest.local_bytes)} per rank)", bp.decl_loc(largest.name),
+            hint="use smaller -D sizes, fewer --calls or fewer ranks") from None
 
 
 def _check_skip_rank(fault: str, world: int) -> None:

@@ -405,7 +405,10 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     missing = [r for r in range(world) if r not in results]
     if missing:
         raise HangError(f"rank(s) {missing} did not finish within {waited} and were "
-                        "stopped; no wait reported (a rank was not waiting)")
+                        "stopped; no wait reported (a rank was not waiting)",
+                        hint="no wait gave up: the ranks were still computing (Triton's "
+                        "interpreter is slow on large sizes): use smaller -D sizes, or a "
+                        "longer --timeout (timeout= in tk.emulate)")
     failures = {r: res[0] for r, res in results.items() if res}
     if failures:
         r, tb = sorted(failures.items())[0]

@@ -15,7 +15,7 @@ the pattern's ops (`lowering.py`), each in its op family's module (`tilelink.ops
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..errors import ConfigError, NotSupportedError
 from ..ir import BoundPattern, spec
@@ -74,11 +74,21 @@ class Schedule:
     bound: BoundPattern
     target: Target
     config: Config
-    plan: Plan
+    tiles: TileSizes  # what the plan is derived for
     roles: tuple[Role, ...]
     kernel: str | None  # the lowerings, "gemm/triton + all_gather/sm"; None: no kernel
     notes: tuple[str, ...]
     composition: Composition | None = None
+    derived: Plan | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def plan(self) -> Plan:
+        """The derived plan. A kernel's is derived by `make_schedule`; where no kernel needs
+        one (comm=none, or an op without a lowering) it is derived when first asked for
+        (`--emit plan`), so running such a schedule never pays for planning its tiles."""
+        if self.derived is None:
+            self.derived = build_plan(self.bound, self.tiles)
+        return self.derived
 
     @property
     def knobs(self) -> tuple[str, ...]:
@@ -323,7 +333,8 @@ _MAX_ELEMENTS = 2**30
 
 def _check_int32_offsets(bp: BoundPattern) -> None:
     """Refuse sizes whose element offsets would wrap the kernels' int32 arithmetic (a silent
-    out-of-bounds access otherwise)."""
+    out-of-bounds access otherwise). Cheap: `make_schedule` runs it before deriving the plan
+    (which takes time in proportion to the tiles), located at the tensor's declaration."""
     for name, t in bp.tensors.items():
         n = 1
         for d in t.shape:
@@ -331,7 +342,8 @@ def _check_int32_offsets(bp: BoundPattern) -> None:
         if n >= _MAX_ELEMENTS:
             raise ConfigError(f"tensor '{name}' has {n} elements ({' x '.join(map(str, t.shape))}"
                               f"); the overlapped kernels index with int32 offsets and take "
-                              f"fewer than {_MAX_ELEMENTS} per tensor",
+                              f"fewer than {_MAX_ELEMENTS} (2**30) per tensor",
+                              bp.decl_loc(name),
                               hint="use --config comm=none (NCCL + cuBLAS) or split the problem")
 
 
@@ -350,21 +362,22 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     if overrides:
         cfg = _drop_inherited(cfg, overrides, bp, space, start)
     space.check(cfg, bp)  # also refuses debug knobs on GPU targets
-    plan = build_plan(bp, TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m,
-                                    cfg.comm_block_n))
+    unlowered = [op for op in bp.ops if not LOWERINGS.get(op.kind)]
+    if cfg.comm != "none" and not unlowered:
+        _check_int32_offsets(bp)  # before the plan: sizes the kernels cannot index fail at once
+    tiles = TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m, cfg.comm_block_n)
     notes = []
     if cfg.comm == "none":
         notes.append(why_default if base is None and why_default and not overrides else
                      "non-overlapped plan (comm=none): the collectives, then the computation "
                      "(NCCL + cuBLAS on GPUs)")
-        return Schedule(bp, target, cfg, plan, (), None, tuple(notes))
-    unlowered = [op for op in bp.ops if not LOWERINGS.get(op.kind)]
+        return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
     if unlowered:  # no kernel can be generated: the plan (and its mappings) only
         names = ", ".join(sorted({op.kind for op in unlowered}))
         notes.append(f"no kernel: {names} has no lowering yet (--emit plan shows its "
                      "mappings); ops with lowerings: " + ", ".join(sorted(LOWERINGS)))
-        return Schedule(bp, target, cfg, plan, (), None, tuple(notes))
-    _check_int32_offsets(bp)
+        return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
+    plan = build_plan(bp, tiles)
     comp = compose(bp, cfg, target)
     if comp.reasons:  # (space.check asked the same lowerings: kept in step)
         raise ConfigError("invalid schedule config: " + "; ".join(comp.reasons))
@@ -391,7 +404,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                      f"below {need / 1e9:.0f} GFLOP of GEMM per rank (here {flops / 1e9:.0f}), "
                      "and a candidate of `tilelink tune`")
     kernel = " + ".join(dict.fromkeys(comp.lowerings[op.result].name for op in bp.ops))
-    return Schedule(bp, target, cfg, plan, roles, kernel, tuple(notes), comp)
+    return Schedule(bp, target, cfg, tiles, roles, kernel, tuple(notes), comp, plan)
 
 
 def require_kernel(s: Schedule) -> str:
