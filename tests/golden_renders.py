@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -102,9 +103,14 @@ def _cases():
                 yield from emit(*render(bp, "interp", base=cfg))
 
 
+# a user tile function's module is named after a hash of its file's absolute path
+_USER_MODULE = re.compile(r"(_tilelink_user_\w+?_)[0-9a-f]{8}\b")
+
+
 def _portable(text: str) -> str:
-    """A render or key with the checkout's path replaced (renders name the pattern file)."""
-    return text.replace(str(ROOT), "<repo>")
+    """A render or key with the checkout's path replaced (renders name the pattern file, and
+    user tile functions' modules a hash of its path)."""
+    return _USER_MODULE.sub(r"\1<path hash>", text.replace(str(ROOT), "<repo>"))
 
 
 def digests(progress: bool = False) -> dict[str, str]:
