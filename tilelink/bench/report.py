@@ -26,6 +26,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..ir.tensor import DTYPE_BYTES
+
 SYSTEMS = ("tilelink", "nccl_cublas", "async_tp", "gemm", "nccl_comm", "ce_comm")
 NAMES = {"tilelink": "TileLink", "nccl_cublas": "NCCL+cuBLAS", "async_tp": "torch async-TP",
          "gemm": "compute alone", "nccl_comm": "NCCL comm alone",
@@ -36,7 +38,6 @@ COMM = ("nccl_comm", "ce_comm")
 NOT_APPLICABLE = {"nccl_cublas": "no ops", "async_tp": "no op pair torch async-TP fuses",
                   "gemm": "no compute op", "nccl_comm": "no collective",
                   "ce_comm": "no collective"}
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 
 
 # ---------------------------------------------------------------- what a shape must do

@@ -30,7 +30,6 @@ from . import protocol
 
 TL_DTYPES = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32"}
 SIG_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int32": "i32", "int64": "i64"}
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 _FIXED = ("ctl_ptr", "heap_bases", "abort_ptr", "diag_ptr", "me", "spin_limit")
 _FIXED_SIG = {"ctl_ptr": "*i32", "heap_bases": "*i64", "abort_ptr": "*i32", "diag_ptr": "*i32",
               "me": "i32", "spin_limit": "i32"}

@@ -53,10 +53,10 @@ import math
 from dataclasses import dataclass, field
 
 from ..ir import BoundPattern, spec
+from ..ir.tensor import DTYPE_BYTES
 from ..schedule import Config
 from .space import extents, is_fallback, uses_comm_programs
 
-ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 # share of an epilogue's remote-store time that the GEMM does not hide (measured, see above)
 EPILOGUE_PUSH_STALL = 0.6
 MB = 1 << 20
@@ -223,7 +223,7 @@ def comm_bytes(bp: BoundPattern) -> float:
 
 
 def _nbytes(shape, dtype: str) -> float:
-    return float(math.prod(shape)) * ELEM_BYTES.get(dtype, 2)
+    return float(math.prod(shape)) * DTYPE_BYTES.get(dtype, 2)
 
 
 def _dtype(bp: BoundPattern) -> str:
@@ -233,7 +233,7 @@ def _dtype(bp: BoundPattern) -> str:
 def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     """Predicted time of one call of `bp` with `cfg` on `dev`."""
     ext = extents(bp)
-    elem = ELEM_BYTES.get(_dtype(bp), 2)
+    elem = DTYPE_BYTES.get(_dtype(bp), 2)
     m, n, k, w = ext["m"], ext["n"], ext["k"], bp.world
     nbytes = comm_bytes(bp)
     lat = dev.signal_us * 1e-3  # ms
@@ -362,7 +362,7 @@ def floor_ms(bp: BoundPattern, dev: DeviceSpec) -> float:
     """The model's floor: max(GEMM alone on every SM, the copy engine moving the bytes)."""
     ext = extents(bp)
     gemm = gemm_ms(dev, ext["m"], ext["n"], ext["k"], Config(), dev.num_sms,
-                   ELEM_BYTES.get(_dtype(bp), 2), tiled=False)
+                   DTYPE_BYTES.get(_dtype(bp), 2), tiled=False)
     nbytes = comm_bytes(bp)
     return max(gemm, _transfer_ms(dev.ce_gbs, nbytes))
 

@@ -3,7 +3,8 @@ GEMM's steps (grouped tile order, TMA or pointer loads, the K loop, the epilogue
 
 from __future__ import annotations
 
-from ...codegen.module import ELEMENT_BYTES, TL_DTYPES, TileOut, ident, indent
+from ...codegen.module import TL_DTYPES, TileOut, ident, indent
+from ...ir.tensor import DTYPE_BYTES
 from ...codegen.tiles import find_dep
 from ...schedule.lowering import Lowering, Step, register_lowering
 
@@ -24,7 +25,7 @@ DECODE_TILES = (
 def tma_ok(target, dtype: str, row_lengths) -> bool:
     """TMA loads on targets that have it, when every row stride is a multiple of 16 bytes
     (a descriptor's requirement); otherwise pointer loads (the header says which)."""
-    return bool(target.tma) and all(n * ELEMENT_BYTES[dtype] % 16 == 0 for n in row_lengths)
+    return bool(target.tma) and all(n * DTYPE_BYTES[dtype] % 16 == 0 for n in row_lengths)
 
 
 class GemmTriton(Lowering):
