@@ -58,17 +58,11 @@ class GemmTriton(Lowering):
         if not site.target.tma:
             return {}
         m, n = site.result.local_shape
-        enough = 0.9 * cfg.num_programs
-        for tiles in ((cfg.block_m, cfg.block_n),) + tuple((t["block_m"], t["block_n"])
-                                                           for t in DECODE_TILES):
-            if -(-m // tiles[0]) * -(-n // tiles[1]) >= enough:
-                break
-        else:
-            return {k: str(v) for k, v in DECODE_TILES[-1].items()}
-        if tiles == (cfg.block_m, cfg.block_n):
-            return {}
-        return {k: str(v) for k, v in next(t for t in DECODE_TILES
-                                           if (t["block_m"], t["block_n"]) == tiles).items()}
+        for tiles in ({},) + DECODE_TILES:  # {}: the schedule's own tiles
+            bm, bn = tiles.get("block_m", cfg.block_m), tiles.get("block_n", cfg.block_n)
+            if -(-m // bm) * -(-n // bn) >= 0.9 * cfg.num_programs:
+                break  # (none is enough: the last, the smallest)
+        return {k: str(v) for k, v in tiles.items()}
 
     def steps(self, site) -> list[Step]:
         gathered = [a for a in site.op.args if site.bp.ops and any(
