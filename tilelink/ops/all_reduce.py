@@ -91,9 +91,7 @@ class AllReduceSM(ReduceScatterSM):
     def rows_needed_first(self, kb, site) -> str | None:
         return None  # every rank needs every tile: no order is better
 
-    def declare(self, mb, site) -> None:
-        if self.alone(site):
-            return
+    def declare_exchange(self, mb, site) -> None:
         self.declare_common(mb, site)
         out, part = site.op.result, site.op.args[0]
         dep = reduce_dep(mb.plan, site.op)
@@ -102,9 +100,7 @@ class AllReduceSM(ReduceScatterSM):
         mb.heap_tensor(f"{out}_stage", (w, m, n), site.result.dtype, 2, peer_written=True)
         mb.signal(dep.signal, mb.plan.grids[part].size)
 
-    def epilogue(self, kb, site, tile) -> list[str]:
-        if self.alone(site):
-            return self.store_whole(kb, site, tile)
+    def exchange_epilogue(self, kb, site, tile) -> list[str]:
         mb = kb.mb
         p = self._consts(kb, site)
         out = site.op.result

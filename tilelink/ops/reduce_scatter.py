@@ -329,8 +329,16 @@ class ReduceScatterSM(_Scatter):
                 f"{tile.cols}[None, :], {tile.values}, mask=mask)"]
 
     def declare(self, mb, site) -> None:
+        if not self.alone(site):
+            self.declare_exchange(mb, site)
+
+    def epilogue(self, kb, site, tile) -> list[str]:
         if self.alone(site):
-            return
+            return self.store_whole(kb, site, tile)
+        return self.exchange_epilogue(kb, site, tile)
+
+    def declare_exchange(self, mb, site) -> None:
+        """The stage buffer the peers push their partials into, and its signal."""
         self.declare_common(mb, site)
         out, part = site.op.result, site.op.args[0]
         dep = reduce_dep(mb.plan, site.op)
@@ -341,9 +349,8 @@ class ReduceScatterSM(_Scatter):
         mb.heap_tensor(f"{out}_stage", (w,) + slab, site.result.dtype, 2, peer_written=True)
         mb.signal(dep.signal, mb.plan.grids[part].size)
 
-    def epilogue(self, kb, site, tile) -> list[str]:
-        if self.alone(site):
-            return self.store_whole(kb, site, tile)
+    def exchange_epilogue(self, kb, site, tile) -> list[str]:
+        """The GEMM tile's epilogue: its rows to the rank(s) owning them, then their slots."""
         mb = kb.mb
         p = self._consts(kb, site)
         out = site.op.result
