@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from tilelink.cli.main import main
 
 BOUND_S = 20.0  # seconds one refusal may take (each takes well under one here)
+# sizes no GPU holds: 10**12 and 2**40 no dim takes, 10**20 is past int64, 2**31 - 2 fits a
+# dim but its tensors take terabytes per rank (each must be refused before any plan)
+SIZES_NO_GPU_HOLDS = [10**12, 10**20, 2**31 - 2, 2**40]
 
 
 class Overran(Exception):

@@ -38,3 +38,15 @@ def pytest_collection_modifyitems(config, items):
         # (a dist test also marked gpu runs its world on one GPU: W = 1 cases)
         if "dist" in item.keywords and "gpu" not in item.keywords and n < 2:
             item.add_marker(pytest.mark.skip(reason="needs two or more CUDA GPUs"))
+
+
+@pytest.fixture
+def no_planning(monkeypatch):
+    """The plans derived while the test runs (the tensors whose dependencies were derived):
+    a test of a refusal that must come before any plan asserts it stays empty."""
+    from tilelink.plan import plan
+
+    derived = []
+    real = plan.derive
+    monkeypatch.setattr(plan, "derive", lambda *a, **k: derived.append(a[0]) or real(*a, **k))
+    return derived

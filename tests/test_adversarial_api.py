@@ -33,7 +33,7 @@ from tilelink.frontend.text import parse_text
 from tilelink.runtime import run_emulated
 from tilelink.runtime.reference import make_inputs
 
-from .adversarial import deadline
+from .adversarial import SIZES_NO_GPU_HOLDS, deadline
 
 ROOT = Path(__file__).resolve().parent.parent
 AG = str(ROOT / "examples" / "ag_gemm.tl")
@@ -604,20 +604,7 @@ def test_any_object_as_an_attribute_binds_or_fails_cleanly(value):
 # ---- sizes no GPU holds: refused before any plan, from every Python entry point -----------
 
 EXAMPLE_FILES = sorted((ROOT / "examples").glob("*.tl"))
-# 10**12 and 2**40 no dim takes, 10**20 is past int64, 2**31 - 2 fits a dim but its tensors
-# take terabytes per rank
-SIZES_NO_GPU_HOLDS = [10**12, 10**20, 2**31 - 2, 2**40]
-
-
-@pytest.fixture
-def no_planning(monkeypatch):
-    """The plans derived while the test runs (every refusal must come before one)."""
-    from tilelink.plan import plan
-
-    derived = []
-    real = plan.derive
-    monkeypatch.setattr(plan, "derive", lambda *a, **k: derived.append(a[0]) or real(*a, **k))
-    return derived
+# (no_planning: the fixture of tests/conftest.py)
 
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.name)

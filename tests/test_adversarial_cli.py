@@ -14,7 +14,7 @@ import pytest
 
 from tilelink.runtime import emulated
 
-from .adversarial import assert_refused, cli
+from .adversarial import SIZES_NO_GPU_HOLDS, assert_refused, cli
 from .conftest import EXAMPLES
 
 AG = str(EXAMPLES / "ag_gemm.tl")
@@ -316,25 +316,11 @@ def test_malformed_command_lines(argv, needle, capsys):
 # derived (a MemoryError, an OverflowError or minutes of planning before)
 SIZE_ENTRY_POINTS = [["compile", "--emit", "plan"], ["compile", "--emit", "schedule"],
                      ["compile", "--emit", "triton"], ["run", "--check"], ["tune"], ["bench"]]
-# 10**12 and 2**40 rows no dim takes, 10**20 is past int64, 2**31 - 2 a dim that fits but
-# whose tensors take a TiB per rank
-SIZES_NO_GPU_HOLDS = ["1000000000000", "100000000000000000000", str(2**31 - 2), str(2**40)]
-
-
-@pytest.fixture
-def no_planning(monkeypatch):
-    """Fail the test if any plan is derived (every refusal must come before one)."""
-    from tilelink.plan import plan
-
-    derived = []
-    real = plan.derive
-    monkeypatch.setattr(plan, "derive", lambda *a, **k: derived.append(a[0]) or real(*a, **k))
-    return derived
 
 
 @pytest.mark.parametrize("command", SIZE_ENTRY_POINTS, ids=" ".join)
 @pytest.mark.parametrize("param", ["M", "N", "K"])
-@pytest.mark.parametrize("value", SIZES_NO_GPU_HOLDS)
+@pytest.mark.parametrize("value", [str(v) for v in SIZES_NO_GPU_HOLDS])
 def test_sizes_no_gpu_holds_are_refused_before_planning(command, param, value, no_planning,
                                                         capsys):
     err = assert_refused([command[0], AG, *command[1:], "-D", f"{param}={value}"],
