@@ -8,7 +8,9 @@ import pytest
 
 from tilelink.cli.main import main
 from tilelink.codegen import render_triton
+from tilelink.errors import ConfigError
 from tilelink.frontend import load_pattern
+from tilelink.ops.gemm.tl import DECODE_TILES
 from tilelink.schedule import get_target, make_schedule
 from tilelink.schedule.schedule import default_config
 
@@ -52,17 +54,46 @@ def test_a_reduction_at_w1_checks_in_the_emulated_world(path, sizes, config, cap
     assert "check: OK" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("m,tiles", [(128, (64, 128, 128)), (256, (128, 128, 64)),
-                                     (512, (128, 256, 64)), (4096, (128, 256, 64))])
+@pytest.mark.parametrize("m,tiles", [(128, (64, 128, 64, 8)), (256, (128, 128, 64, 6)),
+                                     (512, (128, 256, 64, 3)), (4096, (128, 256, 64, 3))])
 def test_few_output_tiles_get_the_decode_tiles_on_hopper(m, tiles):
     bp = load_pattern(GEMM_AR).bind({"M": m, "N": 8192, "K": 4096}, 1)
     cfg, why = default_config(bp, get_target("cuda:90"))
     assert why is None
-    assert (cfg.block_m, cfg.block_n, cfg.block_k) == tiles
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages) == tiles
     # targets where these tiles were not measured keep the schedule's tiles
     for other in ("cuda:80", "hip:gfx942"):
         c, _ = default_config(bp, get_target(other))
         assert (c.block_m, c.block_n) == (128, 256)
+
+
+def test_every_decode_tile_fits_a_hopper_cta():
+    # the deep pipelines are valid configs of the GEMM lowering on cuda:90 (its shared-memory
+    # rule), for each of the dtypes it multiplies in 16 bits
+    for tiles in DECODE_TILES:
+        for dtype in ("bf16", "fp16"):
+            pat = load_pattern(GEMM_AR)
+            bp = pat.bind({"M": 128, "N": 8192, "K": 4096, "dtype": dtype}, 1)
+            s = make_schedule(bp, get_target("cuda:90"), {k: str(v) for k, v in tiles.items()})
+            assert s.config.stages == tiles["stages"]
+
+
+@pytest.mark.parametrize("target,config,need", [
+    # 8 stages of 128x64 + 64x256 bf16 tiles: 8 * 384 * 64 * 2 B
+    ("cuda:90", {"block_m": "128", "block_n": "256", "block_k": "64", "stages": "8"}, 393216),
+    # what fits a Hopper CTA does not fit an Ampere one (166,912 B)
+    ("cuda:80", {"block_m": "128", "block_n": "128", "block_k": "64", "stages": "6"}, 196608),
+])
+def test_stages_that_do_not_fit_shared_memory_are_refused_at_the_gemm(target, config, need):
+    bp = load_pattern(GEMM_AR).bind({"M": 128, "N": 8192, "K": 4096}, 1)
+    with pytest.raises(ConfigError) as e:
+        make_schedule(bp, get_target(target), config)
+    msg = str(e.value)
+    assert f"needs {need} B of shared memory" in msg and "gemm_ar.tl:5" in msg
+    assert "use fewer stages or smaller tiles" in msg
+    # the interpreter and AMD's backend (which sizes LDS itself) take it
+    for other in ("interp", "hip:gfx942"):
+        assert make_schedule(bp, get_target(other), config).config.stages == int(config["stages"])
 
 
 def test_the_decode_tiles_compile_for_hopper(capsys):

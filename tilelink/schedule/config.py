@@ -116,7 +116,7 @@ class ConfigSpace:
     comm_block_n: tuple[int, ...] = (16, 32, 64, 128, 256)
     order: tuple[str, ...] = ORDERS
     group_m: tuple[int, ...] = (1, 4, 8)
-    stages: tuple[int, ...] = (1, 2, 3, 4)
+    stages: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # deep pipelines: few-tile (decode) GEMMs
     warps: tuple[int, ...] = (4, 8)
     flatten: tuple[int, ...] = (0, 1)
     reduce_after: tuple[int, ...] = (0, 1)

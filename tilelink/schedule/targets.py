@@ -19,14 +19,19 @@ class Target:
     lang: str  # tilelink.lang.<lang>
     dot_fp32: bool  # upcast bf16 dot operands (the interpreter's bf16 dot is wrong)
     tma: bool = False  # tensor descriptors (Hopper's TMA) for GEMM operand loads
+    # shared memory one CTA may take (bytes; the opt-in maximum); None: the backend decides
+    # its own use (AMD's stream pipeliner), so nothing is checked against it
+    smem_bytes: int | None = None
 
 
 TARGETS = {
-    "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False, True),
-    "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False),
+    "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False, True, 232_448),
+    "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False, smem_bytes=166_912),
     # the same GPUs with NVSHMEM's device library linked (runtime backend "nvshmem")
-    "cuda:90+nvshmem": Target("cuda:90+nvshmem", "cuda", 90, 32, 132, "nvshmem", False, True),
-    "cuda:80+nvshmem": Target("cuda:80+nvshmem", "cuda", 80, 32, 108, "nvshmem", False),
+    "cuda:90+nvshmem": Target("cuda:90+nvshmem", "cuda", 90, 32, 132, "nvshmem", False, True,
+                              232_448),
+    "cuda:80+nvshmem": Target("cuda:80+nvshmem", "cuda", 80, 32, 108, "nvshmem", False,
+                              smem_bytes=166_912),
     "hip:gfx942": Target("hip:gfx942", "hip", "gfx942", 64, 304, "amd", False),
     "interp": Target("interp", "interp", None, 32, 8, "interp", True),
 }

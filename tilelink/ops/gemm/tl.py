@@ -13,12 +13,14 @@ TILE_KNOBS = ("num_programs", "block_m", "block_n", "block_k", "order", "group_m
               "warps", "flatten")
 
 
-#: tiles for GEMMs with few output tiles, largest first (1x H200, GEMM-AR at W = 1, N = 8192,
-#: K = 4096, CUDA-graph replays, 2026-11-25: 128x128 at M = 256 0.81x cuBLAS against 0.51x
-#: for the 128x256 default; 64x128 with block_k=128 at M = 128 0.67x against 0.37x)
+#: tiles for GEMMs with few output tiles, largest first, with deep pipelines: with a tile or
+#: less per SM the K loop streams the weight and its loads must stay in flight (1x H200,
+#: N = 8192, K = 4096, CUDA-graph replays, 2026-11-25, a plain Triton K loop against cuBLAS:
+#: 128x128 at M = 256 1.00 with 6 stages / 4 warps against 0.95 with 4 / 8; 64x128 at M = 128
+#: 0.95 with 8 stages of block_k 64 against 0.93 with 4 of 128 and ~0.8 with 3)
 DECODE_TILES = (
-    {"block_m": 128, "block_n": 128, "block_k": 64, "stages": 4, "warps": 8},
-    {"block_m": 64, "block_n": 128, "block_k": 128, "stages": 3, "warps": 4},
+    {"block_m": 128, "block_n": 128, "block_k": 64, "stages": 6, "warps": 4},
+    {"block_m": 64, "block_n": 128, "block_k": 64, "stages": 8, "warps": 4},
 )
 
 
@@ -47,7 +49,22 @@ class GemmTriton(Lowering):
         if dtype not in TL_DTYPES:
             return [f"its operands are {dtype}: the GEMM kernel multiplies bf16, fp16 or fp32 "
                     "(declare the operands with a float dtype)"]
+        cfg, limit = site.config, site.target.smem_bytes
+        need = self.smem_needed(cfg, DTYPE_BYTES[dtype])
+        if limit is not None and need > limit:
+            # Triton would compile it and fail at the first launch (OutOfResources)
+            return [f"{self.name} with {cfg.stages} stages of {cfg.block_m}x{cfg.block_k} and "
+                    f"{cfg.block_k}x{cfg.block_n} {dtype} tiles needs {need} B of shared "
+                    f"memory, more than a CTA has on {site.target.name} ({limit} B): use "
+                    "fewer stages or smaller tiles"]
         return []
+
+    def smem_needed(self, cfg, elem: int) -> int:
+        """Shared memory of the K loop: Triton's pipeliner keeps a buffer of the A and the B
+        tile per stage. A lower bound (an epilogue that converts the tile's layout through
+        shared memory can need more, and Triton then fails at the first launch), so what it
+        refuses never fits: 128x256x64 in 4 stages (196,608 B) ran on H200 in GEMM-AR's kernel."""
+        return cfg.stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem
 
     def defaults(self, site) -> dict:
         """Smaller tiles where the schedule's tiles would leave SMs idle (decode: a few
