@@ -96,6 +96,18 @@ def test_stages_that_do_not_fit_shared_memory_are_refused_at_the_gemm(target, co
         assert make_schedule(bp, get_target(other), config).config.stages == int(config["stages"])
 
 
+@pytest.mark.parametrize("target,tiles", [("cuda:90", (128, 256, 2)), ("cuda:80", (128, 128, 2)),
+                                          ("hip:gfx942", (128, 256, 3))])
+def test_fp32_defaults_fit_shared_memory(target, tiles):
+    # fp32 operands take twice the bytes the default tiles were chosen for: the GEMM's
+    # defaults drop stages, then columns, so the pattern still gets its kernel (not the
+    # non-overlapped fallback of a config its own lowering refuses); AMD sizes LDS itself
+    bp = load_pattern(GEMM_AR).bind({"M": 8192, "N": 8192, "K": 8192, "dtype": "fp32"}, 2)
+    cfg, why = default_config(bp, get_target(target))
+    assert why is None and cfg.comm == "sm"
+    assert (cfg.block_m, cfg.block_n, cfg.stages) == tiles
+
+
 def test_the_decode_tiles_compile_for_hopper(capsys):
     assert main(["compile", GEMM_AR, "-W", "2", "-D", "M=128", "-D", "N=8192", "-D", "K=4096",
                  "--target", "cuda:90", "--emit", "ptx"]) == 0

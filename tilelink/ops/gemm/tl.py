@@ -70,16 +70,35 @@ class GemmTriton(Lowering):
         """Smaller tiles where the schedule's tiles would leave SMs idle (decode: a few
         hundred rows or fewer): the first of DECODE_TILES that gives about a tile per
         program, else the smallest. Measured on Hopper only (docs/perf.md, "Decode sizes"),
-        so proposed on targets with TMA loads."""
+        so proposed on targets with TMA loads. Then fitted to the target's shared memory."""
         cfg = site.config
-        if not site.target.tma:
-            return {}
-        m, n = site.result.local_shape
-        for tiles in ({},) + DECODE_TILES:  # {}: the schedule's own tiles
-            bm, bn = tiles.get("block_m", cfg.block_m), tiles.get("block_n", cfg.block_n)
-            if -(-m // bm) * -(-n // bn) >= 0.9 * cfg.num_programs:
-                break  # (none is enough: the last, the smallest)
-        return {k: str(v) for k, v in tiles.items()}
+        tiles: dict = {}
+        if site.target.tma:
+            m, n = site.result.local_shape
+            for tiles in ({},) + DECODE_TILES:  # {}: the schedule's own tiles
+                bm, bn = tiles.get("block_m", cfg.block_m), tiles.get("block_n", cfg.block_n)
+                if -(-m // bm) * -(-n // bn) >= 0.9 * cfg.num_programs:
+                    break  # (none is enough: the last, the smallest)
+        return {k: str(v) for k, v in self._fitted(site, tiles).items()}
+
+    def _fitted(self, site, tiles: dict) -> dict:
+        """`tiles` (over the schedule's config) with fewer stages, down to 2, then narrower
+        columns, down to 64, then one stage, until the K loop's buffers fit the target's
+        shared memory: fp32 operands take twice the bytes of the 16-bit ones the default
+        tiles were chosen for (3 stages of 128x256x64 fp32 need 294,912 B)."""
+        limit, dtype = site.target.smem_bytes, site.result.dtype
+        if limit is None or dtype not in TL_DTYPES:
+            return tiles
+        cfg = site.config.with_values({k: str(v) for k, v in tiles.items()})
+        steps = ([("stages", s) for s in range(cfg.stages - 1, 1, -1)]
+                 + [("block_n", b) for b in (128, 64) if b < cfg.block_n] + [("stages", 1)])
+        fitted = dict(tiles)
+        for knob, value in steps:
+            if self.smem_needed(cfg, DTYPE_BYTES[dtype]) <= limit:
+                break
+            cfg = cfg.with_values({knob: str(value)})
+            fitted[knob] = value
+        return fitted
 
     def steps(self, site) -> list[Step]:
         gathered = [a for a in site.op.args if site.bp.ops and any(
