@@ -108,6 +108,19 @@ def test_fp32_defaults_fit_shared_memory(target, tiles):
     assert (cfg.block_m, cfg.block_n, cfg.stages) == tiles
 
 
+def test_fp32_overrides_get_the_unset_knobs_fitted():
+    # GEMM-RS at 2048^3 defaults to the non-overlapped plan (too small to hide its first
+    # chunk); `--config comm=sm` starts from tiles sized for 16-bit operands: the knobs the
+    # user did not set are fitted, the ones they set stay (and are refused when nothing fits)
+    bp = load_pattern(GEMM_RS).bind({"M": 2048, "N": 2048, "K": 2048, "dtype": "fp32"}, 2)
+    cfg = make_schedule(bp, get_target("cuda:90"), {"comm": "sm"}).config
+    assert (cfg.block_n, cfg.stages) == (256, 2)
+    cfg = make_schedule(bp, get_target("cuda:90"), {"comm": "sm", "stages": "3"}).config
+    assert (cfg.block_n, cfg.stages) == (128, 3)
+    with pytest.raises(ConfigError, match="needs 294912 B of shared memory"):
+        make_schedule(bp, get_target("cuda:90"), {"comm": "sm", "stages": "3", "block_n": "256"})
+
+
 def test_the_decode_tiles_compile_for_hopper(capsys):
     assert main(["compile", GEMM_AR, "-W", "2", "-D", "M=128", "-D", "N=8192", "-D", "K=4096",
                  "--target", "cuda:90", "--emit", "ptx"]) == 0

@@ -322,7 +322,7 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
         for op in bp.ops:
             lw = lowering_for(sites[op.result])
             if lw is not None and hasattr(lw, "fit"):
-                cfg = lw.fit(cfg, overrides)
+                cfg = lw.fit(cfg, overrides, sites[op.result])
     return cfg
 
 

@@ -79,26 +79,33 @@ class GemmTriton(Lowering):
                 bm, bn = tiles.get("block_m", cfg.block_m), tiles.get("block_n", cfg.block_n)
                 if -(-m // bm) * -(-n // bn) >= 0.9 * cfg.num_programs:
                     break  # (none is enough: the last, the smallest)
-        return {k: str(v) for k, v in self._fitted(site, tiles).items()}
+        tiles = {k: str(v) for k, v in tiles.items()}
+        return tiles | self._fit_smem(cfg.with_values(tiles), site)
 
-    def _fitted(self, site, tiles: dict) -> dict:
-        """`tiles` (over the schedule's config) with fewer stages, down to 2, then narrower
-        columns, down to 64, then one stage, until the K loop's buffers fit the target's
-        shared memory: fp32 operands take twice the bytes of the 16-bit ones the default
-        tiles were chosen for (3 stages of 128x256x64 fp32 need 294,912 B)."""
+    def fit(self, cfg, overrides, site):
+        """The user's config with the knobs they did not set fitted to the target's shared
+        memory (`--config comm=sm` on an fp32 pattern whose default is the non-overlapped
+        plan starts from tiles sized for 16-bit operands)."""
+        return cfg.with_values(self._fit_smem(cfg, site, keep=overrides))
+
+    def _fit_smem(self, cfg, site, keep=()) -> dict:
+        """The knob values that make `cfg`'s K loop fit the target's shared memory: fewer
+        stages, down to 2, then narrower columns, down to 64, then one stage (knobs in `keep`
+        stay). fp32 operands take twice the bytes of the 16-bit ones the default tiles were
+        chosen for (3 stages of 128x256x64 fp32 need 294,912 B)."""
         limit, dtype = site.target.smem_bytes, site.result.dtype
         if limit is None or dtype not in TL_DTYPES:
-            return tiles
-        cfg = site.config.with_values({k: str(v) for k, v in tiles.items()})
-        steps = ([("stages", s) for s in range(cfg.stages - 1, 1, -1)]
-                 + [("block_n", b) for b in (128, 64) if b < cfg.block_n] + [("stages", 1)])
-        fitted = dict(tiles)
+            return {}
+        steps = [("stages", str(s)) for s in range(cfg.stages - 1, 1, -1)] + \
+            [("block_n", str(b)) for b in (128, 64) if b < cfg.block_n] + [("stages", "1")]
+        out: dict = {}
         for knob, value in steps:
             if self.smem_needed(cfg, DTYPE_BYTES[dtype]) <= limit:
                 break
-            cfg = cfg.with_values({knob: str(value)})
-            fitted[knob] = value
-        return fitted
+            if knob not in keep:
+                cfg = cfg.with_values({knob: value})
+                out[knob] = value
+        return out
 
     def steps(self, site) -> list[Step]:
         gathered = [a for a in site.op.args if site.bp.ops and any(

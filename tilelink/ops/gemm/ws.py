@@ -143,7 +143,7 @@ class GemmWarpSpecialized(GemmTriton):
                 return False
         return True
 
-    def fit(self, cfg, overrides):
+    def fit(self, cfg, overrides, site):
         """gemm=ws's tile shape where the user named none: 128 x 256 x 64 tiles in 3 stages
         (its measured best), or 4 stages at 128 columns; no flatten. Knobs the user set stay
         (and are checked)."""
