@@ -864,7 +864,19 @@ def _compile_only(kernel, grid: tuple, args: tuple, options: dict) -> None:
     # happen while other kernels already spin (or inside a graph capture)
     init = getattr(compiled, "_init_handles", None)
     if init is not None:
-        init()
+        from triton.runtime.errors import OutOfResources
+
+        try:
+            init()
+        except OutOfResources as e:
+            # the lowerings' shared-memory rule counts the K loop's buffers only; an epilogue
+            # or a second operand descriptor can take more (fp32 AG-GEMM, 128x256 tiles in 2
+            # stages: 360,472 B on H200)
+            raise ConfigError(
+                f"{getattr(kernel, '__name__', 'the kernel')} needs {e.required} B of {e.name}, more than this GPU "
+                f"gives a CTA ({e.limit} B), with this config",
+                hint="use fewer stages or smaller tiles (--config stages=N block_n=N); "
+                     "`tilelink compile --emit schedule` shows the config") from None
     if "extern_libs" in options:  # NVSHMEM lowering: register the module now too
         from .nvshmem_device import init_compiled  # (idempotent; the hook may not run)
 

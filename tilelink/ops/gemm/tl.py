@@ -96,11 +96,16 @@ class GemmTriton(Lowering):
         limit, dtype = site.target.smem_bytes, site.result.dtype
         if limit is None or dtype not in TL_DTYPES:
             return {}
+        elem = DTYPE_BYTES[dtype]
+        # 32-bit tiles also keep room for a C tile: fp32 AG-GEMM with 128x256 tiles in 2
+        # stages took 360,472 B on H200 (its epilogue's C tile and a second A descriptor's
+        # buffer besides the stages); the 16-bit defaults launch as they are (measured)
+        margin = (lambda c: c.block_m * c.block_n * elem) if elem > 2 else (lambda c: 0)
         steps = [("stages", str(s)) for s in range(cfg.stages - 1, 1, -1)] + \
             [("block_n", str(b)) for b in (128, 64) if b < cfg.block_n] + [("stages", "1")]
         out: dict = {}
         for knob, value in steps:
-            if self.smem_needed(cfg, DTYPE_BYTES[dtype]) <= limit:
+            if self.smem_needed(cfg, elem) + margin(cfg) <= limit:
                 break
             if knob not in keep:
                 cfg = cfg.with_values({knob: value})
@@ -276,7 +281,7 @@ class GemmTriton(Lowering):
             lines += ["acc = tl.zeros((BM, BN), dtype=tl.float32)",
                       "for k0 in tl.range(0, K, BK, num_stages=STAGES):",
                       "    a_tile = tile_desc.load([src_row, k0])",
-                      f"    b_tile = b_desc.load([k0, {b_col}])", "    " + _dot(interp, mb)]
+                      f"    b_tile = b_desc.load([k0, {b_col}])", "    " + _dot(mb, dtype)]
         else:
             src_note = []
             if own:
@@ -300,7 +305,7 @@ class GemmTriton(Lowering):
                       "other=0.0)",
                       f"    b_tile = tl.load({bv.base} + offs_k[:, None] * N + offs_n[None, :],",
                       "                     mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), "
-                      "other=0.0)", "    " + _dot(interp, mb)]
+                      "other=0.0)", "    " + _dot(mb, dtype)]
             del src_note
         tl_dtype = TL_DTYPES[dtype]
         if fused is not None:
@@ -330,9 +335,14 @@ class GemmTriton(Lowering):
                        {"rank": "me", "m": "pid_m", "n": "pid_n"}, ("BM", "BN"))
 
 
-def _dot(interp: bool, mb) -> str:
+def _dot(mb, dtype: str) -> str:
+    """The K loop's multiply-accumulate for operands of `dtype` on the module's target."""
     if mb.target.dot_fp32:
         return "acc = tl.dot(a_tile.to(tl.float32), b_tile.to(tl.float32), acc)"
+    if dtype == "fp32" and mb.target.backend == "cuda":
+        # one TF32 product (Triton's default for fp32 on NVIDIA) is ~1e-3 off an fp32 GEMM,
+        # which failed the fp32 check on H200; three TF32 products carry fp32's accuracy
+        return 'acc = tl.dot(a_tile, b_tile, acc, input_precision="tf32x3")'
     return "acc = tl.dot(a_tile, b_tile, acc)"
 
 
