@@ -194,10 +194,9 @@ def check_emulated_memory(bp: BoundPattern, calls: int) -> None:
         return
     kept = set(bp.pattern.outputs) | {t.name for t in bp.pattern.inputs}
     per_call = sum(bp.tensors[n].local_bytes for n in kept)
-    per_rank = sum(t.local_bytes for t in bp.tensors.values())
+    largest, per_rank = _rank_bytes(bp)
     need = bp.world * (calls * per_call + 2 * per_rank + emulated.RANK_MEMORY)
     if need > avail:
-        largest = max(bp.tensors.values(), key=lambda t: t.local_bytes)
         raise NotSupportedError(
             f"the emulated world needs at least {show_bytes(need)} for these sizes ({bp.world} "
             f"ranks, each holding {show_bytes(per_call)} of inputs and outputs per call for "
@@ -207,6 +206,12 @@ def check_emulated_memory(bp: BoundPattern, calls: int) -> None:
             bp.decl_loc(largest.name),
             hint="use smaller -D sizes, fewer --calls or fewer ranks (the emulated world "
                  "checks a pattern at small sizes; large ones are for GPUs)")
+
+
+def _rank_bytes(bp: BoundPattern):
+    """(the largest tensor of the pattern, the bytes of all its tensors) on one rank."""
+    largest = max(bp.tensors.values(), key=lambda t: t.local_bytes)
+    return largest, sum(t.local_bytes for t in bp.tensors.values())
 
 
 @contextmanager
@@ -220,8 +225,7 @@ def memory_guard(bp: BoundPattern):
         if not isinstance(e, MemoryError) and "allocate" not in text and \
                 "out of memory" not in text.lower():
             raise
-        largest = max(bp.tensors.values(), key=lambda t: t.local_bytes)
-        per_rank = sum(t.local_bytes for t in bp.tensors.values())
+        largest, per_rank = _rank_bytes(bp)
         raise NotSupportedError(
             f"out of memory allocating the tensors of {bp.name} ({show_bytes(per_rank)} per "
             f"rank, {bp.world} ranks; the largest is {largest.name}, "

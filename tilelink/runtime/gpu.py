@@ -872,9 +872,10 @@ def _compile_only(kernel, grid: tuple, args: tuple, options: dict) -> None:
             # the lowerings' shared-memory rule counts the K loop's buffers only; an epilogue
             # or a second operand descriptor can take more (fp32 AG-GEMM, 128x256 tiles in 2
             # stages: 360,472 B on H200)
+            name = getattr(kernel, "__name__", "the kernel")
             raise ConfigError(
-                f"{getattr(kernel, '__name__', 'the kernel')} needs {e.required} B of {e.name}, more than this GPU "
-                f"gives a CTA ({e.limit} B), with this config",
+                f"{name} needs {e.required} B of {e.name}, more than this GPU gives a CTA "
+                f"({e.limit} B), with this config",
                 hint="use fewer stages or smaller tiles (--config stages=N block_n=N); "
                      "`tilelink compile --emit schedule` shows the config") from None
     if "extern_libs" in options:  # NVSHMEM lowering: register the module now too

@@ -201,8 +201,9 @@ def default_config(bp: BoundPattern, target: Target,
     """A starting point (the tuner improves on it) and, when it is the non-overlapped plan,
     why. `allow_fallback=False`: always an overlapped config (to show a kernel)."""
     base = _base(target)
+    space = default_space(target)
     if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
-        return _or_fallback(base, bp, target, allow_fallback)
+        return _or_fallback(base, space.reasons(base, bp), allow_fallback)
     cfg = replace(base, comm=_default_resource(bp, base, target))
     comms = [(s, lw) for s, lw in _comm_sites(bp, cfg, target) if lw is not None]
     flops = gemm_flops_per_rank(bp)
@@ -223,8 +224,7 @@ def default_config(bp: BoundPattern, target: Target,
     sites = op_sites(bp, cfg, target)
     proposals = [lw.defaults(sites[op.result]) for op in bp.ops
                  if (lw := lowering_for(sites[op.result])) is not None]
-    space = default_space(target)
-    first = None
+    first, first_bad = None, []
     # Two ops' lowerings may want different values of a knob they share (an all_gather's
     # one-chunk-per-shard comm_block_m against a reduce_scatter's register-sized reduce
     # tile, say): each op's defaults in turn take precedence, the first merge that gives a
@@ -238,19 +238,20 @@ def default_config(bp: BoundPattern, target: Target,
         # a default knob that makes the config invalid (a fused reduce whose tile groups
         # would straddle two ranks' rows, say) is dropped again
         merged = _drop_invalid_features(merged, {}, bp, space, merged)
-        if not space.reasons(merged, bp):
+        bad = space.reasons(merged, bp)
+        if not bad:
             return merged, None
-        first = first or merged
-    return _or_fallback(first, bp, target, allow_fallback)
+        if first is None:
+            first, first_bad = merged, bad
+    return _or_fallback(first, first_bad, allow_fallback)
 
 
-def _or_fallback(cfg: Config, bp: BoundPattern, target: Target,
+def _or_fallback(cfg: Config, bad: list[str],
                  allow_fallback: bool) -> tuple[Config, str | None]:
-    """`cfg`, or where the lowerings cannot run it (an all_reduce of a pattern input: the SM
-    lowering takes its partials from a GEMM's epilogue) the non-overlapped plan, which runs
-    every pattern, with the lowerings' reasons as the why. A config the user names is still
-    refused with them (make_schedule checks it)."""
-    bad = default_space(target).reasons(cfg, bp)
+    """`cfg`, or where the lowerings cannot run it (`bad`, its reasons: an all_reduce of a
+    pattern input, whose SM lowering takes its partials from a GEMM's epilogue) the
+    non-overlapped plan, which runs every pattern, with those reasons as the why. A config
+    the user names is still refused with them (make_schedule checks it)."""
     if not bad or not allow_fallback:
         return cfg, None
     return replace(cfg, comm="none"), ("non-overlapped plan chosen: no overlapped kernel can "

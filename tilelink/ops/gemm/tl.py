@@ -100,12 +100,12 @@ class GemmTriton(Lowering):
         # 32-bit tiles also keep room for a C tile: fp32 AG-GEMM with 128x256 tiles in 2
         # stages took 360,472 B on H200 (its epilogue's C tile and a second A descriptor's
         # buffer besides the stages); the 16-bit defaults launch as they are (measured)
-        margin = (lambda c: c.block_m * c.block_n * elem) if elem > 2 else (lambda c: 0)
+        c_tile = elem > 2
         steps = [("stages", str(s)) for s in range(cfg.stages - 1, 1, -1)] + \
             [("block_n", str(b)) for b in (128, 64) if b < cfg.block_n] + [("stages", "1")]
         out: dict = {}
         for knob, value in steps:
-            if self.smem_needed(cfg, elem) + margin(cfg) <= limit:
+            if self.smem_needed(cfg, elem) + c_tile * cfg.block_m * cfg.block_n * elem <= limit:
                 break
             if knob not in keep:
                 cfg = cfg.with_values({knob: value})

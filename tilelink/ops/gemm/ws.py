@@ -100,8 +100,7 @@ class GemmWarpSpecialized(GemmTriton):
     def smem_needed(self, cfg, elem: int) -> int:
         """The stages' A and B buffers, the two epilogue halves (c_lo, c_hi: one C tile) and
         a kilobyte for the mbarriers and the compiler's scratch."""
-        return elem * (cfg.stages * (cfg.block_m + cfg.block_n) * cfg.block_k
-                       + cfg.block_m * cfg.block_n) + 1024
+        return super().smem_needed(cfg, elem) + cfg.block_m * cfg.block_n * elem + 1024
 
     def reasons(self, site) -> list[str]:
         bad = super().reasons(site)
