@@ -277,6 +277,8 @@ RAGGED_RS_COLS = {"M": "1000", "N": "1200", "K": "1200"}
 NORM = {"M": "1200", "K": "256"}
 BIAS = {"M": "1200", "N": "192", "K": "512"}
 RS_NORM_SIZES = {"M": "1200", "K": "256", "D": "1200"}
+LIB_WHOLE = {"gemm": "library"}
+RS_LIB_SIZES = {"M": "992", "N": "1000", "K": "1184"}  # ragged: 124 rows per rank at W = 8
 COMPOSED = {
     "gemm_ar_decode_delays": RunSpec(GEMM_AR, AR_DECODE, {}, calls=100, delays=True, seed=30),
     "gemm_ar_ragged_delays": RunSpec(GEMM_AR, AR_RAGGED, {}, calls=100, delays=True, seed=31),
@@ -303,6 +305,18 @@ COMPOSED = {
                                          calls=50, delays=True, seed=40),
     "gemm_rs_rmsnorm_sm_delays": RunSpec(RS_NORM, RS_NORM_SIZES, {"comm": "sm"}, calls=50,
                                          delays=True, seed=41),
+    # gemm=library on a whole GEMM: cuBLAS, then a pass kernel pushing its tiles (W >= 2; at
+    # W = 1 the call writes the result itself). TileLink's kernel pinned at the decode size,
+    # whose W = 1 default is now the library
+    "gemm_ar_lib_delays": RunSpec(GEMM_AR, AR_RAGGED, LIB_WHOLE, calls=100, delays=True,
+                                  seed=42),
+    "gemm_ar_lib_graph_mixed": RunSpec(GEMM_AR, AR_DECODE, LIB_WHOLE, calls=20, graph=True,
+                                       mixed=True),
+    "gemm_ar_decode_triton_delays": RunSpec(GEMM_AR, AR_DECODE, {"gemm": "triton"}, calls=100,
+                                            delays=True, seed=43),
+    "gemm_rs_lib_ce_delays": RunSpec(RS, RS_LIB_SIZES, LIB_WHOLE | {"comm": "copy_engine",
+                                                                    "reduce_after": "1"},
+                                     calls=50, delays=True, seed=44),
 }
 # the producer of a composed pattern never signals (W >= 2: at W = 1 nothing waits on a peer)
 COMPOSED_WATCHDOG = {
@@ -310,6 +324,8 @@ COMPOSED_WATCHDOG = {
                                    spin_limit=200_000, check=False),
     "flash_decode_drop_notify": RunSpec(FLASH, DECODE, {}, fault="drop_notify",
                                         spin_limit=200_000, check=False),
+    "gemm_ar_lib_drop_notify": RunSpec(GEMM_AR, AR_DECODE, LIB_WHOLE, fault="drop_notify",
+                                       spin_limit=200_000, check=False),
 }
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,

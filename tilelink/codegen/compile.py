@@ -168,6 +168,11 @@ def emit_stage(source: str, target: Target, stage: str) -> str:
                           hint="stages: " + ", ".join(text_stages))
     mod = load_module(source)  # once for every kernel
     names = kernel_names(mod)
+    if not names:
+        raise ConfigError(f"--emit {stage}: this module has no device kernel (its launch() "
+                          "makes host calls only: a library GEMM storing straight into its "
+                          "result)", hint="--emit triton shows the module; --config "
+                          "gemm=triton gives TileLink's GEMM kernel")
     if len(names) == 1:
         return _compile_kernel(mod, None, target).asm[stage]
     mark = ";" if stage in ("llir", "amdgcn") else "//"

@@ -260,6 +260,14 @@ class ModuleBuilder:
     def home(self, tensor: str) -> tuple[str, int]:
         return self.homes[tensor]
 
+    def host_ref(self, tensor: str) -> str:
+        """`tensor` as launch() names it: an input, an output, or this call's copy of a heap
+        buffer (epoch parity where it is double-buffered)."""
+        kind, nbuf = self.homes[tensor]
+        if kind in ("input", "output"):
+            return f"{kind}s[{tensor!r}]"
+        return f"sym[{tensor!r}]" + ("[epoch & 1]" if nbuf > 1 else "")
+
     def view(self, tensor: str, kb: KernelBuilder) -> View:
         """`tensor` as kernel `kb` addresses it (declares its pointer argument)."""
         shape, dtype = self.meta[tensor]
@@ -372,20 +380,21 @@ class ModuleBuilder:
                   "# Argument types of the kernels, for compiling them ahead of time "
                   "(tilelink compile --emit ptx).", "SIGNATURE = {"]
         sig = {}
-        for kb in self.kernels:
+        devices = [kb for kb in self.kernels if kb.lines]  # (not the host-only ones)
+        for kb in devices:
             sig.update(kb.sig)
         lines += [f"    {k!r}: {v!r}," for k, v in sig.items()]
         lines += ["}", "# Constexpr arguments of each kernel (kernel name -> name -> value).",
                   "KERNEL_CONSTS = {"]
-        for kb in self.kernels:
+        for kb in devices:
             for name in [kb.name] + kb.also:
                 lines.append(f"    {name!r}: dict("
                              f"{', '.join(f'{k}={v}' for k, v in kb.consts.items())}),")
         lines += ["}", "# warps of each kernel (compile_module reads it)", "KERNEL_WARPS = {"]
-        lines += [f"    {name!r}: {kb.warps}," for kb in self.kernels for name in [kb.name] + kb.also]
-        lines += ["}", f"NUM_WARPS = {self.kernels[0].warps}"]
+        lines += [f"    {name!r}: {kb.warps}," for kb in devices for name in [kb.name] + kb.also]
+        lines += ["}", f"NUM_WARPS = {(devices or self.kernels)[0].warps}"]
         lines += self.module_lines
-        for kb in self.kernels:
+        for kb in devices:
             lines += ["", ""] + kb.lines
         lines += ["", ""] + self._init_signals()
         lines += ["", ""] + self._copy_engine_ops()
@@ -404,10 +413,12 @@ class ModuleBuilder:
             lines.append(f"  {op}    [{self.lowering(op.result).name}]")
         lines.append("kernels, launched in this order on the caller's stream (program ids):")
         for kb in self.kernels:
-            lines.append(f"  {kb.name}, {kb.programs} programs:")
+            lines.append(f"  {kb.name}, {kb.programs} programs:" if kb.lines else
+                         f"  {kb.name[:-len('_kernel')]}: host calls, no kernel:")
             for st in kb.roles:
                 waits = f"; waits on {', '.join(st.waits_on)}" if st.waits_on else ""
-                lines.append(f"    {st.name}: {st.first}..{st.last}  {st.what}{waits}")
+                span = f"{st.first}..{st.last}" if st.count else "host"
+                lines.append(f"    {st.name}: {span}  {st.what}{waits}")
         lines.append("derived mappings:")
         for d in self.plan.deps:
             lines.append(f"  {d.consumer.op} <- {d.producer.op} via {d.tensor}: {d.kind}")
@@ -477,6 +488,7 @@ class ModuleBuilder:
             if kb.launch is not None:
                 lines += kb.launch
                 continue
+            lines += kb.host_before
             args = ", ".join(kb.host.values())
             lines += [f"    rt.launch_kernel({kb.name}, ({kb.programs_const},), (",
                       f"        {args},", "    ), dict(",
@@ -517,6 +529,9 @@ class KernelBuilder:
         self.gluon = False
         self.lines: list[str] = []
         self.launch: list[str] | None = None  # launch() lines, where a lowering writes them
+        # host lines launch() runs right before this kernel's launch (a library call whose
+        # result the kernel's roles read)
+        self.host_before: list[str] = []
         self.also: list[str] = []  # more kernels its lowering laid out (same consts, warps)
         self.docstring = ""
 
@@ -563,9 +578,11 @@ class KernelBuilder:
     def render(self) -> None:
         mb = self.mb
         own = getattr(self.roles[0].lowering, "render_kernel", None)
-        if len(self.roles) == 1 and own is not None:
-            # a lowering that lays its kernels and host calls out itself (gemm=library)
-            self.lines, self.launch = own(self.roles[0], self)
+        laid = own(self.roles[0], self) if len(self.roles) == 1 and own is not None else None
+        if laid is not None:
+            # a lowering that lays its kernels and host calls out itself (gemm=library); no
+            # lines: host calls only (a library GEMM storing straight into its result)
+            self.lines, self.launch = laid
             return
         codes = [role.lowering.render_step(role, self) for role in self.roles]
         self.const("WORLD", "WORLD")

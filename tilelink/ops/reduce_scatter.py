@@ -307,14 +307,19 @@ class ReduceScatterSM(_Scatter):
         if not self.alone(site):
             return []
         return [f"W = 1: {site.op.result} = {site.op.kind}({site.op.args[0]}) is "
-                f"{site.op.args[0]} itself; the GEMM's epilogue stores its tiles into "
-                f"{site.op.result} (no reduce role: every program computes)"]
+                f"{site.op.args[0]} itself; the GEMM stores its tiles into {site.op.result} "
+                "(no stage buffer, no reduce role)"]
 
     def rows_needed_first(self, kb, site) -> str | None:
         return None if self.alone(site) else super().rows_needed_first(kb, site)
 
     def prologue(self, kb, site) -> list[str]:
         return [] if self.alone(site) else super().prologue(kb, site)
+
+    def plain_store(self, site) -> str | None:
+        """The tensor whose epilogue stores the tiles unchanged (W = 1: the result), so a
+        producer may write it directly; None where the epilogue pushes them."""
+        return site.op.result if self.alone(site) else None
 
     def store_whole(self, kb, site, tile) -> list[str]:
         """W = 1's epilogue: the tile into the result (the whole tensor on one rank)."""

@@ -147,7 +147,9 @@ def _lay_out(comp: Composition, config) -> None:
         has_tiles = any(s.kind == "tiles" for s in roles)
         counts = []
         for s in roles:
-            if len(roles) == 1:
+            if s.host:
+                counts.append(0)  # a library call: no program of the kernel
+            elif len(roles) == 1:
                 counts.append(config.num_programs)
             elif has_tiles and s.kind == "tiles":
                 counts.append(None)  # the rest

@@ -97,6 +97,7 @@ class Step:
     lowering: Lowering
     what: str  # one line for --emit schedule
     own_kernel: bool = False
+    host: bool = False  # host calls only (a library GEMM storing its result): no programs
     name: str = ""  # the role's name (set by the composer: "compute", "push a_full", ...)
     kernel: int = -1  # index of the kernel it runs in (composer)
     first: int = 0  # program ids first .. first + count - 1 of that kernel (composer)

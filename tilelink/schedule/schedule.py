@@ -127,11 +127,13 @@ class Schedule:
             lines.append("kernels, launched in this order on the caller's stream; roles "
                          "(program ids):")
             for i, roles in enumerate(self.composition.kernels):
-                lines.append(f"  kernel {i}: {sum(r.count for r in roles)} programs")
+                programs = sum(r.count for r in roles)
+                lines.append(f"  kernel {i}: {programs} programs" if programs else
+                             f"  kernel {i}: none, host calls only")
                 for r in (x for x in self.roles if x.kernel == i):
                     waits = f"; waits on {', '.join(r.waits_on)}" if r.waits_on else ""
-                    lines.append(f"    {r.name:<9} {r.first}..{r.last}  ({r.count}) "
-                                 f"{r.what}{waits}")
+                    span = f"{r.first}..{r.last}  ({r.count})" if r.count else "host"
+                    lines.append(f"    {r.name:<9} {span} {r.what}{waits}")
         bad = self.program_order_violations()
         if bad:
             lines.append("check program order: BROKEN, this schedule can hang (it is a debug "
@@ -395,7 +397,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                      "(consumers on the LOWEST program ids, waiting on higher-id producers of "
                      "their own rank): this breaks the program-order rule on purpose (the "
                      "emulated world must report the hang); never run it on a GPU")
-    if cfg.order == "own_first":
+    if cfg.order == "own_first" and any("order" in lw.knobs for lw in comp.lowerings.values()):
         notes.append("tile order: tiles whose data is local (ready first) run first")
     flops = gemm_flops_per_rank(bp)
     need = max((lw.overlap_min_flops(comp.sites[r]) for r, lw in comp.lowerings.items()),

@@ -242,6 +242,8 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
         return Estimate(gemm + comm, gemm, comm, comm)
     if getattr(cfg, "gemm", "triton") == "library":
+        if not _comm_before_compute(bp):
+            return _library_whole(dev, m, n, k, w, nbytes, elem, cfg, lat)
         return _library(dev, m, n, k, w, nbytes, elem, cfg, lat)
     comm_progs = cfg.comm_programs if uses_comm_programs(cfg, bp) else 0
     if getattr(cfg, "reduce_after", 0):
@@ -280,6 +282,18 @@ def _library(dev, m, n, k, w, nbytes, elem, cfg, lat) -> Estimate:
     t += LIBRARY_SYNC_MS  # the done kernel
     gemm = part * w
     return Estimate(t, gemm, copy * (w - 1), t - gemm)
+
+
+def _library_whole(dev, m, n, k, w, nbytes, elem, cfg, lat) -> Estimate:
+    """gemm=library on a whole GEMM (no collective delivers an operand): the library's GEMM,
+    then a kernel handing its tiles to the collective (SM pushes) and reducing: nothing
+    overlaps. At W = 1 the library call is all there is."""
+    gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
+    if w == 1:
+        return Estimate(gemm, gemm, 0.0, 0.0)
+    bw = sm_copy_gbs(dev, min(cfg.num_programs, dev.num_sms), max(nbytes, 1.0))
+    comm = nbytes / (bw * 1e9) * 1e3 + lat + dev.launch_us * 1e-3
+    return Estimate(gemm + comm, gemm, comm, comm)
 
 
 def _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> Estimate:

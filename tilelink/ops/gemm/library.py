@@ -1,22 +1,33 @@
-"""The GEMM on the vendor library (`gemm=library`): torch.mm per source rank's rows of a
-gathered operand, around one-program wait and done kernels."""
+"""The GEMM on the vendor library (`gemm=library`): torch.mm (cuBLAS / hipBLASLt) in place of
+TileLink's kernel, placed one of two ways:
+
+- *gathered*: its rows come from a copy-engine all_gather. One library call per source
+  rank's rows, around one-program wait and done kernels (the copy engine delivers a rank's
+  rows while the previous rank's GEMM runs).
+- *whole*: its operands are ready when the call starts (pattern inputs, or results of
+  earlier kernels). One library call for the whole GEMM; a collective that takes the GEMM's
+  tiles in their epilogue (a reduction's push of partials) gets them from a pass kernel that
+  walks the result's tiles, loading each and running the same epilogue hooks as TileLink's
+  GEMM kernel. Where the one hook is a plain store of the tile (a reduction over one rank)
+  the library writes straight into that tensor and no kernel runs."""
 
 from __future__ import annotations
 
-from ...codegen.module import indent
+from ...codegen.module import TL_DTYPES, ident, indent
 from ...codegen.tiles import find_dep
 from ...ir import spec
-from ...schedule.lowering import Lowering, Step, register_lowering
-from .tl import TILE_KNOBS
+from ...schedule.lowering import Lowering, Step, lowering_for, register_lowering
+from .tl import TILE_KNOBS, GemmTriton
 
 class GemmLibrary(Lowering):
-    """The vendor library's GEMM (`gemm=library`: torch.mm, i.e. cuBLAS / hipBLASLt) for a
-    GEMM whose rows are gathered by the copy engine: one library call per source rank's
+    """The vendor library's GEMM (`gemm=library`: torch.mm, i.e. cuBLAS / hipBLASLt); see the
+    module docstring for its two placements. Gathered: one library call per source rank's
     rows, this rank's own first (read in place), then each peer's as its copy engine
-    delivers them. One-program kernels do what the GEMM kernel's tiles would: wait (bounded)
+    delivers them; one-program kernels do what the GEMM kernel's tiles would: wait (bounded)
     for a source rank's chunks before its GEMM; at the end release the buffer, open the copy
     engine's gates for the next call and end the epoch. Pays where the GEMM is one wave or
-    less and the library's kernel beats TileLink's (small M); the tile knobs do not apply."""
+    less and the library's kernel beats TileLink's (small M); the tile knobs do not apply
+    (block_m x block_n remain the tiles the plan counts for a whole GEMM's epilogue pass)."""
 
     kind = "gemm"
     variant = "library"
@@ -29,29 +40,90 @@ class GemmLibrary(Lowering):
         a = site.op.args[0]
         return next((o for o in site.bp.ops if o.result == a and o.kind == "all_gather"), None)
 
+    @staticmethod
+    def _comm_operands(site) -> list:
+        """The collectives of the pattern producing an operand of the GEMM."""
+        return [o for o in site.bp.ops if o.result in site.op.args
+                and spec(o.kind).category == "comm"]
+
+    def whole(self, site) -> bool:
+        """Whether the GEMM is one library call: no collective delivers its operands."""
+        return not self._comm_operands(site)
+
+    @staticmethod
+    def hooks(site) -> list:
+        """(lowering, site) of the consumers taking the GEMM's tiles in their epilogue."""
+        from ...schedule.compose import op_sites
+
+        sites = op_sites(site.bp, site.config, site.target)
+        out = []
+        for c in site.consumers:
+            lw = lowering_for(sites[c.result])
+            if lw is not None and getattr(lw, "takes_epilogue", False):
+                out.append((lw, sites[c.result]))
+        return out
+
+    def store_into(self, site) -> str | None:
+        """The tensor the library call writes directly, where the one consumer taking the
+        tiles would only store them there unchanged (None: an epilogue pass is needed)."""
+        hooks = self.hooks(site)
+        if len(hooks) != 1 or len(site.consumers) != 1:
+            return None
+        lw, hs = hooks[0]
+        return getattr(lw, "plain_store", lambda s: None)(hs)
+
     def reasons(self, site) -> list[str]:
+        if self.whole(site):
+            return self._whole_reasons(site)
         bad = []
         ag = self._gather(site)
         computes = [o for o in site.bp.ops if spec(o.kind).category == "compute"]
         if (ag is None or site.config.comm != "copy_engine"
                 or site.bp.op_attrs(ag)["dim"] % 2 != 0 or site.op.args[1] == site.op.args[0]):
-            bad.append("gemm=library applies to a GEMM whose rows (its first operand) the copy "
-                       "engine gathers along dim 0 (all_gather with comm=copy_engine): the "
-                       "library GEMM runs per source rank's rows once they arrived")
+            bad.append("gemm=library applies to a GEMM whose operands no collective delivers "
+                       "(one library call), or whose rows (its first operand) the copy engine "
+                       "gathers along dim 0 (all_gather with comm=copy_engine: the library "
+                       "GEMM runs per source rank's rows once they arrived)")
         elif any(o.args and o.args[0] == ag.result and o is not site.op for o in site.bp.ops):
             bad.append("gemm=library needs the gathered rows to feed this GEMM only")
         if len(computes) > 1:
-            bad.append("gemm=library lays out the whole call itself: the GEMM must be the "
-                       "pattern's only compute op")
+            bad.append("gemm=library on gathered rows lays out the whole call itself: the GEMM "
+                       "must be the pattern's only compute op")
         cfg = site.config
         if cfg.fuse_reduce or cfg.reduce_after or cfg.flatten:
             bad.append("gemm=library takes no kernel knobs (flatten, reduce_after, "
                        "fuse_reduce): the GEMM is the library's")
         return bad
 
+    def _whole_reasons(self, site) -> list[str]:
+        bad = []
+        dtype = site.result.dtype
+        if dtype not in TL_DTYPES:
+            bad.append(f"its operands are {dtype}: the library GEMM multiplies bf16, fp16 or "
+                       "fp32 (declare the operands with a float dtype)")
+        # (flatten, a K-loop knob a collective's defaults may propose, does not apply: the
+        # GEMM is the library's; a user setting it asks for TileLink's kernel)
+        if site.config.capturable:
+            bad.append("capturable=1 is the copy-engine protocol of a library GEMM on "
+                       "gathered rows; a whole library GEMM has no protocol of its own (its "
+                       "epilogue pass reads the epoch from device memory): use capturable=0")
+        if any(getattr(lw, "fuses_own_rows", lambda s: False)(hs) for lw, hs in self.hooks(site)):
+            bad.append("gemm=library cannot fuse a reduction into its tiles (fuse_reduce=1 "
+                       "adds the peers' partials in TileLink's GEMM epilogue): use "
+                       "fuse_reduce=0")
+        return bad
+
     def steps(self, site) -> list[Step]:
-        return [Step("tiles", site.op, self, "the library GEMM (torch.mm) per source rank's "
-                     "rows, each after a one-program kernel waiting for them")]
+        if not self.whole(site):
+            return [Step("tiles", site.op, self, "the library GEMM (torch.mm) per source "
+                         "rank's rows, each after a one-program kernel waiting for them")]
+        into = self.store_into(site)
+        if into is not None:
+            return [Step("tiles", site.op, self, f"the library GEMM (torch.mm) storing into "
+                         f"{into}: no kernel", host=True)]
+        what = ", ".join(f"{hs.op.kind} {hs.op.result}" for _, hs in self.hooks(site))
+        return [Step("tiles", site.op, self, "the library GEMM (torch.mm) before the kernel; "
+                     f"its tiles, loaded, through the epilogue of {what}")]
 
     def result_home(self, site):
         return None
@@ -60,6 +132,37 @@ class GemmLibrary(Lowering):
         return op.args[0] == tensor  # the first library call multiplies the input's rows
 
     def declare(self, mb, site) -> None:
+        if self.whole(site):
+            self._declare_whole(mb, site)
+        else:
+            self._declare_gathered(mb, site)
+
+    def _declare_whole(self, mb, site) -> None:
+        mb.imports.append("import torch")
+        c = site.op.result
+        into = self.store_into(site)
+        if into is not None:
+            mb.notes.append(f"gemm=library: {c} = {site.op.args[0]} @ {site.op.args[1]} is one "
+                            f"vendor-library call (torch.mm: cuBLAS / hipBLASLt) writing "
+                            f"straight into {into} (its consumer would store the tiles there "
+                            "unchanged): no kernel")
+            return
+        if c not in mb.homes:  # every consumer takes tiles: the pass reads them from here
+            t = site.result
+            mb.heap_tensor(c, t.local_shape, t.dtype)
+        for name, value in (("BM", mb.config.block_m), ("BN", mb.config.block_n),
+                            ("OWN_FIRST", 0)):
+            # (OWN_FIRST: the pass hands the tiles on in their natural order, and a copy
+            # engine shipping them goes owner by owner from rank 0)
+            mb.const(name, value, "tiles of the epilogue pass (the plan's GEMM tiles), in "
+                     "natural order")
+        mb.notes.append(f"gemm=library: {c} = {site.op.args[0]} @ {site.op.args[1]} is one "
+                        "vendor-library call (torch.mm: cuBLAS / hipBLASLt) on the stream "
+                        "right before the kernel; the kernel walks its BM x BN tiles, loads "
+                        "each and runs the epilogue TileLink's GEMM kernel would (the tile "
+                        "knobs of the K loop do not apply)")
+
+    def _declare_gathered(self, mb, site) -> None:
         mb.gates_at_end = True
         mb.imports.append("import torch")
         mb.flags["OWN_DIRECT"] = 1
@@ -72,7 +175,62 @@ class GemmLibrary(Lowering):
                         "end the epoch. The tile knobs do not apply")
 
     def render_kernel(self, step, kb):
-        """The wait kernel, the done kernel, and the launch lines between the library calls."""
+        """Gathered: the wait kernel, the done kernel, and the launch lines between the
+        library calls. Whole: the library call alone where it stores straight into its
+        consumer's result; else None (the epilogue pass is a role: `render_step`)."""
+        site = kb.mb.site_of(step.op.result)
+        if self.whole(site):
+            into = self.store_into(site)
+            if into is None:
+                return None
+            a, b = site.op.args
+            kb.sig = {}
+            return [], [f"    # {step.op.result} = {a} @ {b} (the library's GEMM), stored as "
+                        f"{into}", f"    torch.mm({kb.mb.host_ref(a)}, {kb.mb.host_ref(b)}, "
+                        f"out={kb.mb.host_ref(into)})"]
+        return self._render_gathered(step, kb)
+
+    def render_step(self, step, kb) -> list[str]:
+        """The epilogue pass of a whole library GEMM: the library call before the kernel
+        (host lines), then per BM x BN tile of its result: load it, run the consumers'
+        epilogue hooks (a reduction's push of partials, ...), as TileLink's GEMM kernel
+        does after its K loop."""
+        mb, op = kb.mb, step.op
+        site = mb.site_of(op.result)
+        a, b = op.args
+        c = op.result
+        kb.host_before += [f"    # {c} = {a} @ {b}: the library's GEMM; the kernel below "
+                           "takes its tiles", f"    torch.mm({mb.host_ref(a)}, {mb.host_ref(b)}, "
+                           f"out={mb.host_ref(c)})"]
+        cv = kb.view(c)
+        m, n = cv.shape
+        p = ident(c)
+        kb.const("M", f"{p}_M", m, f"gemm {c} = {a} @ {b} (the library's): [M, N] on this rank")
+        kb.const("N", f"{p}_N", n)
+        kb.const("BM")
+        kb.const("BN")
+        hooks = mb.hooks_of(c)
+        tile = GemmTriton._tile_out(TL_DTYPES[site.result.dtype], False)
+        lines = []
+        for lw, hs in hooks:  # e.g. a reduction's wait for its buffers' release
+            lines += lw.prologue(kb, hs) if hasattr(lw, "prologue") else []
+        first = f"pid - {step.first}" if step.first else "pid"
+        lines += ["num_m = (M + BM - 1) // BM", "num_n = (N + BN - 1) // BN",
+                  f"for t in range({first}, num_m * num_n, {step.count}):",
+                  "    pid_m = t // num_n", "    pid_n = t % num_n", "    row_lo = pid_m * BM",
+                  "    row_hi = tl.minimum(row_lo + BM, M)", "    col_lo = pid_n * BN",
+                  "    col_hi = tl.minimum(col_lo + BN, N)",
+                  "    offs_m = row_lo + tl.arange(0, BM)", "    offs_n = col_lo + tl.arange(0, BN)",
+                  "    # the tile as the library stored it (the kernel starts after the call: "
+                  "stream order)",
+                  f"    vals = tl.load({cv.base} + offs_m[:, None] * N + offs_n[None, :],",
+                  "                   mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), "
+                  "other=0.0)"]
+        for lw, hs in hooks:
+            lines += indent(lw.epilogue(kb, hs, tile))
+        return lines
+
+    def _render_gathered(self, step, kb):
         from ...codegen import protocol
         from ...codegen.module import _wrap
 
@@ -173,4 +331,4 @@ def _loc(loc) -> str:
     return f"{loc.file}:{loc.line}" if loc else "?"
 
 
-register_lowering(GemmLibrary())
+LIBRARY = register_lowering(GemmLibrary())

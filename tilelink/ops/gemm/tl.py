@@ -79,8 +79,26 @@ class GemmTriton(Lowering):
                 bm, bn = tiles.get("block_m", cfg.block_m), tiles.get("block_n", cfg.block_n)
                 if -(-m // bm) * -(-n // bn) >= 0.9 * cfg.num_programs:
                     break  # (none is enough: the last, the smallest)
+        library = {"gemm": "library"} if tiles and self._library_instead(site) else {}
         tiles = {k: str(v) for k, v in tiles.items()}
-        return tiles | self._fit_smem(cfg.with_values(tiles), site)
+        # (the tiles stay in a library default: `--config gemm=triton` on it gets them)
+        return tiles | self._fit_smem(cfg.with_values(tiles), site) | library
+
+    @staticmethod
+    def _library_instead(site) -> bool:
+        """Whether the vendor library's GEMM is the default at these (decode) sizes: its
+        call would be the whole GEMM with nothing around it (no collective delivers an
+        operand, the tiles are stored unchanged), so no overlap is lost, and TileLink's
+        kernel with the decode tiles measured 0.90-0.95x cuBLAS (1x H200, N = 8192,
+        K = 4096, M = 128-512; docs/perf.md): Triton has no multicast load, which cuBLAS's
+        2-CTA cluster kernels use there."""
+        from dataclasses import replace
+
+        from .library import LIBRARY
+
+        lib = replace(site, config=site.config.with_values({"gemm": "library"}))
+        return (LIBRARY.whole(lib) and LIBRARY.store_into(lib) is not None
+                and not LIBRARY.reasons(lib))
 
     def fit(self, cfg, overrides, site):
         """The user's config with the knobs they did not set fitted to the target's shared
@@ -111,6 +129,17 @@ class GemmTriton(Lowering):
                 cfg = cfg.with_values({knob: value})
                 out[knob] = value
         return out
+
+    def tune_axes(self, site) -> list[dict]:
+        """On GPUs, the vendor library's GEMM too where it is the whole GEMM (no collective
+        delivers an operand): cuBLAS beats this kernel at decode sizes (docs/perf.md), and a
+        consumer taking the tiles gets them from its epilogue pass. (On gathered rows the
+        library GEMM is a CUDA-graph candidate only: `tune.space.for_graphs`.)"""
+        from .library import LIBRARY
+
+        if site.target.backend == "interp" or not LIBRARY.whole(site):
+            return [{}]
+        return [{}, {"gemm": "library"}]
 
     def steps(self, site) -> list[Step]:
         gathered = [a for a in site.op.args if site.bp.ops and any(
