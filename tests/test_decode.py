@@ -175,3 +175,13 @@ def test_a_kernel_out_of_shared_memory_is_a_config_error():
         _compile_only(Kernel(), (1,), (), {})
     assert "ag_gemm_kernel needs 360472 B of shared memory" in str(e.value)
     assert "232448 B" in str(e.value) and "fewer stages" in e.value.hint
+
+
+@pytest.mark.parametrize("m,after", [(128, 1), (256, 1), (512, 1), (8192, 0)])
+def test_a_one_wave_gemm_allreduce_sums_in_a_second_kernel(m, after):
+    # at W >= 2 in-kernel reduce programs would push part of a one-wave GEMM into a second
+    # wave (measured slower than NCCL + cuBLAS on 2x H100); the sum then runs after it
+    for world in (2, 4):
+        s = _schedule(GEMM_AR, {"M": m, "N": 8192, "K": 4096}, world, "cuda:90")
+        assert s.config.reduce_after == after
+        assert (len(s.composition.kernels) == 2) == bool(after)

@@ -314,6 +314,10 @@ COMPOSED = {
                                        mixed=True),
     "gemm_ar_decode_triton_delays": RunSpec(GEMM_AR, AR_DECODE, {"gemm": "triton"}, calls=100,
                                             delays=True, seed=43),
+    # the sum inside the GEMM's kernel (16 reduce programs), which one-wave GEMM-ARs no
+    # longer take by default (reduce_after=1 there)
+    "gemm_ar_in_kernel_delays": RunSpec(GEMM_AR, AR_RAGGED, {"reduce_after": "0"}, calls=100,
+                                        delays=True, seed=45),
     "gemm_rs_lib_ce_delays": RunSpec(RS, RS_LIB_SIZES, LIB_WHOLE | {"comm": "copy_engine",
                                                                     "reduce_after": "1"},
                                      calls=50, delays=True, seed=44),

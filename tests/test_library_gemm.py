@@ -5,12 +5,14 @@ reduction over one rank), the call writing straight into its result and no kerne
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tilelink.codegen import render_triton
-from tilelink.codegen.compile import emit_stage
+from tilelink.codegen.compile import compile_module, emit_stage
 from tilelink.errors import ConfigError, HangError
-from tilelink.frontend import load_pattern, load_text
+from tilelink.frontend import load_pattern, load_text, parse_text
 from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 
@@ -86,8 +88,46 @@ def test_one_rank_is_one_library_call_and_no_kernel():
     src = render_triton(s)
     assert "torch.mm(inputs['a'], inputs['b'], out=outputs['out'])" in src
     assert "@triton.jit" not in src and "kernel 0: none, host calls only" in s.render()
+    # --emit ptx answers with a comment (scripts compiling every pattern go on); asking to
+    # compile the kernel the module does not have is a located refusal, not an IndexError
+    assert emit_stage(src, get_target("cuda:90"), "ptx").startswith("// no device kernel")
     with pytest.raises(ConfigError, match="no device kernel"):
-        emit_stage(src, get_target("cuda:90"), "ptx")
+        compile_module(src, get_target("cuda:90"))
+
+
+RETURN_BOTH = """
+pattern gemm_ar_both(M = 128, N = 64, K = 64, dtype = bf16)
+    a : [M, K / W] dtype
+    b : [K / W, N] dtype
+    c = gemm(a, b)
+    out = all_reduce(c)
+    return c, out
+"""
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_returned_gemm_result_is_written_too(world):
+    # at W = 1 the library may not write only the reduction's result: c is returned as well
+    pat = parse_text(RETURN_BOTH)
+    src = render_triton(make_schedule(pat.bind(DECODE, world), get_target("cuda:90"), LIB))
+    assert "out=outputs['c']" in src
+    _run(pat, world, {"M": 50, "N": 40, "K": 48 * world}, LIB, calls=2)
+
+
+def test_a_gemm_whose_tiles_nobody_takes_is_one_call_and_no_pass_kernel():
+    # a GEMM whose result the next GEMM reads: one call writing it (the second GEMM's tiles
+    # go to the reduction through the pass kernel)
+    chain = load_pattern(str(Path(__file__).parent / "patterns_py.py") + ":gemm_gemm_rs")
+    sm = LIB | {"comm": "sm"}
+    s = make_schedule(chain.bind({}, 2), get_target("cuda:90"), sm)
+    assert "torch.mm(inputs['a'], inputs['w1'], out=sym['h'])" in render_triton(s)
+    _run(chain, 2, {}, sm, calls=2)
+
+
+def test_fp32_decode_default_stays_on_tilelinks_kernel():
+    # an fp32 torch.mm follows the caller's TF32 setting; TileLink's kernel takes tf32x3
+    fp32 = AR.bind({**DECODE, "dtype": "fp32"}, 1)
+    assert make_schedule(fp32, get_target("cuda:90")).config.gemm == "triton"
 
 
 def test_default_at_decode_sizes_on_one_rank_is_the_library():

@@ -64,11 +64,17 @@ class GemmLibrary(Lowering):
         return out
 
     def store_into(self, site) -> str | None:
-        """The tensor the library call writes directly, where the one consumer taking the
-        tiles would only store them there unchanged (None: an epilogue pass is needed)."""
+        """The tensor a whole library GEMM's call writes, with no kernel after it: the GEMM's
+        own result where no consumer takes its tiles in an epilogue (a plain GEMM, or one
+        read by a later kernel such as a `map`); or the one consumer's result where that
+        consumer would store the tiles there unchanged (a reduction over one rank), unless
+        the GEMM's result is itself returned or read by another op. None: a pass kernel
+        hands the tiles to the consumers' epilogues."""
         hooks = self.hooks(site)
-        if len(hooks) != 1 or len(site.consumers) != 1:
-            return None
+        if not hooks:
+            return site.op.result
+        if len(hooks) != 1 or len(site.consumers) != 1 or site.is_output:
+            return None  # (the result must be written too, or several hooks take the tiles)
         lw, hs = hooks[0]
         return getattr(lw, "plain_store", lambda s: None)(hs)
 
@@ -142,10 +148,13 @@ class GemmLibrary(Lowering):
         c = site.op.result
         into = self.store_into(site)
         if into is not None:
+            if into not in mb.homes:  # (a result nothing reads still gets its memory)
+                mb.heap_tensor(into, site.result.local_shape, site.result.dtype)
+            why = ("nothing takes its tiles in an epilogue" if into == c else
+                   "its consumer would store the tiles there unchanged")
             mb.notes.append(f"gemm=library: {c} = {site.op.args[0]} @ {site.op.args[1]} is one "
                             f"vendor-library call (torch.mm: cuBLAS / hipBLASLt) writing "
-                            f"straight into {into} (its consumer would store the tiles there "
-                            "unchanged): no kernel")
+                            f"straight into {into} ({why}): no kernel")
             return
         if c not in mb.homes:  # every consumer takes tiles: the pass reads them from here
             t = site.result
@@ -183,12 +192,16 @@ class GemmLibrary(Lowering):
             into = self.store_into(site)
             if into is None:
                 return None
-            a, b = site.op.args
             kb.sig = {}
-            return [], [f"    # {step.op.result} = {a} @ {b} (the library's GEMM), stored as "
-                        f"{into}", f"    torch.mm({kb.mb.host_ref(a)}, {kb.mb.host_ref(b)}, "
-                        f"out={kb.mb.host_ref(into)})"]
+            return [], self._call(kb.mb, site, into, "stored as " + into)
         return self._render_gathered(step, kb)
+
+    @staticmethod
+    def _call(mb, site, into: str, what: str) -> list[str]:
+        """launch() lines: the library's GEMM of `site` writing `into`."""
+        a, b = site.op.args
+        return [f"    # {site.op.result} = {a} @ {b}: the library's GEMM; {what}",
+                f"    torch.mm({mb.host_ref(a)}, {mb.host_ref(b)}, out={mb.host_ref(into)})"]
 
     def render_step(self, step, kb) -> list[str]:
         """The epilogue pass of a whole library GEMM: the library call before the kernel
@@ -199,9 +212,11 @@ class GemmLibrary(Lowering):
         site = mb.site_of(op.result)
         a, b = op.args
         c = op.result
-        kb.host_before += [f"    # {c} = {a} @ {b}: the library's GEMM; the kernel below "
-                           "takes its tiles", f"    torch.mm({mb.host_ref(a)}, {mb.host_ref(b)}, "
-                           f"out={mb.host_ref(c)})"]
+        into = self.store_into(site)
+        if into is not None:  # (a kernel of other roles: the call goes before it)
+            kb.host_before += self._call(mb, site, into, "stored as " + into)
+            return [f"pass  # {c}: the library call before this kernel (no programs)"]
+        kb.host_before += self._call(mb, site, c, "the kernel below takes its tiles")
         cv = kb.view(c)
         m, n = cv.shape
         p = ident(c)
