@@ -3,7 +3,8 @@
     python tools/gemm_alone.py                       # per-rank GEMMs of the M=8192 design shapes
     python tools/gemm_alone.py --shapes 8192x8192x8192 --configs "block_n=128" "stages=4"
     python tools/gemm_alone.py --pattern examples/gemm_ar.tl --base-config "" \
-        --shapes 128x8192x4096 512x8192x4096      # GEMM-AR's kernel at W = 1 (decode sizes)
+        --shapes 128x8192x4096 512x8192x4096 --configs "" gemm=triton
+        # GEMM-AR at W = 1: its default (the library's GEMM on Hopper, bf16) and TileLink's kernel
 
 `--pattern` times any pattern's kernel at W = 1 (sizes M, N, K from the shape) against its
 compute ops alone in torch (the bench's compute-alone baseline: cuBLAS for a gemm), on the

@@ -79,23 +79,27 @@ class GemmTriton(Lowering):
                 bm, bn = tiles.get("block_m", cfg.block_m), tiles.get("block_n", cfg.block_n)
                 if -(-m // bm) * -(-n // bn) >= 0.9 * cfg.num_programs:
                     break  # (none is enough: the last, the smallest)
-        library = {"gemm": "library"} if tiles and self._library_instead(site) else {}
+        library = {"gemm": "library"} if self._library_instead(site) else {}
         tiles = {k: str(v) for k, v in tiles.items()}
         # (the tiles stay in a library default: `--config gemm=triton` on it gets them)
         return tiles | self._fit_smem(cfg.with_values(tiles), site) | library
 
     @staticmethod
     def _library_instead(site) -> bool:
-        """Whether the vendor library's GEMM is the default at these (decode) sizes: its
-        call would be the whole GEMM with nothing around it (no collective delivers an
-        operand, the tiles are stored unchanged), so no overlap is lost, and TileLink's
-        kernel with the decode tiles measured 0.90-0.95x cuBLAS (1x H200, N = 8192,
-        K = 4096, M = 128-512; docs/perf.md): Triton has no multicast load, which cuBLAS's
-        2-CTA cluster kernels use there."""
+        """Whether the vendor library's GEMM is the default: on one rank, where its call
+        would be the whole GEMM with nothing around it (no collective delivers an operand,
+        the tiles are stored unchanged), so no overlap is lost. TileLink's kernel measured
+        0.90-0.95x cuBLAS at decode sizes (N = 8192, K = 4096, M = 128-512, on one H200 and
+        one H100; docs/perf.md: Triton has no multicast load, which cuBLAS's 2-CTA cluster
+        kernels use there) and 0.97-1.03x on the M = 8192 GEMMs. Hopper only (measured
+        there). Not at W >= 2: one `gemm` knob serves every GEMM of a pattern, and there a
+        GEMM feeding a collective would lose its in-kernel epilogue."""
         from dataclasses import replace
 
         from .library import LIBRARY
 
+        if not site.target.tma or site.bp.world != 1:
+            return False
         if site.result.dtype not in ("bf16", "fp16"):
             # (measured in bf16 only; an fp32 torch.mm follows the caller's TF32 setting,
             # which failed the fp32 check here, where this kernel takes tf32x3)
