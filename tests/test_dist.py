@@ -278,6 +278,7 @@ NORM = {"M": "1200", "K": "256"}
 BIAS = {"M": "1200", "N": "192", "K": "512"}
 RS_NORM_SIZES = {"M": "1200", "K": "256", "D": "1200"}
 LIB_WHOLE = {"gemm": "library"}
+TWO_SHOT = {"allreduce": "two_shot"}
 RS_LIB_SIZES = {"M": "992", "N": "1000", "K": "1184"}  # ragged: 124 rows per rank at W = 8
 COMPOSED = {
     "gemm_ar_decode_delays": RunSpec(GEMM_AR, AR_DECODE, {}, calls=100, delays=True, seed=30),
@@ -318,6 +319,15 @@ COMPOSED = {
     # longer take by default (reduce_after=1 there)
     "gemm_ar_in_kernel_delays": RunSpec(GEMM_AR, AR_RAGGED, {"reduce_after": "0"}, calls=100,
                                         delays=True, seed=45),
+    # two-shot: each chunk's owner sums it and sends the sum (AR_RAGGED: 3 chunks of 128
+    # rows, so at W = 4 one rank owns none); after the GEMM (the one-wave default) and inside
+    # its kernel
+    "gemm_ar_two_shot_delays": RunSpec(GEMM_AR, AR_RAGGED, TWO_SHOT, calls=100, delays=True,
+                                       seed=46),
+    "gemm_ar_two_shot_in_kernel_1000": RunSpec(GEMM_AR, AR_DECODE,
+                                               TWO_SHOT | {"reduce_after": "0"}, calls=1000),
+    "gemm_ar_two_shot_graph_mixed": RunSpec(GEMM_AR, AR_RAGGED, TWO_SHOT, calls=20, graph=True,
+                                            mixed=True),
     "gemm_rs_lib_ce_delays": RunSpec(RS, RS_LIB_SIZES, LIB_WHOLE | {"comm": "copy_engine",
                                                                     "reduce_after": "1"},
                                      calls=50, delays=True, seed=44),
@@ -330,6 +340,8 @@ COMPOSED_WATCHDOG = {
                                         spin_limit=200_000, check=False),
     "gemm_ar_lib_drop_notify": RunSpec(GEMM_AR, AR_DECODE, LIB_WHOLE, fault="drop_notify",
                                        spin_limit=200_000, check=False),
+    "gemm_ar_two_shot_drop_notify": RunSpec(GEMM_AR, AR_RAGGED, TWO_SHOT, fault="drop_notify",
+                                            spin_limit=200_000, check=False),
 }
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,

@@ -59,10 +59,12 @@ def sends(op, ctx, args):
 
 # ---- lowerings ----------------------------------------------------------------------------
 
-from ..codegen.module import ident  # noqa: E402
-from ..codegen.waits import slot_expr  # noqa: E402
+from ..codegen.module import TL_DTYPES, ident  # noqa: E402
+from ..codegen.protocol import wait_released  # noqa: E402
+from ..codegen.tiles import first  # noqa: E402
+from ..codegen.waits import render_waits, slot_expr  # noqa: E402
 from ..schedule.lowering import register_lowering  # noqa: E402
-from .reduce_scatter import ReduceScatterSM, reduce_dep  # noqa: E402
+from .reduce_scatter import ReduceScatterSM, _loc, reduce_dep  # noqa: E402
 
 
 class AllReduceSM(ReduceScatterSM):
@@ -75,6 +77,8 @@ class AllReduceSM(ReduceScatterSM):
 
     kind = "all_reduce"
     name = "all_reduce/sm (one-shot)"
+    variant, variant_knob = "one_shot", "allreduce"
+    knobs = ReduceScatterSM.knobs + ("allreduce",)
 
     def _dim(self, site) -> int:
         return 0
@@ -134,4 +138,115 @@ class AllReduceSM(ReduceScatterSM):
             "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
 
 
+class AllReduceTwoShotSM(AllReduceSM):
+    """all_reduce on SMs, two-shot (`allreduce=two_shot`): chunk i of the rows is owned by
+    rank i mod W (the plan's region rule). Each GEMM tile, in its epilogue, pushes its rows of
+    every chunk to that chunk's owner only; the owner's reduce role sums every rank's partial
+    of its chunks, stores the sum and pushes it into every peer's gather buffer, notifying
+    the chunk's slot there; every rank's reduce role copies the chunks it does not own from
+    its gather buffer once their slots say they arrived. A rank sends its partial once and
+    its sums once (one-shot sends the whole partial to each of the W - 1 peers), for a
+    second hop. Deadlock-free: every rank's reduce programs take the same items in the same
+    order, and an owner's sum waits only on GEMM tiles, never on another reduction."""
+
+    variant = "two_shot"
+    name = "all_reduce/sm (two-shot)"
+
+    def reduce_what(self, site) -> str:
+        return ("sum every rank's partial of the chunks this rank owns (chunk i: rank i mod "
+                "W), send the sums to every rank; copy the other ranks' sums as they arrive")
+
+    def declare_exchange(self, mb, site) -> None:
+        super().declare_exchange(mb, site)  # the stage buffer of partials and its signal
+        out = site.op.result
+        m, n = site.result.local_shape
+        mb.heap_tensor(f"{out}_sum", (m, n), site.result.dtype, 2, peer_written=True)
+        mb.signal(f"{out}_sum_sig", mb.plan.grids[out].size)
+
+    def exchange_epilogue(self, kb, site, tile) -> list[str]:
+        mb = kb.mb
+        p = self._consts(kb, site)
+        out = site.op.result
+        dep = reduce_dep(mb.plan, site.op)
+        stage = kb.view(f"{out}_stage").base
+        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
+        slot = slot_expr(dep.producer, tile.grid)
+        # (every rank's slot is notified: an owner waits only on the tiles meeting its
+        # chunks, and a notify after all of that owner's rows keeps the order store->notify)
+        return [
+            "# push the tile's rows of each chunk to the chunk's owner (chunk i: rank i mod W,",
+            "# its stage slab of this rank), then the tile's slot on every rank",
+            f"owner = ({tile.rows} // {p}_CB) % WORLD",
+            "for d in range(WORLD):",
+            f"    mask = (owner[:, None] == d) & ({tile.rows}[:, None] < {p}_M) & "
+            f"({tile.cols}[None, :] < {p}_N)",
+            f"    remote = tld.symm_at({stage} + me * ({p}_M * {p}_N), d, me, heap_bases)",
+            f"    tl.store(remote + {tile.rows}[:, None] * {p}_N + {tile.cols}[None, :], "
+            f"{tile.values}, mask=mask)",
+            "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
+
+    def render_step(self, step, kb) -> list[str]:
+        mb = kb.mb
+        site = mb.site_of(step.op.result)
+        out = step.op.result
+        p = self._consts(kb, site)
+        dep = reduce_dep(mb.plan, step.op)
+        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
+        gsig = kb.param(f"{out}_sum_sig_ptr", "*i32", f"sym[{out + '_sum_sig'!r}]")
+        where = f"gemm at {_loc(site.producer.loc)}, all_reduce at {_loc(step.op.loc)}"
+        sid = mb.site_for(("reduce", out), f"reduce chunk of {out} waits for a partial tile "
+                          f"of {dep.tensor} ({where})", dep, (kb.index, step.name))
+        gid = mb.site_for(("sum", out), f"a chunk of {out} waits for its owner's sum "
+                          f"(two-shot all_reduce at {_loc(step.op.loc)}; slot = chunk item)",
+                          None, (kb.index, step.name))
+        waits = render_waits(dep, {"chunk": ("row_lo", "row_hi"), "col": ("col_lo", "col_hi")},
+                             sig=sig, site=sid, indent=0).splitlines()
+        stage, summ = kb.view(f"{out}_stage").base, kb.view(f"{out}_sum").base
+        dst = kb.view(out).base
+        dt = TL_DTYPES[site.result.dtype]
+        if step.own_kernel:
+            kb.warps = 8
+        chunk = [f"la = tld.consume_token(row_lo, tok) + tl.arange(0, {p}_CB)",
+                 f"lb = col_lo + tl.arange(0, {p}_CN)",
+                 "mask = (la[:, None] < row_hi) & (lb[None, :] < col_hi)",
+                 f"at = la[:, None] * {p}_N + lb[None, :]"]
+        return [
+            "for d in range(WORLD):",
+            "    # write-after-read: rank d must have copied the sums we sent it two calls ago",
+            "    # (d says so in our own ctl[4 + d]: a wait on local memory)",
+        ] + ["    " + x for x in wait_released("d")] + [
+            f"for item in range({first(step)}, {p}_CHUNKS * {p}_NCOL, {step.count}):",
+            f"    j = item // {p}_NCOL",
+            f"    row_lo = j * {p}_CB",
+            f"    row_hi = tl.minimum(row_lo + {p}_CB, {p}_SEG)",
+            f"    col_lo = (item % {p}_NCOL) * {p}_CN",
+            f"    col_hi = tl.minimum(col_lo + {p}_CN, {p}_N)",
+            "    tok = epoch * 0",
+            "    if j % WORLD == me:",
+            "        # a chunk this rank owns: every rank's partial of it, summed, then the sum",
+            "        # to every peer",
+        ] + ["        " + x for x in waits + chunk] + [
+            f"        total = tl.zeros(({p}_CB, {p}_CN), dtype=tl.float32)",
+            "        for s in range(WORLD):",
+            f"            part = tl.load({stage} + s * ({p}_M * {p}_N) + at, mask=mask, "
+            "other=0.0)",
+            "            total += part.to(tl.float32)",
+            f"        vals = total.to({dt})",
+            f"        tl.store({dst} + at, vals, mask=mask)",
+            "        for d in range(WORLD):",
+            "            if d != me:",
+            f"                tl.store(tld.symm_at({summ}, d, me, heap_bases) + at, vals, "
+            "mask=mask)",
+            "                " + mb.notify_data(f"tld.notify_peer({gsig} + item, epoch, d, me, "
+                                               "heap_bases)"),
+            "    else:",
+            "        # another rank's chunk: its sum, once the owner sent it",
+            f"        tok = tld.wait({gsig} + item, epoch, spin_limit, abort_ptr, diag_ptr, "
+            f"{gid}, item, me)",
+        ] + ["        " + x for x in chunk] + [
+            f"        tl.store({dst} + at, tl.load({summ} + at, mask=mask, other=0.0), "
+            "mask=mask)"]
+
+
 register_lowering(AllReduceSM())
+register_lowering(AllReduceTwoShotSM())

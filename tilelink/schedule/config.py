@@ -25,7 +25,11 @@ ORDERS = ("own_first", "natural")
 GEMMS = ("triton", "library", "ws")
 # knobs that turn a feature on: set to another value than Config's default while no lowering
 # of the pattern reads it, they are refused (they would change nothing)
-FEATURE_KNOBS = ("gemm", "reduce_after", "fuse_reduce", "capturable")
+FEATURE_KNOBS = ("gemm", "reduce_after", "fuse_reduce", "capturable", "allreduce")
+# all_reduce on SMs: "one_shot", every rank gets every partial and sums every row; "two_shot",
+# each chunk's owner sums it and sends the sum to every rank (each rank sends its partial
+# once instead of W - 1 times, at the price of a second hop)
+ALLREDUCES = ("one_shot", "two_shot")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Config:
     # signals and double buffering (calls overlap more; not capturable). comm=sm kernels are
     # capturable either way: they read their epoch from device memory
     capturable: int = 0
+    allreduce: str = "one_shot"  # all_reduce's algorithm on SMs (ALLREDUCES)
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -91,10 +96,17 @@ class Config:
         return asdict(self)
 
     def __str__(self) -> str:
-        # debug knobs and capturable are shown only when set (so the configs, and the
-        # generated modules' headers, of everything before them read as they did)
-        return " ".join(f"{k}={v}" for k, v in asdict(self).items()
-                        if v or not (k.startswith("debug_") or k == "capturable"))
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items() if self.shown(k))
+
+    def shown(self, knob: str) -> bool:
+        """Whether `knob` is written out: debug knobs, capturable and allreduce only when
+        set to another value than their default (so the configs, and the generated modules'
+        headers, of everything before them read as they did)."""
+        quiet = knob.startswith("debug_") or knob in ("capturable", "allreduce")
+        return not quiet or getattr(self, knob) != getattr(_DEFAULT, knob)
+
+
+_DEFAULT = Config()
 
 
 def _pow2(x: int) -> bool:
@@ -123,6 +135,7 @@ class ConfigSpace:
     fuse_reduce: tuple[int, ...] = (0, 1)
     gemm: tuple[str, ...] = GEMMS
     capturable: tuple[int, ...] = (0, 1)
+    allreduce: tuple[str, ...] = ALLREDUCES
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     allow_debug: bool = False  # debug knobs that break GPU safety (emulated target only)
     # the target runs a rank's programs one after another (the Triton interpreter), so a

@@ -106,8 +106,7 @@ class Schedule:
     def config_text(self) -> str:
         """The config, knobs this schedule reads only (the generated module's header)."""
         cfg = self.config
-        return " ".join(f"{k}={getattr(cfg, k)}" for k in self.knobs
-                        if getattr(cfg, k) or not (k.startswith("debug_") or k == "capturable"))
+        return " ".join(f"{k}={getattr(cfg, k)}" for k in self.knobs if cfg.shown(k))
 
     def render(self) -> str:
         c = self.config
