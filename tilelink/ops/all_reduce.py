@@ -62,7 +62,7 @@ def sends(op, ctx, args):
 from ..codegen.module import TL_DTYPES, ident  # noqa: E402
 from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.tiles import first  # noqa: E402
-from ..codegen.waits import render_waits, slot_expr  # noqa: E402
+from ..codegen.waits import slot_expr  # noqa: E402
 from ..schedule.lowering import register_lowering  # noqa: E402
 from .reduce_scatter import ReduceScatterSM, _loc, reduce_dep  # noqa: E402
 
@@ -121,21 +121,25 @@ class AllReduceSM(ReduceScatterSM):
         mb.signal(dep.signal, mb.plan.grids[part].size)
 
     def exchange_epilogue(self, kb, site, tile) -> list[str]:
-        mb = kb.mb
         p = self._consts(kb, site)
-        out = site.op.result
-        dep = reduce_dep(mb.plan, site.op)
-        stage = kb.view(f"{out}_stage").base
-        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
-        slot = slot_expr(dep.producer, tile.grid)
         return [
             "# push the tile to every rank (their stage slab of this rank), then its slot",
             f"mask = ({tile.rows}[:, None] < {p}_M) & ({tile.cols}[None, :] < {p}_N)",
-            "for d in range(WORLD):",
-            f"    remote = tld.symm_at({stage} + me * ({p}_M * {p}_N), d, me, heap_bases)",
-            f"    tl.store(remote + {tile.rows}[:, None] * {p}_N + {tile.cols}[None, :], "
-            f"{tile.values}, mask=mask)",
-            "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
+            "for d in range(WORLD):"] + ["    " + x for x in self._push_to_d(kb, site, tile)]
+
+    def _push_to_d(self, kb, site, tile) -> list[str]:
+        """Lines in a loop over ranks d: the tile's elements under `mask` into rank d's
+        stage slab of this rank, then d's slot of the tile."""
+        mb = kb.mb
+        p = self._consts(kb, site)
+        dep = reduce_dep(mb.plan, site.op)
+        stage = kb.view(f"{site.op.result}_stage").base
+        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
+        slot = slot_expr(dep.producer, tile.grid)
+        return [f"remote = tld.symm_at({stage} + me * ({p}_M * {p}_N), d, me, heap_bases)",
+                f"tl.store(remote + {tile.rows}[:, None] * {p}_N + {tile.cols}[None, :], "
+                f"{tile.values}, mask=mask)",
+                mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
 
 
 class AllReduceTwoShotSM(AllReduceSM):
@@ -164,13 +168,7 @@ class AllReduceTwoShotSM(AllReduceSM):
         mb.signal(f"{out}_sum_sig", mb.plan.grids[out].size)
 
     def exchange_epilogue(self, kb, site, tile) -> list[str]:
-        mb = kb.mb
         p = self._consts(kb, site)
-        out = site.op.result
-        dep = reduce_dep(mb.plan, site.op)
-        stage = kb.view(f"{out}_stage").base
-        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
-        slot = slot_expr(dep.producer, tile.grid)
         # (every rank's slot is notified: an owner waits only on the tiles meeting its
         # chunks, and a notify after all of that owner's rows keeps the order store->notify)
         return [
@@ -179,28 +177,18 @@ class AllReduceTwoShotSM(AllReduceSM):
             f"owner = ({tile.rows} // {p}_CB) % WORLD",
             "for d in range(WORLD):",
             f"    mask = (owner[:, None] == d) & ({tile.rows}[:, None] < {p}_M) & "
-            f"({tile.cols}[None, :] < {p}_N)",
-            f"    remote = tld.symm_at({stage} + me * ({p}_M * {p}_N), d, me, heap_bases)",
-            f"    tl.store(remote + {tile.rows}[:, None] * {p}_N + {tile.cols}[None, :], "
-            f"{tile.values}, mask=mask)",
-            "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
+            f"({tile.cols}[None, :] < {p}_N)"] + ["    " + x for x in self._push_to_d(kb, site, tile)]
 
     def render_step(self, step, kb) -> list[str]:
         mb = kb.mb
         site = mb.site_of(step.op.result)
         out = step.op.result
         p = self._consts(kb, site)
-        dep = reduce_dep(mb.plan, step.op)
-        sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
+        waits = self.partial_waits(step, kb, site)
         gsig = kb.param(f"{out}_sum_sig_ptr", "*i32", f"sym[{out + '_sum_sig'!r}]")
-        where = f"gemm at {_loc(site.producer.loc)}, all_reduce at {_loc(step.op.loc)}"
-        sid = mb.site_for(("reduce", out), f"reduce chunk of {out} waits for a partial tile "
-                          f"of {dep.tensor} ({where})", dep, (kb.index, step.name))
         gid = mb.site_for(("sum", out), f"a chunk of {out} waits for its owner's sum "
                           f"(two-shot all_reduce at {_loc(step.op.loc)}; slot = chunk item)",
                           None, (kb.index, step.name))
-        waits = render_waits(dep, {"chunk": ("row_lo", "row_hi"), "col": ("col_lo", "col_hi")},
-                             sig=sig, site=sid, indent=0).splitlines()
         stage, summ = kb.view(f"{out}_stage").base, kb.view(f"{out}_sum").base
         dst = kb.view(out).base
         dt = TL_DTYPES[site.result.dtype]

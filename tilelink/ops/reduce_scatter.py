@@ -386,18 +386,22 @@ class ReduceScatterSM(_Scatter):
             f"{tile.values}, mask=mask)",
             "    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, d, me, heap_bases)")]
 
-    def render_step(self, step, kb) -> list[str]:
+    def partial_waits(self, step, kb, site) -> list[str]:
+        """The reduce role's waits for every rank's partial tiles of the chunk at row_lo..
+        row_hi x col_lo..col_hi (the plan's dependency), with their decoded wait site."""
         mb = kb.mb
-        site = mb.site_of(step.op.result)
         dep = reduce_dep(mb.plan, step.op)
         sig = kb.param(f"{dep.signal}_ptr", "*i32", f"sym[{dep.signal!r}]")
-        cop = site.producer
         words = (f"reduce chunk of {step.op.result} waits for a partial tile of {dep.tensor} "
-                 f"(gemm at {_loc(cop.loc)}, reduce_scatter at {_loc(step.op.loc)})")
+                 f"(gemm at {_loc(site.producer.loc)}, {step.op.kind} at {_loc(step.op.loc)})")
         sid = mb.site_for(("reduce", step.op.result), words, dep, (kb.index, step.name))
         names = {"chunk": ("row_lo", "row_hi") if self._dim(site) == 0 else ("col_lo", "col_hi"),
                  "col": ("col_lo", "col_hi") if self._dim(site) == 0 else ("row_lo", "row_hi")}
-        waits = render_waits(dep, names, sig=sig, site=sid, indent=0).splitlines()
+        return render_waits(dep, names, sig=sig, site=sid, indent=0).splitlines()
+
+    def render_step(self, step, kb) -> list[str]:
+        site = kb.mb.site_of(step.op.result)
+        waits = self.partial_waits(step, kb, site)
         if step.own_kernel:
             kb.warps = 8  # (one program per reduce item, 4 warps: within the noise)
         return self._reduce_body(step, kb, site, waits)
