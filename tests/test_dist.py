@@ -332,6 +332,25 @@ COMPOSED = {
                                                                     "reduce_after": "1"},
                                      calls=50, delays=True, seed=44),
 }
+# all_reduce on the copy engine (comm=copy_engine): the GEMM stages and counts its tiles,
+# the copy engine ships each chunk to every peer; the sum after the GEMM (reading the own
+# partial in place) and inside its kernel; the library's GEMM with a pass kernel; gemm=ws
+# (its consumer warps stage and count the halves). No graph case: like GEMM-RS's, this copy
+# engine has no capturable protocol.
+AR_CE = {"comm": "copy_engine", "reduce_after": "1"}
+AR_CE_WS = AR_CE | {"gemm": "ws", "block_m": "128", "block_n": "256", "block_k": "64",
+                    "stages": "3", "flatten": "0"}
+NOT_YET_RUN |= {
+    "gemm_ar_ce_delays": RunSpec(GEMM_AR, AR_RAGGED, AR_CE, calls=100, delays=True, seed=47),
+    "gemm_ar_ce_in_kernel_delays": RunSpec(GEMM_AR, AR_RAGGED, AR_CE | {"reduce_after": "0"},
+                                           calls=100, delays=True, seed=48),
+    "gemm_ar_ce_1000": RunSpec(GEMM_AR, AR_DECODE, AR_CE, calls=1000),
+    "gemm_ar_ce_lib_delays": RunSpec(GEMM_AR, AR_RAGGED, AR_CE | LIB_WHOLE, calls=100,
+                                     delays=True, seed=49),
+    # (K per rank a multiple of 8 at W = 1-4 and 8: TMA loads its rows)
+    "gemm_ar_ce_ws_delays": RunSpec(GEMM_AR, AR_RAGGED | {"K": "1536"}, AR_CE_WS, calls=100,
+                                    delays=True, seed=50),
+}
 # the producer of a composed pattern never signals (W >= 2: at W = 1 nothing waits on a peer)
 COMPOSED_WATCHDOG = {
     "gemm_ar_drop_notify": RunSpec(GEMM_AR, AR_DECODE, {}, fault="drop_notify",
@@ -342,6 +361,8 @@ COMPOSED_WATCHDOG = {
                                        spin_limit=200_000, check=False),
     "gemm_ar_two_shot_drop_notify": RunSpec(GEMM_AR, AR_RAGGED, TWO_SHOT, fault="drop_notify",
                                             spin_limit=200_000, check=False),
+    "gemm_ar_ce_drop_notify": RunSpec(GEMM_AR, AR_RAGGED, AR_CE, fault="drop_notify",
+                                      spin_limit=200_000, check=False),
 }
 NVSHMEM_WATCHDOG = {
     "nvshmem_ag_drop_notify": RunSpec(AG, SMALL, SM, fault="drop_notify", spin_limit=200_000,

@@ -64,21 +64,17 @@ from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.tiles import first  # noqa: E402
 from ..codegen.waits import slot_expr  # noqa: E402
 from ..schedule.lowering import register_lowering  # noqa: E402
-from .reduce_scatter import ReduceScatterSM, _loc, reduce_dep  # noqa: E402
+from .reduce_scatter import (ReduceScatterCopyEngine, ReduceScatterSM, _Scatter,  # noqa: E402
+                             _loc, reduce_dep)
 
 
-class AllReduceSM(ReduceScatterSM):
-    """all_reduce on SMs, one-shot (`comm=sm`): each GEMM tile, in its epilogue, stores its
-    partial into every rank's stage buffer (this rank's slab of it) and notifies that rank's
-    slot for the tile; every rank's reduce role (in the GEMM's kernel after its tiles, or with
-    reduce_after=1 a second kernel) waits for every rank's tiles of a chunk of rows and sums
-    them: one exchange, then a local sum of W partials, which is what wins at decode sizes
-    (few rows: latency, not bandwidth)."""
+class _EveryRow:
+    """What the all_reduce lowerings change in the reduce_scatter lowerings they build on:
+    every rank sums every row (its slice is the whole tensor, from row 0, along dim 0), so no
+    row order is better for the GEMM; one-shot unless a subclass says otherwise."""
 
     kind = "all_reduce"
-    name = "all_reduce/sm (one-shot)"
     variant, variant_knob = "one_shot", "allreduce"
-    knobs = ReduceScatterSM.knobs + ("allreduce",)
 
     def _dim(self, site) -> int:
         return 0
@@ -89,11 +85,23 @@ class AllReduceSM(ReduceScatterSM):
     def _origin(self, site) -> str:
         return "0"
 
-    def reduce_what(self, site) -> str:
-        return "wait for every rank's tiles of a chunk of rows, sum them (every rank, all rows)"
-
     def rows_needed_first(self, kb, site) -> str | None:
         return None  # every rank needs every tile: no order is better
+
+
+class AllReduceSM(_EveryRow, ReduceScatterSM):
+    """all_reduce on SMs, one-shot (`comm=sm`): each GEMM tile, in its epilogue, stores its
+    partial into every rank's stage buffer (this rank's slab of it) and notifies that rank's
+    slot for the tile; every rank's reduce role (in the GEMM's kernel after its tiles, or with
+    reduce_after=1 a second kernel) waits for every rank's tiles of a chunk of rows and sums
+    them: one exchange, then a local sum of W partials, which is what wins at decode sizes
+    (few rows: latency, not bandwidth)."""
+
+    name = "all_reduce/sm (one-shot)"
+    knobs = ReduceScatterSM.knobs + ("allreduce",)
+
+    def reduce_what(self, site) -> str:
+        return "wait for every rank's tiles of a chunk of rows, sum them (every rank, all rows)"
 
     def defaults(self, site) -> dict:
         """The sum as a second kernel on every SM (reduce_after=1) where the GEMM's tiles
@@ -236,5 +244,80 @@ class AllReduceTwoShotSM(AllReduceSM):
             "mask=mask)"]
 
 
+class AllReduceCopyEngine(_EveryRow, ReduceScatterCopyEngine):
+    """all_reduce on the copy engine, one-shot (`comm=copy_engine`): each GEMM tile stores
+    its partial into this rank's send buffer and counts itself in the counter of every chunk
+    of rows it meets; on a side stream the copy engine waits for every peer's release, then
+    per chunk (in row order) for its counter, and copies the chunk into every rank's stage
+    buffer (its slab of this rank; the next rank first), writing that rank's `ready` slot
+    (source rank * CHUNKS + chunk) after each copy. Every rank's reduce role waits on its
+    `ready` slots and sums the W partials of each chunk; with reduce_after=1 (a second
+    kernel) it reads this rank's own partial in place, so the copy engine sends W - 1
+    copies per chunk. Chunk by chunk rather than rank by rank: when the GEMM's last tile is
+    done, only the last chunk's copies are left, whatever W. No fused variant: every tile
+    is every rank's own, so none can be computed after the peers' partials of it arrive."""
+
+    name = "all_reduce/copy_engine (one-shot)"
+    knobs = _Scatter.knobs + ("allreduce",)  # (no fuse_reduce: see the docstring)
+    _chunk_words = "chunk of the rows"
+    _rows_words = "the rows"
+
+    def reduce_what(self, site) -> str:
+        own = "every other rank's" if site.config.reduce_after else "every rank's"
+        return (f"wait for {own} copy of a chunk of rows (signalled by the copy engines), "
+                "sum them (every rank, all rows)")
+
+    def reasons(self, site) -> list[str]:
+        return _Scatter.reasons(self, site)  # (row chunks: dim 0 always; nothing to fuse)
+
+    def tune_axes(self, site) -> list[dict]:
+        return _Scatter.tune_axes(self, site)
+
+    def defaults(self, site) -> dict:
+        """The reduce_scatter copy engine's defaults (GEMM on every SM, the sum as a second
+        kernel, flatten=1, chunks of up to 512 rows; measured there, docs/perf.md) with the
+        chunk sized on all M rows, which every rank sums. Not measured for all_reduce yet."""
+        rows = site.result.local_shape[0]
+        chunk = min(512, max(16, 1 << max(0, rows.bit_length() - 1)))
+        return {"flatten": "1", "reduce_after": "1", "comm_block_m": str(chunk),
+                "comm_block_n": str(min(128, 16384 // chunk))}
+
+    def default_ok(self, site) -> bool:
+        """Never the default resource: the SM lowering is the measured one (1.15-1.27x NCCL +
+        cuBLAS at decode sizes on 2x H100, docs/perf.md); this one is chosen by name
+        (`--config comm=copy_engine`) or by the tuner, until measured against it."""
+        return False
+
+    def overlap_min_flops(self, site) -> float:
+        return 0.0  # (never the default, so no fallback threshold of its own)
+
+    def ce_program(self, mb, site) -> list[str]:
+        out = site.op.result
+        p = ident(out)
+        return [
+            f"    # all_reduce {out}: this rank's partial of each chunk of rows, once its tiles",
+            "    # are counted, into every rank's stage buffer (its slab of this rank)",
+            f"    send = tensors[{out + '_send'!r}]",
+            "    buf = epoch & 1",
+            "    dsts = [(rank + 1 + i) % WORLD for i in range(WORLD)]  # the next rank first",
+            f"    if {p}_OWN_IN_PLACE:",
+            "        dsts.remove(rank)  # the reduction reads this rank's own partial from `send`",
+            "    for dst in dsts:",
+            "        # dst released stage buffer `buf`: this rank's kernel saw it and opened the gate",
+            '        ops.append(("wait", rank, "ctl", 4 + WORLD + dst, _i32(epoch)))',
+            f"    for j in range({p}_CHUNKS):",
+            f"        ops.append((\"wait\", rank, {out + '_count'!r}, j, "
+            f"_i32(epoch * {p}_TILES_PER_CHUNK[j])))",
+            f"        lo = j * {p}_CB",
+            f"        hi = min(lo + {p}_CB, {p}_M)",
+            "        for dst in dsts:",
+            "            # rows lo:hi of send[buf] -> slab `rank` of dst's stage buffer `buf`",
+            f"            ops.append((\"copy\", send, (buf * {p}_M + lo) * {p}_N, (hi - lo) * "
+            f"{p}_N, dst, {out + '_stage'!r},",
+            f"                        ((buf * WORLD + rank) * {p}_M + lo) * {p}_N))",
+            self._ce_signal(mb, site, "            ", "dst", "rank * {p}_CHUNKS + j")]
+
+
 register_lowering(AllReduceSM())
 register_lowering(AllReduceTwoShotSM())
+register_lowering(AllReduceCopyEngine())

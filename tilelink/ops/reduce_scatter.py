@@ -495,15 +495,17 @@ class ReduceScatterCopyEngine(_Scatter):
         dep = reduce_dep(mb.plan, site.op)
         w = mb.bp.world
         m, n = mb.bp.tensors[part].shape
-        nchunks = mb.plan.grids[out].axes[0].tiling.count  # W * CHUNKS
+        chunks = mb.plan.grids[out].axes[0].tiling
         own_in_place = int(bool(site.config.reduce_after))
-        mb.heap_tensor(f"{out}_stage", (w, m // w, n), site.result.dtype, 2, peer_written=True)
+        # slab s: rank s's partial of the rows this rank sums
+        mb.heap_tensor(f"{out}_stage", (w, self._seg(site), n), site.result.dtype, 2,
+                       peer_written=True)
         # this rank's partial product of the call, rows in global order
         mb.heap_tensor(f"{out}_send", (m, n), site.result.dtype, 2)
-        mb.signal(f"{out}_ready", nchunks)
-        mb.signal(f"{out}_count", nchunks, "count")
+        mb.signal(f"{out}_ready", w * chunks.per_segment)  # slot: source rank * CHUNKS + chunk
+        mb.signal(f"{out}_count", chunks.count, "count")
         mb.const(f"{p}_TILES_PER_CHUNK", tiles_per_chunk(self._count_dep(mb, site, dep)),
-                 "per row chunk (owner * CHUNKS + chunk), the pieces of this rank's GEMM tiles "
+                 f"per row chunk ({self._chunk_words}), the pieces of this rank's GEMM tiles "
                  "writing it: each adds 1 to the chunk's counter per call")
         mb.const(f"{p}_OWN_IN_PLACE", own_in_place)
         mb.init_lines += [
@@ -516,7 +518,7 @@ class ReduceScatterCopyEngine(_Scatter):
                           f"a rank to deliver its partial chunk of {part} (slot = source rank * "
                           f"{p}_CHUNKS + chunk; the copy engine first waits for that rank's gemm "
                           f"tiles of the chunk; gemm at {_loc(site.producer.loc)}, "
-                          f"reduce_scatter at {_loc(site.op.loc)})")
+                          f"{site.op.kind} at {_loc(site.op.loc)})")
         if site.config.fuse_reduce:
             mb.sites[sid] = mb.sites[sid].replace(
                 f"reduce chunk of {out} waits", f"own tile of {out} (its GEMM done, adding "
@@ -524,12 +526,27 @@ class ReduceScatterCopyEngine(_Scatter):
         mb.describe_lines += [
             f"    if site == {sid} and 0 <= slot < WORLD * {p}_CHUNKS:",
             f"        src, j = divmod(slot, {p}_CHUNKS)",
-            f"        return (f\"{out}_ready[{{slot}}] = chunk {{j}} of this rank's rows, copied "
-            f"by the copy engine of \"",
+            f"        return (f\"{out}_ready[{{slot}}] = chunk {{j}} of {self._rows_words}, "
+            f"copied by the copy engine of \"",
             "                f\"rank {src} (which first waits for its counter of the chunk: every "
             "gemm tile \"",
             "                f\"of rank {src} that writes those rows)\")"]
-        mb.ce_lines += [
+        mb.ce_lines += self.ce_program(mb, site)
+        if site.config.fuse_reduce:
+            mb.notes.append("fuse_reduce=1: no reduce kernel and no own-chunk copy; the own "
+                            "tiles' epilogue sums. It needs every program resident at once "
+                            "(the persistent grid is <= the SMs)")
+
+    _chunk_words = "owner * CHUNKS + chunk"  # what a counter's index is
+    _rows_words = "this rank's rows"  # the rows a rank's reduction sums
+
+    def ce_program(self, mb, site) -> list[str]:
+        """The copy-engine program's lines (in copy_engine_ops) for this reduction: per
+        owner (the next rank first), its release, then this rank's partial of each chunk of
+        the owner's rows once its tiles are counted, then the owner's ready slot."""
+        out = site.op.result
+        p = ident(out)
+        return [
             f"    # reduce_scatter {out}: this rank's staged partial of each owner's rows, chunk",
             "    # by chunk once its tiles are counted, into the owner's stage buffer",
             f"    send = tensors[{out + '_send'!r}]",
@@ -552,12 +569,16 @@ class ReduceScatterCopyEngine(_Scatter):
             f"            ops.append((\"copy\", send, (buf * {p}_M + lo) * {p}_N, (hi - lo) * "
             f"{p}_N, dst, {out + '_stage'!r},",
             f"                        ((buf * WORLD + rank) * {p}_SEG + j * {p}_CB) * {p}_N))",
-            mb.ce_data_signal(f"            ops.append((\"signal\", dst, {out + '_ready'!r}, "
-                              f"rank * {p}_CHUNKS + j, epoch))")]
-        if site.config.fuse_reduce:
-            mb.notes.append("fuse_reduce=1: no reduce kernel and no own-chunk copy; the own "
-                            "tiles' epilogue sums. It needs every program resident at once "
-                            "(the persistent grid is <= the SMs)")
+            self._ce_signal(mb, site, "            ", "dst", "rank * {p}_CHUNKS + j")]
+
+    @staticmethod
+    def _ce_signal(mb, site, pad: str, dst: str, slot: str) -> str:
+        """The program line signalling `dst`'s ready slot `slot` (a data signal; `{p}` in
+        it: the result's constant prefix)."""
+        out = site.op.result
+        slot = slot.format(p=ident(out))
+        return mb.ce_data_signal(pad + f"ops.append((\"signal\", {dst}, {out + '_ready'!r}, "
+                                 f"{slot}, epoch))")
 
     def _count_dep(self, mb, site, dep):
         """The dependency the counts come from: the plan's, or where the producer hands its
@@ -650,7 +671,9 @@ class ReduceScatterCopyEngine(_Scatter):
         own_from = None
         if own:
             send = kb.view(f"{out}_send").base
-            own_from = f"{send} + (me * {p}_SEG + la[:, None]) * {p}_N + lb[None, :]"
+            origin = self._origin(site)
+            rows = "la[:, None]" if origin == "0" else f"({origin} + la[:, None])"
+            own_from = f"{send} + {rows} * {p}_N + lb[None, :]"
         if step.own_kernel:
             kb.warps = 8  # (one program per reduce item, 4 warps: within the noise)
         return self._reduce_body(step, kb, site, waits, own_from)

@@ -147,6 +147,12 @@ class Lowering:
         (so `comm_programs` programs are taken from them)."""
         return any(s.kind != "tiles" and not s.own_kernel for s in self.steps(site))
 
+    def default_ok(self, site: OpSite) -> bool:
+        """Whether the default config may choose this lowering's resource for `site` (False:
+        only where the user or the tuner names it, e.g. one not yet measured against the
+        default)."""
+        return True
+
     def overlap_min_flops(self, site: OpSite) -> float:
         """Below this many GEMM FLOPs per rank the default is the non-overlapped plan (this
         lowering's fixed costs are not hidden there); 0: always overlap."""

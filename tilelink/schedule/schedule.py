@@ -181,10 +181,11 @@ def _comm_sites(bp: BoundPattern, cfg: Config, target: Target):
 
 def _default_resource(bp: BoundPattern, base: Config, target: Target) -> str:
     """The copy engine (the fastest mover: docs/perf.md) where every collective of the
-    pattern has a copy-engine lowering that can run it; else SMs."""
+    pattern has a copy-engine lowering that can run it and may be the default; else SMs."""
     cfg = replace(base, comm="copy_engine")
     comms = _comm_sites(bp, cfg, target)
-    if comms and all(lw is not None and not lw.reasons(site) for site, lw in comms):
+    if comms and all(lw is not None and not lw.reasons(site) and lw.default_ok(site)
+                     for site, lw in comms):
         return "copy_engine"
     return "sm"
 

@@ -112,8 +112,9 @@ class GemmWarpSpecialized(GemmTriton):
         if cfg.comm != "copy_engine" or not self._neighbours_ok(site):
             bad.append("gemm=ws needs comm=copy_engine, its rows gathered by the copy engine "
                        "or read from the inputs, and its tiles stored or taken by a "
-                       "copy-engine reduction with reduce_after=1 (the copy engine moves the "
-                       "data; the kernel's warps wait for it or count for it)")
+                       "copy-engine reduction (reduce_scatter, all_reduce) with reduce_after=1 "
+                       "(the copy engine moves the data; the kernel's warps wait for it or "
+                       "count for it)")
         if cfg.block_m != 128 or cfg.block_n not in (128, 256) or cfg.block_k != 64:
             bad.append(f"gemm=ws takes block_m=128 (two 64-row consumer halves), block_n=128 "
                        f"or 256 and block_k=64, not {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
@@ -132,13 +133,19 @@ class GemmWarpSpecialized(GemmTriton):
 
     def _neighbours_ok(self, site) -> bool:
         """The gathered rows come from a copy-engine all_gather (or inputs), and the tiles go
-        to the result or to a copy-engine reduce_scatter with reduce_after=1."""
+        to the result or to a collective whose lowering places its epilogue in the
+        consumer partitions (`ws_epilogue`: a copy-engine reduction) with reduce_after=1."""
+        from ...schedule.compose import op_sites
+        from ...schedule.lowering import lowering_for
+
         for a in site.op.args:
             prod = next((o for o in site.bp.ops if o.result == a), None)
             if prod is not None and (prod.kind != "all_gather" or a != site.op.args[0]):
                 return False
+        sites = op_sites(site.bp, site.config, site.target) if site.consumers else {}
         for c in site.consumers:
-            if c.kind != "reduce_scatter" or not site.config.reduce_after:
+            lw = lowering_for(sites[c.result])
+            if not hasattr(lw, "ws_epilogue") or not site.config.reduce_after:
                 return False
         return True
 
