@@ -90,7 +90,8 @@ def _cases():
     from tests.test_dist_cases_schedule import ALL, ONE_GPU
 
     for name, spec in sorted((ALL | ONE_GPU).items()):
-        for w in ((1,) if name in ONE_GPU else (2, 4, 8)):
+        # (a composed case runs at W = 1 and on multi-GPU hosts: both)
+        for w in ((1,) if name in ONE_GPU else ()) + ((2, 4, 8) if name in ALL else ()):
             bp = load_pattern(spec.pattern).bind(spec.values, w)
             target = "cuda:90+nvshmem" if spec.backend == "nvshmem" else "cuda:90"
             yield from emit(*render(bp, target, spec.config or None))

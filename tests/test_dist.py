@@ -197,7 +197,8 @@ RS_WS_FUSED = RS_WS | {"fuse_reduce": "1"}
 # rows per rank 900 / 450 / 225: a tile's second half can lie past the last row
 RAGGED_RS_WS = {"M": "1800", "N": "1088", "K": "1024"}
 MANY_TILES = {"M": "8192", "N": "4096", "K": "1024"}
-NOT_YET_RUN |= {
+# (passed on 2x H100 on 2026-11-25, 39e4b05: their first multi-GPU run)
+CASES |= {
     "ag_ws_few_programs_delays": RunSpec(AG, RAGGED_WS, AG_WS_FEW, calls=100, delays=True,
                                          seed=22),
     "ag_ws_cap_few_programs_graph_mixed": RunSpec(AG, RAGGED_WS, AG_WS_FEW | {"capturable": "1"},
@@ -340,7 +341,8 @@ COMPOSED = {
 AR_CE = {"comm": "copy_engine", "reduce_after": "1"}
 AR_CE_WS = AR_CE | {"gemm": "ws", "block_m": "128", "block_n": "256", "block_k": "64",
                     "stages": "3", "flatten": "0"}
-NOT_YET_RUN |= {
+# (passed on 2x H100 on 2026-11-25, 39e4b05)
+COMPOSED |= {
     "gemm_ar_ce_delays": RunSpec(GEMM_AR, AR_RAGGED, AR_CE, calls=100, delays=True, seed=47),
     "gemm_ar_ce_in_kernel_delays": RunSpec(GEMM_AR, AR_RAGGED, AR_CE | {"reduce_after": "0"},
                                            calls=100, delays=True, seed=48),

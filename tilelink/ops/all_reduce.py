@@ -104,20 +104,17 @@ class AllReduceSM(_EveryRow, ReduceScatterSM):
         return "wait for every rank's tiles of a chunk of rows, sum them (every rank, all rows)"
 
     def defaults(self, site) -> dict:
-        """The sum as a second kernel on every SM (reduce_after=1) where the GEMM's tiles
-        are one wave or less at the schedule's tiles: reduce programs inside the GEMM's
-        kernel would push part of that wave into a second one, and no later wave is left
-        for the sum to hide behind. Measured on 2x H100 (docs/perf.md, "Decode sizes"),
-        N = 8192, K = 4096, CUDA-graph replays, M = 128 / 256 / 512: 0.043 / 0.049 / 0.077
-        ms against 0.072 / 0.086 / 0.116 with 16 reduce programs in the GEMM's kernel
-        (NCCL + cuBLAS: 0.054 / 0.063 / 0.089). Bigger GEMMs keep the sum in the kernel
-        (not measured against the second kernel yet; the tuner tries both)."""
+        """The sum as a second kernel on every SM (reduce_after=1), at every size. Measured on
+        2x H100 (docs/perf.md), N = 8192, K = 4096. One wave of GEMM tiles or less (decode
+        sizes; CUDA-graph replays, M = 128 / 256 / 512): 0.043 / 0.049 / 0.077 ms against
+        0.072 / 0.086 / 0.116 with 16 reduce programs in the GEMM's kernel, whose programs
+        push part of the wave into a second one with no later wave to hide the sum behind.
+        Several waves (eager, M = 2048 / 4096): 0.246 / 0.458 ms against 0.313 / 0.528: the
+        reduce programs wait on tiles the GEMM computes last, and the 16 SMs they hold cost
+        the GEMM more than the second kernel's launch."""
         if self.alone(site) or site.producer is None:
             return {}
-        cfg = site.config
-        m, n = site.tensor(site.op.args[0]).local_shape
-        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        return {"reduce_after": "1"} if tiles <= cfg.num_programs else {}
+        return {"reduce_after": "1"}
 
     def declare_exchange(self, mb, site) -> None:
         self.declare_common(mb, site)
