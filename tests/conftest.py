@@ -1,4 +1,4 @@
-"""Shared test helpers: example paths and GPU markers."""
+"""Shared test helpers: example paths, GPU markers and a broken module run once."""
 
 from __future__ import annotations
 
@@ -19,6 +19,24 @@ pattern both(M = 1024, N = 8192, K = 8192, dtype = bf16)
     c = gemm(a_full, b)
     return a_full, c
 """
+
+
+def run_broken(s, src: str, timeout: float = 4.0) -> None:
+    """Run module text `src` (schedule `s` rendered with a fault, e.g. drop_notify) for one
+    call in the emulated world on seed-0 inputs, its stuck waits described through the module
+    rendered without the fault; the HangError it should end in is the caller's to expect."""
+    from tilelink.codegen import render_triton
+    from tilelink.codegen.compile import load_module
+    from tilelink.runtime.api import describe_wait
+    from tilelink.runtime.dist_reference import make_local_inputs
+    from tilelink.runtime.emulated import run_emulated
+
+    w = s.bound.world
+    per_rank = [make_local_inputs(s.bound, r, 0, "cpu") for r in range(w)]
+    ins = [{n: [per_rank[r][n] for r in range(w)] for n in per_rank[0]}]
+    mod = load_module(render_triton(s))
+    run_emulated(src, w, ins, timeout=timeout,
+                 describe_wait=lambda rec: describe_wait(s, mod, rec, None))
 
 
 def _gpus() -> int:

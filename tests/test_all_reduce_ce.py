@@ -17,7 +17,7 @@ from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 from tilelink.tune.space import candidates
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, run_broken
 
 AR = load_text(EXAMPLES / "gemm_ar.tl")
 CE = {"comm": "copy_engine"}
@@ -90,19 +90,11 @@ def test_it_compiles(target, stage, extra):
 
 
 def test_a_dropped_signal_is_reported_not_hung():
-    from tilelink.runtime.api import describe_wait
-    from tilelink.runtime.dist_reference import make_local_inputs
-    from tilelink.runtime.emulated import run_emulated
-
     s = make_schedule(AR.bind({"M": 64, "N": 32, "K": 64}, 2), get_target("interp"), CE)
     src = render_triton(s, fault="drop_notify")
     assert src.count("fault injected (drop_notify)") == 1  # the copy engine's ready signal
-    ins = [{n: [make_local_inputs(s.bound, r, 0, "cpu")[n] for r in range(2)]
-            for n in ("a", "b")}]
-    mod = load_module(render_triton(s))
     with pytest.raises(HangError) as err:
-        run_emulated(src, 2, ins, timeout=4,
-                     describe_wait=lambda rec: describe_wait(s, mod, rec, None))
+        run_broken(s, src)
     text = str(err.value)
     assert "waits for the copy engine of a rank to deliver its partial chunk of c" in text
     assert "all_reduce at" in text and "chunk 0 of the rows" in text

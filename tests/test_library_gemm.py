@@ -16,7 +16,7 @@ from tilelink.frontend import load_pattern, load_text, parse_text
 from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, run_broken
 
 AR = load_text(EXAMPLES / "gemm_ar.tl")
 RS = load_text(EXAMPLES / "gemm_rs.tl")
@@ -65,20 +65,11 @@ def test_back_to_back_calls_with_random_delays():
 
 def test_a_dropped_signal_is_reported_not_hung():
     # the pass's pushes skip their signals: the reduction's waits give up and are reported
-    from tilelink.codegen.compile import load_module
-    from tilelink.runtime.api import describe_wait
-    from tilelink.runtime.dist_reference import make_local_inputs
-    from tilelink.runtime.emulated import run_emulated
-
     s = make_schedule(AR.bind({"M": 64, "N": 32, "K": 64}, 2), get_target("interp"), LIB)
     src = render_triton(s, fault="drop_notify")
     assert "fault injected (drop_notify): tld.notify_peer" in src
-    ins = [{n: [make_local_inputs(s.bound, r, 0, "cpu")[n] for r in range(2)]
-            for n in ("a", "b")}]
-    mod = load_module(render_triton(s))
     with pytest.raises(HangError) as err:
-        run_emulated(src, 2, ins, timeout=4,
-                     describe_wait=lambda rec: describe_wait(s, mod, rec, None))
+        run_broken(s, src)
     text = str(err.value)
     assert "stuck ranks: 0, 1" in text and "reduce chunk of out waits" in text
 
