@@ -117,3 +117,15 @@ def test_what_it_does_not_do_is_refused_by_name(extra, words):
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
         make_schedule(AR.bind({"M": 512, "N": 256, "K": 256}, 2), get_target("cuda:90"),
                       CE | extra)
+
+
+def test_naming_the_copy_engine_starts_from_its_own_defaults():
+    # the default never takes it, so the SM default's knobs (in-kernel chunks of 128 rows,
+    # no flatten) would be a poor start: its own are the sum after the GEMM, flatten=1 and
+    # chunks of up to 512 rows; knobs the user names still win
+    bp = AR.bind({"M": 4096, "N": 8192, "K": 4096}, 2)
+    cfg = make_schedule(bp, get_target("cuda:90"), CE).config
+    assert (cfg.reduce_after, cfg.flatten, cfg.comm_block_m, cfg.comm_block_n) == (1, 1, 512, 32)
+    cfg = make_schedule(bp, get_target("cuda:90"), CE | {"reduce_after": "0",
+                                                          "comm_block_n": "16"}).config
+    assert (cfg.reduce_after, cfg.comm_block_m, cfg.comm_block_n) == (0, 512, 16)

@@ -271,18 +271,24 @@ class AllReduceCopyEngine(_EveryRow, ReduceScatterCopyEngine):
         return _Scatter.tune_axes(self, site)
 
     def defaults(self, site) -> dict:
-        """The reduce_scatter copy engine's defaults (GEMM on every SM, the sum as a second
-        kernel, flatten=1, chunks of up to 512 rows; measured there, docs/perf.md) with the
-        chunk sized on all M rows, which every rank sums. Not measured for all_reduce yet."""
+        """What `--config comm=copy_engine` starts from (the default config never takes this
+        lowering): the reduce_scatter copy engine's defaults (GEMM on every SM, the sum as a
+        second kernel, flatten=1, chunks of up to 512 rows) with the chunk sized on all M
+        rows, which every rank sums. Measured on 2x H100, N = 8192, K = 4096, eager
+        (docs/perf.md): chunks of 256 / 512 / 1024 rows within 6% of each other at
+        M = 2048 and 4096 (1.10-1.17x NCCL + cuBLAS)."""
         rows = site.result.local_shape[0]
         chunk = min(512, max(16, 1 << max(0, rows.bit_length() - 1)))
         return {"flatten": "1", "reduce_after": "1", "comm_block_m": str(chunk),
                 "comm_block_n": str(min(128, 16384 // chunk))}
 
     def default_ok(self, site) -> bool:
-        """Never the default resource: the SM lowering is the measured one (1.15-1.27x NCCL +
-        cuBLAS at decode sizes on 2x H100, docs/perf.md); this one is chosen by name
-        (`--config comm=copy_engine`) or by the tuner, until measured against it."""
+        """Never the default resource, although it measured faster than the SM lowering at
+        several waves of GEMM tiles (2x H100, eager, M = 2048 / 4096: 1.14x / 1.17x NCCL +
+        cuBLAS against 1.04x; slower at one wave: 0.95x at M = 512): like reduce_scatter's,
+        its copy engine has no capturable protocol, and a default on it would refuse CUDA-
+        graph capture, which the SM lowering allows. Chosen by name (`--config
+        comm=copy_engine`) or by the tuner (eager)."""
         return False
 
     def overlap_min_flops(self, site) -> float:

@@ -21,7 +21,7 @@ from ..errors import ConfigError, NotSupportedError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose, op_sites
-from .config import FEATURE_KNOBS, Config, ConfigSpace
+from .config import COMM_RESOURCES, FEATURE_KNOBS, Config, ConfigSpace
 from .lowering import LOWERINGS, lowering_for
 from .targets import Target
 
@@ -190,6 +190,15 @@ def _default_resource(bp: BoundPattern, base: Config, target: Target) -> str:
     return "sm"
 
 
+def _never_default(bp: BoundPattern, cfg: Config, target: Target) -> bool:
+    """Whether some collective's lowering under `cfg` is one the default never chooses
+    (`Lowering.default_ok`); GPU targets only (the emulated world's default is fixed)."""
+    if target.backend == "interp" or cfg.comm == "none":
+        return False
+    return any(lw is not None and not lw.default_ok(site)
+               for site, lw in _comm_sites(bp, cfg, target))
+
+
 def _base(target: Target) -> Config:
     if target.backend == "interp":
         return Config(num_programs=4, comm_programs=1, block_m=32, block_n=32, block_k=32,
@@ -198,15 +207,17 @@ def _base(target: Target) -> Config:
                   block_k=64, comm_block_m=128, comm_block_n=128, stages=3, warps=8)
 
 
-def default_config(bp: BoundPattern, target: Target,
-                   allow_fallback: bool = True) -> tuple[Config, str | None]:
+def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True,
+                   resource: str | None = None) -> tuple[Config, str | None]:
     """A starting point (the tuner improves on it) and, when it is the non-overlapped plan,
-    why. `allow_fallback=False`: always an overlapped config (to show a kernel)."""
+    why. `allow_fallback=False`: always an overlapped config (to show a kernel). `resource`:
+    start from that comm resource and its lowerings' defaults instead of the default's
+    choice (GPU targets)."""
     base = _base(target)
     space = default_space(target)
     if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
         return _or_fallback(base, space.reasons(base, bp), allow_fallback)
-    cfg = replace(base, comm=_default_resource(bp, base, target))
+    cfg = replace(base, comm=resource or _default_resource(bp, base, target))
     comms = [(s, lw) for s, lw in _comm_sites(bp, cfg, target) if lw is not None]
     flops = gemm_flops_per_rank(bp)
     need = max((lw.overlap_min_flops(s) for s, lw in comms), default=0.0)
@@ -357,6 +368,12 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     `allow_fallback=False` keeps the default overlapped even where the non-overlapped plan
     would be chosen (for showing kernels)."""
     default, why_default = default_config(bp, target, allow_fallback)
+    named = (overrides or {}).get("comm")
+    if base is None and named in COMM_RESOURCES and named != default.comm and \
+            _never_default(bp, replace(default, comm=named), target):
+        # a resource the default never takes starts from its lowerings' own defaults (their
+        # chunking, where the sum runs), not from knobs chosen for another resource
+        default, why_default = default_config(bp, target, False, resource=named)
     start = base or default
     cfg = start.with_values(overrides or {})
     if target.backend == "interp" and cfg.num_programs > target.num_sms:
