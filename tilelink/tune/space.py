@@ -9,7 +9,7 @@ from ..schedule import Config, ConfigSpace, Target
 from ..schedule import config as config_mod
 from ..schedule.compose import op_sites
 from ..schedule.lowering import lowering_for
-from ..schedule.schedule import default_space, make_schedule
+from ..schedule.schedule import default_config, default_space, make_schedule
 
 FALLBACK = "none"  # comm resource meaning "no overlap: NCCL collective, then cuBLAS"
 
@@ -285,6 +285,19 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
             if space.reasons(cfg, bp):
                 continue
             out[cfg] = None
+    # each resource's own default (its lowerings' proposals: e.g. a copy-engine reduction's
+    # 512 x 32 chunks, which the grid above lacks) is a candidate too, so the search never
+    # misses what `--config comm=X` alone would run
+    for res in _resources(bp, target) if target.backend != "interp" else ():
+        try:
+            cfg, _ = default_config(bp, target, False, resource=res)
+        except TileLinkError:
+            continue
+        cfg = _canonical(replace(cfg, num_programs=min(cfg.num_programs, programs)), bp, ext,
+                         target)
+        if cfg.comm == res and not space.reasons(cfg, bp) and not (
+                target.smem_bytes is not None and smem_bytes(cfg) > target.smem_bytes):
+            out.setdefault(cfg, None)
     fb = _fallback(bp, target, programs)
     if fb is not None:
         out[fb] = None
