@@ -285,9 +285,10 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
             if space.reasons(cfg, bp):
                 continue
             out[cfg] = None
-    # each resource's own default (its lowerings' proposals: e.g. a copy-engine reduction's
-    # 512 x 32 chunks, which the grid above lacks) is a candidate too, so the search never
-    # misses what `--config comm=X` alone would run
+    # each resource's own default (the default config built for that resource from its
+    # lowerings' proposals: e.g. a copy-engine reduction's 512 x 32 chunks, which the grid
+    # above cannot give a reduction) is a candidate too: the search always weighs the
+    # configs each lowering itself proposes
     for res in _resources(bp, target) if target.backend != "interp" else ():
         try:
             cfg, _ = default_config(bp, target, False, resource=res)
