@@ -252,7 +252,10 @@ class AllReduceCopyEngine(_EveryRow, ReduceScatterCopyEngine):
     kernel) it reads this rank's own partial in place, so the copy engine sends W - 1
     copies per chunk. Chunk by chunk rather than rank by rank: when the GEMM's last tile is
     done, only the last chunk's copies are left, whatever W. No fused variant: every tile
-    is every rank's own, so none can be computed after the peers' partials of it arrive."""
+    is every rank's own, so none can be computed after the peers' partials of it arrive.
+    Its defaults (what `--config comm=copy_engine` starts from) are reduce_scatter's with the
+    chunk sized on all M rows; chunks of 256 / 512 / 1024 rows measured within 6% of each
+    other at M = 2048 and 4096 (2x H100, eager, 1.10-1.17x NCCL + cuBLAS; docs/perf.md)."""
 
     name = "all_reduce/copy_engine (one-shot)"
     knobs = _Scatter.knobs + ("allreduce",)  # (no fuse_reduce: see the docstring)
@@ -263,24 +266,6 @@ class AllReduceCopyEngine(_EveryRow, ReduceScatterCopyEngine):
         own = "every other rank's" if site.config.reduce_after else "every rank's"
         return (f"wait for {own} copy of a chunk of rows (signalled by the copy engines), "
                 "sum them (every rank, all rows)")
-
-    def reasons(self, site) -> list[str]:
-        return _Scatter.reasons(self, site)  # (row chunks: dim 0 always; nothing to fuse)
-
-    def tune_axes(self, site) -> list[dict]:
-        return _Scatter.tune_axes(self, site)
-
-    def defaults(self, site) -> dict:
-        """What `--config comm=copy_engine` starts from (the default config never takes this
-        lowering): the reduce_scatter copy engine's defaults (GEMM on every SM, the sum as a
-        second kernel, flatten=1, chunks of up to 512 rows) with the chunk sized on all M
-        rows, which every rank sums. Measured on 2x H100, N = 8192, K = 4096, eager
-        (docs/perf.md): chunks of 256 / 512 / 1024 rows within 6% of each other at
-        M = 2048 and 4096 (1.10-1.17x NCCL + cuBLAS)."""
-        rows = site.result.local_shape[0]
-        chunk = min(512, max(16, 1 << max(0, rows.bit_length() - 1)))
-        return {"flatten": "1", "reduce_after": "1", "comm_block_m": str(chunk),
-                "comm_block_n": str(min(128, 16384 // chunk))}
 
     def default_ok(self, site) -> bool:
         """Never the default resource, although it measured faster than the SM lowering at

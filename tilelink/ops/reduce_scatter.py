@@ -426,12 +426,20 @@ class ReduceScatterCopyEngine(_Scatter):
         return (f"wait for {own} copy of a chunk of own rows (signalled by the copy engines), "
                 "sum them")
 
+    def _fusable(self) -> bool:
+        """Whether this lowering has the fused sum (reads `fuse_reduce`): a subclass whose
+        tiles cannot come after the peers' partials of them leaves the knob out."""
+        return "fuse_reduce" in self.knobs
+
+    def _fused(self, site) -> bool:
+        return self._fusable() and bool(site.config.fuse_reduce)
+
     def reasons(self, site) -> list[str]:
         bad = super().reasons(site)
         if self._dim(site) != 0:
             bad.append("the copy engine ships contiguous row chunks: dim 0 only (use comm=sm)")
         cfg = site.config
-        if cfg.fuse_reduce:
+        if self._fused(site):
             if not (cfg.reduce_after and cfg.order == "own_first"):
                 bad.append("fuse_reduce=1 needs reduce_after=1 and order=own_first (this rank's "
                            "rows are computed last, once the peers' partials of them arrived)")
@@ -445,12 +453,14 @@ class ReduceScatterCopyEngine(_Scatter):
         return bad
 
     def steps(self, site) -> list[Step]:
-        if site.config.fuse_reduce:
+        if self._fused(site):
             return []
         return super().steps(site)
 
     def tune_axes(self, site) -> list[dict]:
         """... and, with the copy engine, the sum fused into the own tiles' epilogue (GPUs)."""
+        if not self._fusable():
+            return super().tune_axes(site)
         axes = [a | {"fuse_reduce": 0} for a in super().tune_axes(site)]
         if site.target.backend != "interp":
             axes.append(axes[-1] | {"fuse_reduce": 1})
@@ -466,10 +476,12 @@ class ReduceScatterCopyEngine(_Scatter):
         (4x H200, 8192^3: 1.07-1.25 ms against 0.54 with 512 rows, 0.76 with 256; M = 2048:
         0.50 against 0.37); at W = 2 0.78 against 0.90, ties elsewhere. The sum runs in the
         own tiles' epilogue (fuse_reduce) where K per rank is short (FUSE_REDUCE_MAX_K)."""
-        rows = site.result.local_shape[0]  # M / W: the rows each rank owns
+        rows = site.result.local_shape[0]  # the rows this rank sums (M / W here)
         chunk = min(512, max(16, 1 << max(0, rows.bit_length() - 1)))
         out = {"flatten": "1", "reduce_after": "1", "comm_block_m": str(chunk),
                "comm_block_n": str(min(128, 16384 // chunk))}
+        if not self._fusable():
+            return out
         from dataclasses import replace
 
         fused = replace(site, config=site.config.with_values(out | {"fuse_reduce": "1"}))
@@ -483,7 +495,7 @@ class ReduceScatterCopyEngine(_Scatter):
         return OVERLAP_MIN_FLOPS
 
     def fuses_own_rows(self, site) -> bool:
-        return bool(site.config.fuse_reduce)
+        return self._fused(site)
 
     def own_rows(self, kb, site) -> str:
         return f"{ident(site.op.result)}_SEG"
@@ -519,7 +531,7 @@ class ReduceScatterCopyEngine(_Scatter):
                           f"{p}_CHUNKS + chunk; the copy engine first waits for that rank's gemm "
                           f"tiles of the chunk; gemm at {_loc(site.producer.loc)}, "
                           f"{site.op.kind} at {_loc(site.op.loc)})")
-        if site.config.fuse_reduce:
+        if self._fused(site):
             mb.sites[sid] = mb.sites[sid].replace(
                 f"reduce chunk of {out} waits", f"own tile of {out} (its GEMM done, adding "
                 "the peers' partials in the epilogue) waits")
@@ -532,7 +544,7 @@ class ReduceScatterCopyEngine(_Scatter):
             "gemm tile \"",
             "                f\"of rank {src} that writes those rows)\")"]
         mb.ce_lines += self.ce_program(mb, site)
-        if site.config.fuse_reduce:
+        if self._fused(site):
             mb.notes.append("fuse_reduce=1: no reduce kernel and no own-chunk copy; the own "
                             "tiles' epilogue sums. It needs every program resident at once "
                             "(the persistent grid is <= the SMs)")

@@ -256,6 +256,16 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
     programs = knobs.num_programs or target.num_sms
     programs = min(programs, num_sms or programs, target.num_sms)
     out: dict[Config, None] = {}  # ordered set
+
+    def admit(cfg: Config, read: set[str]) -> None:
+        """Keep `cfg` where it is valid and (where its lowerings read the tile knobs) its
+        K-loop buffers fit the GPU's shared memory."""
+        if target.smem_bytes is not None and "block_m" in read and \
+                smem_bytes(cfg) > target.smem_bytes:
+            return
+        if not space.reasons(cfg, bp):
+            out.setdefault(cfg, None)
+
     for res in _resources(bp, target):
         probe = Config(comm=res, num_programs=programs)
         lws = [(s, lw) for s, lw in _lowerings(bp, probe, target) if lw is not None]
@@ -278,13 +288,7 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
                 cfg = replace(cfg, block_m=bm, block_n=bn, block_k=bk, stages=st, warps=wp,
                               group_m=gm)
             cfg = cfg.with_values({k: str(v) for k, v in variant.items()})
-            cfg = _canonical(cfg, bp, ext, target)
-            if target.smem_bytes is not None and "block_m" in read and \
-                    smem_bytes(cfg) > target.smem_bytes:
-                continue
-            if space.reasons(cfg, bp):
-                continue
-            out[cfg] = None
+            admit(_canonical(cfg, bp, ext, target), read)
     # each resource's own default (the default config built for that resource from its
     # lowerings' proposals: e.g. a copy-engine reduction's 512 x 32 chunks, which the grid
     # above cannot give a reduction) is a candidate too: the search always weighs the
@@ -296,9 +300,8 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
             continue
         cfg = _canonical(replace(cfg, num_programs=min(cfg.num_programs, programs)), bp, ext,
                          target)
-        if cfg.comm == res and not space.reasons(cfg, bp) and not (
-                target.smem_bytes is not None and smem_bytes(cfg) > target.smem_bytes):
-            out.setdefault(cfg, None)
+        if cfg.comm == res:
+            admit(cfg, read_knobs(bp, cfg, target))
     fb = _fallback(bp, target, programs)
     if fb is not None:
         out[fb] = None
