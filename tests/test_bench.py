@@ -116,9 +116,30 @@ def test_table_has_every_number():
     md = format_table(rows, markdown=True).splitlines()
     assert all(line.count("|") == len(report.COLUMNS) + 1 for line in md)
     detail = format_detail(rows[0])
-    for name in report.NAMES.values():
-        assert name in detail
+    for key, name in report.NAMES.items():
+        assert (name in detail) == (key in rows[0].steady_ms or key == "floor"), key
     assert "GB/s" in detail and "TFLOP/s" in detail
+
+
+def test_the_bar_is_the_fastest_baseline():
+    """A GEMM-AR row: cuBLAS + torch's symmetric-memory two-shot all-reduce beats NCCL +
+    cuBLAS, so it is the bar: `× best` and the JSON's speedup_over_best are over it, and a
+    TileLink slower than it reads below 1 there while still above 1 over NCCL+cuBLAS."""
+    r = _result(tilelink=0.30, nccl_cublas=0.33, async_tp=None, symm_one_shot=0.31,
+                symm_two_shot=0.29)
+    r.ops, r.pattern = "gemm>all_reduce", "gemm_ar"
+    assert r.best_baseline() == "symm_two_shot" and r.symm_ms() == 0.29
+    assert r.speedup("nccl_cublas") == pytest.approx(1.1)
+    assert r.speedup_best() == pytest.approx(0.29 / 0.30)
+    header, row = format_table([r]).splitlines()
+    assert "× best" in header and "symm-mem ms" in header
+    assert "0.97×" in row and "1.10×" in row and "0.290" in row
+    assert "the bar: cuBLAS+symm-mem 2-shot" in format_detail(r)
+    derived = json.loads(dump_json([r], {}))["results"][0]["derived"]
+    assert derived["best_baseline"] == "symm_two_shot"
+    assert derived["speedup_over_best"] == pytest.approx(0.29 / 0.30)
+    assert _result(tilelink=None).speedup_best() is None
+    assert _result(nccl_cublas=None, async_tp=None).best_baseline() is None
 
 
 def test_json_round_trip(tmp_path):
@@ -574,8 +595,8 @@ def _baselines_worker(rank, world, port, cases, q):
             systems = bl.build(bp, ins, None)
             checks = {}
             for key, b in systems.items():
-                if key == "async_tp":  # torch's fused ops have no CPU kernels
-                    continue
+                if key == "async_tp" or key.startswith("symm_"):
+                    continue  # torch's fused and symmetric-memory ops have no CPU kernels
                 checks[key] = b.check(ref)[2]
                 out = b.fn()  # a second call gives what the check saw
                 assert all(torch.is_tensor(t) for t in out), key
@@ -604,7 +625,8 @@ def test_baselines_follow_from_the_ops_of_any_pattern(world):
     mp.spawn(_baselines_worker, args=(world, _free_port(), cases, q), nprocs=world)
     found = q.get()
     every = ["ce_comm", "gemm", "nccl_comm", "nccl_cublas"]
-    assert found["gemm_ar"][0] == every  # no pair torch async-TP fuses
+    # no pair torch async-TP fuses; torch symmetric memory's all-reduce calls
+    assert found["gemm_ar"][0] == sorted(every + ["symm_one_shot", "symm_two_shot"])
     assert found["tp_mlp"][0] == sorted(every + ["async_tp"])
     assert found["ep_moe"][0] == every and found["flash_decode"][0] == every
     assert found["ag_gemm"][0] == sorted(every + ["async_tp"])

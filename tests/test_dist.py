@@ -353,6 +353,21 @@ COMPOSED |= {
     "gemm_ar_ce_ws_delays": RunSpec(GEMM_AR, AR_RAGGED | {"K": "1536"}, AR_CE_WS, calls=100,
                                     delays=True, seed=50),
 }
+# The non-overlapped plan with torch symmetric memory's all-reduce (library_comm): the GEMM
+# writes its partial into the symmetric workspace, the one-shot / two-shot kernel sums it;
+# back to back under delays, 1,000 calls, and captured in CUDA graphs between eager calls.
+# (The one-GPU world runs them through its own non-overlapped plan: one process, no torch
+# symmetric memory.)
+SYMM1 = {"comm": "none", "library_comm": "symm_one_shot"}
+SYMM2 = {"comm": "none", "library_comm": "symm_two_shot"}
+NOT_YET_RUN |= {
+    "gemm_ar_symm1_delays": RunSpec(GEMM_AR, AR_RAGGED, SYMM1, calls=100, delays=True, seed=51),
+    "gemm_ar_symm2_delays": RunSpec(GEMM_AR, AR_RAGGED, SYMM2, calls=100, delays=True, seed=52),
+    "gemm_ar_symm1_1000": RunSpec(GEMM_AR, AR_DECODE, SYMM1, calls=1000),
+    "gemm_ar_symm2_1000": RunSpec(GEMM_AR, AR_DECODE, SYMM2, calls=1000),
+    "gemm_ar_symm2_graph_mixed": RunSpec(GEMM_AR, AR_RAGGED, SYMM2, calls=20, graph=True,
+                                         mixed=True),
+}
 # the producer of a composed pattern never signals (W >= 2: at W = 1 nothing waits on a peer)
 COMPOSED_WATCHDOG = {
     "gemm_ar_drop_notify": RunSpec(GEMM_AR, AR_DECODE, {}, fault="drop_notify",

@@ -7,6 +7,11 @@
                  pattern's dtype (NCCL collectives, cuBLAS / torch compute), one by one
     async_tp     the same, with every op pair that torch async-TP fuses (`providers.FUSED`)
                  done by that fused call; absent when no pair of the pattern has one
+    symm_one_shot, symm_two_shot
+                 the non-overlapped plan with every collective that registers that library
+                 variant (`dist_reference.library_variant`: torch symmetric memory's
+                 all-reduce kernels) done by it, the op before it writing its result into the
+                 variant's symmetric workspace; absent when no collective has one
     gemm         compute alone: the compute ops on the collectives' results (computed once,
                  here, outside anything timed)
     nccl_comm    the collectives alone (NCCL), on their operands computed once here
@@ -24,7 +29,6 @@ exactly what one call does.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -104,25 +108,7 @@ def reference(bp, inputs: dict[str, torch.Tensor], group) -> tuple[torch.Tensor,
 # ---------------------------------------------------------------- symmetric memory
 
 
-def group_name(group) -> str:
-    import torch.distributed as dist
-
-    return (group or dist.group.WORLD).group_name
-
-
-def enable_symm_mem(group) -> None:
-    """Register the group for symmetric memory where this torch still needs it.
-
-    torch <= 2.10 needs `enable_symm_mem_for_group(name)` before the fused ops or
-    `rendezvous`; later versions deprecate it (a no-op need). Calling it is harmless.
-    """
-    import torch.distributed._symmetric_memory as symm
-
-    fn = getattr(symm, "enable_symm_mem_for_group", None)
-    if fn is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            fn(group_name(group))
+from ..runtime.symmetric import enable_symm_mem, group_name  # noqa: E402  (re-exported)
 
 
 class PeerBuffers:
@@ -246,6 +232,13 @@ def build(bp, inputs: dict[str, torch.Tensor], group=None) -> dict[str, Baseline
     fused = _build_async_tp(bp, inputs, group)
     if fused is not None:
         systems["async_tp"] = fused
+    from ..schedule.lowering import library_comms
+
+    for variant in library_comms(bp)[1:]:  # (the first is NCCL: nccl_cublas above)
+        try:
+            systems[variant] = _build_library_comm(bp, inputs, group, variant)
+        except Exception as e:  # noqa: BLE001 — this torch or device lacks it: reported
+            systems[variant] = _unavailable(variant, e)
     if compute:
         systems["gemm"] = _build_compute(bp, compute, vals, group)
     if comm:
@@ -297,6 +290,28 @@ def _build_async_tp(bp, inputs, group) -> Baseline | None:
         return tuple(vals[n] for n in outputs)
 
     return Baseline("async_tp", async_tp, _output_check(bp, async_tp), "; then ".join(words))
+
+
+def _unavailable(key: str, err: Exception) -> Baseline:
+    """A baseline that could not be prepared here: its check raises `err`, so only it is
+    reported as failed (and never timed), not the whole shape."""
+
+    def fail(*_):
+        raise err
+    return Baseline(key, fail, fail, f"unavailable: {type(err).__name__}: {err}"[:200])
+
+
+def _build_library_comm(bp, inputs, group, variant: str) -> Baseline:
+    """The non-overlapped plan with the collectives that have library variant `variant`
+    done by it (a collective call: the variants' workspaces are exchanged here)."""
+    from ..runtime.dist_reference import LIBRARY_VARIANTS, local_program
+
+    plan = local_program(bp, group, exact=False, library_comm=variant)
+    words = [f"{_op_words(bp, op)} [{variant}]" if (op.kind, variant) in LIBRARY_VARIANTS
+             else _op_words(bp, op) for op in bp.ops]
+    return Baseline(variant, lambda: plan(inputs), _output_check(bp, lambda: plan(inputs)),
+                    "the non-overlapped plan with torch symmetric memory's collective calls: "
+                    + "; then ".join(words))
 
 
 def _build_compute(bp, compute, vals, group) -> Baseline:

@@ -31,7 +31,8 @@ SUITES = {"design": ("ag_gemm.tl", "gemm_rs.tl"), "design-ag": ("ag_gemm.tl",),
 ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 # the harness's systems, for --help without importing torch (tilelink.bench.report.SYSTEMS;
 # a test keeps the two equal)
-SYSTEM_NAMES = ("tilelink", "nccl_cublas", "async_tp", "gemm", "nccl_comm", "ce_comm")
+SYSTEM_NAMES = ("tilelink", "nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot", "gemm",
+                "nccl_comm", "ce_comm")
 
 
 def add_parser(sub) -> None:

@@ -9,7 +9,7 @@ from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, col_axis, plain_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 from ..bench.providers import peer_elements, to_every_peer, transfer
-from ..runtime.dist_reference import dist_reference
+from ..runtime.dist_reference import Prepared, dist_reference, library_variant
 from ..runtime.reference import reference
 from .reduce_scatter import rank_sum
 
@@ -52,6 +52,74 @@ def dist_ref(op, ctx, args):
     return res.to(ctx.dtype)
 
 
+def _symm_workspace(ctx, shape, dtype):
+    """This rank's buffer of `shape` in torch symmetric memory, exchanged with the group's
+    ranks (a collective call: every rank prepares the same ops in the same order)."""
+    import torch.distributed._symmetric_memory as symm
+
+    from ..runtime.symmetric import enable_symm_mem, group_name
+
+    enable_symm_mem(ctx.group)
+    buf = symm.empty(tuple(shape), dtype=dtype,
+                     device=torch.device("cuda", torch.cuda.current_device()))
+    symm.rendezvous(buf, group_name(ctx.group))
+    return buf
+
+
+@library_variant("all_reduce", "symm_one_shot")
+def symm_one_shot(op, ctx) -> Prepared:
+    """torch symmetric memory's one-shot all-reduce: each rank reads every peer's whole
+    partial from its workspace and sums it (one hop, (W - 1) x the partial read per rank; a
+    barrier before and after, so back-to-back calls never overwrite what a peer reads). Where
+    the partial was not written into the workspace, the kernel copies it there first."""
+    from ..bench.providers import symm_mem_op
+    from ..runtime.symmetric import group_name
+
+    x = ctx.bp.tensors[op.args[0]]
+    buf = _symm_workspace(ctx, x.local_shape, ctx.dtype)
+    name = group_name(ctx.group)
+    reduce = symm_mem_op("one_shot_all_reduce")
+
+    def run(op, ctx, args):
+        (part,) = args
+        if part.data_ptr() != buf.data_ptr():
+            buf.copy_(part)
+        return reduce(buf, "sum", name)
+
+    return Prepared(run, buf)
+
+
+@library_variant("all_reduce", "symm_two_shot")
+def symm_two_shot(op, ctx) -> Prepared:
+    """torch symmetric memory's two-shot all-reduce: rank r sums the r-th 1/W of every
+    peer's workspace and writes the sum into every peer's workspace, then each rank copies
+    the whole sum out (2 (W - 1) / W x the partial per rank each way; what vLLM and SGLang run
+    without NVLink multicast). Its result is a fresh tensor, not the workspace."""
+    from ..bench.providers import symm_mem_op
+    from ..runtime.symmetric import group_name
+
+    x = ctx.bp.tensors[op.args[0]]
+    buf = _symm_workspace(ctx, x.local_shape, ctx.dtype)
+    name = group_name(ctx.group)
+    in_place, reduce_out = symm_mem_op("two_shot_all_reduce_"), None
+    try:  # the out= form spares the copy out, where this torch has it for this W
+        reduce_out = symm_mem_op("two_shot_all_reduce_out")
+        buf.zero_()
+        reduce_out(buf, "sum", name, torch.empty_like(buf))  # every rank, the same W
+    except (AttributeError, RuntimeError):
+        reduce_out = None
+
+    def run(op, ctx, args):
+        (part,) = args
+        if part.data_ptr() != buf.data_ptr():
+            buf.copy_(part)
+        if reduce_out is not None:
+            return reduce_out(buf, "sum", name, torch.empty_like(buf))
+        return in_place(buf, "sum", name).clone()
+
+    return Prepared(run, buf)
+
+
 @transfer("all_reduce", received=lambda bp, op: peer_elements(bp, op.args[0]))
 def sends(op, ctx, args):
     """One shot: every peer receives this rank's whole partial (each sums what it gets)."""
@@ -63,7 +131,7 @@ from ..codegen.module import TL_DTYPES, ident  # noqa: E402
 from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.tiles import first  # noqa: E402
 from ..codegen.waits import slot_expr  # noqa: E402
-from ..schedule.lowering import register_lowering  # noqa: E402
+from ..schedule.lowering import register_library_comm, register_lowering  # noqa: E402
 from .reduce_scatter import (ReduceScatterCopyEngine, ReduceScatterSM, _Scatter,  # noqa: E402
                              _loc, reduce_dep)
 
@@ -306,6 +374,7 @@ class AllReduceCopyEngine(_EveryRow, ReduceScatterCopyEngine):
             self._ce_signal(mb, site, "            ", "dst", "rank * {p}_CHUNKS + j")]
 
 
+register_library_comm("all_reduce", "symm_one_shot", "symm_two_shot")
 register_lowering(AllReduceSM())
 register_lowering(AllReduceTwoShotSM())
 register_lowering(AllReduceCopyEngine())

@@ -11,6 +11,7 @@ in `tilelink.ops`; a compute op's is usually its single-process one applied to t
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +24,31 @@ from .reference import TORCH_DTYPES, RefContext
 # reference; else in the pattern's dtype, the non-overlapped plan itself)
 DistReference = Callable[..., torch.Tensor]
 DIST_REFERENCES: dict[str, DistReference] = {}
+# (op kind, variant name) -> factory(op, ctx) -> Prepared: a library call prepared once per
+# op (its symmetric workspace allocated and exchanged then: a collective call)
+LIBRARY_VARIANTS: dict[tuple[str, str], Callable] = {}
+
+
+@dataclass
+class Prepared:
+    """A library variant of one op, prepared: `run(op, ctx, args)` is called like a
+    distributed reference; `buffer`, where not None, is the workspace its first operand is
+    read from (the producing op may write its result there, sparing a copy)."""
+
+    run: Callable
+    buffer: object = None
+
+
+def library_variant(kind: str, name: str):
+    """Decorator: register a factory of library variant `name` of collective `kind` (see
+    LIBRARY_VARIANTS); the op family also names it to the schedule
+    (`schedule.lowering.register_library_comm`)."""
+
+    def wrap(factory: Callable) -> Callable:
+        LIBRARY_VARIANTS[(kind, name)] = factory
+        return factory
+
+    return wrap
 
 
 def dist_reference(kind: str):
@@ -62,12 +88,15 @@ def evaluate_local(bp: BoundPattern, inputs: dict[str, torch.Tensor], group=None
     return dict(zip(bp.pattern.outputs, outs))
 
 
-def local_program(bp: BoundPattern, group=None, exact: bool = False):
+def local_program(bp: BoundPattern, group=None, exact: bool = False,
+                  library_comm: str = "nccl"):
     """`evaluate_local` prepared once for many calls: a function of this rank's inputs
     (name -> tensor) that returns the pattern's outputs in order, each op its registered
-    distributed reference. Its per-call host work is the ops' own torch / NCCL calls (the
-    non-overlapped plan's op calls it on every call, so nothing is looked up there)."""
-    steps = op_steps(bp, bp.ops, group, exact)
+    distributed reference (or, for `library_comm` other than "nccl", the collectives that
+    have it as a library variant: a collective call while preparing). Its per-call host
+    work is the ops' own torch / NCCL calls (the non-overlapped plan's op calls it on every
+    call, so nothing is looked up there)."""
+    steps = op_steps(bp, bp.ops, group, exact, library_comm)
     outputs = tuple(bp.pattern.outputs)
 
     def run(inputs: dict[str, torch.Tensor]) -> tuple:
@@ -77,8 +106,12 @@ def local_program(bp: BoundPattern, group=None, exact: bool = False):
     return run
 
 
-def op_steps(bp: BoundPattern, ops, group=None, exact: bool = False) -> list:
-    """The distributed references of `ops` (in order), looked up once: `run_steps` runs them."""
+def op_steps(bp: BoundPattern, ops, group=None, exact: bool = False,
+             library_comm: str = "nccl") -> list:
+    """The distributed references of `ops` (in order), looked up once: `run_steps` runs them.
+    `library_comm`: the library variant collectives that have one take (not with `exact`,
+    the checking reference); where such a variant reads a workspace and the op before it
+    produces that operand for it alone, that op writes its result there."""
     steps = []
     for op in ops:
         fn = DIST_REFERENCES.get(op.kind)
@@ -86,8 +119,24 @@ def op_steps(bp: BoundPattern, ops, group=None, exact: bool = False) -> list:
             raise NotSupportedError(f"no GPU reference for op '{op.kind}' yet", op.loc)
         ctx = RefContext(bp, bp.op_attrs(op), TORCH_DTYPES[bp.tensors[op.result].dtype],
                          bp.world, exact, group)
+        factory = None if exact else LIBRARY_VARIANTS.get((op.kind, library_comm))
+        if factory is not None:
+            prepared = factory(op, ctx)
+            fn = prepared.run
+            if prepared.buffer is not None and steps and _feeds_only(bp, ops, steps[-1][1], op):
+                pfn, pop, pctx, pargs = steps[-1]
+                steps[-1] = (pfn, pop, replace(pctx, out=prepared.buffer), pargs)
         steps.append((fn, op, ctx, tuple(op.args)))
     return steps
+
+
+def _feeds_only(bp: BoundPattern, ops, producer, consumer) -> bool:
+    """Whether `producer`'s result is read by `consumer` alone (as its first operand) and is
+    not a pattern output: then it may live in `consumer`'s workspace, which the next call
+    overwrites."""
+    r = producer.result
+    return (tuple(consumer.args[:1]) == (r,) and r not in bp.pattern.outputs
+            and sum(a == r for o in ops for a in o.args) == 1)
 
 
 def run_steps(steps: list, vals: dict) -> dict:

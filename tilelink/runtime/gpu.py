@@ -591,7 +591,8 @@ class FallbackOp(TileLinkOp):
         # per call, ~15 us of host time, and at AG M = 1024 on 4 GPUs the call is host-bound)
         from .dist_reference import local_program
 
-        self._program = local_program(bound, group, exact=False)
+        self._program = local_program(bound, group, exact=False,
+                                      library_comm=schedule.config.library_comm)
 
     def __call__(self, *args, **kwargs):
         import torch

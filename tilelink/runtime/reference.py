@@ -35,6 +35,9 @@ class RefContext:
     world: int
     exact: bool = True
     group: object = None
+    # the non-overlapped plan only: a tensor the op may write its result into (the
+    # symmetric buffer a library collective reads next), or None
+    out: object = None
 
 
 # op kind -> fn(op, ctx, args) -> [result of rank 0, ..., rank W-1], where args[i] is the

@@ -56,6 +56,31 @@ def buffer_view(whole, offset: int, shape, dtype: str):
     return whole[offset:offset + _nbytes(shape, dtype)].view(TORCH_DTYPES[dtype]).view(shape)
 
 
+def group_name(group) -> str:
+    """The name torch's symmetric-memory calls know process group `group` by (None: the
+    default group)."""
+    import torch.distributed as dist
+
+    return (group or dist.group.WORLD).group_name
+
+
+def enable_symm_mem(group) -> None:
+    """Register the group for symmetric memory where this torch still needs it.
+
+    torch <= 2.10 needs `enable_symm_mem_for_group(name)` before the fused ops or
+    `rendezvous`; later versions deprecate it (a no-op need). Calling it is harmless.
+    """
+    import warnings
+
+    import torch.distributed._symmetric_memory as symm
+
+    fn = getattr(symm, "enable_symm_mem_for_group", None)
+    if fn is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            fn(group_name(group))
+
+
 def select_backend(name: str) -> None:
     """Make `name` torch's symmetric-memory backend for this process (before any allocation)."""
     import torch.distributed._symmetric_memory as symm

@@ -68,6 +68,10 @@ class Config:
     # capturable either way: they read their epoch from device memory
     capturable: int = 0
     allreduce: str = "one_shot"  # all_reduce's algorithm on SMs (ALLREDUCES)
+    # how the non-overlapped plan (comm=none) runs its collectives: "nccl", or a library
+    # variant that op families register (`lowering.register_library_comm`), e.g. torch
+    # symmetric memory's all-reduce kernels
+    library_comm: str = "nccl"
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -99,10 +103,12 @@ class Config:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items() if self.shown(k))
 
     def shown(self, knob: str) -> bool:
-        """Whether `knob` is written out: debug knobs, capturable and allreduce only when
+        """Whether `knob` is written out: debug knobs, capturable, allreduce and library_comm
+        only when
         set to another value than their default (so the configs, and the generated modules'
         headers, of everything before them read as they did)."""
-        quiet = knob.startswith("debug_") or knob in ("capturable", "allreduce")
+        quiet = knob.startswith("debug_") or knob in ("capturable", "allreduce",
+                                                      "library_comm")
         return not quiet or getattr(self, knob) != getattr(_DEFAULT, knob)
 
 
@@ -169,9 +175,12 @@ class ConfigSpace:
                        "target (interp), to test hang reports")
         if cfg.comm == "none":  # the non-overlapped plan runs every pattern, no lowering
             default = Config()
-            return bad + [f"{k}={getattr(cfg, k)} does nothing with the non-overlapped plan "
-                          "(comm=none)" for k in FEATURE_KNOBS
-                          if getattr(cfg, k) != getattr(default, k)]
+            bad += [f"{k}={getattr(cfg, k)} does nothing with the non-overlapped plan "
+                    "(comm=none)" for k in FEATURE_KNOBS if getattr(cfg, k) != getattr(default, k)]
+            return bad + _library_comm_reasons(cfg, bp)
+        if cfg.library_comm != _DEFAULT.library_comm:
+            bad.append(f"library_comm={cfg.library_comm} chooses the non-overlapped plan's "
+                       f"collective calls; it does nothing with comm={cfg.comm} (use comm=none)")
         if bad:
             return bad
         return bad + lowering_reasons(cfg, bp, self)
@@ -191,7 +200,24 @@ class ConfigSpace:
                 and (knobs is None or f.name in knobs)]
         if knobs is None or "num_programs" in knobs:
             rows.append(f"  num_programs: 1..{self.max_programs}")
+        if knobs is None or "library_comm" in knobs:
+            from .lowering import LIBRARY_COMMS
+
+            variants = [f"{v} ({k})" for k, vs in LIBRARY_COMMS.items() for v in vs]
+            rows.append("  library_comm (comm=none): " + ", ".join(["nccl"] + variants))
         return "\n".join(rows)
+
+
+def _library_comm_reasons(cfg: Config, bp) -> list[str]:
+    """Why the non-overlapped plan cannot take `cfg.library_comm` for `bp` (no collective of
+    the pattern has that variant)."""
+    from .lowering import library_comms
+
+    have = library_comms(bp)
+    if cfg.library_comm in have:
+        return []
+    return [f"library_comm={cfg.library_comm}: no collective of this pattern has that library "
+            f"call; it can take {', '.join(have)}"]
 
 
 def lowering_reasons(cfg: Config, bp, space: ConfigSpace) -> list[str]:

@@ -32,6 +32,25 @@ if TYPE_CHECKING:
 
 # op kind -> its lowerings, in registration order
 LOWERINGS: dict[str, list[Lowering]] = {}
+# op kind -> the library variants of a collective in the non-overlapped plan (values of the
+# `library_comm` knob other than "nccl"; the runtime's `dist_reference.library_variant`
+# implements each)
+LIBRARY_COMMS: dict[str, tuple[str, ...]] = {}
+
+
+def register_library_comm(kind: str, *names: str) -> None:
+    """Name the library variants collective `kind` has in the non-overlapped plan (an op
+    family module calls this at import, beside `dist_reference.library_variant`)."""
+    LIBRARY_COMMS[kind] = tuple(dict.fromkeys(LIBRARY_COMMS.get(kind, ()) + names))
+
+
+def library_comms(bp) -> tuple[str, ...]:
+    """The `library_comm` values `bp`'s non-overlapped plan can take: "nccl" (every
+    collective's NCCL call) and the variants some collective of `bp` registered."""
+    out = ["nccl"]
+    for op in bp.ops:
+        out += [v for v in LIBRARY_COMMS.get(op.kind, ()) if v not in out]
+    return tuple(out)
 
 
 def register_lowering(lowering: Lowering) -> Lowering:

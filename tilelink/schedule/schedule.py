@@ -94,7 +94,7 @@ class Schedule:
     def knobs(self) -> tuple[str, ...]:
         """The config fields this schedule's lowerings read (its config space)."""
         if self.composition is None:
-            return ("comm",)
+            return ("comm", "library_comm") if self.config.comm == "none" else ("comm",)
         read = {"comm", "num_programs"}
         for lw in self.composition.lowerings.values():
             read.update(lw.knobs)

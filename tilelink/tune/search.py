@@ -104,12 +104,16 @@ def default_budget(n: int) -> int:
 
 
 def plan_order(ranked: list[tuple[Config, float]], budget: int) -> list[int]:
-    """Indices (model order) to measure: the first `budget`, the fallback always included."""
+    """Indices (model order) to measure: the first `budget`, every non-overlapped candidate
+    (NCCL and each library collective: the bar the overlap must beat) always included, each
+    taking the place of the model's last overlapped pick."""
     chosen = list(range(min(budget, len(ranked))))
-    fb = next((i for i, (c, _) in enumerate(ranked) if is_fallback(c)), None)
-    if fb is not None and fb not in chosen:
-        if chosen and len(chosen) >= budget:
-            chosen.pop()  # it takes the place of the model's last pick
+    for fb in (i for i, (c, _) in enumerate(ranked) if is_fallback(c)):
+        if fb in chosen:
+            continue
+        over = [i for i in chosen if not is_fallback(ranked[i][0])]
+        if over and len(chosen) >= budget:
+            chosen.remove(over[-1])
         chosen.append(fb)
     return sorted(chosen)
 

@@ -119,7 +119,7 @@ def _lowerings(bp: BoundPattern, cfg: Config, target: Target | None):
 def read_knobs(bp: BoundPattern, cfg: Config, target: Target | None = None) -> set[str]:
     """The knobs the lowerings `cfg` selects read (the config space of `bp` under `cfg`)."""
     if cfg.comm == FALLBACK:
-        return {"comm"}
+        return {"comm", "library_comm"}
     read = {"comm", "num_programs"}
     for _, lw in _lowerings(bp, cfg, target):
         if lw is not None:
@@ -160,13 +160,17 @@ def _canonical(cfg: Config, bp: BoundPattern, ext: dict[str, int],
                    comm_block_n=clamp(cfg.comm_block_n, ext["cols"]))
 
 
-def _fallback(bp: BoundPattern, target: Target, num_programs: int) -> Config | None:
-    """The non-overlapped candidate: every pattern has it (its collectives, then its
-    computation)."""
+def _fallbacks(bp: BoundPattern, target: Target, num_programs: int) -> list[Config]:
+    """The non-overlapped candidates: every pattern has one (its collectives, then its
+    computation: NCCL), plus one per library variant its collectives have (torch symmetric
+    memory's all-reduce calls: `library_comm`)."""
+    from ..schedule.lowering import library_comms
+
     if FALLBACK not in config_mod.COMM_RESOURCES:
-        return None
-    return _canonical(replace(Config(), comm=FALLBACK, num_programs=num_programs), bp,
-                      extents(bp), target)
+        return []
+    variants = library_comms(bp) if target.backend != "interp" else ("nccl",)
+    return [_canonical(replace(Config(), comm=FALLBACK, num_programs=num_programs,
+                               library_comm=v), bp, extents(bp), target) for v in variants]
 
 
 def candidates(bp: BoundPattern, target: Target, num_sms: int | None = None,
@@ -302,8 +306,7 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
                          target)
         if cfg.comm == res:
             admit(cfg, read_knobs(bp, cfg, target))
-    fb = _fallback(bp, target, programs)
-    if fb is not None:
+    for fb in _fallbacks(bp, target, programs):
         out[fb] = None
     if not out:
         raise NotSupportedError(f"no valid config for {bp.name} ({bp.sizes_str()}) on "
@@ -350,7 +353,8 @@ def is_fallback(cfg: Config) -> bool:
 def describe(cfg: Config, bp: BoundPattern) -> str:
     """The knobs that matter for this config, compactly (what a table row shows)."""
     if is_fallback(cfg):
-        return "comm=none (no overlap: the collectives, then the computation)"
+        return ("comm=none (no overlap: the collectives, then the computation)"
+                + (f" library_comm={cfg.library_comm}" if cfg.library_comm != "nccl" else ""))
     read = read_knobs(bp, cfg)
     if not uses_comm_programs(cfg, bp):
         read.discard("comm_programs")

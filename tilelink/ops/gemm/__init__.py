@@ -43,10 +43,14 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
     return TileGrid(op.result, axes, reads, writes)
 
 
-def _product(a: torch.Tensor, b: torch.Tensor, dtype, exact: bool = True) -> torch.Tensor:
-    """a @ b accumulated in fp32 and rounded to `dtype` (exact), or in the operands' dtype."""
+def _product(a: torch.Tensor, b: torch.Tensor, dtype, exact: bool = True,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b accumulated in fp32 and rounded to `dtype` (exact), or in the operands' dtype
+    (into `out` where given: the buffer a library collective reads next)."""
     if exact:
         return (a.float() @ b.float()).to(dtype)
+    if out is not None and out.dtype == a.dtype and tuple(out.shape) == (a.shape[0], b.shape[1]):
+        return torch.matmul(a, b, out=out)
     return torch.matmul(a, b)
 
 
@@ -56,7 +60,7 @@ def ref(op, ctx, args):
 
 @dist_reference("gemm")
 def dist_ref(op, ctx, args):
-    return _product(args[0], args[1], ctx.dtype, ctx.exact)
+    return _product(args[0], args[1], ctx.dtype, ctx.exact, ctx.out)
 
 
 @flops("gemm")

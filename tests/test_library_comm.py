@@ -1,0 +1,112 @@
+"""The non-overlapped plan's library collectives (`library_comm`): the knob's rules, and how
+a library variant takes its operand (in its workspace, written there by the op before it).
+
+The variants themselves (torch symmetric memory's one-shot / two-shot all-reduce) need GPUs:
+test_dist.py runs them. Here a fake variant stands in for them, on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilelink.errors import ConfigError
+from tilelink.frontend import load_pattern, parse_text
+from tilelink.runtime.dist_reference import (LIBRARY_VARIANTS, Prepared, local_program,
+                                             make_local_inputs)
+from tilelink.schedule import get_target, make_schedule
+from tilelink.schedule.lowering import library_comms
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+GEMM_AR = str(EXAMPLES / "gemm_ar.tl")
+
+BOTH = """pattern gemm_ar_both(M = 16, N = 8, K = 12, dtype = fp32)
+    a : [M, K / W] dtype
+    b : [K / W, N] dtype
+    c = gemm(a, b)
+    out = all_reduce(c)
+    return c, out
+"""
+
+
+def _bound(text_or_path, world=2, values=None):
+    p = load_pattern(text_or_path) if text_or_path.endswith(".tl") else parse_text(text_or_path)
+    return p.bind(values or {}, world)
+
+
+def test_which_patterns_have_library_variants():
+    assert library_comms(_bound(GEMM_AR)) == ("nccl", "symm_one_shot", "symm_two_shot")
+    assert library_comms(_bound(str(EXAMPLES / "ag_gemm.tl"))) == ("nccl",)
+
+
+@pytest.mark.parametrize("variant", ["symm_one_shot", "symm_two_shot"])
+def test_the_knob_on_the_non_overlapped_plan(variant):
+    s = make_schedule(_bound(GEMM_AR), get_target("cuda:90"),
+                      {"comm": "none", "library_comm": variant})
+    assert s.config.library_comm == variant
+    assert f"library_comm={variant}" in s.config_text  # shown where it is not NCCL
+    assert f"library_comm={variant}" in str(s.config)
+    plain = make_schedule(_bound(GEMM_AR), get_target("cuda:90"), {"comm": "none"})
+    assert "library_comm" not in plain.config_text and "library_comm" not in str(plain.config)
+
+
+def test_the_knob_is_refused_where_it_does_nothing():
+    with pytest.raises(ConfigError, match=r"library_comm=symm_two_shot: no collective of this "
+                       r"pattern has that library call; it can take nccl"):
+        make_schedule(_bound(str(EXAMPLES / "ag_gemm.tl")), get_target("cuda:90"),
+                      {"comm": "none", "library_comm": "symm_two_shot"})
+    with pytest.raises(ConfigError, match=r"does nothing with comm=sm \(use comm=none\)"):
+        make_schedule(_bound(GEMM_AR), get_target("cuda:90"),
+                      {"comm": "sm", "library_comm": "symm_one_shot"})
+    with pytest.raises(ConfigError, match="library_comm=ring: no collective"):
+        make_schedule(_bound(GEMM_AR), get_target("cuda:90"),
+                      {"comm": "none", "library_comm": "ring"})
+
+
+@pytest.fixture
+def fake_variant(monkeypatch):
+    """A library variant of all_reduce that records whether its operand arrived in its
+    workspace and sums W equal partials (every rank of this one-process test is alike)."""
+    seen = []
+
+    def factory(op, ctx):
+        seen.append("prepared")
+        shape = ctx.bp.tensors[op.args[0]].local_shape
+        buf = torch.full(shape, float("nan"), dtype=ctx.dtype)
+
+        def run(op, ctx, args):
+            seen.append(args[0].data_ptr() == buf.data_ptr())
+            return args[0] * ctx.world
+
+        return Prepared(run, buf)
+
+    monkeypatch.setitem(LIBRARY_VARIANTS, ("all_reduce", "fake"), factory)
+    return seen
+
+
+def test_the_producer_writes_into_the_workspace(fake_variant):
+    bp = _bound(GEMM_AR, values={"M": 16, "N": 8, "K": 12})
+    ins = make_local_inputs(bp, 0, 3, torch.device("cpu"))
+    run = local_program(bp, None, exact=False, library_comm="fake")
+    for _ in range(2):
+        (out,) = run(ins)
+        assert fake_variant[-1] is True  # the GEMM wrote its partial into the workspace
+        torch.testing.assert_close(out, 2 * (ins["a"] @ ins["b"]))
+    assert fake_variant == ["prepared", True, True]  # prepared once, for every call
+
+
+def test_a_returned_operand_keeps_its_own_memory(fake_variant):
+    # `c` is also returned: it must not live in the workspace the next call overwrites
+    bp = _bound(BOTH)
+    ins = make_local_inputs(bp, 0, 3, torch.device("cpu"))
+    c, out = local_program(bp, None, exact=False, library_comm="fake")(ins)
+    assert fake_variant == ["prepared", False]
+    torch.testing.assert_close(c, ins["a"] @ ins["b"])
+    torch.testing.assert_close(out, 2 * c)
+
+
+def test_the_checking_reference_never_takes_a_variant(fake_variant):
+    bp = _bound(GEMM_AR, values={"M": 16, "N": 8, "K": 12})
+    local_program(bp, None, exact=True, library_comm="fake")  # prepares every op's call
+    assert fake_variant == []
