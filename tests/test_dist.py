@@ -279,13 +279,19 @@ NORM = {"M": "1200", "K": "256"}
 BIAS = {"M": "1200", "N": "192", "K": "512"}
 RS_NORM_SIZES = {"M": "1200", "K": "256", "D": "1200"}
 LIB_WHOLE = {"gemm": "library"}
+AR_SM = {"comm": "sm"}
 TWO_SHOT = {"allreduce": "two_shot"}
 RS_LIB_SIZES = {"M": "992", "N": "1000", "K": "1184"}  # ragged: 124 rows per rank at W = 8
 COMPOSED = {
-    "gemm_ar_decode_delays": RunSpec(GEMM_AR, AR_DECODE, {}, calls=100, delays=True, seed=30),
-    "gemm_ar_ragged_delays": RunSpec(GEMM_AR, AR_RAGGED, {}, calls=100, delays=True, seed=31),
-    "gemm_ar_1000": RunSpec(GEMM_AR, AR_DECODE, {}, calls=1000),
-    "gemm_ar_graph_mixed": RunSpec(GEMM_AR, AR_RAGGED, {}, calls=20, graph=True, mixed=True),
+    # (GEMM-AR's default on GPUs is the non-overlapped plan with torch symmetric memory's
+    # all-reduce where the cost model says so, at these sizes: comm=sm keeps its kernel here)
+    "gemm_ar_decode_delays": RunSpec(GEMM_AR, AR_DECODE, AR_SM, calls=100, delays=True,
+                                     seed=30),
+    "gemm_ar_ragged_delays": RunSpec(GEMM_AR, AR_RAGGED, AR_SM, calls=100, delays=True,
+                                     seed=31),
+    "gemm_ar_1000": RunSpec(GEMM_AR, AR_DECODE, AR_SM, calls=1000),
+    "gemm_ar_graph_mixed": RunSpec(GEMM_AR, AR_RAGGED, AR_SM, calls=20, graph=True,
+                                   mixed=True),
     "flash_decode_delays": RunSpec(FLASH, DECODE, {}, calls=100, delays=True, seed=32),
     "flash_decode_graph": RunSpec(FLASH, DECODE, {}, calls=20, graph=True),
     "tp_mlp_sm_delays": RunSpec(TP_MLP, MLP, {"comm": "sm"}, calls=50, delays=True, seed=33),
@@ -370,7 +376,7 @@ NOT_YET_RUN |= {
 }
 # the producer of a composed pattern never signals (W >= 2: at W = 1 nothing waits on a peer)
 COMPOSED_WATCHDOG = {
-    "gemm_ar_drop_notify": RunSpec(GEMM_AR, AR_DECODE, {}, fault="drop_notify",
+    "gemm_ar_drop_notify": RunSpec(GEMM_AR, AR_DECODE, AR_SM, fault="drop_notify",
                                    spin_limit=200_000, check=False),
     "flash_decode_drop_notify": RunSpec(FLASH, DECODE, {}, fault="drop_notify",
                                         spin_limit=200_000, check=False),

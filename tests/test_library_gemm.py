@@ -160,7 +160,7 @@ def test_refusals_name_what_to_change():
 
 
 def test_the_tuner_measures_it_on_gpus():
-    from tilelink.tune.cost import DEVICES, estimate
+    from tilelink.schedule.cost import DEVICES, estimate
     from tilelink.tune.space import candidates
 
     bp = AR.bind(DECODE, 2)

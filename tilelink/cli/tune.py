@@ -219,7 +219,7 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
     """One rank's tuning (under launch_world): same candidates, same order on every rank."""
     from ..bench.report import Progress
     from ..frontend import load_pattern
-    from ..tune.cost import device_spec
+    from ..schedule.cost import device_spec
     from ..tune.measure import GpuMeasure, baselines, gpu_device
     from ..tune.search import default_budget, tune
     from ..errors import ConfigError
@@ -242,7 +242,7 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
     bar = Progress(total, "tilelink tune") if rank == 0 else None
     res = tune(bp, target, measure, budget=opts["budget"], time_limit=opts["time"],
                exhaustive=opts["exhaustive"], progress=_progress(bar, bp, meaningful=True),
-               candidates=cands, device=device, sync=measure.agree)
+               candidates=cands, device=device, sync=measure.agree, graph=graph)
     if bar is not None:
         bar.update(0, "baselines (NCCL+cuBLAS, cuBLAS, comm alone)")
     try:

@@ -95,7 +95,8 @@ from ..codegen.module import ident  # noqa: E402
 from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.tiles import first  # noqa: E402
 from ..codegen.waits import render_waits, slot_expr  # noqa: E402
-from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
+from ..schedule.lowering import (Lowering, Step, local_bytes, register_library_comm,  # noqa: E402
+                                 register_lowering)
 
 #: elements one program copies per step of a push (16 KB of bf16; 32 per thread at 8 warps)
 COPY_BLOCK = 8192
@@ -113,6 +114,9 @@ class _Gather(Lowering):
 
     kind = "all_gather"
     knobs = ("comm", "comm_programs", "comm_block_m")
+
+    def moved_bytes(self, site) -> float:
+        return _gather_bytes(site.bp, site.op)
 
     def result_home(self, site):
         return ("heap", 1 if self._flags(site) else 2)
@@ -352,9 +356,6 @@ class AllGatherCopyEngine(_Gather):
     def defaults(self, site) -> dict:
         return _copy_engine_defaults(site)
 
-    def overlap_min_flops(self, site) -> float:
-        return OVERLAP_MIN_FLOPS if _feeds_gemm_rows(site) is not None else 0.0
-
     def captured_overrides(self, site) -> dict | None:
         """Calls captured in a CUDA graph take the flag protocol (capturable=1) where it was
         measured to beat NCCL + cuBLAS replayed: W = 2, >= 512 rows and >= 16 GFLOP per rank
@@ -411,16 +412,6 @@ class AllGatherCopyEngine(_Gather):
             mb.ce_data_signal(f"            ops.append((\"signal\", dst, {sig!r}, {slot}, value))")]
 
 
-#: Below this many FLOPs of GEMM per rank (~0.15 ms on an H200) the copy-engine gather's fixed
-#: costs (the first chunk's transfer, the side stream, ~100 us of host work per call) are a
-#: large share of the call and NCCL + cuBLAS is as fast or faster: the default is then the
-#: non-overlapped plan. Measured on 2x H200 (docs/perf.md): at 69 GFLOP (AG M = 1024) the
-#: overlapped kernel took 0.122 to 0.194 ms over four bench runs (host-bound), NCCL + cuBLAS
-#: 0.145 to 0.151; at 34 GFLOP (M = 512) 0.131 against 0.088. With the host path cut (~170 ->
-#: ~82 us per call, runtime/fast_launch.py, 2026-11-22 at 634b5d7) three bench runs gave 0.141
-#: / 0.170 / 0.118 against 0.151-0.154 (a slower host process), and at W = 4 0.174 against
-#: 0.114: still not a default that is never slower.
-OVERLAP_MIN_FLOPS = 100e9
 #: Where a captured call of the overlapped kernel beats NCCL + cuBLAS replayed the same way
 #: (2x H200, graph replays, ms): M x N x K = 1024x8192x8192 0.107 vs 0.146; 1024x4096x4096
 #: 0.055 vs 0.064; 2048x4096x4096 0.069 vs 0.102. Where it does not: 512x8192x8192 0.086 vs
@@ -476,5 +467,12 @@ def _copy_engine_defaults(site) -> dict:
     return {"comm_block_m": str(chunk)}
 
 
+def _gather_bytes(bp, op) -> float:
+    """An all-gather sends this rank's slice to each of its W - 1 peers (NCCL's ring moves as
+    much per rank)."""
+    return (bp.world - 1) * local_bytes(bp, op.args[0])
+
+
+register_library_comm("all_gather", "nccl", _gather_bytes)
 register_lowering(AllGatherSM())
 register_lowering(AllGatherCopyEngine())

@@ -98,3 +98,16 @@ def dist_ref(op, ctx, args):
     out = torch.empty_like(send)
     dist.all_to_all_single(out, send, group=ctx.group)
     return out
+
+
+# ---- cost (the non-overlapped plan's NCCL call; no kernel lowering yet) ------------------
+
+from ..schedule.lowering import local_bytes, register_library_comm  # noqa: E402
+
+
+def _exchange_bytes(bp, op) -> float:
+    """An all-to-all sends each peer its 1/W of this rank's send buffer (the result's size)."""
+    return (bp.world - 1) / bp.world * local_bytes(bp, op.result)
+
+
+register_library_comm("all_to_all", "nccl", _exchange_bytes)

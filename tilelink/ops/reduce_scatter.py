@@ -100,7 +100,8 @@ def fused_matmul_reduce_scatter(bp, mm, rs, group):
 from ..codegen.module import TL_DTYPES, ident, indent  # noqa: E402
 from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.waits import render_waits, slot_expr  # noqa: E402
-from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
+from ..schedule.lowering import (Lowering, Step, local_bytes, register_library_comm,  # noqa: E402
+                                 register_lowering)
 from ..codegen.tiles import first  # noqa: E402
 
 
@@ -140,6 +141,9 @@ class _Scatter(Lowering):
     kind = "reduce_scatter"
     takes_epilogue = True
     knobs = ("comm", "comm_programs", "comm_block_m", "comm_block_n", "reduce_after")
+
+    def moved_bytes(self, site) -> float:
+        return _scatter_bytes(site.bp, site.op)
 
     def result_home(self, site):
         return None  # the owner's reduction writes it: the output, or a scratch buffer
@@ -491,9 +495,6 @@ class ReduceScatterCopyEngine(_Scatter):
             out["fuse_reduce"] = "1"
         return out
 
-    def overlap_min_flops(self, site) -> float:
-        return OVERLAP_MIN_FLOPS
-
     def fuses_own_rows(self, site) -> bool:
         return self._fused(site)
 
@@ -804,9 +805,6 @@ class ReduceScatterCopyEngine(_Scatter):
 #: into the own tiles' epilogue measured (2x H200, docs/perf.md) 0.78 vs 0.83 ms at K/W =
 #: 4096, a tie at K/W = 14336 with M = 2048, and 4% slower at K/W = 14336 with M = 8192.
 FUSE_REDUCE_MAX_K = 8192
-#: the same threshold as the copy-engine gather's (tilelink/ops/all_gather.py: measured on
-#: 2x H200 for both; below it NCCL + cuBLAS is as fast or faster)
-OVERLAP_MIN_FLOPS = 100e9
 
 
 def fused_reduce_problems(site) -> list[str]:
@@ -826,5 +824,12 @@ def fused_reduce_problems(site) -> list[str]:
     return []
 
 
+def _scatter_bytes(bp, op) -> float:
+    """A reduce-scatter sends each of the W - 1 peers this rank's partial of the peer's slice
+    (NCCL's ring moves as much per rank)."""
+    return (bp.world - 1) * local_bytes(bp, op.result)
+
+
+register_library_comm("reduce_scatter", "nccl", _scatter_bytes)
 register_lowering(ReduceScatterSM())
 register_lowering(ReduceScatterCopyEngine())

@@ -49,10 +49,10 @@ def device_target(backend: str = "torch"):
     major, minor = torch.cuda.get_device_capability()
     name = "cuda:90" if major >= 9 else "cuda:80"
     t = get_target(name + ("+nvshmem" if backend == "nvshmem" else ""))
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
     from dataclasses import replace
 
-    return replace(t, num_sms=sms)
+    return replace(t, num_sms=props.multi_processor_count, device=props.name)
 
 
 def new_stream(device=None):

@@ -203,7 +203,8 @@ class ConfigSpace:
         if knobs is None or "library_comm" in knobs:
             from .lowering import LIBRARY_COMMS
 
-            variants = [f"{v} ({k})" for k, vs in LIBRARY_COMMS.items() for v in vs]
+            variants = [f"{v} ({k})" for k, vs in LIBRARY_COMMS.items() for v in vs
+                        if v != "nccl"]
             rows.append("  library_comm (comm=none): " + ", ".join(["nccl"] + variants))
         return "\n".join(rows)
 

@@ -22,7 +22,7 @@ from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose, op_sites
 from .config import COMM_RESOURCES, FEATURE_KNOBS, Config, ConfigSpace
-from .lowering import LOWERINGS, lowering_for
+from .lowering import LOWERINGS, library_comms, lowering_for
 from .targets import Target
 
 
@@ -80,6 +80,10 @@ class Schedule:
     notes: tuple[str, ...]
     composition: Composition | None = None
     derived: Plan | None = field(default=None, repr=False, compare=False)
+    # what the cost model predicts for this config and for the non-overlapped plan (lines of
+    # --emit schedule; not written into the generated module, whose text the model's
+    # constants must not change)
+    costs: tuple[str, ...] = ()
 
     @property
     def plan(self) -> Plan:
@@ -148,6 +152,7 @@ class Schedule:
             lines.append("check program order: ok (every role waits only on lower program ids "
                          "of its rank)")
         lines += [f"note: {n}" for n in self.notes]
+        lines += list(self.costs)
         lines += ["config space (the knobs of these lowerings):",
                   default_space(self.target).describe(self.knobs)]
         return "\n".join(lines)
@@ -160,16 +165,6 @@ def default_space(target: Target) -> ConfigSpace:
     return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp",
                        sequential_programs=target.backend == "interp",
                        warp_specialized=target.name == "cuda:90", target=target)
-
-
-def gemm_flops_per_rank(bp: BoundPattern) -> float:
-    """FLOPs of the pattern's GEMMs on one rank (local shapes)."""
-    total = 0.0
-    for op in bp.ops:
-        if op.kind == "gemm":
-            a, b = (bp.tensors[x] for x in op.args)
-            total += 2.0 * a.local_shape[0] * a.local_shape[1] * b.local_shape[1]
-    return total
 
 
 def _comm_sites(bp: BoundPattern, cfg: Config, target: Target):
@@ -208,32 +203,19 @@ def _base(target: Target) -> Config:
 
 
 def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True,
-                   resource: str | None = None) -> tuple[Config, str | None]:
+                   resource: str | None = None, graph: bool = False
+                   ) -> tuple[Config, str | None]:
     """A starting point (the tuner improves on it) and, when it is the non-overlapped plan,
-    why. `allow_fallback=False`: always an overlapped config (to show a kernel). `resource`:
-    start from that comm resource and its lowerings' defaults instead of the default's
-    choice (GPU targets)."""
+    why. On GPU targets at W >= 2 the overlapped default is taken only where the cost model
+    predicts it beats the non-overlapped plan's fastest library calls by `OVERLAP_MARGIN`
+    (for eager calls, or with `graph` for CUDA-graph replays). `allow_fallback=False`:
+    always an overlapped config (to show a kernel). `resource`: start from that comm
+    resource and its lowerings' defaults instead of the default's choice (GPU targets)."""
     base = _base(target)
     space = default_space(target)
     if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
         return _or_fallback(base, space.reasons(base, bp), allow_fallback)
     cfg = replace(base, comm=resource or _default_resource(bp, base, target))
-    comms = [(s, lw) for s, lw in _comm_sites(bp, cfg, target) if lw is not None]
-    flops = gemm_flops_per_rank(bp)
-    need = max((lw.overlap_min_flops(s) for s, lw in comms), default=0.0)
-    if allow_fallback and bp.world > 1 and 0 < flops < need:
-        names = ", ".join(sorted({lw.name for s, lw in comms if lw.overlap_min_flops(s)}))
-        why = (f"non-overlapped plan chosen: the GEMM is {flops / 1e9:.0f} GFLOP per rank "
-               f"(< {need / 1e9:.0f}, about 0.15 ms on an H200), too short to hide the first "
-               f"chunk's transfer, the side-stream setup and the host's launch work of "
-               f"{names}; NCCL + cuBLAS is as fast or faster there (measured, docs/perf.md)")
-        captured = captured_overrides(bp, target)
-        if captured is not None:
-            why += ("; calls captured in a CUDA graph run the overlapped kernel instead ("
-                    + " ".join(f"{k}={v}" for k, v in captured.items()) + " on the overlapped "
-                    "default): a replay has no host work per call (2x H200, AG M = 1024: "
-                    "0.107 ms against 0.147 for NCCL + cuBLAS replayed the same way)")
-        return replace(base, comm="none"), why
     sites = op_sites(bp, cfg, target)
     proposals = [lw.defaults(sites[op.result]) for op in bp.ops
                  if (lw := lowering_for(sites[op.result])) is not None]
@@ -253,10 +235,93 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         merged = _drop_invalid_features(merged, {}, bp, space, merged)
         bad = space.reasons(merged, bp)
         if not bad:
+            if allow_fallback and resource is None and bp.world > 1:
+                return _decide(bp, target, merged, graph)
             return merged, None
         if first is None:
             first, first_bad = merged, bad
     return _or_fallback(first, first_bad, allow_fallback)
+
+
+def _fallbacks(bp: BoundPattern, base: Config) -> list[Config]:
+    """The non-overlapped plan with each library collective the pattern can take (NCCL, and
+    the variants its collectives register: `lowering.library_comms`)."""
+    return [replace(base, comm="none", library_comm=v) for v in library_comms(bp)]
+
+
+def compare_plans(bp: BoundPattern, target: Target, overlapped: Config, graph: bool = False):
+    """(overlapped estimate, (best non-overlapped config, its estimate), device row) by the
+    cost model for `target`'s device; None where the model does not time this pattern."""
+    from .cost import device_spec, estimate, modelled
+
+    if modelled(bp) is not None:
+        return None
+    dev = device_spec(target.device)
+    over = estimate(bp, overlapped, dev, graph)
+    fbs = [(c, estimate(bp, c, dev, graph)) for c in _fallbacks(bp, _base(target))]
+    return over, min(fbs, key=lambda ce: ce[1].total), dev
+
+
+def _decide(bp: BoundPattern, target: Target, overlapped: Config,
+            graph: bool) -> tuple[Config, str | None]:
+    """`overlapped`, or the non-overlapped plan where the cost model does not predict the
+    overlap to win by OVERLAP_MARGIN (with why, both estimates in it)."""
+    from .cost import OVERLAP_MARGIN
+
+    if target.backend == "interp":
+        return overlapped, None
+    cmp = compare_plans(bp, target, overlapped, graph)
+    if cmp is None:
+        return overlapped, None
+    over, (fb, fb_est), dev = cmp
+    if over.total * (1 + OVERLAP_MARGIN) < fb_est.total:
+        return overlapped, None
+    mode = "CUDA-graph replays" if graph else "eager calls"
+    why = (f"non-overlapped plan chosen (library_comm={fb.library_comm}): the cost model "
+           f"({dev.name}, {mode}) predicts {fb_est.total:.3f} ms per call for it against "
+           f"{over.total:.3f} for the overlapped default ({_words(overlapped)}), which is "
+           f"taken only where it is predicted {OVERLAP_MARGIN:.0%} faster; "
+           "--config comm=sm or comm=copy_engine runs the kernel, `tilelink tune` measures "
+           "both")
+    captured = None if graph else captured_overrides(bp, target)
+    if captured is not None:
+        why += ("; calls captured in a CUDA graph run the overlapped kernel instead ("
+                + " ".join(f"{k}={v}" for k, v in captured.items()) + " on the overlapped "
+                "default): a replay has no host work per call (2x H200, AG M = 1024: "
+                "0.107 ms against 0.147 for NCCL + cuBLAS replayed the same way)")
+    return fb, why
+
+
+def cost_note(bp: BoundPattern, target: Target, cfg: Config) -> str | None:
+    """What the cost model predicts for `cfg` and for the non-overlapped plan (a line of
+    --emit schedule), or None where it does not time this pattern."""
+    from .cost import device_spec, estimate, modelled
+
+    if target.backend == "interp" or bp.world < 2:
+        return None
+    why = modelled(bp)
+    if why is not None:
+        return f"cost model: no estimate ({why})"
+    dev = device_spec(target.device)
+    parts = []
+    for graph in (False, True):
+        mine = estimate(bp, cfg, dev, graph)
+        fb, fb_est = min(((c, estimate(bp, c, dev, graph))
+                          for c in _fallbacks(bp, _base(target))),
+                         key=lambda ce: ce[1].total)
+        plan = ("the best non-overlapped plan" if cfg.comm != "none" else "its best")
+        parts.append(f"{'graph replays' if graph else 'eager'} {mine.total:.3f} ms "
+                     f"({plan}: {fb_est.total:.3f}, library_comm={fb.library_comm})")
+    return f"cost model ({dev.name}): " + "; ".join(parts)
+
+
+def _words(cfg: Config) -> str:
+    """The knobs that say which overlapped plan `cfg` is (for messages)."""
+    out = [f"comm={cfg.comm}"]
+    for k in ("gemm", "reduce_after", "allreduce", "fuse_reduce"):
+        if getattr(cfg, k) != getattr(Config(), k):
+            out.append(f"{k}={getattr(cfg, k)}")
+    return " ".join(out)
 
 
 def _or_fallback(cfg: Config, bad: list[str],
@@ -322,6 +387,9 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
             cfg = replace(cfg, comm_block_m=SM_CHUNK)
         if "comm_block_n" not in overrides:
             cfg = replace(cfg, comm_block_n=min(SM_CHUNK, 16384 // cfg.comm_block_m))
+    if "library_comm" not in overrides and (cfg.comm != "none" or "comm" in overrides):
+        # a named plan runs its own collectives: comm=none alone is NCCL + cuBLAS
+        cfg = replace(cfg, library_comm=Config().library_comm)
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)
         for op in bp.ops:
@@ -370,10 +438,19 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     default, why_default = default_config(bp, target, allow_fallback)
     named = (overrides or {}).get("comm")
     if base is None and named in COMM_RESOURCES and named != default.comm and \
-            _never_default(bp, replace(default, comm=named), target):
-        # a resource the default never takes starts from its lowerings' own defaults (their
-        # chunking, where the sum runs), not from knobs chosen for another resource
+            named != "none" and (default.comm == "none" or
+                                 _never_default(bp, replace(default, comm=named), target)):
+        # a resource the default does not take (the non-overlapped plan was chosen, or the
+        # default never takes it) starts from its lowerings' own defaults (their chunking,
+        # where the sum runs), not from knobs chosen for another plan
         default, why_default = default_config(bp, target, False, resource=named)
+    elif base is None and named is None and default.comm == "none" and \
+            set(overrides or {}) - {"library_comm"}:
+        # a kernel knob (a tile size, allreduce=two_shot, ...) where the default is the
+        # non-overlapped plan: the overlapped default with it, where one can run
+        overlapped, _ = default_config(bp, target, False)
+        if overlapped.comm != "none":
+            default, why_default = overlapped, None
     start = base or default
     cfg = start.with_values(overrides or {})
     if target.backend == "interp" and cfg.num_programs > target.num_sms:
@@ -390,8 +467,12 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     if cfg.comm == "none":
         notes.append(why_default if base is None and why_default and not overrides else
                      "non-overlapped plan (comm=none): the collectives, then the computation "
-                     "(NCCL + cuBLAS on GPUs)")
-        return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
+                     "(NCCL + cuBLAS on GPUs"
+                     + (f"; torch symmetric memory's {cfg.library_comm} where a collective has "
+                        "it" if cfg.library_comm != "nccl" else "") + ")")
+        note = cost_note(bp, target, cfg)
+        return Schedule(bp, target, cfg, tiles, (), None, tuple(notes),
+                        costs=(note,) if note else ())
     if unlowered:  # no kernel can be generated: the plan (and its mappings) only
         names = ", ".join(sorted({op.kind for op in unlowered}))
         notes.append(f"no kernel: {names} has no lowering yet (--emit plan shows its "
@@ -416,15 +497,10 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                      "emulated world must report the hang); never run it on a GPU")
     if cfg.order == "own_first" and any("order" in lw.knobs for lw in comp.lowerings.values()):
         notes.append("tile order: tiles whose data is local (ready first) run first")
-    flops = gemm_flops_per_rank(bp)
-    need = max((lw.overlap_min_flops(comp.sites[r]) for r, lw in comp.lowerings.items()),
-               default=0.0)
-    if need:
-        notes.append(f"overlapped plan; the non-overlapped one (comm=none) is the default "
-                     f"below {need / 1e9:.0f} GFLOP of GEMM per rank (here {flops / 1e9:.0f}), "
-                     "and a candidate of `tilelink tune`")
+    note = cost_note(bp, target, cfg)
     kernel = " + ".join(dict.fromkeys(comp.lowerings[op.result].name for op in bp.ops))
-    return Schedule(bp, target, cfg, tiles, roles, kernel, tuple(notes), comp, plan)
+    return Schedule(bp, target, cfg, tiles, roles, kernel, tuple(notes), comp, plan,
+                    costs=(note,) if note else ())
 
 
 def require_kernel(s: Schedule) -> str:

@@ -22,17 +22,24 @@ class Target:
     # shared memory one CTA may take (bytes; the opt-in maximum); None: the backend decides
     # its own use (AMD's stream pipeliner), so nothing is checked against it
     smem_bytes: int | None = None
+    # the GPU the cost model's constants are taken for (`schedule.cost.device_spec`): the
+    # runtime sets the device it runs on; compiling without one assumes the part named here
+    # (for Hopper the H200, whose row rests on the most measurements)
+    device: str = ""
 
 
 TARGETS = {
-    "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False, True, 232_448),
-    "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False, smem_bytes=166_912),
+    "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False, True, 232_448,
+                      "NVIDIA H200"),
+    "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False, smem_bytes=166_912,
+                      device="NVIDIA A100"),
     # the same GPUs with NVSHMEM's device library linked (runtime backend "nvshmem")
     "cuda:90+nvshmem": Target("cuda:90+nvshmem", "cuda", 90, 32, 132, "nvshmem", False, True,
-                              232_448),
+                              232_448, "NVIDIA H200"),
     "cuda:80+nvshmem": Target("cuda:80+nvshmem", "cuda", 80, 32, 108, "nvshmem", False,
-                              smem_bytes=166_912),
-    "hip:gfx942": Target("hip:gfx942", "hip", "gfx942", 64, 304, "amd", False),
+                              smem_bytes=166_912, device="NVIDIA A100"),
+    "hip:gfx942": Target("hip:gfx942", "hip", "gfx942", 64, 304, "amd", False,
+                         device="AMD Instinct MI300X"),
     "interp": Target("interp", "interp", None, 32, 8, "interp", True),
 }
 

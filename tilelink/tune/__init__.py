@@ -11,7 +11,7 @@ call `tuned_config` to pick the winner up.
 """
 
 from .cache import TuneCacheWarning, cache_dir, lookup, store, tuned_config
-from .cost import DeviceSpec, Estimate, device_spec, estimate, floor_ms, rank
+from ..schedule.cost import DeviceSpec, Estimate, device_spec, estimate, floor_ms, rank
 from .search import Trial, TuneResult, default_budget, tune
 from .space import candidates, describe, is_fallback
 

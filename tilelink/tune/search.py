@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..ir import BoundPattern
 from ..schedule import Config, Target
-from .cost import DeviceSpec, device_spec, estimate
+from ..schedule.cost import DeviceSpec, device_spec, estimate
 from .space import candidates as space_candidates
 from .space import describe, is_fallback
 
@@ -123,12 +123,14 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
          progress: Callable[[int, int, Trial, Trial | None], None] | None = None,
          candidates: list[Config] | None = None, device: DeviceSpec | str | None = None,
          num_sms: int | None = None, sync: Callable[[bool], bool] | None = None,
-         confirm: int = CONFIRM, rounds: int = CONFIRM_ROUNDS) -> TuneResult:
+         confirm: int = CONFIRM, rounds: int = CONFIRM_ROUNDS, graph: bool = False
+         ) -> TuneResult:
     """Rank the space of `bound` on `target` by the model and measure the best-ranked.
 
     `measure(config) -> seconds` (raises on failure: recorded with the reason, not fatal).
     `progress(done, total, trial, best_so_far)` is called after each measurement.
-    `device` is a DeviceSpec or a device name for the model's constants.
+    `device` is a DeviceSpec or a device name for the model's constants; `graph`: rank for
+    CUDA-graph replays (no host time per call).
     Where times are meaningful (`measure.meaningful`, true by default), the `confirm`
     fastest configs, and the fastest of the model's first quarter, are timed `rounds` more
     times, interleaved, and keep the median: one batch each is within run-to-run noise
@@ -137,7 +139,8 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
     start = time.monotonic()
     configs = candidates if candidates is not None else space_candidates(bound, target, num_sms)
     dev = device if isinstance(device, DeviceSpec) else device_spec(device)
-    scored = sorted(((estimate(bound, c, dev).total, i, c) for i, c in enumerate(configs)),
+    scored = sorted(((estimate(bound, c, dev, graph).total, i, c)
+                     for i, c in enumerate(configs)),
                     key=lambda t: (t[0], t[1]))
     trials = [Trial(c, ms, r) for r, (ms, _, c) in enumerate(scored)]
     n = len(trials)

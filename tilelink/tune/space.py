@@ -4,14 +4,13 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import NotSupportedError, TileLinkError
-from ..ir import BoundPattern, spec
+from ..ir import BoundPattern
 from ..schedule import Config, ConfigSpace, Target
 from ..schedule import config as config_mod
-from ..schedule.compose import op_sites
-from ..schedule.lowering import lowering_for
+from ..schedule.cost import (FALLBACK, extents, is_fallback, op_lowerings,
+                             uses_comm_programs)
 from ..schedule.schedule import default_config, default_space, make_schedule
 
-FALLBACK = "none"  # comm resource meaning "no overlap: NCCL collective, then cuBLAS"
 
 
 @dataclass(frozen=True)
@@ -66,42 +65,6 @@ def _pow2_ceil(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def extents(bp: BoundPattern) -> dict[str, int]:
-    """The sizes the knobs tile, per rank: the first GEMM's m/n/k (or the first compute op's
-    rows and columns), and the first collective's chunk rows and columns (its per-rank slice
-    along the moved dim, and what one such row holds)."""
-    gemm = next((op for op in bp.ops if op.kind == "gemm"), None)
-    if gemm is not None:
-        a, b = (bp.tensors[x].local_shape for x in gemm.args)
-        m, k, n = a[0], a[1], b[1]
-    else:
-        comp = next((op for op in bp.ops if spec(op.kind).category == "compute"), None)
-        if comp is None:
-            raise NotSupportedError(f"the tuner tunes a pattern's compute; {bp.name} has none",
-                                    bp.pattern.loc)
-        shape = bp.tensors[comp.result].local_shape
-        m, n, k = shape[0], (shape[1] if len(shape) > 1 else 1), 1
-    rows, cols = m, n
-    comm = next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
-    if comm is not None:
-        rows, cols = _chunk_geometry(bp, comm)
-    return {"m": m, "n": n, "k": k, "rows": rows, "cols": cols}
-
-
-def _chunk_geometry(bp: BoundPattern, op) -> tuple[int, int]:
-    """(rows, columns) of a collective's per-rank slice: the rows along the moved dim one
-    rank contributes or owns, and the elements one such row holds."""
-    produced = op.kind in ("reduce_scatter", "all_reduce")
-    t = bp.tensors[op.result if produced else op.args[0]]
-    shape = t.local_shape
-    d = bp.op_attrs(op).get("dim", 0) % len(shape)
-    cols = 1
-    for i, x in enumerate(shape):
-        if i != d:
-            cols *= x
-    return shape[d], cols
-
-
 def smem_bytes(cfg: Config, elem: int = 2) -> int:
     """Shared memory of a pipelined GEMM tile: `stages` A and B buffers plus the C tile (a
     margin for the epilogue; the GEMM lowerings' own rule, which refuses a config outright,
@@ -110,30 +73,15 @@ def smem_bytes(cfg: Config, elem: int = 2) -> int:
         cfg.block_m * cfg.block_n * elem
 
 
-def _lowerings(bp: BoundPattern, cfg: Config, target: Target | None):
-    """(site, lowering) of every op under `cfg` (lowering None: none for this config)."""
-    sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], lowering_for(sites[op.result])) for op in bp.ops]
-
-
 def read_knobs(bp: BoundPattern, cfg: Config, target: Target | None = None) -> set[str]:
     """The knobs the lowerings `cfg` selects read (the config space of `bp` under `cfg`)."""
     if cfg.comm == FALLBACK:
         return {"comm", "library_comm"}
     read = {"comm", "num_programs"}
-    for _, lw in _lowerings(bp, cfg, target):
+    for _, lw in op_lowerings(bp, cfg, target):
         if lw is not None:
             read.update(lw.knobs)
     return read
-
-
-def uses_comm_programs(cfg: Config, bp: BoundPattern, target: Target | None = None) -> bool:
-    """Whether `cfg` runs a role next to a compute op's tiles in one kernel (a push, a
-    reduction), sized by comm_programs."""
-    if cfg.comm == FALLBACK:
-        return False
-    return any(lw is not None and lw.shares_kernel(site)
-               for site, lw in _lowerings(bp, cfg, target))
 
 
 def _canonical(cfg: Config, bp: BoundPattern, ext: dict[str, int],
@@ -239,7 +187,7 @@ def _resources(bp: BoundPattern, target: Target) -> list[str]:
     for res in config_mod.COMM_RESOURCES:
         if res == FALLBACK:
             continue
-        lws = _lowerings(bp, Config(comm=res), target)
+        lws = op_lowerings(bp, Config(comm=res), target)
         if all(lw is not None for site, lw in lws):
             out.append(res)
     return out
@@ -272,7 +220,7 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
 
     for res in _resources(bp, target):
         probe = Config(comm=res, num_programs=programs)
-        lws = [(s, lw) for s, lw in _lowerings(bp, probe, target) if lw is not None]
+        lws = [(s, lw) for s, lw in op_lowerings(bp, probe, target) if lw is not None]
         read = set().union(*(lw.knobs for _, lw in lws)) | {"comm"}
         # each lowering's alternatives (a reduction in the kernel or after it, ...), crossed
         variants = [dict(itertools.chain.from_iterable(d.items() for d in combo))
@@ -343,11 +291,6 @@ def pin(configs: list[Config], values: dict[str, str], bp: BoundPattern,
                           hint="pin fewer knobs; `tilelink compile --emit schedule` shows the "
                           "space")
     return list(out)
-
-
-def is_fallback(cfg: Config) -> bool:
-    """True for the non-overlapped candidate."""
-    return cfg.comm == FALLBACK
 
 
 def describe(cfg: Config, bp: BoundPattern) -> str:

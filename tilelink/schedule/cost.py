@@ -1,8 +1,29 @@
-"""An analytical cost model that ranks configs before anything is measured.
+"""An analytical cost model: it ranks configs before anything is measured, and it decides
+whether a pattern's default overlaps at all.
 
 It predicts one call's time (ms, max over ranks) of a config from the bound pattern and a
-few device constants. It only has to *order* configs well enough that the measured best is
-among the model's first quarter; its absolute numbers are a guide, not a measurement.
+few device constants. Two uses: the tuner measures the model's first quarter, so it must
+*order* configs well enough that the measured best is among them; and the default config
+(`schedule.default_config`) compares the overlapped default with the non-overlapped plan's
+library calls (NCCL, torch symmetric memory) and overlaps only where the model predicts a
+win by `OVERLAP_MARGIN`. Its absolute numbers are a guide, not a measurement.
+
+Eager calls and CUDA-graph replays differ by the host: an eager call costs the host its
+launches (kernels through TileLink's fast launcher, library calls, NCCL's bookkeeping, the
+copy engine's stream operations), and back-to-back calls run at the slower of the host and
+the GPU:
+
+    eager = max(GPU time, host time)        graph replay = GPU time
+
+The non-overlapped plan (comm=none) runs its ops one after another: each compute op as the
+vendor library (cuBLAS), each collective as the library call `library_comm` names (its
+NCCL call where it has no such variant), charged `latency + bytes / bandwidth` with the bytes
+its op family registers (`lowering.register_library_comm`: an all-reduce's ring or two-shot
+2 (W - 1) / W x the partial, one-shot's W - 1 x it, ...).
+
+A GPU's NVLink bandwidth is shared by the peers it sends to at once: SM stores and the copy
+engine to W - 1 peers get `peer_share` of their one-peer bandwidth (an NCCL ring sends to one
+neighbour at a time and keeps its own).
 
 GEMM on the compute programs (P = num_programs - comm programs when comm runs on SMs):
 
@@ -43,7 +64,8 @@ total = max(gemm [+ the epilogue stall of SM pushes], push) + the exposed sum):
     tail  = the last tile's push + signal latency + the reduction of the last chunk
 
 Device constants are a small table keyed by (a part of) the device name, with a generic
-fallback; the H200 row is docs/design.md's measurements.
+fallback: the H200 row is docs/design.md's measurements, the H100 row `tools/calibrate.py`'s
+and the GEMM-AR sweep's on 2x H100 (2026-11-26, docs/perf.md "Never slower").
 """
 
 from __future__ import annotations
@@ -52,13 +74,19 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from ..errors import NotSupportedError
 from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
-from ..schedule import Config
-from .space import extents, is_fallback, uses_comm_programs
+from .compose import op_sites
+from .config import Config
+from .lowering import library_moved_bytes, lowering_for
 
-# share of an epilogue's remote-store time that the GEMM does not hide (measured, see above)
-EPILOGUE_PUSH_STALL = 0.6
+FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
+#: the overlapped default must beat the non-overlapped plan's estimate by this share to be
+#: taken: runs of the same command differ by up to ~3% (docs/perf.md, Method), so a smaller
+#: predicted gain is a tie, and a tie goes to the plan with no kernel of TileLink's in it
+OVERLAP_MARGIN = 0.03
+
 MB = 1 << 20
 
 
@@ -88,6 +116,23 @@ class DeviceSpec:
     ce_chunk_us: float = 5.0
     launch_us: float = 5.0  # kernel launch / first wave ramp
     tail_weight: float = 0.8
+    # what a reduction kernel after the GEMM costs beyond its launch and its bytes (its
+    # waits on every tile's signal, the protocol's atomics at both ends)
+    reduce_pass_us: float = 13.0
+    # the non-overlapped plan's library collectives: name -> (latency us, GB/s of the bytes
+    # one rank sends, `lowering.register_library_comm`)
+    library: dict = field(default_factory=dict)
+    # a mover ("sm": SM stores or loads, torch's symmetric-memory kernels too; "ce": the copy
+    # engine) -> ((peers sent to at once, share of the one-peer bandwidth), ...)
+    peer_share: dict = field(default_factory=dict)
+    # host time of one eager call's pieces (us): a kernel through TileLink's fast launcher
+    # with its epoch bookkeeping, a torch library call (cuBLAS), an NCCL collective, a torch
+    # symmetric-memory collective, a copy-engine program (side stream, events, stream ops)
+    host_kernel_us: float = 30.0
+    host_call_us: float = 15.0
+    host_nccl_us: float = 60.0
+    host_symm_us: float = 40.0
+    host_ce_us: float = 100.0
 
 
 H200 = DeviceSpec(
@@ -103,6 +148,46 @@ H200 = DeviceSpec(
     },
     sm_scale=((0.0, 0.0), (100 / 132, 584 / 668), (116 / 132, 649 / 668),
               (124 / 132, 658 / 668), (1.0, 1.0)),
+    # NCCL: AG-GEMM's non-overlapped plan took 0.145-0.151 ms at M = 1024 (GEMM alone
+    # 0.091: an 8 MiB all-gather in ~0.055) and NCCL's all-gather of AG 8192^3 at W = 4
+    # 0.351 ms (100 MB per rank); torch symmetric memory's kernels not measured on H200:
+    # the H100's (the same NV18 links)
+    library={"nccl": (20.0, 280.0), "symm_one_shot": (15.0, 187.0),
+             "symm_two_shot": (12.0, 327.0)},
+    peer_share={"ce": ((1, 1.0), (3, 0.61)), "sm": ((1, 1.0), (3, 0.88))},
+    # AG-GEMM at M = 1024 (2026-11-22, docs/perf.md "The host path of a call"): the
+    # overlapped copy-engine call 82-140 us of host, NCCL + cuBLAS 45-77; the copy engine's
+    # share is taken from the slower process (eager calls there: 0.118-0.194 ms against
+    # 0.145-0.151 for NCCL + cuBLAS, no default that is never slower)
+    host_kernel_us=30.0, host_call_us=10.0, host_nccl_us=45.0, host_symm_us=30.0,
+    host_ce_us=120.0,
+)
+
+# Measured on the 2x H100 host (NV18, 700 W), 2026-11-26 (tools/calibrate.py, docs/perf.md):
+# cuBLAS reached 763-772 TFLOP/s on the GEMM-AR GEMMs (2048-4096 x 8192 x 4096) and read its
+# 64 MiB of weights in 0.028 ms at M = 128; one peer's copy engine 160 / 362 / 385 GB/s at
+# 8 / 32 / 128 MiB; the library all-reduces fit latency + bytes / bandwidth within ~10%
+# from 0.5 to 128 MiB. Host (eager calls of GEMM-AR at M = 128, against their graph
+# replays): NCCL + cuBLAS 0.160 ms per call (0.068 replayed), cuBLAS + symmetric-memory
+# one-shot 0.059 (0.050), TileLink's two kernels 0.061 (0.055). That host's CPU is slow
+# (a tiny torch op: 9.6 us of host): other hosts' host times differ.
+H100 = DeviceSpec(
+    name="NVIDIA H100", num_sms=132, peak_tflops=989.0, hbm_gbs=3000.0, gemm_eff=0.78,
+    ridge=80.0,
+    ce_gbs=((8 * MB, 160.0), (32 * MB, 362.0), (64 * MB, 378.0), (128 * MB, 385.0)),
+    nccl_gbs=((16 * MB, 171.0), (64 * MB, 216.0), (256 * MB, 238.0)),
+    sm_copy_gbs=H200.sm_copy_gbs,
+    sm_scale=H200.sm_scale,
+    library={"nccl": (40.0, 305.0), "symm_one_shot": (15.0, 187.0),
+             "symm_two_shot": (12.0, 327.0)},
+    # 4x H100 (2026-11-26): the copy engine to 3 peers at once ~220 GB/s against ~360 to one;
+    # SM one-shot pushes of GEMM-AR at W = 4 (M = 4096: 1.058 ms) ~240 against ~270 at W = 2
+    peer_share={"ce": ((1, 1.0), (3, 0.61)), "sm": ((1, 1.0), (3, 0.88))},
+    host_kernel_us=30.0, host_call_us=15.0, host_nccl_us=145.0, host_symm_us=44.0,
+    host_ce_us=60.0,
+    # GEMM-AR's sum after the GEMM (N = 8192, K / W = 4096): 0.055 ms at M = 128 (graph
+    # replays) against cuBLAS alone 0.028: the sum's kernel costs ~13 us beyond its bytes
+    reduce_pass_us=13.0,
 )
 
 # Conservative numbers for a GPU we have not measured: the same shape of curves, scaled down.
@@ -112,16 +197,19 @@ GENERIC = DeviceSpec(
     nccl_gbs=((16 * MB, 100.0), (256 * MB, 150.0)),
     sm_copy_gbs={8: ((16 * MB, 50.0),), 32: ((16 * MB, 150.0),), 132: ((16 * MB, 180.0),)},
     sm_scale=H200.sm_scale,
+    library={"nccl": (40.0, 150.0), "symm_one_shot": (15.0, 100.0),
+             "symm_two_shot": (12.0, 160.0)},
+    peer_share=H100.peer_share,
 )
 
-DEVICES = {"H200": H200}
+DEVICES = {"H200": H200, "H100": H100}
 
 
 def device_spec(name: str | None) -> DeviceSpec:
     """The constants for a device name like 'NVIDIA H200' (generic when not in the table)."""
-    for key, spec in DEVICES.items():
+    for key, row in DEVICES.items():
         if name and key.lower() in name.lower():
-            return spec
+            return row
     return GENERIC
 
 
@@ -155,12 +243,15 @@ def sm_copy_gbs(dev: DeviceSpec, ctas: int, nbytes: float) -> float:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A predicted time in ms, with its parts (for tables and tests)."""
+    """A predicted time in ms, with its parts (for tables and tests). `total` is the GPU
+    time for CUDA-graph replays, max(GPU, host) for eager calls."""
 
     total: float
     gemm: float
     comm: float
     exposed: float  # what does not overlap: prologue, tail, or the whole comm (fallback)
+    gpu: float = 0.0  # the GPU's time per call
+    host: float = 0.0  # the host's time per eager call
 
 
 def tile_efficiency(cfg: Config) -> float:
@@ -202,24 +293,148 @@ def _gemm(dev, m, n, k, cfg, programs, elem, tiled=True) -> tuple[float, float]:
     return (max(waves * tile_s, memory_s) + dev.launch_us * 1e-6) * 1e3, tile_s * 1e3
 
 
-def comm_bytes(bp: BoundPattern) -> float:
-    """Bytes one rank sends per direction for the pattern's collectives."""
-    w = bp.world
-    total = 0.0
-    for op in bp.ops:
-        if op.kind == "all_gather":
-            x = bp.tensors[op.args[0]]
-            total += (w - 1) * _nbytes(x.local_shape, x.dtype)
-        elif op.kind == "reduce_scatter":
-            out = bp.tensors[op.result]
-            total += (w - 1) * _nbytes(out.local_shape, out.dtype)
-        elif op.kind == "all_reduce":
-            x = bp.tensors[op.args[0]]
-            total += 2 * (w - 1) / w * _nbytes(x.local_shape, x.dtype)
-        elif op.kind == "all_to_all":
-            x = bp.tensors[op.args[0]]
-            total += (w - 1) / w * _nbytes(x.local_shape, x.dtype)
-    return total
+# ---------------------------------------------------------------- the pattern's sizes
+
+
+def first_gemm(bp: BoundPattern):
+    """The pattern's first GEMM op (what the model times), or None."""
+    return next((op for op in bp.ops if op.kind == "gemm"), None)
+
+
+def extents(bp: BoundPattern) -> dict[str, int]:
+    """The sizes the knobs tile, per rank: the first GEMM's m/n/k (or the first compute op's
+    rows and columns), and the first collective's chunk rows and columns (its per-rank slice
+    along the moved dim, and what one such row holds)."""
+    gemm = first_gemm(bp)
+    if gemm is not None:
+        a, b = (bp.tensors[x].local_shape for x in gemm.args)
+        m, k, n = a[0], a[1], b[1]
+    else:
+        comp = next((op for op in bp.ops if spec(op.kind).category == "compute"), None)
+        if comp is None:
+            raise NotSupportedError(f"the tuner tunes a pattern's compute; {bp.name} has none",
+                                    bp.pattern.loc)
+        shape = bp.tensors[comp.result].local_shape
+        m, n, k = shape[0], (shape[1] if len(shape) > 1 else 1), 1
+    rows, cols = m, n
+    comm = next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
+    if comm is not None:
+        rows, cols = _chunk_geometry(bp, comm)
+    return {"m": m, "n": n, "k": k, "rows": rows, "cols": cols}
+
+
+def _chunk_geometry(bp: BoundPattern, op) -> tuple[int, int]:
+    """(rows, columns) of a collective's per-rank slice: the rows along the moved dim one
+    rank contributes or owns, and the elements one such row holds."""
+    produced = op.kind in ("reduce_scatter", "all_reduce")
+    t = bp.tensors[op.result if produced else op.args[0]]
+    shape = t.local_shape
+    d = bp.op_attrs(op).get("dim", 0) % len(shape)
+    cols = 1
+    for i, x in enumerate(shape):
+        if i != d:
+            cols *= x
+    return shape[d], cols
+
+
+def modelled(bp: BoundPattern) -> str | None:
+    """Why the model cannot estimate `bp` well enough to decide its default (None: it can).
+    It times one GEMM and the collective that feeds it or that it feeds; a pattern with
+    other compute (attention, a tile function, a second GEMM) keeps the overlapped
+    default."""
+    comm = [op for op in bp.ops if spec(op.kind).category == "comm"]
+    compute = [op for op in bp.ops if spec(op.kind).category != "comm"]
+    if len(comm) != 1 or len(compute) != 1 or first_gemm(bp) is None:
+        return (f"the cost model times one GEMM and one collective; {bp.name} has "
+                f"{', '.join(op.kind for op in bp.ops)}")
+    return None
+
+
+def is_fallback(cfg: Config) -> bool:
+    """True for the non-overlapped plan (comm=none)."""
+    return cfg.comm == FALLBACK
+
+
+def op_lowerings(bp: BoundPattern, cfg: Config, target=None):
+    """(site, lowering) of every op under `cfg` (lowering None: none for this config)."""
+    sites = op_sites(bp, cfg, target)
+    return [(sites[op.result], lowering_for(sites[op.result])) for op in bp.ops]
+
+
+def uses_comm_programs(cfg: Config, bp: BoundPattern, target=None) -> bool:
+    """Whether `cfg` runs a role next to a compute op's tiles in one kernel (a push, a
+    reduction), sized by comm_programs."""
+    if is_fallback(cfg):
+        return False
+    return any(lw is not None and lw.shares_kernel(site)
+               for site, lw in op_lowerings(bp, cfg, target))
+
+
+def moved_bytes(bp: BoundPattern, cfg: Config) -> float:
+    """Bytes one rank sends per call for the pattern's collectives under `cfg`: what each
+    collective's lowering moves (a one-shot all-reduce sends its partial to every peer, a
+    two-shot 2 (W - 1) / W of it), or for the non-overlapped plan what its library calls
+    move (`lowering.register_library_comm`)."""
+    if is_fallback(cfg):
+        return sum(library_moved_bytes(bp, op, cfg.library_comm) for op in bp.ops
+                   if spec(op.kind).category == "comm")
+    return sum(lw.moved_bytes(site) for site, lw in op_lowerings(bp, cfg) if lw is not None)
+
+
+def share(dev: DeviceSpec, mover: str, peers: int) -> float:
+    """The share of its one-peer bandwidth `mover` keeps sending to `peers` peers at once
+    (interpolated in log peers; flat beyond the last measured count)."""
+    pts = dev.peer_share.get(mover)
+    if not pts or peers <= 1:
+        return 1.0
+    return _interp(pts, peers)
+
+
+def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> float:
+    """One collective of the non-overlapped plan as its library call: latency + bytes /
+    bandwidth, the bandwidth shared by the peers a symmetric-memory kernel reaches at once."""
+    calls = dev.library
+    name = library_comm if library_comm in calls and library_comm != "nccl" and \
+        _has_variant(op, library_comm) else "nccl"
+    lat_us, gbs = calls.get(name, (40.0, 150.0))
+    if name != "nccl":
+        gbs *= share(dev, "sm", bp.world - 1)
+    nbytes = library_moved_bytes(bp, op, name)
+    return lat_us * 1e-3 + nbytes / (gbs * 1e9) * 1e3
+
+
+def _has_variant(op, name: str) -> bool:
+    from .lowering import LIBRARY_COMMS
+
+    return name in LIBRARY_COMMS.get(op.kind, {})
+
+
+def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
+    """The host's time for one eager call: the non-overlapped plan's library calls, or the
+    overlapped plan's kernels (one per compute op's tile loop and per reduction of its own),
+    vendor-library steps and copy-engine program."""
+    if is_fallback(cfg):
+        us = 0.0
+        for op in bp.ops:
+            if spec(op.kind).category != "comm":
+                us += dev.host_call_us
+            elif cfg.library_comm != "nccl" and _has_variant(op, cfg.library_comm):
+                us += dev.host_symm_us
+            else:
+                us += dev.host_nccl_us
+        return us * 1e-3
+    us = 0.0
+    for site, lw in op_lowerings(bp, cfg):
+        if lw is None:
+            continue
+        for st in lw.steps(site):
+            if st.host:
+                us += dev.host_call_us
+            elif st.kind == "tiles" or st.own_kernel:
+                us += dev.host_kernel_us
+        if lw.resource == "copy_engine":
+            us += dev.host_ce_us
+    return us * 1e-3
 
 
 def _nbytes(shape, dtype: str) -> float:
@@ -230,15 +445,27 @@ def _dtype(bp: BoundPattern) -> str:
     return next(iter(bp.tensors.values())).dtype
 
 
-def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
-    """Predicted time of one call of `bp` with `cfg` on `dev`."""
+# ---------------------------------------------------------------- one call
+
+
+def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, graph: bool = False) -> Estimate:
+    """Predicted time of one call of `bp` with `cfg` on `dev`: back-to-back eager calls, or
+    (`graph`) CUDA-graph replays, which have no host work per call."""
+    e = _gpu_estimate(bp, cfg, dev)
+    host = host_ms(bp, cfg, dev)
+    total = e.total if graph else max(e.total, host)
+    return Estimate(total, e.gemm, e.comm, e.exposed, e.total, host)
+
+
+def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     ext = extents(bp)
     elem = DTYPE_BYTES.get(_dtype(bp), 2)
     m, n, k, w = ext["m"], ext["n"], ext["k"], bp.world
-    nbytes = comm_bytes(bp)
+    nbytes = moved_bytes(bp, cfg)
     lat = dev.signal_us * 1e-3  # ms
     if is_fallback(cfg):
-        comm = _transfer_ms(dev.nccl_gbs, nbytes) + lat
+        comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in bp.ops
+                   if spec(op.kind).category == "comm")
         gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
         return Estimate(gemm + comm, gemm, comm, comm)
     if getattr(cfg, "gemm", "triton") == "library":
@@ -253,7 +480,11 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     gemm, tile_ms = _gemm(dev, m, n, k, cfg, compute, elem)
     if _comm_before_compute(bp):
         return _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
-    return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
+    lws = [(site, lw) for site, lw in op_lowerings(bp, cfg) if lw is not None]
+    exposed = sum(lw.exposed_bytes(site) for site, lw in lws)
+    stall = max((lw.push_stall(site) for site, lw in lws), default=0.0)
+    return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
+                          exposed, stall)
 
 
 def _comm_before_compute(bp: BoundPattern) -> bool:
@@ -302,11 +533,11 @@ def _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> 
     chunk_bytes = min(cfg.comm_block_m, rows) * cols * elem
     local_chunk = chunk_bytes / (dev.local_cta_gbs * 1e9) * 1e3
     if cfg.comm == "copy_engine":
-        bw = _interp(dev.ce_gbs, max(nbytes, 1.0))
+        bw = _interp(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", w - 1)
         signals = w * chunks * lat  # one memcpy + stream write per chunk, serial
         local_chunk = chunk_bytes / (dev.hbm_gbs / 2 * 1e9) * 1e3
     else:
-        bw = sm_copy_gbs(dev, cfg.comm_programs, max(nbytes, 1.0))
+        bw = sm_copy_gbs(dev, cfg.comm_programs, max(nbytes, 1.0)) * share(dev, "sm", w - 1)
         signals = math.ceil(w * chunks / cfg.comm_programs) * lat
     remote_chunk = chunk_bytes / (bw * 1e9) * 1e3 + lat
     comm = nbytes / (bw * 1e9) * 1e3 + signals + local_chunk
@@ -322,13 +553,17 @@ def _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> 
     return Estimate(total, gemm, comm, total - gemm)
 
 
-def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> Estimate:
+def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
+                   exposed: float = 0.0, stall: float = 0.6) -> Estimate:
+    """A GEMM feeding its collective; `exposed`: bytes the collective sends only once the
+    whole result is reduced (a two-shot all-reduce's sums), after everything else; `stall`:
+    the share of its epilogue pushes' time the GEMM does not hide (`Lowering.push_stall`)."""
     rows, cols = ext["rows"], ext["cols"]
     chunk_rows, chunk_cols = min(cfg.comm_block_m, rows), min(cfg.comm_block_n, cols)
     chunks = math.ceil(rows / chunk_rows) * math.ceil(cols / chunk_cols)
     if cfg.comm == "copy_engine":
         # tiles land in a local staging buffer; the copy engine moves each finished chunk
-        push_bw = _interp(dev.ce_gbs, max(nbytes, 1.0))
+        push_bw = _interp(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", w - 1)
         last_push = chunk_rows * chunk_cols * elem / (push_bw * 1e9) * 1e3 + w * lat
         reducers = max(1, cfg.comm_programs)
         # its copies are whole rows of chunk_rows, one per chunk and destination, one after
@@ -337,17 +572,21 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
         copies = dests * math.ceil(rows / chunk_rows)
     else:
         # compute programs store each tile into its owner's buffer in the tile's epilogue
-        push_bw = sm_copy_gbs(dev, compute, max(nbytes, 1.0))
+        push_bw = sm_copy_gbs(dev, compute, max(nbytes, 1.0)) * share(dev, "sm", w - 1)
         last_push = cfg.block_m * cfg.block_n * elem / (sm_copy_gbs(dev, 1, nbytes) * 1e9) * 1e3
         reducers = max(1, cfg.comm_programs) if cfg.comm == "sm" else compute
         copies = 0
     push = nbytes / (push_bw * 1e9) * 1e3
     chunk_cost = copies * dev.ce_chunk_us * 1e-3  # exposed (see DeviceSpec.ce_chunk_us)
+    if exposed:  # the second hop, at the SM-copy rate of the reducing programs, after the sum
+        chunk_cost += exposed / (sm_copy_gbs(dev, compute, exposed) * share(dev, "sm", w - 1)
+                                 * 1e9) * 1e3 + lat
     reduce_bytes = (w + 1) * rows * cols * elem  # read W partials, write the sum
     if getattr(cfg, "reduce_after", 0):
         # a second kernel on every SM after the GEMM: the whole sum is exposed, but at HBM
         # bandwidth, plus one launch and one signal round trip
-        after = reduce_bytes / (dev.hbm_gbs * 1e9) * 1e3 + dev.launch_us * 1e-3 + lat
+        after = (reduce_bytes / (dev.hbm_gbs * 1e9) * 1e3
+                 + (dev.launch_us + dev.reduce_pass_us) * 1e-3 + lat)
         if cfg.comm == "copy_engine" and getattr(cfg, "fuse_reduce", 0):
             # fused into the own tiles' epilogue: they load the W - 1 peer partials (HBM)
             # instead of a pass after the GEMM; only the last tiles' loads are exposed, but
@@ -357,11 +596,8 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
             total = max(gemm, push) + fused + chunk_cost
         elif cfg.comm == "copy_engine":
             total = max(gemm, push) + after + chunk_cost
-        else:
-            # remote stores in the GEMM's epilogue stall it: on 2x H200 the GEMM kernel took
-            # 0.866 ms pushing 64 MB against 0.747 staging locally (8192^3, docs/perf.md),
-            # about 0.6 of the push time; K = 28672 lost about as much
-            total = max(gemm + EPILOGUE_PUSH_STALL * push, push) + after
+        else:  # remote stores in the GEMM's epilogue stall it (Lowering.push_stall)
+            total = max(gemm + stall * push, push) + after + chunk_cost
         return Estimate(total, gemm, push, total - gemm)
     red_bw = min(dev.hbm_gbs, reducers * dev.local_cta_gbs)
     reduce = reduce_bytes / (red_bw * 1e9) * 1e3 + math.ceil(chunks / reducers) * lat
@@ -373,17 +609,19 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) 
 
 
 def floor_ms(bp: BoundPattern, dev: DeviceSpec) -> float:
-    """The model's floor: max(GEMM alone on every SM, the copy engine moving the bytes)."""
+    """The model's floor: max(GEMM alone on every SM, the copy engine moving the bytes of
+    the collectives' NCCL calls)."""
     ext = extents(bp)
     gemm = gemm_ms(dev, ext["m"], ext["n"], ext["k"], Config(), dev.num_sms,
                    DTYPE_BYTES.get(_dtype(bp), 2), tiled=False)
-    nbytes = comm_bytes(bp)
+    nbytes = moved_bytes(bp, Config(comm=FALLBACK))
     return max(gemm, _transfer_ms(dev.ce_gbs, nbytes))
 
 
-def rank(bp: BoundPattern, configs: list[Config], dev: DeviceSpec) -> list[tuple[Config, float]]:
+def rank(bp: BoundPattern, configs: list[Config], dev: DeviceSpec,
+         graph: bool = False) -> list[tuple[Config, float]]:
     """`configs` with predicted ms, fastest first; ties keep the input order (deterministic,
     so every rank ranks identically)."""
-    scored = [(estimate(bp, c, dev).total, i, c) for i, c in enumerate(configs)]
+    scored = [(estimate(bp, c, dev, graph).total, i, c) for i, c in enumerate(configs)]
     scored.sort(key=lambda t: (t[0], t[1]))
     return [(c, ms) for ms, _, c in scored]
