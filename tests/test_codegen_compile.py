@@ -358,3 +358,21 @@ def test_defaults_past_two_ranks_follow_the_four_gpu_measurements():
         c = s.config
         assert (c.comm, c.comm_block_m, c.comm_block_n) == ("copy_engine",) + chunk, sizes
         render_triton(s)
+
+
+def test_ahead_of_time_ptx_has_the_launchs_16_byte_accesses():
+    # a launch specializes 16-byte-aligned pointers (tt.divisibility = 16) and Triton
+    # vectorizes their loads and stores; --emit ptx must compile the same specialization,
+    # not 2-byte accesses the running kernel does not have
+    import re
+
+    from tilelink.codegen.compile import emit_stage
+
+    s = make_schedule(RS.bind({"M": "2048", "N": "2048", "K": "1024"}, 2),
+                      get_target("cuda:90"), {"comm": "sm"})
+    ptx = emit_stage(render_triton(s), get_target("cuda:90"), "ptx")
+    ops = re.findall(r"(?:st|ld)\.global(?:\.[a-z0-9]+)*", ptx)
+    assert "st.global.v4.b32" in ops and "ld.global.v4.b32" in ops
+    assert "st.global.b16" not in ops and "ld.global.b16" not in ops
+    ttir = emit_stage(render_triton(s), get_target("cuda:90"), "ttir")
+    assert re.search(r"%\w+_ptr: !tt.ptr<bf16> \{tt.divisibility = 16 : i32\}", ttir)

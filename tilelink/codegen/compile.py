@@ -141,12 +141,13 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
         consts["DOT_FP32"] = target.dot_fp32
     sig = {k: v for k, v in mod.SIGNATURE.items() if k in fn.arg_names}
     sig.update({k: "constexpr" for k in consts})
+    attrs = launch_attrs(fn, sig)
     if getattr(fn, "is_gluon", lambda: False)():  # gemm=ws: a Gluon kernel
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        src = GluonASTSource(fn, sig, consts)
+        src = GluonASTSource(fn, sig, consts, attrs)
     else:
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     gpu = GPUTarget(target.backend, target.arch, target.warp_size)
     warps = getattr(mod, "KERNEL_WARPS", {}).get(fn.__name__, mod.NUM_WARPS)
     opts = {"num_warps": warps}
@@ -154,6 +155,18 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
     if "extern_libs" in extra:
         opts["extern_libs"] = tuple(extra["extern_libs"].items())
     return triton.compile(src, target=gpu, options=opts)
+
+
+def launch_attrs(fn, sig: dict) -> dict:
+    """The specialization a launch gives the kernel's pointer arguments: every buffer a
+    TileLink launch passes is 16-byte aligned (heap buffers start 256-byte aligned; torch
+    allocates tensors 256-byte aligned), and Triton's launcher marks such a pointer
+    `tt.divisibility = 16`, which is what lets it vectorize loads and stores to 16 bytes.
+    Compiled ahead of time without it, `--emit ptx` would show 2-byte accesses that the
+    running kernel does not have. (Integer arguments stay unspecialized: their values, the
+    rank among them, differ from launch to launch.)"""
+    return {(fn.arg_names.index(k),): [["tt.divisibility", 16]]
+            for k, v in sig.items() if isinstance(v, str) and v.startswith("*")}
 
 
 def emit_stage(source: str, target: Target, stage: str) -> str:
