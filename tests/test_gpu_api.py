@@ -115,6 +115,44 @@ def test_nvshmem_hook_is_reinstalled_and_chains(monkeypatch):
     assert triton.knobs.runtime.jit_post_compile_hook not in (other, None)
 
 
+def test_nvshmem_hook_registers_only_the_kernels_built_for_nvshmem(monkeypatch):
+    # the hook is global to the process: a kernel of another module compiled after an
+    # NVSHMEM one (the torch backend's, a user's) must never reach nvshmemx_cumodule_init
+    import types
+
+    import triton
+
+    from tilelink.lang.nvshmem import LIBRARY
+    from tilelink.runtime import nvshmem_device
+
+    class Kernel:  # what Triton's device cache holds
+        pass
+
+    class JitFunction:  # (weakly referenced, as Triton's are)
+        def __init__(self):
+            self.device_caches = {0: ({"k": Kernel()},)}
+
+    def jit_fn():
+        return JitFunction()
+
+    ours, theirs = jit_fn(), jit_fn()
+    module = types.SimpleNamespace(main_kernel=ours)
+    inited = []
+    monkeypatch.setattr(nvshmem_device, "init_compiled", inited.append)
+    monkeypatch.setattr(nvshmem_device, "_kernels", __import__("weakref").WeakSet())
+    monkeypatch.setattr(nvshmem_device, "_installed", None)
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.setattr("tilelink.codegen.compile.kernel_names",
+                        lambda mod: ["main_kernel"])
+    nvshmem_device.install_hook(module)
+    hook = triton.knobs.runtime.jit_post_compile_hook
+    libs = ((LIBRARY, "/x/libnvshmem_device.bc"),)
+    for fn in (ours, theirs):
+        hook(key="k", fn=types.SimpleNamespace(jit_function=fn),
+             compile={"device": 0, "extern_libs": libs})
+    assert inited == [ours.device_caches[0][0]["k"]]  # only the module's own kernel
+
+
 def test_copy_engine_ops_are_checked_against_the_heap_before_any_launch():
     # the GPU runtime issues copy-engine ops as raw addresses: every op is checked first
     import torch

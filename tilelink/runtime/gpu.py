@@ -845,7 +845,7 @@ def _build_ops(bp: BoundPattern, s, target, world, backend: str, limit: int,
     if target.lang == "nvshmem":
         from .nvshmem_device import install_hook
 
-        install_hook()  # NVSHMEM is initialised now (the heap): register modules as compiled
+        install_hook(mod)  # NVSHMEM is initialised now (the heap): register its kernels
     if hasattr(mod, "init_signals"):
         for heap in heaps:
             mod.init_signals(heap.tensors, 1)
