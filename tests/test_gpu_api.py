@@ -273,3 +273,21 @@ def test_captured_calls_take_the_graph_tuned_config_only_where_outputs_agree():
     got = _captured_config(lean, target, none, None, None, False, None)
     assert got is not None and got.capturable == 1
     assert _captured_config(lean, target, none, none, None, False, None) is None
+
+
+def test_a_failing_nvshmem_module_init_is_a_clear_refusal(monkeypatch):
+    # nvshmemx_cumodule_init failed with status 7 on 2x and 4x H100 hosts: the user gets the
+    # reason and the backends that work, not a RuntimeError from inside a launch
+    import torch
+
+    from tilelink.errors import NotSupportedError
+    from tilelink.runtime import nvshmem_device
+
+    def failing(module):
+        raise RuntimeError("nvshmemx_cumodule_init failed with error code 7")
+
+    monkeypatch.setattr(torch._C._distributed_c10d, "_nvshmemx_cumodule_init", failing,
+                        raising=False)
+    with pytest.raises(NotSupportedError, match="error code 7") as e:
+        nvshmem_device._cumodule_init(1234)
+    assert "--backend torch" in e.value.hint and "nvshmem-ptr" in e.value.hint

@@ -33,7 +33,17 @@ def _cumodule_init(module: int) -> None:
                                 "(torch._C._distributed_c10d._nvshmemx_cumodule_init)",
                                 hint="use backend 'nvshmem-ptr' (NVSHMEM heap, peer pointers) "
                                 "or 'torch'") from None
-    _nvshmemx_cumodule_init(module)
+    try:
+        _nvshmemx_cumodule_init(module)
+    except RuntimeError as e:  # NVSHMEM's own status: this host's NVSHMEM cannot serve it
+        raise NotSupportedError(
+            f"NVSHMEM could not load its device state into the kernel's CUDA module "
+            f"(nvshmemx_cumodule_init: {str(e).strip().splitlines()[-1][:200]}): the NVSHMEM "
+            "device library cannot run on this host as installed (seen on 2x and 4x H100 "
+            "hosts with nvidia-nvshmem-cu13; 2x H200 passed)",
+            hint="use --backend torch (torch symmetric memory) or --backend nvshmem-ptr (the "
+            "NVSHMEM heap through peer pointers, no device library); NVSHMEM_DEBUG=INFO "
+            "prints NVSHMEM's reason") from None
 
 
 def init_compiled(kernel) -> None:
