@@ -224,11 +224,14 @@ class RankRuntime:
 
 @dataclass
 class EmulationResult:
-    """Per call, per rank: the inputs given and the outputs the generated kernel produced."""
+    """Per call, per rank: the inputs given and the outputs the generated kernel produced
+    (`plan`: the non-overlapped plan produced them, each op by torch in the pattern's
+    dtype; the check allows its roundings, see `bounds.ROUNDING`)."""
 
     inputs: list[dict[str, list[torch.Tensor]]]
     outputs: list[dict[str, list[torch.Tensor]]]
     seconds: float
+    plan: bool = False
 
 
 def _purge_triton_modules():
