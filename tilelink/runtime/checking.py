@@ -128,3 +128,21 @@ def _is_list(x) -> bool:
 def _dtype(dtype: torch.dtype) -> str:
     names = {v: k for k, v in TORCH_DTYPES.items()}
     return names.get(dtype, str(dtype).removeprefix("torch."))
+
+
+#: calls `tilelink run --check` makes unless told: the second call uses the other half of
+#: every double buffer, and the third reuses the first's once the peers released it, so a
+#: missing wait, release or buffer flip shows on a later call
+CHECK_CALLS = 3
+
+
+def run_defaults(check: bool, calls: int | None, delays: bool | None) -> tuple[int, bool]:
+    """`tilelink run`'s (calls, delays) where --calls / --delays were not given: with
+    --check, CHECK_CALLS calls with a random delay before each rank's launch (a missing
+    wait passes an undelayed call whenever its producer happened to be first); else one
+    call, no delays."""
+    if calls is None:
+        calls = CHECK_CALLS if check else 1
+    if delays is None:
+        delays = check
+    return calls, delays
