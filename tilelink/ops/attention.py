@@ -67,13 +67,20 @@ def attention_ref(op, ctx, args):
             for r, (q, k, v) in enumerate(zip(qs, ks, vs))]
 
 
+#: relative error of one softmax weight besides the sums: exp() turns its argument's
+#: absolute error into a relative one, and the argument (a score minus the row's max, or a
+#: log-sum-exp of unit-variance inputs' scores) stays within ~8 of zero: 8 fp32 roundings
+#: of it, on the kernel's side and on the reference's
+SOFTMAX_WEIGHT = 16 * 2.0**-24
+
+
 @rounding("attention")
 @rounding("attention_partial")
 def attended(bp, op, plan) -> Sums:
-    """An output element sums its keys' weighted values (and each score D products), in
-    fp32, rounded once: the longest of those sums."""
+    """An output element sums its keys' softmax-weighted values (and each score D
+    products), in fp32, rounded once: the longest of those sums."""
     k = bp.tensors[op.args[1]].local_shape  # [keys, H, D], or [B, keys, H, D]
-    return Sums(terms=max(k[-3], k[-1]))
+    return Sums(terms=max(k[-3], k[-1]), term_error=SOFTMAX_WEIGHT)
 
 
 @dist_reference("attention")
@@ -203,8 +210,9 @@ def combine_ref(op, ctx, args):
 
 @rounding("lse_combine")
 def combined(bp, op, plan) -> Sums:
-    """`splits` weighted partials per element, summed in fp32, rounded once."""
-    return Sums(terms=bp.op_attrs(op)["splits"] or bp.world)
+    """`splits` partials per element weighted by the softmax of their log-sum-exps, summed
+    in fp32, rounded once."""
+    return Sums(terms=bp.op_attrs(op)["splits"] or bp.world, term_error=SOFTMAX_WEIGHT)
 
 
 @dist_reference("lse_combine")

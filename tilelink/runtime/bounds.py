@@ -70,7 +70,7 @@ ROUNDING: dict[str, RoundingRule] = {}
 
 def rounding(kind: str):
     """Decorator: register how op `kind` rounds (see ROUNDING); an op without a rule is
-    taken as one rounding of an fp32 result (Sums())."""
+    taken as a result computed in fp32 and rounded once (Sums())."""
 
     def wrap(fn: RoundingRule) -> RoundingRule:
         ROUNDING[kind] = fn
@@ -113,7 +113,8 @@ class Bound:
 
     def normwise_limit(self, n: int) -> float:
         """||got - ref|| / ||ref|| allowed for a tensor of n elements: the expected error,
-        plus SPREAD standard deviations of its square's spread over n elements."""
+        its square widened by 6 standard deviations of a mean of n squared element errors
+        (each of relative standard deviation at most sqrt(5)): SPREAD / sqrt(n)."""
         return self.normwise * math.sqrt(1.0 + SPREAD / math.sqrt(max(n, 1)))
 
 
