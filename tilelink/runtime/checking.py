@@ -46,8 +46,7 @@ def check(bp: BoundPattern, result: EmulationResult) -> CheckReport:
         return CheckReport({}, False, lines)
     from .api import memory_guard
 
-    plan = bool(getattr(result, "plan", False))
-    bounds = {name: output_bound(bp, name, plan) for name in bp.pattern.outputs}
+    bounds = {name: output_bound(bp, name, result.plan) for name in bp.pattern.outputs}
     worst: dict[str, tuple[Verdict, int, int]] = {}
     ok = True
     for c, (ins, outs) in enumerate(zip(result.inputs, result.outputs)):
