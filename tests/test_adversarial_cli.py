@@ -361,8 +361,8 @@ def test_the_non_overlapped_plan_of_large_sizes_is_not_planned_until_shown(no_pl
 def test_the_emulated_world_refuses_sizes_this_machine_cannot_hold(monkeypatch, capsys):
     monkeypatch.setattr(emulated, "_available_memory", lambda: 64 << 30)
     err = assert_refused(["run", AG, "--check", "-D", "M=134217728", "--config", "comm=none"],
-                         ["the emulated world needs at least 368 GiB for these sizes (2 ranks, "
-                          "each holding 40 GiB of inputs and outputs per call for 1 call(s) and "
+                         ["the emulated world needs at least 528 GiB for these sizes (2 ranks, "
+                          "each holding 40 GiB of inputs and outputs per call for 3 call(s) and "
                           "a reference of 144 GiB; the largest tensor is a_full, 32 GiB per "
                           "rank); 64 GiB of memory are available here",
                           "hint: use smaller -D sizes"],

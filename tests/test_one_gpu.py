@@ -21,7 +21,7 @@ from tilelink.runtime.gpu_run import RunSpec
 from tilelink.runtime.one_gpu import (RESERVED_SMS, OneGpuFallbackOp, OneGpuWorld, WorldOp,
                                       annotate_schedule, budget_note, check_backend,
                                       one_gpu_target, share_kernels_across_ranks, sm_budget)
-from tilelink.runtime.reference import evaluate, make_inputs, tolerance
+from tilelink.runtime.reference import evaluate, judge, make_inputs, output_bound
 from tilelink.runtime.symmetric import ALIGN, DeviceHeaps, layout
 from tilelink.schedule import get_target, make_schedule
 
@@ -321,13 +321,12 @@ def test_the_non_overlapped_plan_runs_every_rank_on_its_stream(monkeypatch, patt
     inputs = [{n: v[r] for n, v in per_rank.items()} for r in range(world_size)]
     outs = op(inputs)
     want = evaluate(bp, per_rank)
-    k = max(t.shape[-1] for t in bp.tensors.values())
     for r in range(world_size):
         for name, got in zip(op.output_names, outs[r] if isinstance(outs[r], tuple)
                              else (outs[r],)):
-            atol, rtol = tolerance(bp.tensors[name].dtype, k)
-            assert torch.allclose(got.float(), want[name][r].float(), atol=atol * world_size,
-                                  rtol=rtol), (name, r)
+            # the plan's own roundings (a reduction in bf16, rank after rank) are allowed
+            v = judge(got, want[name][r], output_bound(bp, name, plan=True))
+            assert v.ok, v.words(name)
     # before its collective every rank's stream waited for every rank's stream
     for s in op.world.streams:
         assert set(op.world.streams) <= set(s.waited)
@@ -473,6 +472,7 @@ class FakeRunOp:
         self.input_names = tuple(d.name for d in bp.pattern.inputs)
         self.output_names = tuple(bp.pattern.outputs)
         self.calls, self.replays, self.delayed = 0, 0, []
+        self.fallback = False  # a kernel's outputs: judged by the kernels' bound
 
     def make_inputs(self, seed):
         per_rank = make_inputs(self.bound, seed)

@@ -56,18 +56,19 @@ def as_tuple(out) -> tuple:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def check_outputs(bp, names, got, want) -> tuple[float, float, bool]:
+def check_outputs(bp, names, got, want, plan: bool = False) -> tuple[float, float, bool]:
     """(max abs error, worst normwise error, ok) of outputs `got` (a tensor or a tuple, in
-    the order of `names`) against `want`: each within `runtime.reference.output_bound` of
-    its own scale (`judge`, the rule `tilelink run --check` applies)."""
-    from ..runtime.reference import judge, output_bound
+    the order of `names`) against `want`: each within `runtime.bounds.output_bound` of
+    its own scale (`judge`, the rule `tilelink run --check` applies; `plan`: computed as
+    the non-overlapped plan computes, by NCCL and cuBLAS in the pattern's dtype)."""
+    from ..runtime.bounds import judge, output_bound
 
     got, want = as_tuple(got), as_tuple(want)
     if len(got) != len(want):
         return float("inf"), float("inf"), False
     max_abs, rel, ok = 0.0, 0.0, True
     for name, g, w in zip(names, got, want):
-        v = judge(g, w, output_bound(bp, name))
+        v = judge(g, w, output_bound(bp, name, plan))
         max_abs, rel, ok = max(max_abs, v.max_abs), max(rel, v.normwise), ok and v.ok
     return max_abs, rel, ok
 
@@ -205,13 +206,14 @@ def _program(steps: list, vals: dict, results: tuple[str, ...]) -> Callable[[], 
 
 
 def _output_check(bp, fn) -> Callable:
-    """Check of a system computing the pattern's outputs: against the reference."""
+    """Check of a system computing the pattern's outputs: against the reference, within
+    the non-overlapped plan's bound (a baseline's collectives sum as NCCL does)."""
     names = tuple(bp.pattern.outputs)
 
     def check(ref):
         out = fn()
         torch.cuda.synchronize()
-        return check_outputs(bp, names, out, ref)
+        return check_outputs(bp, names, out, ref, plan=True)
     return check
 
 
@@ -339,7 +341,7 @@ def _alone(bp, ops, vals, group, key: str, what: str) -> Baseline:
     def check(_ref):
         out = fn()
         torch.cuda.synchronize()
-        return check_outputs(bp, results, out, _no_tf32(exact))
+        return check_outputs(bp, results, out, _no_tf32(exact), plan=True)
     return Baseline(key, fn, check, what + "; then ".join(_op_words(bp, op) for op in ops))
 
 

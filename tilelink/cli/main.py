@@ -79,12 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "what a machine without a GPU runs.")
     _common(r)
     r.add_argument("--check", action="store_true", help="compare with the non-overlapped torch "
-                   "reference; exit 1 on mismatch")
+                   "reference; exit 1 on mismatch (unless given, --calls 3 --delays: a "
+                   "missing wait or buffer release shows on a later call)")
     r.add_argument("--seed", type=argtypes.seed, default=0,
                    help=f"random input seed, 0 to {argtypes.MAX_SEED} (default 0)")
-    r.add_argument("--calls", type=argtypes.calls, default=1,
-                   help=f"back-to-back calls, fresh inputs each, 1 to {argtypes.MAX_CALLS}")
-    r.add_argument("--delays", action="store_true", help="random delay before each rank's launch")
+    r.add_argument("--calls", type=argtypes.calls, default=None,
+                   help=f"back-to-back calls, fresh inputs each, 1 to {argtypes.MAX_CALLS} "
+                   "(default 1; 3 with --check)")
+    r.add_argument("--delays", action=argparse.BooleanOptionalAction, default=None,
+                   help="random delay before each rank's launch (default: with --check)")
     r.add_argument("--timeout", type=argtypes.seconds(120), default=120.0,
                    help="emulated world: seconds before stuck waits are stopped and reported "
                    "(default 120; scaled up when there are more ranks than cores)")
@@ -225,9 +228,11 @@ def _one_gpu_sms(target) -> int:
 def cmd_run(args) -> int:
     from ..frontend import load_pattern
     from ..runtime import check, emulate
+    from ..runtime.checking import run_defaults
 
     from ..runtime.launcher import gpu_count, under_torchrun
 
+    args.calls, args.delays = run_defaults(args.check, args.calls, args.delays)
     pat = load_pattern(args.pattern)
     values = _defines(args.defines, "-D")
     bp = pat.bind(values, args.world_size)

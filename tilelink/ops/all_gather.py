@@ -10,6 +10,7 @@ from ..plan.regions import FULL, access, chunk_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 from ..bench.providers import (Fused, fused_pair, peer_elements, symm_mem_op, to_every_peer,
                                transfer)
+from ..runtime.bounds import Sums, rounding
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -52,6 +53,13 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
 def ref(op, ctx, args):
     full = torch.cat(args[0], dim=ctx.attrs["dim"])
     return [full.clone() for _ in range(ctx.world)]
+
+
+@rounding("all_gather")
+def copies(bp, op, plan) -> Sums:
+    """A gather moves values: no arithmetic, no rounding."""
+    return Sums(rounds=False)
+
 
 @dist_reference("all_gather")
 def dist_ref(op, ctx, args):

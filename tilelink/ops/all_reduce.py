@@ -9,9 +9,10 @@ from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, col_axis, plain_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 from ..bench.providers import peer_elements, to_every_peer, transfer
+from ..runtime.bounds import rounding
 from ..runtime.dist_reference import Prepared, dist_reference, library_variant
 from ..runtime.reference import reference
-from .reduce_scatter import rank_sum
+from .reduce_scatter import rank_sum, rank_sums
 
 
 @register("all_reduce", "comm", ["x"], {},
@@ -41,6 +42,12 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
 def ref(op, ctx, args):
     total = rank_sum(args[0], ctx.dtype, ctx.exact)
     return [total.clone() for _ in range(ctx.world)]
+
+
+# one-shot: every rank sums the W staged partials; two-shot: a chunk's owner does, and the
+# others copy its sum (no further rounding)
+rounding("all_reduce")(rank_sums)
+
 
 @dist_reference("all_reduce")
 def dist_ref(op, ctx, args):

@@ -9,8 +9,10 @@ from ..ir.tensor import LOCAL
 from ..plan.regions import access, chunk_axis, region_rule
 from ..plan.tiling import FULL, DimRule, TileGrid
 from ..bench.providers import peer_elements, transfer
+from ..runtime.bounds import rounding
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
+from .all_gather import copies
 
 
 @register("all_to_all", "comm", ["x", "splits"], {"capacity": None},
@@ -88,6 +90,9 @@ def sends(op, ctx, args):
     me, cap = dist.get_rank(ctx.group), ctx.attrs["capacity"]
     send = _send_buffer(*args, ctx)
     return {d: send[d * cap:(d + 1) * cap] for d in range(ctx.world) if d != me}
+
+
+rounding("all_to_all")(copies)  # rows move between ranks unchanged
 
 
 @dist_reference("all_to_all")

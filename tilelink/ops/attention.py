@@ -12,6 +12,7 @@ from ..ir.ops import Inferred, fail, local_shape, register, result_placement, sa
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
+from ..runtime.bounds import Sums, rounding
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -64,6 +65,22 @@ def attention_ref(op, ctx, args):
     # a sharded q (sequence parallel) holds rows rank * S/W onwards: causality is global
     return [_attend(q, k, v, ctx.attrs["causal"], r * q.shape[0] if ctx.attrs["causal"] else 0, ctx.dtype)
             for r, (q, k, v) in enumerate(zip(qs, ks, vs))]
+
+
+#: relative error of one softmax weight besides the sums: exp() turns its argument's
+#: absolute error into a relative one, and the argument (a score minus the row's max, or a
+#: log-sum-exp of unit-variance inputs' scores) stays within ~8 of zero: 8 fp32 roundings
+#: of it, on the kernel's side and on the reference's
+SOFTMAX_WEIGHT = 16 * 2.0**-24
+
+
+@rounding("attention")
+@rounding("attention_partial")
+def attended(bp, op, plan) -> Sums:
+    """An output element sums its keys' softmax-weighted values (and each score D
+    products), in fp32, rounded once: the longest of those sums."""
+    k = bp.tensors[op.args[1]].local_shape  # [keys, H, D], or [B, keys, H, D]
+    return Sums(terms=max(k[-3], k[-1]), term_error=SOFTMAX_WEIGHT)
 
 
 @dist_reference("attention")
@@ -189,6 +206,13 @@ def _combine(parts: torch.Tensor, ways: int, dtype) -> torch.Tensor:
 def combine_ref(op, ctx, args):
     ways = ctx.attrs["splits"] or ctx.world
     return [_combine(p, ways, ctx.dtype) for p in args[0]]
+
+
+@rounding("lse_combine")
+def combined(bp, op, plan) -> Sums:
+    """`splits` partials per element weighted by the softmax of their log-sum-exps, summed
+    in fp32, rounded once."""
+    return Sums(terms=bp.op_attrs(op)["splits"] or bp.world, term_error=SOFTMAX_WEIGHT)
 
 
 @dist_reference("lse_combine")

@@ -8,8 +8,10 @@ from ..ir.ops import Inferred, fail, local_shape, register, same_dtype
 from ..ir.tensor import INT_DTYPES, LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
+from ..runtime.bounds import rounding
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
+from .gemm import products
 
 
 @register("grouped_gemm", "compute", ["x", "w", "ids"], {},
@@ -60,6 +62,9 @@ def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=T
 @reference("grouped_gemm")
 def ref(op, ctx, args):
     return [_experts(x, w, i, ctx.dtype, ctx.exact) for x, w, i in zip(*args)]
+
+
+rounding("grouped_gemm")(products)  # a row times its expert: x's H products
 
 
 @dist_reference("grouped_gemm")

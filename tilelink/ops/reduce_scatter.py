@@ -9,6 +9,7 @@ from ..ir.tensor import shard
 from ..plan.regions import FULL, access, chunk_axis, col_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 from ..bench.providers import Fused, fused_pair, peer_elements, symm_mem_op, transfer
+from ..runtime.bounds import Sums, rounding
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -58,6 +59,19 @@ def rank_sum(xs: list, dtype, exact: bool):
 @reference("reduce_scatter")
 def ref(op, ctx, args):
     return list(torch.chunk(rank_sum(args[0], ctx.dtype, ctx.exact), ctx.world, dim=ctx.attrs["dim"]))
+
+
+def rank_sums(bp, op, plan: bool) -> Sums:
+    """How a reduction across ranks rounds: W partials, each staged in the result's dtype
+    (the lowerings' stage and send buffers; a fused reduction keeps its own partial in
+    fp32), summed in fp32 and rounded once; the non-overlapped plan (NCCL's ring, or
+    `rank_sum` one rank after another) rounds every running sum to the result's dtype."""
+    dtype = bp.tensors[op.result].dtype
+    return Sums(terms=bp.world, term_dtype=dtype, acc_dtype=dtype if plan else "fp32")
+
+
+rounding("reduce_scatter")(rank_sums)
+
 
 @dist_reference("reduce_scatter")
 def dist_ref(op, ctx, args):

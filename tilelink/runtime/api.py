@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-
-import torch
 
 from ..codegen import render_triton
 from ..codegen.protocol import SITE_RELEASE
@@ -14,9 +11,10 @@ from ..ir import BoundPattern, Pattern
 from ..ir.tensor import show_bytes
 from ..schedule import Schedule, get_target, make_schedule
 from . import emulated
+from .checking import CheckReport, check  # noqa: F401  (tilelink.runtime.check)
 from .emulated import EmulationResult, run_emulated
 from .inputs import call_inputs
-from .reference import Verdict, evaluate, judge, output_bound
+from .reference import evaluate
 
 
 def schedule_for(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
@@ -104,40 +102,6 @@ def _program_order_words(s: Schedule, role, pid: int) -> str:
             f"(on a GPU it need not be co-scheduled either: a deadlock)")
 
 
-@dataclass
-class CheckReport:
-    """Per output, the worst verdict over every call and rank, and whether all passed."""
-
-    errors: dict[str, tuple[float, float]]  # output -> (max abs error, worst scaled error)
-    ok: bool
-    lines: list[str]
-
-
-def check(bp: BoundPattern, result: EmulationResult) -> CheckReport:
-    """Compare every call's outputs with the non-overlapped torch reference (fp32 arithmetic
-    rounded at op boundaries): each element within `error_bound` of |ref| + rms(ref), where
-    the bound counts the roundings on the output's path (`rounding_depth`)."""
-    worst: dict[str, Verdict] = {}
-    ok = True
-    for ins, outs in zip(result.inputs, result.outputs):
-        with memory_guard(bp):
-            want = evaluate(bp, ins)
-        for name, per_rank in outs.items():
-            bound = output_bound(bp, name)
-            for got, ref in zip(per_rank, want[name]):
-                v = judge(got, ref, bound)
-                ok = ok and v.ok
-                if name not in worst or (v.worst, v.max_abs) > (worst[name].worst,
-                                                                 worst[name].max_abs):
-                    worst[name] = v
-    missing = [n for n in bp.pattern.outputs if n not in worst]
-    if missing:  # every returned tensor is produced and checked
-        ok = False
-    lines = [v.words(name) for name, v in worst.items()]
-    lines += [f"{name}: not produced" for name in missing]
-    return CheckReport({n: (v.max_abs, v.worst) for n, v in worst.items()}, ok, lines)
-
-
 def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
             config: dict | None = None, *, seed: int = 0, calls: int = 1, delays: bool = False,
             timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1,
@@ -165,7 +129,7 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
         with memory_guard(s.bound):
             ins = call_inputs(s.bound, inputs, calls, seed)
             outs = [evaluate(s.bound, x, exact=False) for x in ins]
-        return s, EmulationResult(ins, outs, 0.0)
+        return s, EmulationResult(ins, outs, 0.0, plan=True)
     if fault is not None and emulated_fault is None:
         _check_skip_rank(fault, s.bound.world)
     source = render_triton(s, fault=emulated_fault)

@@ -224,11 +224,14 @@ class RankRuntime:
 
 @dataclass
 class EmulationResult:
-    """Per call, per rank: the inputs given and the outputs the generated kernel produced."""
+    """Per call, per rank: the inputs given and the outputs the generated kernel produced
+    (`plan`: the non-overlapped plan produced them, each op by torch in the pattern's
+    dtype; the check allows its roundings, see `bounds.ROUNDING`)."""
 
     inputs: list[dict[str, list[torch.Tensor]]]
     outputs: list[dict[str, list[torch.Tensor]]]
     seconds: float
+    plan: bool = False
 
 
 def _purge_triton_modules():
@@ -236,12 +239,17 @@ def _purge_triton_modules():
 
     `@triton.jit` picks interpreter or compiler when a function is decorated, so functions
     decorated before the fork (Triton's own `tl.zeros`, `tl.cdiv`, ... and tilelink.lang)
-    are rewrapped or re-imported; generated modules are imported after this.
+    are rewrapped or re-imported; generated modules are imported after this. Casts to
+    bf16 round to nearest even from here on (`interp_rounding`).
     """
     os.environ["TRITON_INTERPRET"] = "1"
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
+
+    from .interp_rounding import round_casts_to_nearest
+
+    round_casts_to_nearest()  # bf16 results as a GPU rounds them (what the check assumes)
 
     for holder in (tl, tl.standard, tl.math, tl.tensor):
         for name, value in list(vars(holder).items()):

@@ -48,7 +48,7 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     from ..errors import TileLinkError
     from ..frontend import load_pattern
     from .dist_reference import evaluate_local
-    from .gpu import compile_op
+    from .gpu import FallbackOp, compile_op
 
     bp = load_pattern(spec.pattern).bind(spec.values, world)
     tuned = not spec.config if spec.tuned is None else spec.tuned
@@ -81,7 +81,8 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
                            "were not checked")
     if summary["hang"] is None and spec.check:
         for ins, out in zip(inputs, outputs):
-            tally_call(summary, bp, op.output_names, out, evaluate_local(bp, ins))
+            tally_call(summary, bp, op.output_names, out, evaluate_local(bp, ins),
+                       isinstance(op, FallbackOp))
     if summary["hang"] is None and spec.timing_iters:
         from .timing import steady_state_ms
 
@@ -101,17 +102,17 @@ def new_summary(rank: int, config, calls: int) -> dict:
             "hang": None, "ms_per_call": None, "device": torch.cuda.get_device_name()}
 
 
-def tally_call(summary: dict, bp, output_names, out, want: dict) -> None:
+def tally_call(summary: dict, bp, output_names, out, want: dict, plan: bool = False) -> None:
     """Fold one call's outputs `out` (a tensor or a tuple, in `output_names` order) into
     `summary`: per output the max abs error and the worst error relative to the output's
-    scale (`reference.judge`, the emulated check's rule), and one more bad call if any
-    output is not finite or outside its bound."""
-    from .reference import judge, output_bound
+    scale (`bounds.judge`, the emulated check's rule), and one more bad call if any output
+    is not finite or outside its bound (`plan`: the non-overlapped plan computed them)."""
+    from .bounds import judge, output_bound
 
     outs = out if isinstance(out, tuple) else (out,)
     bad = False
     for name, got in zip(output_names, outs):
-        v = judge(got, want[name], output_bound(bp, name))
+        v = judge(got, want[name], output_bound(bp, name, plan))
         prev = summary["errors"].get(name, (0.0, 0.0))
         summary["errors"][name] = (max(prev[0], v.max_abs), max(prev[1], v.worst))
         bad |= not v.ok

@@ -112,7 +112,7 @@ class GpuMeasure:
         return out
 
     def __call__(self, cfg: Config) -> float:
-        from ..runtime.gpu import compile_op
+        from ..runtime.gpu import FallbackOp, compile_op
         from ..runtime.timing import capture_call, steady_state_ms
 
         def build():  # compile and make the first call
@@ -128,13 +128,14 @@ class GpuMeasure:
         # so a rank whose call raised never leaves the others in the reference's collectives
         op, inputs, out = self._phase(build)
         ref = self._phase(lambda: self._reference(inputs))
-        self._phase(lambda: self._check(out, ref))
+        plan = isinstance(op, FallbackOp)  # the non-overlapped plan: its roundings allowed
+        self._phase(lambda: self._check(out, ref, plan))
         call = lambda: op(**inputs)  # noqa: E731
         if self.graph:
             graph, out = self._phase(lambda: capture_call(call))
             self._phase(lambda: self._poison(out))
             self._barrier()  # every rank's output is poisoned before any replay writes
-            self._phase(lambda: self._check_replay(graph, op, out, ref))
+            self._phase(lambda: self._check_replay(graph, op, out, ref, plan))
             call = graph.replay  # (the bound method keeps the graph alive)
 
         def timed():
@@ -151,14 +152,14 @@ class GpuMeasure:
             if o.is_floating_point():
                 o.fill_(float("nan"))
 
-    def _check_replay(self, graph, op, out, ref) -> None:
+    def _check_replay(self, graph, op, out, ref, plan: bool = False) -> None:
         """One replay, checked as the eager call was."""
         import torch
 
         graph.replay()
         torch.cuda.synchronize()
         op.check_diagnostics()
-        self._check(out, ref)
+        self._check(out, ref, plan)
 
     def _barrier(self) -> None:
         import torch.distributed as dist
@@ -175,8 +176,9 @@ class GpuMeasure:
             return None
         return reference(self.bound, inputs, self.group)
 
-    def _check(self, out, ref) -> None:
-        """Every output against the reference (bench's check), else raise. Local."""
+    def _check(self, out, ref, plan: bool = False) -> None:
+        """Every output against the reference (bench's check; `plan`: computed by the
+        non-overlapped plan), else raise. Local."""
         import torch
 
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -185,12 +187,12 @@ class GpuMeasure:
                        if o.is_floating_point()):
                 raise MismatchError("the output has NaN or Inf on random inputs") from None
             return
-        from ..runtime.reference import judge, output_bound
+        from ..runtime.bounds import judge, output_bound
 
         bp = self.bound
         refs = ref if isinstance(ref, (tuple, list)) else (ref,)
         for name, got, want in zip(bp.pattern.outputs, outs, refs):
-            v = judge(got, want, output_bound(bp, name))
+            v = judge(got, want, output_bound(bp, name, plan))
             if not v.ok:
                 raise MismatchError("the output differs from the reference: " + v.words(name))
 

@@ -9,6 +9,7 @@ from ...ir.tensor import PARTIAL
 from ...plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ...plan.tiling import DimRule, TileGrid
 from ...bench.providers import flops
+from ...runtime.bounds import Sums, rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import reference
 
@@ -57,6 +58,22 @@ def _product(a: torch.Tensor, b: torch.Tensor, dtype, exact: bool = True,
 @reference("gemm")
 def ref(op, ctx, args):
     return [_product(a, b, ctx.dtype, ctx.exact) for a, b in zip(*args)]
+
+#: relative error of one product of fp32 operands: TileLink's GEMM multiplies them as three
+#: TF32 products (tf32x3: the dropped low x low product and the low parts' own rounding,
+#: within 2^-22 each); products of 16-bit operands are exact in fp32
+TF32X3_PRODUCT = 3 * 2.0**-22
+
+
+@rounding("gemm")
+def products(bp, op, plan) -> Sums:
+    """K products per element (K: the first operand's last dim), summed in fp32 and
+    rounded once: TileLink's tiles (tl.dot's fp32 accumulator), cuBLAS and torch on the
+    CPU alike (measured on H100: a bf16 cuBLAS GEMM is within one rounding of the fp32
+    product, reduced-precision reductions allowed or not)."""
+    a = bp.tensors[op.args[0]]
+    return Sums(terms=a.local_shape[-1], term_error=TF32X3_PRODUCT if a.dtype == "fp32" else 0.0)
+
 
 @dist_reference("gemm")
 def dist_ref(op, ctx, args):
