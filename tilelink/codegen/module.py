@@ -27,6 +27,7 @@ from ..errors import NotSupportedError
 from ..ir import spec
 from ..lang.core import DIAG_WORDS  # noqa: F401  (documentation: diag_ptr's size)
 from . import protocol
+from .escape import comment_text, doc_text
 
 TL_DTYPES = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32"}
 SIG_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int32": "i32", "int64": "i64"}
@@ -354,7 +355,7 @@ class ModuleBuilder:
         last_comment = None
         for name, (value, comment) in self.consts.items():
             if comment and comment != last_comment:
-                lines.append(f"# {comment}")
+                lines.append(f"# {comment_text(comment)}")
                 last_comment = comment
             lines.append(f"{name} = {value!r}")
         for flag, value in self.flags.items():
@@ -429,7 +430,7 @@ class ModuleBuilder:
             lines.append(f"    channel: slot = linear("
                          f"{', '.join(a.name for a in d.producer.axes)}) in {d.signal}")
         lines += [f"note: {n}" for n in self.notes]
-        return lines
+        return [doc_text(x) for x in lines]
 
     def _init_signals(self) -> list[str]:
         w = self.bp.world
@@ -591,8 +592,8 @@ class KernelBuilder:
         pids = self.roles
         chain = []
         for i, (role, code) in enumerate(zip(pids, codes)):
-            head = textwrap.wrap(
-                f"# ---- {role.name} (programs {role.first}..{role.last}): {role.what} ----",
+            head = textwrap.wrap(comment_text(
+                f"# ---- {role.name} (programs {role.first}..{role.last}): {role.what} ----"),
                 92, subsequent_indent="# ")
             if len(pids) == 1:
                 test = "if pid >= 0:  # every program"
@@ -630,7 +631,7 @@ class KernelBuilder:
         head = [decorator, f"def {self.name}("]
         head += _wrap(sig_params, "    ")
         head += _wrap([f"{c}: {cty}" for c in self.consts], "    ")
-        head += ["):", f'    """{self.docstring or _doc(self)}"""']
+        head += ["):", f'    """{doc_text(self.docstring or _doc(self))}"""']
         self.lines = head + indent(pre + chain + post)
 
 
