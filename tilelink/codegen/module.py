@@ -27,6 +27,8 @@ from ..errors import NotSupportedError
 from ..ir import spec
 from ..lang.core import DIAG_WORDS  # noqa: F401  (documentation: diag_ptr's size)
 from . import protocol
+from .escape import comment_text, doc_text
+from .names import Names, check_module
 
 TL_DTYPES = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32"}
 SIG_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int32": "i32", "int64": "i64"}
@@ -165,6 +167,10 @@ class ModuleBuilder:
         self.kernels: list[KernelBuilder] = []
         self.notes: list[str] = list(s.notes)
         self._next_site = 0
+        self.names = Names(self.bp)  # the user's names, to blame a clash on
+        # runtime argument -> (type, launch expression), across the module's kernels: one
+        # name is one argument everywhere (SIGNATURE holds one type per name)
+        self.arguments: dict[str, tuple[str, str]] = {}
 
     # ---- declarations (lowerings call these) ------------------------------------------
 
@@ -172,20 +178,31 @@ class ModuleBuilder:
         """Declare module constant `name` (idempotent if the value agrees)."""
         old = self.consts.get(name)
         if old is not None and old[0] != value:
-            raise ValueError(f"module constant {name} declared twice: {old[0]} and {value}")
+            raise self.names.clash(name, f"module constant {name} is declared as {old[0]!r} "
+                                   f"and as {value!r}")
         self.consts[name] = (value, comment or (old[1] if old else ""))
         return name
 
-    def buffer(self, name: str, shape: tuple, dtype: str) -> str:
-        """A buffer of the symmetric heap, on every rank (no view: signals, tables)."""
+    def buffer(self, name: str, shape: tuple, dtype: str, home_of: bool = False) -> str:
+        """A buffer of the symmetric heap, on every rank (no view: signals, tables).
+        Its name is new: not another buffer's, nor a pattern tensor's (the runtime hands
+        the copy engine inputs and buffers in one dict) unless it is that tensor's home
+        (`home_of`)."""
+        if name in self.symmetric:
+            raise self.names.clash(name, f"two symmetric buffers are named '{name}'")
+        if name in self.bp.tensors and not home_of:
+            raise self.names.clash(name, f"'{name}' names a tensor of the pattern and a "
+                                   "buffer the generated code declares for its own use")
         self.symmetric[name] = (tuple(shape), dtype)
         return name
 
     def heap_tensor(self, name: str, shape: tuple, dtype: str, nbuf: int = 1,
-                    peer_written: bool = False) -> str:
+                    peer_written: bool = False, home_of: bool = False) -> str:
         """A tensor in the symmetric heap that kernels address through views: `nbuf` copies
-        (2: double-buffered by epoch parity); `peer_written`: other agents write it."""
-        self.buffer(name, ((nbuf,) if nbuf > 1 else ()) + tuple(shape), dtype)
+        (2: double-buffered by epoch parity); `peer_written`: other agents write it;
+        `home_of`: it is the memory of the pattern's tensor `name` (else a lowering's own
+        buffer, whose name no pattern tensor may have)."""
+        self.buffer(name, ((nbuf,) if nbuf > 1 else ()) + tuple(shape), dtype, home_of)
         self.meta[name] = (tuple(shape), dtype)
         self.homes[name] = ("heap", nbuf)
         if peer_written:
@@ -313,7 +330,10 @@ class ModuleBuilder:
 
             raise ConfigError("fault drop_notify has nothing to drop: no data signal in this "
                               "module", hint="the fault needs a collective that signals data")
-        return self._text()
+        text = self._text()
+        check_module(text, self.names, {k: v[0] for k, v in self.arguments.items()},
+                     {kb.name: list(kb.buffers) for kb in self.kernels})
+        return text
 
     def _assign_homes(self) -> None:
         bp = self.bp
@@ -327,9 +347,10 @@ class ModuleBuilder:
                 if site.is_output:
                     self.homes[op.result] = ("output", 1)
                 elif self._needs_home(op):
-                    self.heap_tensor(op.result, t.local_shape, t.dtype)
+                    self.heap_tensor(op.result, t.local_shape, t.dtype, home_of=True)
             else:  # ("heap", buffers): peers write it
-                self.heap_tensor(op.result, t.local_shape, t.dtype, home[1], peer_written=True)
+                self.heap_tensor(op.result, t.local_shape, t.dtype, home[1], peer_written=True,
+                                 home_of=True)
 
     def _needs_home(self, op) -> bool:
         """A locally written result needs memory unless every consumer takes its tiles in the
@@ -354,7 +375,7 @@ class ModuleBuilder:
         last_comment = None
         for name, (value, comment) in self.consts.items():
             if comment and comment != last_comment:
-                lines.append(f"# {comment}")
+                lines.append(f"# {comment_text(comment)}")
                 last_comment = comment
             lines.append(f"{name} = {value!r}")
         for flag, value in self.flags.items():
@@ -429,7 +450,7 @@ class ModuleBuilder:
             lines.append(f"    channel: slot = linear("
                          f"{', '.join(a.name for a in d.producer.axes)}) in {d.signal}")
         lines += [f"note: {n}" for n in self.notes]
-        return lines
+        return [doc_text(x) for x in lines]
 
     def _init_signals(self) -> list[str]:
         w = self.bp.world
@@ -520,6 +541,8 @@ class KernelBuilder:
             self.name = f"{name}_k{index}_kernel"
         self.programs = sum(r.count for r in roles)
         self.params: dict[str, str] = {k: _FIXED_SIG[k] for k in _FIXED}
+        for k in _FIXED:
+            mb.arguments.setdefault(k, (_FIXED_SIG[k], _FIXED_HOST[k]))
         self.sig = dict(self.params)
         self.host: dict[str, str] = dict(_FIXED_HOST)
         self.consts: dict[str, str] = {}  # local constexpr name -> module constant
@@ -545,6 +568,12 @@ class KernelBuilder:
         return f"{ident(self.name[:-len('_kernel')])}_PROGRAMS"
 
     def param(self, name: str, sig: str, host: str) -> str:
+        """Runtime argument `name` of this kernel (type `sig`), passed `host` by launch();
+        a name stands for one argument in every kernel of the module."""
+        known = self.mb.arguments.setdefault(name, (sig, host))
+        if known != (sig, host):
+            raise self.mb.names.clash(name, f"kernel argument {name} would be both {known[1]} "
+                                      f"({known[0]}) and {host} ({sig})")
         if name not in self.params:
             self.params[name] = sig
             self.sig[name] = sig
@@ -559,7 +588,8 @@ class KernelBuilder:
             self.mb.const(module, value, comment)
         old = self.consts.get(local)
         if old is not None and old != module:
-            raise ValueError(f"kernel constant {local} bound to {old} and {module}")
+            raise self.mb.names.clash(local, f"kernel constant {local} of {self.name} is bound "
+                                      f"to {old} and to {module}")
         self.consts[local] = module
         return local
 
@@ -591,8 +621,8 @@ class KernelBuilder:
         pids = self.roles
         chain = []
         for i, (role, code) in enumerate(zip(pids, codes)):
-            head = textwrap.wrap(
-                f"# ---- {role.name} (programs {role.first}..{role.last}): {role.what} ----",
+            head = textwrap.wrap(comment_text(
+                f"# ---- {role.name} (programs {role.first}..{role.last}): {role.what} ----"),
                 92, subsequent_indent="# ")
             if len(pids) == 1:
                 test = "if pid >= 0:  # every program"
@@ -630,7 +660,7 @@ class KernelBuilder:
         head = [decorator, f"def {self.name}("]
         head += _wrap(sig_params, "    ")
         head += _wrap([f"{c}: {cty}" for c in self.consts], "    ")
-        head += ["):", f'    """{self.docstring or _doc(self)}"""']
+        head += ["):", f'    """{doc_text(self.docstring or _doc(self))}"""']
         self.lines = head + indent(pre + chain + post)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import re
+import unicodedata
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ from ..errors import PatternError, SourceLoc, TileLinkWarning, UsageError, close
 from .attrs import Graph, attr_kind, check_attr
 from .expr import WORLD, DivisionError
 from .ops import Op, dtype_words, operand_dtypes, spec
-from .tensor import (DTYPES, MAX_RANK_BYTES, BoundTensor, Placement, TensorDecl,
-                     show_bytes)
+from .tensor import (DTYPES, MAX_RANK_BYTES, PLACEMENT_KINDS, BoundTensor, Placement,
+                     TensorDecl, show_bytes)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Pattern:
         """Check names (unknown, duplicate, unused ops) without sizes; returns self."""
         known: dict[str, SourceLoc | None] = {}
         params: set[str] = set()
+        self._check_names()
         for p in self.params:
             if p.name in params or p.name == WORLD:
                 raise PatternError(f"parameter '{p.name}' is "
@@ -65,6 +67,7 @@ class Pattern:
         for t in self.inputs:
             _check_new(t.name, known, t.loc, params)
             _check_dtype(t, self)
+            _check_placement(t)
             for d in t.shape:
                 for s in d.symbols():
                     if s != WORLD and s not in params:
@@ -102,6 +105,20 @@ class Pattern:
                                    "return tensors the pattern declares or computes: "
                                    + ", ".join(known))
         return self
+
+    def _check_names(self) -> None:
+        """Every name the generated code spells (the pattern's, its parameters', tensors'
+        and tile functions') is an identifier in normal form: anything else is refused
+        here, before it could reach generated source."""
+        check_name(self.name, "pattern", self.loc)
+        for p in self.params:
+            check_name(p.name, "parameter", p.loc)
+        for t in self.inputs:
+            check_name(t.name, "tensor", t.loc)
+        for op in self.ops:
+            check_name(op.result, "tensor", op.loc)
+            if op.fn is not None:
+                check_name(op.fn, "tile function", op.loc)
 
     def bind(self, values: Mapping[str, Any] | None = None, world: int = 2) -> BoundPattern:
         """Give every size a value (defaults overridden by `values`) and run shape rules.
@@ -237,10 +254,43 @@ class BoundPattern:
         return self.pattern.decl_loc(name)
 
 
+def check_name(name, what: str, loc: SourceLoc | None) -> None:
+    """Refuse a name that is not a Python identifier in NFKC normal form (located).
+
+    Names become parts of identifiers in the generated module (`a_full_ptr`) and text in
+    its comments; an identifier cannot break out of either. Normal form, because Python
+    reads `ﬁ` and `fi` as one identifier: two such tensors would share a kernel argument."""
+    if isinstance(name, str) and name.isidentifier() \
+            and unicodedata.normalize("NFKC", name) == name:
+        return
+    if not isinstance(name, str):
+        raise PatternError(f"a {what} name is a str, got {type(name).__name__}", loc,
+                           "e.g. a_full")
+    shown = _short(repr(name))
+    why = "" if not name.isidentifier() else \
+        f" in normal form (Python reads it as {unicodedata.normalize('NFKC', name)!r})"
+    raise PatternError(f"{what} name {shown} is not an identifier{why}", loc,
+                       "a name is letters, digits and '_', not starting with a digit, "
+                       "e.g. a_full")
+
+
 def _check_new(name, known, loc, params):
     if name in known or name in params or name == WORLD:
         raise PatternError(f"'{name}' is already defined", loc, "choose another name")
     known[name] = loc
+
+
+def _check_placement(t: TensorDecl) -> None:
+    """A placement object built by hand (the Python API takes one) is one of the kinds, and
+    a shard's dim an int."""
+    pl = t.placement
+    if not isinstance(pl, Placement) or pl.kind not in PLACEMENT_KINDS:
+        shown = _short(repr(getattr(pl, "kind", pl)))
+        raise PatternError(f"unknown placement {shown} for {t.name}", t.loc,
+                           "a placement is shard(DIM), replicated, partial or local")
+    if pl.kind == "shard" and (isinstance(pl.dim, bool) or not isinstance(pl.dim, int)):
+        raise PatternError(f"the dim of {t.name}'s shard placement must be an int, got "
+                           f"{_short(repr(pl.dim))}", t.loc, "e.g. shard(0)")
 
 
 def _check_dtype(t: TensorDecl, pat: Pattern) -> None:

@@ -44,6 +44,9 @@ MAX_RANK = 8
 MAX_RANK_BYTES = 2**39
 
 
+PLACEMENT_KINDS = ("local", "replicated", "shard", "partial")
+
+
 @dataclass(frozen=True)
 class Placement:
     """How a tensor is laid out across ranks; `dim` is set for `shard` only."""

@@ -42,8 +42,10 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
 
 import inspect  # noqa: E402
 
+from ..codegen.escape import comment_text  # noqa: E402
 from ..codegen.module import TL_DTYPES, ident  # noqa: E402
 from ..codegen.tiles import item_loop, operand_waits  # noqa: E402
+from ..ir.pattern import check_name  # noqa: E402
 from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
 
 #: parameters of a tile function that TileLink binds itself (the calling convention)
@@ -82,6 +84,16 @@ def tile_call(op, bp) -> tuple:
     return fn, decl, bound
 
 
+def _where(fn, op) -> tuple[str, str, str | None]:
+    """(module, name, file) of the tile function, as `tile_function` finds it again; the
+    name is spelled into generated source as an identifier, so it must be one."""
+    from ..runtime.user_code import where
+
+    module, name, path = where(fn)
+    check_name(name, "tile function", op.loc)
+    return module, name, path
+
+
 class MapTiles(Lowering):
     """map's tiles: row blocks of BM rows of the first input, a persistent loop over them;
     each waits for the chunks its regions read (from the plan) and calls the user's tile
@@ -118,16 +130,14 @@ class MapTiles(Lowering):
         return None
 
     def declare(self, mb, site) -> None:
-        from ..runtime.user_code import where
-
         fn, decl, _ = tile_call(site.op, site.bp)
-        module, name, path = where(fn)
+        module, name, path = _where(fn, site.op)
         line = f"{name} = tile_function({module!r}, {name!r}, {path!r})"
         if line not in mb.module_lines:
             if not any("import tile_function" in x for x in mb.imports):
                 mb.imports.append("from tilelink.runtime.user_code import tile_function")
-            mb.module_lines += ["", f"# the tile function of map({name}, ...) "
-                                    f"({decl.reads}); re-wrapped for the interpreter there", line]
+            mb.module_lines += ["", "# " + comment_text(f"the tile function of map({name}, ...) "
+                                    f"({decl.reads}); re-wrapped for the interpreter there"), line]
 
     def render_step(self, step, kb) -> list[str]:
         mb = kb.mb
@@ -177,10 +187,8 @@ def reference_source(op, bp) -> str:
     """A module with one kernel that applies a map's tile function to every row block of
     one rank's tensors, with no communication and no waits: the map's meaning, since the
     tile function is its only definition."""
-    from ..runtime.user_code import where
-
     fn, decl, bound = tile_call(op, bp)
-    module, name, path = where(fn)
+    module, name, path = _where(fn, op)
     params, args = [], []
     for param, (kind, value) in bound.items():
         if kind == "tensor" or param == "out":

@@ -149,7 +149,7 @@ class GemmLibrary(Lowering):
         into = self.store_into(site)
         if into is not None:
             if into not in mb.homes:  # (a result nothing reads still gets its memory)
-                mb.heap_tensor(into, site.result.local_shape, site.result.dtype)
+                mb.heap_tensor(into, site.result.local_shape, site.result.dtype, home_of=True)
             why = ("nothing takes its tiles in an epilogue" if into == c else
                    "its consumer would store the tiles there unchanged")
             mb.notes.append(f"gemm=library: {c} = {site.op.args[0]} @ {site.op.args[1]} is one "
@@ -158,7 +158,7 @@ class GemmLibrary(Lowering):
             return
         if c not in mb.homes:  # every consumer takes tiles: the pass reads them from here
             t = site.result
-            mb.heap_tensor(c, t.local_shape, t.dtype)
+            mb.heap_tensor(c, t.local_shape, t.dtype, home_of=True)
         for name, value in (("BM", mb.config.block_m), ("BN", mb.config.block_n),
                             ("OWN_FIRST", 0)):
             # (OWN_FIRST: the pass hands the tiles on in their natural order, and a copy
