@@ -22,9 +22,15 @@ from ..errors import RuntimeCheckError, closest
 from ..ir import BoundPattern
 from .reference import TORCH_DTYPES, make_inputs
 
-# The most calls one emulated run takes: every call's inputs and outputs are allocated in
-# the shared arena before the ranks start.
+# The most back-to-back calls one run takes (`tilelink run --calls`, `tk.emulate(calls=)`),
+# the one limit everything checks. Every call's inputs are made before the first call and
+# kept, with its outputs, until the check (the emulated world holds both in its shared arena
+# and again as Python objects in each rank process: about 30 KB a call even at the smallest
+# sizes, besides the tensors' own bytes, which `check_emulated_memory` counts), so the calls
+# bound the memory a run takes.
 MAX_CALLS = 10_000
+CALLS_WHY = ("every call's inputs are made up front and kept, with its outputs, for the "
+             "check")
 
 
 def check_module_inputs(mod, world: int, per_call_inputs) -> None:
