@@ -622,3 +622,18 @@ def test_bench_outputs_that_cannot_be_written_are_refused_before_measuring(
     assert "CUDA GPUs" not in err
     if option == "--plot":  # and so does a re-plot, before printing anything
         assert_refused(["bench", "--from", str(saved_run), option, str(target)], needle, capsys)
+
+
+# ---------------------------------------------------------------- a pattern with no ops
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+def test_a_pattern_with_no_ops_is_a_located_refusal(command, tmp_path, capsys):
+    # an IndexError traceback in codegen (no kernel to take the warps of)
+    path = tmp_path / "ident.tl"
+    path.write_text("pattern ident(M = 64, dtype = bf16)\n    a : [M, 64] dtype shard(0)\n"
+                    "    return a\n")
+    err = assert_refused([command, str(path)], [f"{path}:1:9: error: pattern ident has no ops",
+                                                "hint: compute what it returns with ops"],
+                         capsys)
+    assert "IndexError" not in err

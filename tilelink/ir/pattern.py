@@ -93,6 +93,10 @@ class Pattern:
         if not self.outputs:
             raise PatternError(f"pattern {self.name} returns nothing", self.loc,
                                "end the pattern with: return NAME")
+        if not self.ops:  # nothing to overlap: no kernel, no plan (codegen has no program)
+            raise PatternError(f"pattern {self.name} has no ops: it returns its inputs "
+                               "unchanged", self.loc, "compute what it returns with ops (all_gather, "
+                               "gemm, reduce_scatter, ...): TileLink overlaps their work")
         for i, o in enumerate(self.outputs):
             if o not in known:
                 hint = closest(o, known)
