@@ -321,9 +321,7 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     died. `first_epoch` numbers the first call (tests start near 2**31 to cross the int32
     wrap). `timeout` is scaled by the load (ranks per core, `load_factor`).
     """
-    from ..codegen.compile import load_module
-
-    mod = load_module(source)
+    mod = _generated_module(source)
     check_module_inputs(mod, world, per_call_inputs)  # wrong shapes would be read out of bounds
     check_world(world)
     timeout = check_timeout(timeout)
@@ -417,6 +415,36 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
         p.join()
     clones = [{k: [t.clone() for t in v] for k, v in o.items()} for o in outputs]
     return EmulationResult(per_call_inputs, clones, elapsed)
+
+
+# what run_emulated reads of a generated module (tilelink.codegen renders every one of them)
+MODULE_NAMES = ("INPUTS", "OUTPUTS", "SYMMETRIC", "launch")
+
+
+def _generated_module(source):
+    """The module `source` defines, checked to be one TileLink generated (what
+    `render_triton` returns); anything else is a RuntimeCheckError saying what it is."""
+    from ..codegen.compile import load_module
+    from ..errors import RuntimeCheckError
+
+    hint = "pass the text render_triton(schedule) returns (tilelink compile PATTERN --target " \
+           "interp prints it)"
+    if not isinstance(source, str):
+        raise RuntimeCheckError("run_emulated takes the generated module's source text, got "
+                                f"a {type(source).__name__}", hint=hint)
+    try:
+        mod = load_module(source)
+    except SyntaxError as e:
+        raise RuntimeCheckError(f"the source given to run_emulated is not Python: {e.msg} at "
+                                f"line {e.lineno}", hint=hint) from None
+    except Exception as e:  # noqa: BLE001 - its top level ran and raised: say what
+        raise RuntimeCheckError("importing the source given to run_emulated raised "
+                                f"{type(e).__name__}: {e}", hint=hint) from None
+    missing = [n for n in MODULE_NAMES if not hasattr(mod, n)]
+    if missing:
+        raise RuntimeCheckError("the source given to run_emulated is not a module TileLink "
+                                f"generated: it defines no {', '.join(missing)}", hint=hint)
+    return mod
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

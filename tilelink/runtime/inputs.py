@@ -128,12 +128,12 @@ def _check_tensor(t, name: str, rank: int, shape: tuple, dtype: str, at: str) ->
     if not isinstance(t, torch.Tensor):
         raise RuntimeCheckError(f"{what} is {_kind(t)}, not a torch.Tensor",
                                 hint=f"give a tensor of shape {list(shape)} {dtype}")
+    refused = refuse_tensor(t, name)
+    if refused:
+        raise RuntimeCheckError(f"{what} {refused[0]}", hint=refused[1])
     if t.device.type != "cpu":
         raise RuntimeCheckError(f"{what} is on {t.device}; the emulated world reads CPU "
                                 "tensors", hint="move it with .cpu()")
-    if t.layout != torch.strided:
-        raise RuntimeCheckError(f"{what} has layout {t.layout}; a dense tensor is needed",
-                                hint="convert it with .to_dense()")
     if t.dtype != TORCH_DTYPES[dtype]:
         raise RuntimeCheckError(f"{what} is {t.dtype}, expected {TORCH_DTYPES[dtype]} "
                                 f"({dtype})", hint=f"convert it with .to({TORCH_DTYPES[dtype]})")
@@ -143,6 +143,24 @@ def _check_tensor(t, name: str, rank: int, shape: tuple, dtype: str, at: str) ->
                                 hint="a sharded input holds 1/W of the sharded dim on each rank")
     if not t.is_contiguous():
         raise RuntimeCheckError(f"{what} is not contiguous", hint="pass t.contiguous()")
+
+
+def refuse_tensor(t: torch.Tensor, name: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for a tensor no TileLink op takes, whatever its shape:
+    nested or sparse (a kernel reads a dense strided block), or one that requires grad
+    (TileLink ops do not propagate gradients: its gradient would be lost without a word).
+    None for a tensor that may be checked further. (Used by every runtime's input check.)"""
+    if t.is_nested:
+        return ("is a nested tensor; a dense tensor of one shape is needed",
+                f"pass a dense tensor (e.g. torch.stack of the parts) as {name}")
+    if t.layout != torch.strided:
+        return (f"has layout {t.layout}; a dense tensor is needed",
+                "convert it with .to_dense()")
+    if t.requires_grad:
+        return ("requires grad, but TileLink ops do not propagate gradients (its gradient "
+                "would be lost)", f"pass {name}.detach() (under torch.no_grad() for "
+                "inference), and compute gradients another way")
+    return None
 
 
 def _per_rank(name: str, world: int) -> str:
