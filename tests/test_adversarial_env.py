@@ -96,12 +96,14 @@ def _cache_values(tmp_path) -> dict[str, tuple[str, str]]:
         "loose": (str(loose), "is not safe"),
         "under_loose": (str(loose / "cache"), "is not safe"),
         "proc": ("/proc/self/tilelink-cache", "cannot"),
+        "root": ("/", "/ is a system directory"),  # was accepted: / got tilelink's folders
+        "usr": ("/usr", "/usr is a system directory"),
     }
 
 
 @pytest.mark.parametrize("argv", CACHE_RUNNERS, ids=["compile", "run", "tune"])
 @pytest.mark.parametrize("what", ["file", "devnull", "fifo", "missing", "too_long", "loose",
-                                  "under_loose", "proc"])
+                                  "under_loose", "proc", "root", "usr"])
 def test_unusable_tilelink_cache(argv, what, tmp_path, monkeypatch, capsys):
     # a file or /dev/null was a FileExistsError traceback, a missing parent a
     # FileNotFoundError one
