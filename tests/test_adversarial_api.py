@@ -519,8 +519,9 @@ API_CASES = [
      RuntimeCheckError, "importing the source given to run_emulated raised ZeroDivisionError"),
     ('run-emulated-bytes', lambda: run_emulated(b"x", 2, [make_inputs(BP, 0)]),
      RuntimeCheckError, "run_emulated takes the generated module's source text, got a bytes"),
-    ('parse-no-ops',  # an IndexError in codegen
-     lambda: tk.parse_text("pattern p(M = 64)\n    a : [M, 64] bf16 shard(0)\n    return a\n"),
+    ('emulate-no-ops',  # an IndexError in codegen
+     lambda: tk.emulate(tk.parse_text("pattern p(M = 64)\n    a : [M, 64] bf16 shard(0)\n"
+                                      "    return a\n"), 2),
      PatternError, "pattern p has no ops: it returns its inputs unchanged"),
     ('compile-op-cpu', lambda: __import__("tilelink.runtime.gpu", fromlist=["c"]).compile_op(ag),
      NotSupportedError, 'compile_op runs on GPUs, and torch sees none'),

@@ -627,13 +627,23 @@ def test_bench_outputs_that_cannot_be_written_are_refused_before_measuring(
 # ---------------------------------------------------------------- a pattern with no ops
 
 
-@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+@pytest.mark.parametrize("command", [["compile"], ["compile", "--emit", "ttir"], ["run"],
+                                     ["tune"], ["bench"]], ids=" ".join)
 def test_a_pattern_with_no_ops_is_a_located_refusal(command, tmp_path, capsys):
     # an IndexError traceback in codegen (no kernel to take the warps of)
     path = tmp_path / "ident.tl"
     path.write_text("pattern ident(M = 64, dtype = bf16)\n    a : [M, 64] dtype shard(0)\n"
                     "    return a\n")
-    err = assert_refused([command, str(path)], [f"{path}:1:9: error: pattern ident has no ops",
-                                                "hint: compute what it returns with ops"],
-                         capsys)
+    err = assert_refused([command[0], str(path), *command[1:]],
+                         [f"{path}:1:9: error: pattern ident has no ops",
+                          "hint: compute what it returns with ops"], capsys)
     assert "IndexError" not in err
+
+
+@pytest.mark.parametrize("stage", ["ir", "plan", "schedule"])
+def test_a_pattern_with_no_ops_still_prints_its_ir_plan_and_schedule(stage, tmp_path, capsys):
+    path = tmp_path / "ident.tl"
+    path.write_text("pattern ident(M = 64, dtype = bf16)\n    a : [M, 64] dtype shard(0)\n"
+                    "    return a\n")
+    code, out, err, _ = cli(["compile", str(path), "--emit", stage], capsys)
+    assert code == 0 and out and "Traceback" not in err, err

@@ -152,7 +152,7 @@ def specs_from_args(args) -> list:
     if args.world_size < 1:
         raise TileLinkError(f"--world-size must be >= 1, got {args.world_size}")
     for s in specs:
-        load_pattern(s.pattern).bind(s.values, args.world_size)
+        load_pattern(s.pattern).bind(s.values, args.world_size).pattern.require_ops()
     return specs
 
 

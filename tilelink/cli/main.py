@@ -188,6 +188,8 @@ def cmd_compile(args) -> int:
     if args.emit == "ir":
         print(format_pattern(pat, bp))
         return 0
+    if args.emit not in ("plan", "schedule"):
+        pat.require_ops()
     target = get_target(args.target)
     overrides = _defines(args.config, "--config")
     shared = _one_gpu_sms(target) if getattr(args, "world", "gpus") == "one-gpu" else None
@@ -237,6 +239,7 @@ def cmd_run(args) -> int:
     pat = load_pattern(args.pattern)
     values = _defines(args.defines, "-D")
     bp = pat.bind(values, args.world_size)
+    pat.require_ops()
     if args.emulate and args.world not in ("auto", "emulated"):
         raise TileLinkError(f"--emulate and --world {args.world} contradict each other",
                             hint="--emulate is --world emulated: give one of them")

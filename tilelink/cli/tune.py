@@ -87,6 +87,7 @@ def run(args) -> int:
     values = _defines(args.defines, "-D")
     pins = _defines(args.config, "--config")
     bp = load_pattern(args.pattern).bind(values, args.world_size)  # bad input fails here
+    bp.pattern.require_ops()
     if args.budget is not None and args.budget < 1:
         raise TileLinkError(f"--budget must be >= 1, got {args.budget}",
                             hint="e.g. --budget 8 (leave it out: a quarter of the space)")

@@ -767,6 +767,7 @@ def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, wo
                               f"{size} ranks")
     else:
         bp = pattern.bind(values or {}, size)
+    bp.pattern.require_ops()
     if backend not in BACKENDS:
         raise ConfigError(f"unknown symmetric-memory backend '{backend}'",
                           hint="backends: " + ", ".join(BACKENDS))
