@@ -400,6 +400,19 @@ API_CASES = [
     ('emulate-inputs-sparse',
      lambda: tk.emulate(BP, inputs=ins(a=[torch.zeros(32, 32).to_sparse()] * 2)),
      RuntimeCheckError, "input 'a' of rank 0 has layout torch.sparse_coo; a"),
+    ('emulate-inputs-nested',  # a RuntimeError traceback from torch ("doesn't support sizes")
+     lambda: tk.emulate(BP, inputs=ins(a=[torch.nested.nested_tensor(
+         [torch.zeros(32, 32, dtype=torch.bfloat16)] * 2)] * 2)),
+     RuntimeCheckError, "input 'a' of rank 0 is a nested tensor; a dense tensor"),
+    ('emulate-inputs-jagged',
+     lambda: tk.emulate(BP, inputs=ins(a=[torch.nested.nested_tensor(
+         [torch.zeros(3, 32), torch.zeros(5, 32)], layout=torch.jagged)] * 2)),
+     RuntimeCheckError, "input 'a' of rank 0 is a nested tensor; a dense tensor"),
+    ('emulate-inputs-requires-grad',  # ran, and the gradient was lost without a word
+     lambda: tk.emulate(BP, inputs=ins(b=[x.clone().requires_grad_()
+                                          for x in make_inputs(BP, 0)["b"]])),
+     RuntimeCheckError, "input 'b' of rank 0 requires grad, but TileLink ops do not "
+     "propagate gradients"),
     ('emulate-inputs-meta',
      lambda: tk.emulate(BP, inputs=ins(a=[torch.empty(32, 32, device="meta").bfloat16()] * 2)),
      RuntimeCheckError, "input 'a' of rank 0 is on meta; the emulated world"),
@@ -498,6 +511,18 @@ API_CASES = [
     ('run-emulated-rows',
      lambda: run_emulated(SRC(), 2, [ins(a=[torch.zeros(16, 32, dtype=torch.bfloat16)] * 2)]),
      RuntimeCheckError, "input 'a' of rank 0 has shape [16, 32], expected"),
+    ('run-emulated-not-python', lambda: run_emulated("def launch(:", 2, [make_inputs(BP, 0)]),
+     RuntimeCheckError, "the source given to run_emulated is not Python:"),
+    ('run-emulated-not-generated', lambda: run_emulated("x = 1\n", 2, [make_inputs(BP, 0)]),
+     RuntimeCheckError, "the source given to run_emulated is not a module TileLink generated:"),
+    ('run-emulated-raises', lambda: run_emulated("1 / 0\n", 2, [make_inputs(BP, 0)]),
+     RuntimeCheckError, "importing the source given to run_emulated raised ZeroDivisionError"),
+    ('run-emulated-bytes', lambda: run_emulated(b"x", 2, [make_inputs(BP, 0)]),
+     RuntimeCheckError, "run_emulated takes the generated module's source text, got a bytes"),
+    ('emulate-no-ops',  # an IndexError in codegen
+     lambda: tk.emulate(tk.parse_text("pattern p(M = 64)\n    a : [M, 64] bf16 shard(0)\n"
+                                      "    return a\n"), 2),
+     PatternError, "pattern p has no ops: it returns its inputs unchanged"),
     ('compile-op-cpu', lambda: __import__("tilelink.runtime.gpu", fromlist=["c"]).compile_op(ag),
      NotSupportedError, 'compile_op runs on GPUs, and torch sees none'),
 ]

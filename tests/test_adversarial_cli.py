@@ -423,3 +423,227 @@ def test_lse_combine_splits_that_are_not_the_gathered_partials(command, splits, 
     err = assert_refused([command[0], str(path), *command[1:]], [needle, "hint: write splits"],
                          capsys)
     assert err.startswith(f"{path}:9:")
+
+
+# ---------------------------------------------------------------- repeated --config options
+
+
+def test_repeated_config_options_are_merged(capsys):
+    # `--config block_m=64 --config order=natural` ran (and certified) block_m=32: argparse
+    # kept the last --config only
+    code, out, err, _ = cli(_argv("compile", "--emit", "schedule", "--config", "comm=sm",
+                                  "block_m=64", "--config", "order=natural"), capsys)
+    config = next(line for line in out.splitlines() if line.startswith("config: "))
+    assert code == 0 and "comm=sm" in config and "block_m=64" in config \
+        and "order=natural" in config, out + err
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+def test_every_command_merges_its_config_options(command):
+    from tilelink.cli.main import build_parser
+
+    args = build_parser().parse_args(_argv(command, "--config", "comm=sm", "block_m=64",
+                                           "--config", "order=natural"))
+    assert args.config == ["comm=sm", "block_m=64", "order=natural"]
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+def test_a_config_key_given_twice_with_two_values_is_refused(command, capsys):
+    assert_refused(_argv(command, "--config", "block_m=64", "--config", "block_m=32"),
+                   ["--config gives block_m twice (block_m=64 and block_m=32)",
+                    "hint: give block_m once"], capsys)
+
+
+@pytest.mark.parametrize("command", PATTERN_COMMANDS)
+def test_help_says_how_config_options_combine(command, capsys):
+    cli([command, "--help"], capsys)  # (argparse exits 0 after printing)
+    code, out, _, _ = cli([command, "--help"], capsys)
+    assert code == 0 and "are merged" in " ".join(out.split())
+
+
+# ---------------------------------------------------------------- options that would be ignored
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--json", "x.json"], "--json"), (["--tuned"], "--tuned"), (["--graph"], "--graph"),
+    (["--systems", "gemm"], "--systems"), (["--iters", "3"], "--iters"),
+    (["--warmup", "0"], "--warmup"), (["--rounds", "2"], "--rounds"), (["--reps", "2"], "--reps"),
+    (["--seed", "3"], "--seed"), (["-W", "4"], "--world-size"), (["--world", "gpus"], "--world"),
+])
+def test_bench_from_refuses_the_options_of_a_measuring_run(extra, named, tmp_path, capsys):
+    # --from measures nothing: these were accepted and ignored without a word
+    from tilelink.bench.report import dump_json
+
+    saved = tmp_path / "run.json"
+    dump_json([], {}, str(saved))
+    err = assert_refused(["bench", "--from", str(saved), *extra],
+                         ["measures nothing", named, f"hint: drop {named}"], capsys)
+    assert "x.json" not in os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("extra,named", [(["--warmup", "0"], "--warmup"),
+                                         (["--iters", "4"], "--iters"), (["--force"], "--force"),
+                                         (["--iters", "4", "--force"], "--iters, --force")])
+def test_emulated_tune_refuses_the_gpu_timing_options(extra, named, capsys):
+    assert_refused(_argv("tune", "--emulate", *extra),
+                   [named, "tuning on GPUs only", "times nothing", "--emulate was given",
+                    "hint: drop"], capsys)
+
+
+# ---------------------------------------------------------------- the --calls limit
+
+
+def test_calls_has_one_limit_and_says_why(capsys):
+    # the CLI took 100000 calls (3.4 GB at the smallest sizes, and no end); the API 10000
+    import tilelink as tk
+    from tilelink.cli.main import build_parser
+    from tilelink.errors import UsageError
+    from tilelink.runtime.inputs import MAX_CALLS
+
+    assert build_parser().parse_args(_argv("run", "--calls", str(MAX_CALLS))).calls == MAX_CALLS
+    err = assert_refused(_argv("run", "--calls", str(MAX_CALLS + 1)),
+                         _value_error("--calls", str(MAX_CALLS + 1)) +
+                         [f"from 1 to {MAX_CALLS}", "made up front and kept"], capsys)
+    with pytest.raises(UsageError) as api:
+        tk.emulate(AG, 2, calls=MAX_CALLS + 1)
+    assert f"from 1 to {MAX_CALLS}" in str(api.value) and "made up front" in str(api.value)
+    assert err
+
+
+# ---------------------------------------------------------------- debug knobs in tune
+
+
+@pytest.mark.parametrize("extra", [[], ["--emulate"]])
+def test_tune_refuses_debug_knobs(extra, capsys):
+    # `tune --config debug_reverse_roles=1` ran ~14 minutes of designed deadlocks
+    assert_refused(_argv("tune", *extra, "--config", "debug_reverse_roles=1"),
+                   ["debug_reverse_roles=1: debug knobs are not tuned", "deadlock",
+                    "hint: drop --config debug_reverse_roles"], capsys)
+
+
+# ---------------------------------------------------------------- bench's files
+
+
+@pytest.fixture
+def saved_run(tmp_path):
+    from tilelink.bench.report import BenchResult, dump_json
+
+    row = BenchResult(pattern="p", ops="all_gather>gemm", sizes={"M": 64, "N": 64, "K": 32},
+                      world=2, flops_per_rank=1 << 20, comm_bytes_per_rank=1 << 12,
+                      steady_ms={"tilelink": 1.0, "gemm": 0.5, "nccl_comm": 0.4})
+    path = tmp_path / "run.json"
+    dump_json([row], {"date": "today"}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("what,needle", [
+    ("a FIFO", "not a regular file (a FIFO)"),  # blocked forever in open()
+    ("/dev/zero", "not a regular file (a character device)"),  # read until 6.9 GB
+    ("a directory", "not a regular file (a directory)"),
+    ("nested", "nested too deeply"),  # a RecursionError traceback
+    ("nested results", "nested too deeply"),
+    ("a field of the wrong kind", "field 'steady_ms' holds a str"),  # AttributeError later
+    ("too large", "more than any saved run"),
+])
+def test_bench_from_reads_regular_bounded_json_only(what, needle, tmp_path, monkeypatch, capsys):
+    from tilelink.bench import files
+
+    path = tmp_path / "r.json"
+    if what == "a FIFO":
+        os.mkfifo(path)
+    elif what == "/dev/zero":
+        path = "/dev/zero"
+    elif what == "a directory":
+        path.mkdir()
+    elif what == "nested":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif what == "nested results":
+        path.write_text('{"results": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif what == "a field of the wrong kind":
+        path.write_text('{"results": [{"pattern": "p", "ops": "gemm", "sizes": {}, "world": 2, '
+                        '"flops_per_rank": 1, "comm_bytes_per_rank": 1, "steady_ms": "x"}]}')
+    elif what == "too large":
+        monkeypatch.setattr(files, "MAX_JSON_BYTES", 100)
+        path.write_text('{"results": []' + " " * 200 + "}")
+    assert_refused(["bench", "--from", str(path)], [f"--from {path}", needle,
+                                                    "hint: give a JSON written by"], capsys)
+
+
+def test_bench_plot_replaces_a_planted_link_instead_of_writing_through_it(saved_run, tmp_path,
+                                                                          capsys):
+    pytest.importorskip("matplotlib")
+    victim = tmp_path / "victim"  # another user's file (root-owned 0600 became a PNG)
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    chart = tmp_path / "chart.png"
+    os.symlink(victim, chart)
+    code, out, err, _ = cli(["bench", "--from", str(saved_run), "--plot", str(chart)], capsys)
+    assert code == 0, err
+    assert victim.read_text() == "precious\n"
+    assert not os.path.islink(chart) and chart.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(os.listdir(tmp_path)) == ["chart.png", "run.json", "victim"]  # no temporary
+
+
+def test_bench_json_replaces_a_planted_link_instead_of_writing_through_it(saved_run, tmp_path):
+    from tilelink.bench.report import dump_json, load_json
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "out.json"
+    os.symlink(victim, out)
+    meta, rows = load_json(str(saved_run))
+    dump_json(rows, meta, str(out))
+    assert victim.read_text() == "precious\n" and not os.path.islink(out)
+    assert load_json(str(out))[1] == rows
+
+
+@pytest.mark.parametrize("option", ["--plot", "--json"])
+@pytest.mark.parametrize("what,needle", [("a directory", "a directory is in its place"),
+                                         ("a FIFO", "a FIFO is in its place"),
+                                         ("a missing folder", "does not exist"),
+                                         ("under /proc", "cannot write in '/proc'")])
+def test_bench_outputs_that_cannot_be_written_are_refused_before_measuring(
+        option, what, needle, saved_run, tmp_path, capsys):
+    if option == "--plot":
+        pytest.importorskip("matplotlib")
+    suffix = ".png" if option == "--plot" else ".json"
+    target = tmp_path / f"out{suffix}"
+    if what == "a directory":
+        target.mkdir()
+    elif what == "a FIFO":
+        os.mkfifo(target)
+    elif what == "a missing folder":
+        target = tmp_path / "missing" / f"out{suffix}"
+    else:
+        target = f"/proc/out{suffix}"
+    # a measuring run refuses it first (no GPU is looked for): exit 2, no traceback
+    err = assert_refused(_argv("bench", option, str(target)), [f"{option} {target}", needle,
+                                                                "hint: "], capsys)
+    assert "CUDA GPUs" not in err
+    if option == "--plot":  # and so does a re-plot, before printing anything
+        assert_refused(["bench", "--from", str(saved_run), option, str(target)], needle, capsys)
+
+
+# ---------------------------------------------------------------- a pattern with no ops
+
+
+@pytest.mark.parametrize("command", [["compile"], ["compile", "--emit", "ttir"], ["run"],
+                                     ["tune"], ["bench"]], ids=" ".join)
+def test_a_pattern_with_no_ops_is_a_located_refusal(command, tmp_path, capsys):
+    # an IndexError traceback in codegen (no kernel to take the warps of)
+    path = tmp_path / "ident.tl"
+    path.write_text("pattern ident(M = 64, dtype = bf16)\n    a : [M, 64] dtype shard(0)\n"
+                    "    return a\n")
+    err = assert_refused([command[0], str(path), *command[1:]],
+                         [f"{path}:1:9: error: pattern ident has no ops",
+                          "hint: compute what it returns with ops"], capsys)
+    assert "IndexError" not in err
+
+
+@pytest.mark.parametrize("stage", ["ir", "plan", "schedule"])
+def test_a_pattern_with_no_ops_still_prints_its_ir_plan_and_schedule(stage, tmp_path, capsys):
+    path = tmp_path / "ident.tl"
+    path.write_text("pattern ident(M = 64, dtype = bf16)\n    a : [M, 64] dtype shard(0)\n"
+                    "    return a\n")
+    code, out, err, _ = cli(["compile", str(path), "--emit", stage], capsys)
+    assert code == 0 and out and "Traceback" not in err, err

@@ -96,12 +96,14 @@ def _cache_values(tmp_path) -> dict[str, tuple[str, str]]:
         "loose": (str(loose), "is not safe"),
         "under_loose": (str(loose / "cache"), "is not safe"),
         "proc": ("/proc/self/tilelink-cache", "cannot"),
+        "root": ("/", "/ is a system directory"),  # was accepted: / got tilelink's folders
+        "usr": ("/usr", "/usr is a system directory"),
     }
 
 
 @pytest.mark.parametrize("argv", CACHE_RUNNERS, ids=["compile", "run", "tune"])
 @pytest.mark.parametrize("what", ["file", "devnull", "fifo", "missing", "too_long", "loose",
-                                  "under_loose", "proc"])
+                                  "under_loose", "proc", "root", "usr"])
 def test_unusable_tilelink_cache(argv, what, tmp_path, monkeypatch, capsys):
     # a file or /dev/null was a FileExistsError traceback, a missing parent a
     # FileNotFoundError one
@@ -142,3 +144,53 @@ def test_triton_interpret_set_for_a_compile(stage, monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert_refused(["compile", AG, "--emit", stage],
                    ["TRITON_INTERPRET=1 is set", "hint: unset TRITON_INTERPRET"], capsys)
+
+
+# ---------------------------------------------------------------- NVSHMEM's device bitcode
+
+
+def _bitcode_values(tmp_path):
+    garbage = tmp_path / "garbage.bc"
+    garbage.write_text("not bitcode\n")
+    fifo = tmp_path / "fifo.bc"
+    os.mkfifo(fifo)
+    return {"missing": (str(tmp_path / "nope.bc"), "does not exist"),
+            "garbage": (str(garbage), "is not LLVM bitcode"),  # Triton's "Failed to parse"
+            "fifo": (str(fifo), "is not a regular file"),
+            "directory": (str(tmp_path), "is not a regular file")}
+
+
+@pytest.mark.parametrize("what", ["missing", "garbage", "fifo", "directory"])
+def test_a_bad_tilelink_nvshmem_bc(what, tmp_path, monkeypatch, capsys):
+    # a missing file was a FileNotFoundError traceback, a garbage one Triton's ValueError
+    from tilelink.lang import nvshmem
+
+    value, words = _bitcode_values(tmp_path)[what]
+    monkeypatch.setenv("TILELINK_NVSHMEM_BC", value)
+    monkeypatch.setattr(nvshmem, "_OPTIONS", {})
+    assert_refused(["compile", AG, "--target", "cuda:90+nvshmem", "--emit", "ptx", "--config",
+                    "comm=sm"], [f"environment error: TILELINK_NVSHMEM_BC={value}", words,
+                                 "hint: install nvidia-nvshmem-cu13"], capsys)
+
+
+@pytest.mark.parametrize("entry", ["", "cwd"])
+def test_nvshmem_bitcode_is_never_taken_from_the_current_directory(entry, tmp_path,
+                                                                    monkeypatch):
+    # `python -m` / `python -c` put the current directory on sys.path: a nvidia/nvshmem/lib
+    # planted there was linked into every NVSHMEM kernel
+    from tilelink.lang import nvshmem
+
+    planted = tmp_path / "nvidia" / "nvshmem" / "lib"
+    planted.mkdir(parents=True)
+    (planted / "libnvshmem_device.bc").write_bytes(b"BC\xc0\xde planted")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path) if entry == "cwd" else "")
+    monkeypatch.delenv("TILELINK_NVSHMEM_BC", raising=False)
+    monkeypatch.delenv("NVSHMEM_LIB_DIR", raising=False)
+    dirs = nvshmem._candidate_dirs()
+    assert not any(os.path.realpath(d).startswith(str(tmp_path)) for d in dirs), dirs
+    try:
+        found = nvshmem.device_library(90)
+    except nvshmem.BitcodeError:
+        return  # (no nvidia-nvshmem wheel installed here)
+    assert not os.path.realpath(found).startswith(str(tmp_path)), found

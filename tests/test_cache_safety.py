@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -115,7 +116,8 @@ def test_a_module_planted_in_the_shared_temp_directory_is_never_run(home, source
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated", "appended", "replaced",
-                                    "symlink", "fifo", "writable_by_others", "directory"])
+                                    "symlink", "fifo", "writable_by_others", "directory",
+                                    "full_directory"])
 def test_a_broken_or_tampered_entry_is_replaced_never_run(cache, source, tmp_path, damage):
     src = _variant(source, damage)
     path = load_module(src).__file__
@@ -142,13 +144,23 @@ def test_a_broken_or_tampered_entry_is_replaced_never_run(cache, source, tmp_pat
         with open(path, "w") as f:
             f.write(src)
         os.chmod(path, 0o666)
-    elif damage == "directory":
+    elif damage in ("directory", "full_directory"):
         os.mkdir(path)
-    if damage == "directory":  # nothing tilelink may delete: a clear error, no traceback
-        with pytest.raises(private_cache.CacheError, match="cannot"):
-            load_module(src)
-        return
-    mod = load_module(src)  # (would block on the FIFO, or run the planted code)
+        if damage == "full_directory":
+            (Path(path) / "kept").write_text("mine\n")
+    if damage in ("directory", "full_directory"):
+        # a miss, reported (it blocked every later run with a CacheError); what the
+        # directory held is kept aside
+        with pytest.warns(private_cache.CacheWarning, match="in the place of the cache entry"):
+            mod = load_module(src)
+        aside = [p for p in os.listdir(os.path.dirname(path)) if p.endswith(".blocked")]
+        if damage == "full_directory":
+            assert len(aside) == 1 and (Path(path).parent / aside[0] / "kept").read_text() \
+                == "mine\n"
+        else:
+            assert aside == []
+    else:
+        mod = load_module(src)  # (would block on the FIFO, or run the planted code)
     assert hasattr(mod, "launch") and not marker.exists() and not hasattr(mod, "VICTIM")
     assert stat.S_ISREG(os.lstat(path).st_mode) and _mode(path) == 0o600
     with open(path) as f:
@@ -351,6 +363,11 @@ def _lookup_quietly(bp):
     ("binary", "not UTF-8"),
     ("json_list", "not a tune record"),
     ("config_list", "no config record"),
+    # kinds a record written by tilelink never holds: warps=4.0 passed the space's check
+    ("float_warps", "config field warps=4.0 is a float, not an int"),
+    ("bool_stages", "config field stages=True is a bool, not an int"),
+    ("int_order", "config field order=1 is an int, not a str"),
+    ("string_time", "its time_ms 'fast' is not a time"),
 ])
 def test_an_unusable_tune_cache_file_is_ignored_with_a_warning(cache, tmp_path, damage, words):
     bp = _bound()
@@ -374,6 +391,14 @@ def test_an_unusable_tune_cache_file_is_ignored_with_a_warning(cache, tmp_path, 
         path.write_text("[1, 2]")
     elif damage == "config_list":
         path.write_text(json.dumps(dict(good, config=[1])))
+    elif damage == "float_warps":
+        path.write_text(json.dumps(dict(good, config=dict(good["config"], warps=4.0))))
+    elif damage == "bool_stages":
+        path.write_text(json.dumps(dict(good, config=dict(good["config"], stages=True))))
+    elif damage == "int_order":
+        path.write_text(json.dumps(dict(good, config=dict(good["config"], order=1))))
+    elif damage == "string_time":
+        path.write_text(json.dumps(dict(good, time_ms="fast")))
     done = []
     worker = threading.Thread(target=lambda: done.append(_lookup_quietly(bp)), daemon=True)
     worker.start()
@@ -384,8 +409,8 @@ def test_an_unusable_tune_cache_file_is_ignored_with_a_warning(cache, tmp_path, 
     found, warned = done[0]
     assert found is None
     assert any(words in w for w in warned), warned
-    if damage != "config_list":  # (a JSON object: shown by read_entry, refused by lookup)
-        assert tune_cache.read_entry(path) is None
+    if damage in ("nested", "fifo", "directory", "symlink", "huge", "binary", "json_list"):
+        assert tune_cache.read_entry(path) is None  # (a JSON object: shown, not used)
 
 
 def test_an_unusable_tune_cache_location_is_a_warning_for_lookups(tmp_path, monkeypatch):
@@ -440,3 +465,73 @@ def test_which_directories_others_could_replace(mode, gid, replaceable, monkeypa
         ("me", "x", u, ours, "", "/home/me", "/bin/sh")))
     gid = {"ours": ours, "other": ours + 4242, None: ours}[gid]
     assert private_cache._others_can_replace(_dir_stat(mode, gid)) is replaceable
+
+
+def test_a_directory_at_a_tune_entry_is_a_miss_and_the_next_store_recovers(cache):
+    # a directory planted at the entry's name made every later store a CacheError
+    bp = _bound()
+    path = tune_cache.cache_path(bp, "NVIDIA H200", private_cache.cache_dir("tune"))
+    path.mkdir()
+    (path / "kept").write_text("mine\n")
+    found, warned = _lookup_quietly(bp)
+    assert found is None and any("not a regular file" in w for w in warned)
+    with pytest.warns(private_cache.CacheWarning, match="moved it"):
+        assert tune_cache.store(bp, "NVIDIA H200", Config(block_m=128)) == path
+    assert tune_cache.lookup(bp, "NVIDIA H200")[0] == Config(block_m=128)
+    aside = [p for p in (cache / "tune").iterdir() if p.name.endswith(".blocked")]
+    assert len(aside) == 1 and (aside[0] / "kept").read_text() == "mine\n"
+
+
+# ---------------------------------------------------------------- system directories
+
+
+@pytest.mark.parametrize("root", ["/", "/usr", "/etc/tilelink", "/tmp", "/home", "/var"])
+def test_a_cache_root_in_a_system_directory_is_refused(root, monkeypatch):
+    # TILELINK_CACHE=/ was accepted: / got modules/ and tune/ folders (as root)
+    monkeypatch.setenv("TILELINK_CACHE", root)
+    with pytest.raises(private_cache.CacheError) as err:
+        private_cache.cache_dir("modules", create=False)  # (nothing is made either way)
+    text = str(err.value)
+    assert f"TILELINK_CACHE={root}:" in text and "is a system directory" in text
+    assert "hint: point TILELINK_CACHE at a directory of your own" in text
+
+
+def test_a_default_cache_in_a_system_directory_falls_back(tmp_path, monkeypatch):
+    monkeypatch.delenv("TILELINK_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/")  # the root would be /tilelink
+    with pytest.raises(private_cache.CacheError, match="is a system directory"):
+        private_cache.cache_dir("modules", create=False)
+
+
+# ---------------------------------------------------------------- the fallback directory
+
+_FALLBACK_RUN = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import warnings
+warnings.simplefilter("ignore")
+from tilelink.codegen.compile import load_module
+load_module({source!r})
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_the_fallback_directory_is_not_left_behind_by_a_killed_run(home, source, tmp_path):
+    # the fallback was a fresh directory per process, removed at exit only: each run ended
+    # by SIGTERM left one (six were found in the temporary directory)
+    import signal
+    import subprocess
+    import sys
+
+    shared = tempfile.gettempdir()
+    env = dict(os.environ, HOME="relative/home", TMPDIR=shared)  # the default is unusable
+    env.pop("TILELINK_CACHE", None)
+    env.pop("XDG_CACHE_HOME", None)
+    root = str(Path(__file__).resolve().parent.parent)
+    for tag in ("one", "two", "three"):
+        done = subprocess.run([sys.executable, "-c", _FALLBACK_RUN.format(
+            root=root, source=_variant(source, tag))], env=env, cwd=tmp_path, timeout=120)
+        assert done.returncode == -signal.SIGTERM
+    assert os.listdir(shared) == [f"tilelink-{os.geteuid()}"]
+    modules = Path(shared) / f"tilelink-{os.geteuid()}" / "modules"
+    assert _mode(modules) == 0o700 and len(list(modules.iterdir())) == 3

@@ -38,13 +38,18 @@ def _with_launch_prefix(source: str, code: str) -> str:
             f"{body}\n    return _tilelink_launch(rt, ins, outs, epoch)\n")
 
 
-@pytest.mark.parametrize("how,cause", [
-    ("os.kill(os.getpid(), signal.SIGKILL)", "killed by signal SIGKILL (9)"),
-    ("os.kill(os.getpid(), signal.SIGTERM)", "killed by signal SIGTERM (15)"),
-    ("os._exit(3)", "exited with code 3"),
-    ("os._exit(0)", "exited with code 0"),
+@pytest.mark.parametrize("how,cause,hint", [
+    ("os.kill(os.getpid(), signal.SIGKILL)", "killed by signal SIGKILL (9)",
+     "often the out-of-memory killer"),
+    # the hint blamed the out-of-memory killer for every signal
+    ("os.kill(os.getpid(), signal.SIGTERM)", "killed by signal SIGTERM (15)",
+     "the rank was asked to terminate"),
+    ("os.kill(os.getpid(), signal.SIGSEGV)", "killed by signal SIGSEGV (11)",
+     "crashed in native code"),
+    ("os._exit(3)", "exited with code 3", "exited (os._exit or exit() in code it ran)"),
+    ("os._exit(0)", "exited with code 0", "exited (os._exit or exit() in code it ran)"),
 ])
-def test_a_dead_rank_is_reported_at_once_with_its_exit_cause(how, cause):
+def test_a_dead_rank_is_reported_at_once_with_its_exit_cause(how, cause, hint):
     source, ins = _source_and_inputs()
     bad = _with_launch_prefix(source, f"""
         import os, signal
@@ -60,6 +65,98 @@ def test_a_dead_rank_is_reported_at_once_with_its_exit_cause(how, cause):
     # rank 0 waited on the dead rank's rows: stopped as a consequence, said so
     assert "a consequence, not the cause" in text
     assert took < 30, f"reported after {took:.0f} s (the watchdog is 120 s)"
+    assert f"hint: {err.value.hint}" in text and hint in err.value.hint, text
+    assert hint == "often the out-of-memory killer" or "out-of-memory" not in text
+
+
+def test_the_live_ranks_stop_at_once_not_after_their_remaining_calls(tmp_path):
+    # rank 1 dies in the second of 8 calls: rank 0 ran every remaining call first (each
+    # wait on rank 1 giving up at once), then was killed 15 s after the abort; 16.5 to 30 s
+    # at the default sizes
+    source, ins = _source_and_inputs()
+    log = tmp_path / "calls"
+    bad = _with_launch_prefix(source, f"""
+        import os, signal
+        with open({str(log)!r}, "a") as f:
+            f.write(f"{{rt.rank}} {{epoch}}\\n")
+        if rt.rank == 1 and epoch == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    with pytest.raises(RankFailedError, match="rank 1 killed by signal SIGKILL"):
+        run_emulated(bad, 2, ins * 8, timeout=120)
+    started = [line.split() for line in log.read_text().splitlines()]
+    assert ["1", "2"] in started
+    assert len([r for r, _ in started if r == "0"]) <= 3, started  # of 8
+
+
+def test_a_stopped_rank_is_reported_promptly_by_name():
+    # a rank stopped by SIGSTOP never answers: its peers waited for the watchdog (here 60 s),
+    # then 15 s more, and the hang report named only the peers
+    source, ins = _source_and_inputs()
+    bad = _with_launch_prefix(source, """
+        import os, signal
+        if rt.rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+    """)
+    start = time.monotonic()
+    with pytest.raises(RankFailedError) as err:
+        run_emulated(bad, 2, ins, timeout=60)
+    took = time.monotonic() - start
+    text = str(err.value)
+    assert "rank 1 was stopped by a signal (SIGSTOP" in text and "so it was killed" in text
+    assert "kill -CONT" in err.value.hint
+    assert took < 30, f"reported after {took:.0f} s (the watchdog is 60 s)"
+
+
+def test_a_hang_report_names_the_rank_that_never_answered():
+    # rank 1 computes forever outside any wait: rank 0's waits give up at the timeout, and
+    # the report named rank 0 only
+    source, ins = _source_and_inputs()
+    busy = _with_launch_prefix(source, """
+        import time
+        if rt.rank == 1:
+            while True:
+                time.sleep(0.05)
+    """)
+    with pytest.raises(HangError) as err:
+        run_emulated(busy, 2, ins, timeout=2)
+    text = str(err.value)
+    assert "stuck ranks: 0" in text and "rank 1 never answered" in text, text
+
+
+@pytest.mark.parametrize("how,cause", [("SIGKILL", "killed by signal SIGKILL (9)"),
+                                       ("SIGTERM", "killed by signal SIGTERM (15)")])
+def test_the_gpu_launcher_stops_the_world_when_a_rank_dies(how, cause):
+    # launch_world waited until every rank was gone: the live ones wait on the dead one
+    # until their own time limits (NCCL's is 10 minutes)
+    import multiprocessing
+
+    from tilelink.runtime import launcher
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_gpu_rank_stand_in, args=(r, results, how)) for r in range(2)]
+    for p in procs:
+        p.start()
+    start = time.monotonic()
+    try:
+        got, (rank, error), hint = launcher._collect(procs, results, 2)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    assert time.monotonic() - start < 20
+    assert rank == 1 and f"rank 1 {cause} before it returned a result" in error
+    assert hint == emulated.death_hint(-getattr(signal, how)) and not any(
+        p.is_alive() for p in procs)
+
+
+def _gpu_rank_stand_in(rank, results, how):
+    """A GPU rank as launch_world sees it: rank 1 dies, rank 0 waits on it for a minute."""
+    if rank == 1:
+        os.kill(os.getpid(), getattr(signal, how))
+    time.sleep(60)
+    results.put((rank, "ok", None))
 
 
 @pytest.mark.parametrize("exc", ["ValueError('broken module on purpose')",
@@ -252,4 +349,5 @@ def test_exit_causes_in_words():
     assert emulated.exit_cause(-15) == "killed by signal SIGTERM (15)"
     assert emulated.exit_cause(2) == "exited with code 2"
     assert emulated.exit_cause(None) == "still running"
+    assert emulated.exit_cause(emulated.STOPPED).startswith("was stopped by a signal")
 

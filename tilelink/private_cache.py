@@ -18,6 +18,14 @@ them plant what we load or make us write through their links:
   else is a `BadEntry` the caller discards or ignores.
 - Size: `prune` removes the least recently used entries beyond a count and a byte limit
   (entries used in the last 10 minutes stay: another process may be about to import them).
+- A directory in an entry's place (only we can make one in our 0700 directory) is a miss:
+  removed if empty, else moved aside to a `.<name>.<random>.blocked` name, with a warning.
+- No cache root in a system directory (`/`, a directory at the top of the tree, or inside
+  /etc, /usr, /proc, ...): `TILELINK_CACHE=/` would fill the root with tilelink's folders.
+- When the default location is unusable, the fallback is one private directory per user in
+  the temporary directory (`<tmp>/tilelink-<uid>/<name>`, reused by every run and pruned as
+  the cache is), so no run leaves a directory behind however it ends (SIGTERM, SIGKILL); only
+  when another user holds that name does a run make a directory of its own, removed at exit.
 """
 
 from __future__ import annotations
@@ -70,6 +78,19 @@ def _hint(explicit: bool) -> str:
     return "set TILELINK_CACHE to a directory of your own that others cannot write"
 
 
+# Trees no cache root may be in, and at the top of the tree: any directory directly under /
+# (/tmp, /home, /var, ...) is shared or the system's, never a directory of one user's own.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+                "/proc", "/sbin", "/sys", "/usr")
+
+
+def _system_directory(path: Path) -> bool:
+    """`path` (resolved) is /, a directory directly under it, or inside a system tree."""
+    if path == path.parent or path.parent == path.parent.parent:
+        return True
+    return any(path == Path(t) or Path(t) in path.parents for t in SYSTEM_TREES)
+
+
 def cache_dir(name: str, *, create: bool = True) -> Path | None:
     """The checked private directory `<cache root>/<name>` (created if `create`).
 
@@ -82,6 +103,9 @@ def cache_dir(name: str, *, create: bool = True) -> Path | None:
         raise CacheError(e.message, hint=e.hint) from None
     real = Path(os.path.realpath(root))
     try:
+        if _system_directory(real) and (real.is_dir() or not os.path.lexists(real)):
+            raise CacheError(f"{real} is a system directory: tilelink cannot keep its cache "
+                             "in it (it would make its folders there)", hint=_hint(explicit))
         _check_ancestors(real.parent, explicit)
         if not _ensure_root(real, explicit, create):
             return None
@@ -106,7 +130,10 @@ _fallback: dict[str, Path] = {}
 
 def cache_dir_or_fallback(name: str) -> Path:
     """`cache_dir(name)`; when the default location (no TILELINK_CACHE) is unusable, a private
-    temporary directory for this process and its forks instead (with a warning, once).
+    directory in the temporary directory instead (with a warning, once per process): this
+    user's `<tmp>/tilelink-<uid>/<name>`, checked as any cache directory and reused by every
+    run, so nothing is left to clean up however a run ends; if another user holds that name,
+    a fresh directory for this process and its forks, removed at exit.
 
     A TILELINK_CACHE the user chose that cannot be used stays an error: they asked for it.
     """
@@ -116,13 +143,28 @@ def cache_dir_or_fallback(name: str) -> Path:
         if env.cache_root_chosen():
             raise
         if name not in _fallback:
-            made = Path(tempfile.mkdtemp(prefix=f"tilelink-{name}-"))  # 0700, unpredictable
-            owner = os.getpid()
-            atexit.register(lambda: os.getpid() == owner and shutil.rmtree(made, True))
-            _fallback[name] = made
-            warnings.warn(f"{e.message}; using the private temporary directory {made} for "
-                          f"this run instead ({e.hint})", CacheWarning, stacklevel=2)
+            _fallback[name] = _user_temporary(name) or _process_temporary(name)
+            warnings.warn(f"{e.message}; using the private temporary directory "
+                          f"{_fallback[name]} instead ({e.hint})", CacheWarning, stacklevel=2)
         return _fallback[name]
+
+
+def _user_temporary(name: str) -> Path | None:
+    """This user's `<tmp>/tilelink-<uid>/<name>` (made private), None if it is unusable
+    (another user made it first, the temporary directory is unsafe)."""
+    try:
+        return private_dir(Path(tempfile.gettempdir()) / f"tilelink-{_uid()}" / name)
+    except CacheError:
+        return None
+
+
+def _process_temporary(name: str) -> Path:
+    """A fresh private directory (0700, unpredictable name) removed when this process exits
+    normally; only used when `_user_temporary` is not."""
+    made = Path(tempfile.mkdtemp(prefix=f"tilelink-{name}-"))
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(made, True))
+    return made
 
 
 def _describe(st: os.stat_result) -> str:
@@ -277,14 +319,43 @@ def read_entry(path: Path, max_bytes: int) -> bytes | None:
 
 
 def discard(path: Path) -> None:
-    """Remove a cache entry that must not be used (a file, link or FIFO; not a directory)."""
+    """Remove a cache entry that must not be used (a file, link or FIFO); a directory in its
+    place is removed if empty, else moved aside (`clear_directory`)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    except IsADirectoryError:
+        clear_directory(path)
     except OSError as e:
         raise CacheError(f"cannot remove the broken cache entry {path}: {e.strerror}",
                          hint="remove it by hand") from None
+
+
+def clear_directory(path: Path) -> None:
+    """A directory sits where cache entry `path` goes (only we, or root, can make one in our
+    private directory): remove it if empty, else rename it to `.<name>.<random>.blocked`
+    beside it, its contents kept, with a CacheWarning saying so. CacheError if neither works."""
+    try:
+        os.rmdir(path)
+        warnings.warn(f"an empty directory was in the place of the cache entry {path}; "
+                      "removed it", CacheWarning, stacklevel=3)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass  # not empty (or not a directory any more): move it aside
+    aside = path.with_name(f".{path.name}.{secrets.token_hex(8)}.blocked")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CacheError(f"a directory is in the place of the cache entry {path} and cannot "
+                         f"be moved aside: {e.strerror}", hint="remove it by hand") from None
+    warnings.warn(f"a directory was in the place of the cache entry {path}; moved it (with "
+                  f"what it holds) to {aside}: remove it when you like", CacheWarning,
+                  stacklevel=3)
 
 
 def touch(path: Path, older_than_s: float = 60.0) -> None:
@@ -320,7 +391,11 @@ def write_atomic(directory: Path, name: str, data: bytes, *, durable: bool = Fal
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except IsADirectoryError:  # a directory in the entry's place: clear it, once
+            clear_directory(target)
+            os.replace(tmp, target)
     except BaseException as e:
         try:
             os.unlink(tmp)

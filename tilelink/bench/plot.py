@@ -11,10 +11,10 @@ no GPU: a chart can be drawn on any machine from a JSON measured on a GPU host.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import TileLinkError
+from .files import BadFile, NotJSON, check_writable, write_atomic
 from .report import NAMES, BenchResult, load_json
 
 PLOTTED = ("tilelink", "async_tp", "symm_one_shot", "symm_two_shot", "nccl_cublas", "gemm")
@@ -22,6 +22,7 @@ CLIP = 2.5  # time / floor above this is drawn cut (and labelled), so the rest s
 COLORS = {"tilelink": "#1f77b4", "async_tp": "#ff7f0e", "symm_one_shot": "#9467bd",
           "symm_two_shot": "#8c564b", "nccl_cublas": "#7f7f7f", "gemm": "#2ca02c"}
 INSTALL_HINT = "pip install matplotlib"
+WRITE_HINT = "write the chart elsewhere (a .png name in a directory you can write)"
 
 
 def have_matplotlib() -> bool:
@@ -36,16 +37,14 @@ def have_matplotlib() -> bool:
 def check_can_plot(path: str) -> None:
     """Raise a TileLinkError when a chart cannot be written to `path` (before measuring).
 
-    Reasons: the name does not end in .png, its folder does not exist, or matplotlib is not
-    installed.
+    Reasons: the name does not end in .png, its folder does not exist or cannot be written,
+    a directory or a special file is in its place, or matplotlib is not installed.
     """
     p = Path(path)
     if p.suffix.lower() != ".png":
         raise TileLinkError(f"--plot {path}: the chart is a PNG file",
                             hint=f"--plot {p.with_suffix('.png')}")
-    if not p.parent.is_dir():
-        raise TileLinkError(f"--plot {path}: folder '{p.parent}' does not exist",
-                            hint=f"mkdir -p {p.parent}, or write the chart elsewhere")
+    check_writable(path, "--plot", WRITE_HINT)
     if not have_matplotlib():
         raise TileLinkError("--plot needs matplotlib, which is not installed",
                             hint=f"{INSTALL_HINT} (or leave out --plot)")
@@ -71,10 +70,16 @@ def load_runs(paths: list[str]) -> tuple[dict, list[BenchResult]]:
         except FileNotFoundError:
             raise TileLinkError(f"--from {path}: no such file",
                                 hint="give a JSON written by tilelink bench --json") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise TileLinkError(f"--from {path}: cannot read it ({e.__class__.__name__})",
+        except NotJSON as e:
+            raise TileLinkError(f"--from {path}: not a tilelink bench result: {e}",
                                 hint="give a JSON written by tilelink bench --json") from None
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        except BadFile as e:
+            raise TileLinkError(f"--from {path}: cannot read it: {e}",
+                                hint="give a JSON written by tilelink bench --json") from None
+        except OSError as e:
+            raise TileLinkError(f"--from {path}: cannot read it ({e.strerror or e})",
+                                hint="give a JSON written by tilelink bench --json") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise TileLinkError(f"--from {path}: not a tilelink bench result "
                                 f"({e.__class__.__name__}: {str(e)[:120]})",
                                 hint="give a JSON written by tilelink bench --json") from None
@@ -111,8 +116,11 @@ def plot(results: list[BenchResult], path: str, title: str = "") -> None:
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=130), "--plot",
+                     WRITE_HINT)
+    finally:
+        plt.close(fig)
 
 
 def _panel(ax, rs: list[BenchResult], kind: str) -> None:

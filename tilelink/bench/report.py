@@ -194,10 +194,38 @@ class BenchResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> BenchResult:
+        """The record `to_dict` wrote (a saved run's); TypeError names a field of the wrong
+        kind, so a foreign or edited file is refused here, not in the middle of a table."""
         known = {f for f in cls.__dataclass_fields__}
         if "signature" in d and "ops" not in d:  # JSON written before the field's rename
             d = {**d, "ops": d["signature"]}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        kept = {k: v for k, v in d.items() if k in known}
+        for k, v in kept.items():
+            _check_field(k, v)
+        return cls(**kept)
+
+
+# What each saved field holds: (its type(s), the type(s) of a dict field's values)
+_NUMBER = (int, float)
+_FIELD_KINDS = {"pattern": (str, None), "ops": (str, None), "sizes": (dict, None),
+                "world": (int, None), "flops_per_rank": (int, None),
+                "comm_bytes_per_rank": (int, None), "config": (str, None),
+                "steady_ms": (dict, _NUMBER), "single_ms": (dict, _NUMBER),
+                "spread_ms": (dict, list), "max_abs_err": (dict, _NUMBER),
+                "rel_err": (dict, _NUMBER), "tl_vs_nccl_cublas_max_abs": (_NUMBER, None),
+                "failed": (dict, str), "notes": (dict, str), "graph": (bool, None)}
+
+
+def _check_field(name: str, value) -> None:
+    kind, values = _FIELD_KINDS.get(name, (object, None))
+    if value is None and name == "tl_vs_nccl_cublas_max_abs":
+        return
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TypeError(f"field '{name}' holds a {type(value).__name__}")
+    if values is not None:
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, values):
+                raise TypeError(f"field '{name}' holds a {type(v).__name__} for {k!r}")
 
 
 def dump_json(results: list[BenchResult], meta: dict, path: str | None = None) -> str:
@@ -212,15 +240,25 @@ def dump_json(results: list[BenchResult], meta: dict, path: str | None = None) -
         rows.append(d)
     text = json.dumps({"meta": meta, "results": rows}, indent=1, sort_keys=False)
     if path:
-        with open(path, "w") as f:
-            f.write(text + "\n")
+        from .files import write_atomic
+
+        write_atomic(path, lambda f: f.write((text + "\n").encode()), "--json",
+                     "give a file name in a directory you can write")
     return text
 
 
 def load_json(path: str) -> tuple[dict, list[BenchResult]]:
-    """(meta, results) from a file written by `dump_json`."""
-    with open(path) as f:
-        d = json.load(f)
+    """(meta, results) from a file written by `dump_json` (a regular file of bounded size:
+    see tilelink.bench.files.read_json). A file of another shape raises TypeError or
+    KeyError."""
+    from .files import read_json
+
+    d = read_json(path)
+    if not isinstance(d, dict):
+        raise TypeError(f"it holds a JSON {type(d).__name__}, not a saved run")
+    if not isinstance(d["results"], list) or not all(isinstance(r, dict)
+                                                     for r in d["results"]):
+        raise TypeError("its results are not a list of records")
     return d.get("meta", {}), [BenchResult.from_dict(r) for r in d["results"]]
 
 

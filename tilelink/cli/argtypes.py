@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import math
 
+from ..runtime.inputs import CALLS_WHY, MAX_CALLS  # one limit for the CLI and the API
+
 MAX_WORLD = 256  # ranks (the largest NVLink domain is 72 GPUs; compile takes ~20 s at 256).
 # The emulated world bounds it further by cores and memory (tilelink.runtime.emulated).
-MAX_CALLS = 100_000  # every call's inputs are made up front
 MAX_SEED = 2**32 - 1
 MAX_SECONDS = 7 * 24 * 3600.0  # a week
 MAX_SPIN_LIMIT = 2**31 - 1  # the kernels count spins in 32-bit words
@@ -19,8 +20,9 @@ def _show(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def whole(low: int, high: int, example: int):
-    """A type accepting the whole numbers low..high (decimal; '1_000' and '+3' too)."""
+def whole(low: int, high: int, example: int, why: str = ""):
+    """A type accepting the whole numbers low..high (decimal; '1_000' and '+3' too); `why`
+    says where the bound comes from (shown with a refusal)."""
 
     def parse(text: str) -> int:
         try:
@@ -30,7 +32,7 @@ def whole(low: int, high: int, example: int):
         if value is None or not low <= value <= high:
             raise argparse.ArgumentTypeError(
                 f"must be a whole number from {low} to {high}, got {_show(text)} "
-                f"(e.g. {example})")
+                f"(e.g. {example})" + (f"; at most {high}: {why}" if why else ""))
         return value
 
     parse.__name__ = "whole number"
@@ -57,7 +59,7 @@ def seconds(example: float):
 
 
 world_size = whole(1, MAX_WORLD, 2)
-calls = whole(1, MAX_CALLS, 5)
+calls = whole(1, MAX_CALLS, 5, CALLS_WHY)
 seed = whole(0, MAX_SEED, 0)
 spin_limit = whole(1, MAX_SPIN_LIMIT, 20_000_000)
 count = whole(1, 1_000_000, 10)  # --top, --iters, --rounds, --reps

@@ -34,8 +34,21 @@ ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_
 SYSTEM_NAMES = ("tilelink", "nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot", "gemm",
                 "nccl_comm", "ce_comm")
 
+# The options that only a measuring run uses, with their defaults: left unset (None) by the
+# parser, so `--from` (which measures nothing) can tell which were given and refuse them.
+MEASURING = {"world_size": 2, "warmup": 5, "iters": 20, "rounds": 3, "reps": 5, "seed": 0,
+             "world": "gpus"}
+# every option `--from` refuses, as written: (attribute, option); it takes the rest
+NOT_FROM = (("pattern", "a pattern"), ("suite", "--suite"), ("defines", "-D"),
+            ("config", "--config"), ("world_size", "--world-size"), ("world", "--world"),
+            ("json", "--json"), ("tuned", "--tuned"), ("graph", "--graph"),
+            ("systems", "--systems"), ("warmup", "--warmup"), ("iters", "--iters"),
+            ("rounds", "--rounds"), ("reps", "--reps"), ("seed", "--seed"))
+
 
 def add_parser(sub) -> None:
+    from .main import CONFIG_MERGE
+
     b = sub.add_parser(
         "bench", help="time a pattern against NCCL+cuBLAS, torch async-TP, GEMM and comm alone",
         description="Measure, in one run and on the same inputs: TileLink, NCCL+cuBLAS (no "
@@ -52,10 +65,11 @@ def add_parser(sub) -> None:
                    "the 5 AG-GEMM / 4 GEMM-RS")
     b.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
-    b.add_argument("--world-size", "-W", type=argtypes.world_size, default=2,
+    b.add_argument("--world-size", "-W", type=argtypes.world_size, default=None,
                    help="number of ranks/GPUs (default 2)")
-    b.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="TileLink schedule config values (default: the op's own choice)")
+    b.add_argument("--config", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                   help="TileLink schedule config values (default: the op's own choice). "
+                   + CONFIG_MERGE)
     b.add_argument("--json", metavar="PATH", help="write the results (and run metadata) here")
     b.add_argument("--plot", metavar="PNG", help="draw the chart here (needs matplotlib: pip "
                    "install matplotlib)")
@@ -65,19 +79,15 @@ def add_parser(sub) -> None:
                    "needed")
     b.add_argument("--markdown", action="store_true", help="print the docs/perf.md section "
                    "(markdown table, date, host, versions, command) after the table")
-    b.add_argument("--warmup", type=argtypes.warmup,
-                   default=5, help="calls before each timed batch "
-                   "(default 5)")
-    b.add_argument("--iters", type=argtypes.count,
-                   default=20, help="back-to-back calls per timed batch "
-                   "(default 20)")
-    b.add_argument("--rounds", type=argtypes.count,
-                   default=3, help="timed batches per system, "
-                   "interleaved; the median is reported (default 3)")
-    b.add_argument("--reps", type=argtypes.count,
-                   default=5, help="single calls from idle; median "
-                   "(default 5)")
-    b.add_argument("--seed", type=argtypes.seed, default=0,
+    b.add_argument("--warmup", type=argtypes.warmup, help="calls before each timed batch "
+                   f"(default {MEASURING['warmup']})")
+    b.add_argument("--iters", type=argtypes.count, help="back-to-back calls per timed batch "
+                   f"(default {MEASURING['iters']})")
+    b.add_argument("--rounds", type=argtypes.count, help="timed batches per system, "
+                   f"interleaved; the median is reported (default {MEASURING['rounds']})")
+    b.add_argument("--reps", type=argtypes.count, help="single calls from idle; median "
+                   f"(default {MEASURING['reps']})")
+    b.add_argument("--seed", type=argtypes.seed,
                    help=f"random input seed, 0 to {argtypes.MAX_SEED} (default 0)")
     b.add_argument("--systems", metavar="A,B,...",
                    help="time only these systems (default: all): " + ", ".join(SYSTEM_NAMES) +
@@ -88,12 +98,19 @@ def add_parser(sub) -> None:
                    "host leaves the critical path, as in a model that replays graphs); each "
                    "replay's output is checked first. TileLink ops that cannot be captured "
                    "are marked FAILED (AG-GEMM copy-engine configs need capturable=1)")
-    b.add_argument("--world", choices=("gpus", "one-gpu", "emulated"), default="gpus",
+    b.add_argument("--world", choices=("gpus", "one-gpu", "emulated"), default=None,
                    help="gpus (the only world bench times: one GPU per rank); one-gpu and "
                    "emulated are refused with the reason (use tilelink run --check there)")
     b.add_argument("--tuned", action="store_true",
                    help="use the config `tilelink tune` cached for each shape, if any (default: "
                    "the schedule's default config, or --config)")
+
+
+def fill_measuring_defaults(args) -> None:
+    """Give the measuring options left unset their defaults (`MEASURING`)."""
+    for name, default in MEASURING.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
 
 
 def systems_from_args(args) -> tuple[str, ...]:
@@ -136,7 +153,7 @@ def specs_from_args(args) -> list:
     if args.world_size < 1:
         raise TileLinkError(f"--world-size must be >= 1, got {args.world_size}")
     for s in specs:
-        load_pattern(s.pattern).bind(s.values, args.world_size)
+        load_pattern(s.pattern).bind(s.values, args.world_size).pattern.require_ops()
     return specs
 
 
@@ -191,6 +208,7 @@ def run(args) -> int:
     """Exit 0: every TileLink row checked and timed; 1: some row FAILED; 2: cannot run."""
     if args.from_json:
         return replot(args)
+    fill_measuring_defaults(args)
     from ..bench.plot import check_can_plot, have_matplotlib, plot, title_for
     from ..bench.report import collect_meta, dump_json, format_markdown_section, format_table
     from ..bench.run import Options
@@ -210,6 +228,10 @@ def run(args) -> int:
             args.plot = None
         else:
             check_can_plot(args.plot)  # refuse before measuring, not after
+    if args.json:
+        from ..bench.files import check_writable
+
+        check_writable(args.json, "--json", "give a file name in a directory you can write")
     n = gpu_count()
     if n < args.world_size:
         print(f"tilelink bench: needs {args.world_size} CUDA GPUs, found {n}. Benchmarks are "
@@ -253,12 +275,16 @@ def replot(args) -> int:
     from ..bench.report import format_markdown_section, format_table
     from ..errors import TileLinkError
 
-    given = [flag for flag, v in (("a pattern", args.pattern), ("--suite", args.suite),
-                                  ("-D", args.defines), ("--config", args.config)) if v]
+    given = [flag for attr, flag in NOT_FROM
+             if getattr(args, attr, None) is not None and getattr(args, attr) is not False
+             and getattr(args, attr) != []]  # (0 is a value given: --warmup 0)
     if given:
-        raise TileLinkError(f"--from reads saved results and measures nothing; {given[0]} "
-                            "does not apply", hint="tilelink bench --from bench.json --plot "
-                            "bench.png")
+        what = ", ".join(given)
+        raise TileLinkError(f"--from reads saved results and measures nothing; {what} "
+                            f"do{'es' if len(given) == 1 else ''} not apply",
+                            hint="drop " + " and ".join(given) + " (--from takes --plot, "
+                            "--markdown and more --from), e.g. tilelink bench --from "
+                            "bench.json --plot bench.png")
     if args.plot:
         check_can_plot(args.plot)
     meta, results = load_runs(args.from_json)

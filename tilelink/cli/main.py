@@ -41,14 +41,20 @@ def _defines(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
+# how several --config options combine (every subcommand's --help says it)
+CONFIG_MERGE = ("Repeatable: the items of every --config are merged; a key given twice with "
+                "different values is refused")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("pattern", help="a .tl file, or path/to/file.py:function")
     p.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
     p.add_argument("--world-size", "-W", type=argtypes.world_size, default=2,
                    help=f"number of ranks, 1 to {argtypes.MAX_WORLD} (default 2)")
-    p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="override schedule config values (see --emit schedule for the space)")
+    p.add_argument("--config", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                   help="override schedule config values (see --emit schedule for the space). "
+                   + CONFIG_MERGE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +191,8 @@ def cmd_compile(args) -> int:
     if args.emit == "ir":
         print(format_pattern(pat, bp))
         return 0
+    if args.emit not in ("plan", "schedule"):
+        pat.require_ops()
     target = get_target(args.target)
     overrides = _defines(args.config, "--config")
     shared = _one_gpu_sms(target) if getattr(args, "world", "gpus") == "one-gpu" else None
@@ -236,6 +244,7 @@ def cmd_run(args) -> int:
     pat = load_pattern(args.pattern)
     values = _defines(args.defines, "-D")
     bp = pat.bind(values, args.world_size)
+    pat.require_ops()
     if args.emulate and args.world not in ("auto", "emulated"):
         raise TileLinkError(f"--emulate and --world {args.world} contradict each other",
                             hint="--emulate is --world emulated: give one of them")

@@ -20,6 +20,12 @@ import sys
 from . import argtypes
 
 TOP = 10  # table rows on GPUs
+# GPU-only timing options and their defaults: left unset (None) by the parser, so a tune on
+# the emulated world (which times nothing) can tell they were given and refuse them
+GPU_DEFAULTS = {"warmup": 5, "iters": 20}
+# options the emulated world cannot honour: (attribute, option as written)
+GPU_ONLY = (("warmup", "--warmup"), ("iters", "--iters"), ("force", "--force"),
+            ("graph", "--graph"))
 
 
 def _rank() -> int:
@@ -31,7 +37,7 @@ def _rank() -> int:
 
 
 def add_parser(sub) -> None:
-    from .main import _common
+    from .main import CONFIG_MERGE, _common
 
     t = sub.add_parser(
         "tune", help="search the schedule space (cost model + measurements), cache the winner",
@@ -43,7 +49,8 @@ def add_parser(sub) -> None:
     _common(t)
     for action in t._actions:  # --config means "pin" here: only the other knobs are searched
         if action.dest == "config":
-            action.help = "pin schedule knobs (KEY=VALUE); only the others are searched"
+            action.help = ("pin schedule knobs (KEY=VALUE); only the others are searched. "
+                           + CONFIG_MERGE)
     t.add_argument("--budget", type=int, metavar="N", help="measure the model's best N configs "
                    "(default: a quarter of the space; the emulated world: all)")
     t.add_argument("--time", type=float, metavar="SECONDS", help="stop measuring after this "
@@ -63,10 +70,10 @@ def add_parser(sub) -> None:
                    "over the configs that can be captured (copy-engine AG-GEMM with "
                    "capturable=1, and its library-GEMM plan). The winner is cached apart from "
                    "the eager one; compile_op's captured calls take it")
-    t.add_argument("--warmup", type=argtypes.warmup, default=5,
-                   help="GPU: calls before each timed batch (default 5)")
-    t.add_argument("--iters", type=argtypes.count, default=20, help="GPU: back-to-back calls "
-                   "timed per config (default 20)")
+    t.add_argument("--warmup", type=argtypes.warmup,
+                   help=f"GPU: calls before each timed batch (default {GPU_DEFAULTS['warmup']})")
+    t.add_argument("--iters", type=argtypes.count, help="GPU: back-to-back calls "
+                   f"timed per config (default {GPU_DEFAULTS['iters']})")
 
 
 def run(args) -> int:
@@ -80,20 +87,20 @@ def run(args) -> int:
     values = _defines(args.defines, "-D")
     pins = _defines(args.config, "--config")
     bp = load_pattern(args.pattern).bind(values, args.world_size)  # bad input fails here
+    bp.pattern.require_ops()
     if args.budget is not None and args.budget < 1:
         raise TileLinkError(f"--budget must be >= 1, got {args.budget}",
                             hint="e.g. --budget 8 (leave it out: a quarter of the space)")
     if args.time is not None and not (math.isfinite(args.time) and args.time > 0):
         raise TileLinkError(f"--time must be > 0 and finite (seconds), got {args.time:g}",
                             hint="e.g. --time 600 (leave it out for no time limit)")
+    _refuse_debug_knobs(pins)
     if not args.emulate and (under_torchrun() or gpu_count() >= args.world_size):
+        for name, default in GPU_DEFAULTS.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, default)
         return _tune_gpu(args, bp, values, pins)
-    if args.graph:
-        why = "--emulate was given" if args.emulate else (
-            f"{gpu_count()} GPU(s) visible, {args.world_size} needed")
-        raise TileLinkError(f"--graph times CUDA-graph replays, which need GPUs ({why})",
-                            hint="drop --graph to check the space on the emulated world, or "
-                            "run on a machine with enough GPUs")
+    _refuse_gpu_only(args)
     if gpu_count():
         why = "--emulate given" if args.emulate else f"only {gpu_count()} GPU(s) visible"
         print(f"tilelink tune: {why}", file=sys.stderr)
@@ -103,6 +110,39 @@ def run(args) -> int:
     check_world(bp.world)
     cache_dir()  # an unusable TILELINK_CACHE fails here once, not as every config's failure
     return _tune_emulated(args, bp, pins)
+
+
+def _refuse_gpu_only(args) -> None:
+    """On the emulated world nothing is timed or cached: refuse the options that would be
+    ignored there (--graph, --warmup, --iters, --force), saying why."""
+    from ..errors import TileLinkError
+    from ..runtime.launcher import gpu_count
+
+    given = [flag for attr, flag in GPU_ONLY  # (0 is a value given: --warmup 0)
+             if getattr(args, attr, None) is not None and getattr(args, attr) is not False]
+    if not given:
+        return
+    why = "--emulate was given" if args.emulate else (
+        f"{gpu_count()} GPU(s) visible, {args.world_size} needed")
+    what = ("--graph times CUDA-graph replays, which need GPUs" if given == ["--graph"] else
+            f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to tuning on GPUs "
+            "only; the emulated world checks every config, times nothing and caches nothing")
+    raise TileLinkError(f"{what} ({why})", hint="drop " + " and ".join(given) + " to check "
+                        "the space on the emulated world, or run on a machine with enough GPUs")
+
+
+def _refuse_debug_knobs(pins: dict) -> None:
+    """Debug knobs (debug_*) break the schedule on purpose: tuning with them would run
+    nothing but designed deadlocks, each until its timeout."""
+    from ..errors import ConfigError
+
+    debug = sorted(k for k in pins if k.startswith("debug_"))
+    if debug:
+        raise ConfigError(f"--config {debug[0]}={pins[debug[0]]}: debug knobs are not tuned "
+                          "(they break the schedule on purpose; every config would deadlock)",
+                          hint=f"drop --config {debug[0]}; to see what it does, run one config: "
+                          f"tilelink run PATTERN --world emulated --config {debug[0]}="
+                          f"{pins[debug[0]]}")
 
 
 # ---------------------------------------------------------------- emulated world

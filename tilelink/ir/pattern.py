@@ -53,6 +53,17 @@ class Pattern:
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
 
+    def require_ops(self) -> Pattern:
+        """Refuse, at the pattern's line, a pattern with no ops where a kernel is to be made
+        (compile to Triton, run, tune, bench, the Python runtimes): such a pattern is valid
+        IR (it binds, prints and plans) but there is nothing to generate or overlap."""
+        if not self.ops:
+            raise PatternError(f"pattern {self.name} has no ops: it returns its inputs "
+                               "unchanged, so there is no kernel to make", self.loc,
+                               "compute what it returns with ops (all_gather, gemm, "
+                               "reduce_scatter, ...): TileLink overlaps their work")
+        return self
+
     def validate(self) -> Pattern:
         """Check names (unknown, duplicate, unused ops) without sizes; returns self."""
         known: dict[str, SourceLoc | None] = {}

@@ -32,12 +32,13 @@ readable by Triton 3.6 (see :func:`device_library`).
 
 import glob
 import os
-import sys
+import stat
 
 import triton
 import triton.language as tl
 from triton.language import core as tlc
 
+from ..env import EnvError
 from .nvidia import *  # noqa: F403  (core.__all__)
 from .nvidia import consume_token, fence_proxy_async  # noqa: F401  (the inline-PTX lowerings)
 
@@ -130,41 +131,98 @@ def put_signal(dst_ptr, src_ptr, nelems, sig_ptr, value, peer, me, heap_bases,
 # ---- host side: finding and linking the device library ----------------------------------------
 
 
+class BitcodeError(EnvError, FileNotFoundError):
+    """NVSHMEM's device bitcode cannot be found or is not LLVM bitcode (says where it looked
+    and what to do). Also a FileNotFoundError, for callers that look for it optionally."""
+
+    kind = "environment error"
+
+
+# LLVM bitcode starts with 'BC' 0xC0DE, or with the wrapper magic 0x0B17C0DE (little endian)
+_BITCODE_MAGIC = (b"BC\xc0\xde", b"\xde\xc0\x17\x0b")
+_INSTALL = ("install nvidia-nvshmem-cu13==3.4.5 (its bitcode links with Triton 3.6), or point "
+            "TILELINK_NVSHMEM_BC at a libnvshmem_device.bc")
+
+
+def _installed_wheel_dirs() -> list[str]:
+    """The lib directories of the installed nvidia-nvshmem-cu* wheels, found through their
+    metadata in the interpreter's own site-packages only: never through `sys.path`, which
+    holds the current directory under `python -m` or `python -c` (a directory planted there
+    must not supply code linked into every kernel)."""
+    import importlib.metadata
+    import site
+    import sysconfig
+
+    roots = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
+    roots += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        roots.append(site.getusersitepackages())
+    roots = list(dict.fromkeys(os.path.realpath(r) for r in roots if os.path.isabs(r)))
+    dirs = []
+    for dist in importlib.metadata.distributions(path=roots):
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("nvidia-nvshmem"):
+            d = str(dist.locate_file(os.path.join("nvidia", "nvshmem", "lib")))
+            if os.path.isdir(d) and d not in dirs:
+                dirs.append(d)
+    return dirs
+
+
 def _candidate_dirs() -> list[str]:
     dirs = []
     if os.environ.get("NVSHMEM_LIB_DIR"):
         dirs.append(os.environ["NVSHMEM_LIB_DIR"])
-    for root in sys.path:  # the nvidia-nvshmem-cu* wheels install nvidia/nvshmem/lib
-        d = os.path.join(root, "nvidia", "nvshmem", "lib")
-        if os.path.isdir(d) and d not in dirs:
-            dirs.append(d)
+    dirs += [d for d in _installed_wheel_dirs() if d not in dirs]
     dirs += ["/usr/local/lib", "/usr/lib", "/opt/nvidia/nvshmem/lib"]
     return dirs
+
+
+def _check_bitcode(path: str, source: str) -> str:
+    """`path` if it is a readable regular file holding LLVM bitcode, else a BitcodeError
+    naming `source` (where the path came from)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO: no wait
+    except FileNotFoundError:
+        raise BitcodeError(f"{source}: {path} does not exist", hint=_INSTALL) from None
+    except OSError as e:
+        raise BitcodeError(f"{source}: cannot read {path} ({e.strerror or e})",
+                           hint=_INSTALL) from None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        magic = os.read(fd, 4) if regular else b""
+    except OSError as e:
+        raise BitcodeError(f"{source}: cannot read {path} ({e.strerror or e})",
+                           hint=_INSTALL) from None
+    finally:
+        os.close(fd)
+    if not regular:
+        raise BitcodeError(f"{source}: {path} is not a regular file", hint=_INSTALL)
+    if magic not in _BITCODE_MAGIC:
+        raise BitcodeError(f"{source}: {path} is not LLVM bitcode (it does not start with "
+                           "the bitcode magic)", hint=_INSTALL)
+    return path
 
 
 def device_library(arch: int | None = None) -> str:
     """Path of NVSHMEM's device bitcode: ``$TILELINK_NVSHMEM_BC`` if set, else
     ``libnvshmem_device.bc`` (NVSHMEM <= 3.7), else ``libnvshmem_device_sm_<arch>.bc`` (3.8 has
-    one per architecture), searched in ``$NVSHMEM_LIB_DIR`` and the nvidia-nvshmem wheel's lib
-    directory. Raises FileNotFoundError naming where it looked."""
+    one per architecture), searched in ``$NVSHMEM_LIB_DIR``, the installed nvidia-nvshmem
+    wheel's lib directory and the system's. Raises BitcodeError (an EnvError) naming where it
+    looked, or the file that is not bitcode."""
     explicit = os.environ.get("TILELINK_NVSHMEM_BC")
     if explicit:
-        if not os.path.exists(explicit):
-            raise FileNotFoundError(f"TILELINK_NVSHMEM_BC={explicit} does not exist")
-        return explicit
+        return _check_bitcode(explicit, f"TILELINK_NVSHMEM_BC={explicit}")
     dirs = _candidate_dirs()
     names = ["libnvshmem_device.bc"] + ([f"libnvshmem_device_sm_{arch}.bc"] if arch else [])
     for d in dirs:
         for name in names:
             path = os.path.join(d, name)
             if os.path.exists(path):
-                return path
+                return _check_bitcode(path, "NVSHMEM's device bitcode")
     found = sorted(glob.glob(os.path.join(dirs[0], "libnvshmem_device*.bc"))) if dirs else []
-    raise FileNotFoundError(
+    raise BitcodeError(
         f"NVSHMEM device bitcode ({' or '.join(names)}) not found in: {', '.join(dirs)}"
-        + (f"; found {', '.join(found)}" if found else "")
-        + ". Install nvidia-nvshmem-cu13==3.4.5 (its bitcode links with Triton 3.6), or point "
-        "TILELINK_NVSHMEM_BC at a libnvshmem_device.bc")
+        + (f"; found {', '.join(found)}" if found else ""), hint=_INSTALL)
 
 
 _OPTIONS: dict = {}  # arch -> launch options

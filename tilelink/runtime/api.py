@@ -117,6 +117,7 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     signals its data: what a mapping pointing at a slot nobody notifies looks like).
     """
     s = schedule_for(pattern, world_size, values, config, "interp")
+    s.bound.pattern.require_ops()
     check_emulated_memory(s.bound, calls)
     emulated_fault = fault if fault is None or not fault.startswith("skip_rank:") else None
     if s.config.comm == "none":

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import UsageError, show_int
 from ..ir import BoundPattern, Pattern
 from ..ir.pattern import check_world
-from .inputs import MAX_CALLS
+from .inputs import CALLS_WHY, MAX_CALLS
 
 _ACCEPTED = ("a pattern: a @tk.pattern function, a Pattern, a BoundPattern, or a path "
              "('file.tl', 'file.py:function')")
@@ -78,7 +78,7 @@ def check_run_options(*, world_size, values, config, seed, calls, delays, timeou
                 raise UsageError(f"config {k}= takes an int or a string, got {_show(v)}",
                                  hint=f"e.g. config={{'{k}': 64}}")
     _int("seed", seed, 0, 2**63 - 1 - MAX_CALLS, "seed=0")
-    _int("calls", calls, 1, MAX_CALLS, "calls=3")
+    _int("calls", calls, 1, MAX_CALLS, f"calls=3 (at most {MAX_CALLS}: {CALLS_WHY})")
     if not isinstance(delays, bool):
         raise UsageError(f"delays= is True or False, got {_show(delays)}",
                          hint="delays=True adds a random sleep before each launch")

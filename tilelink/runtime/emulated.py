@@ -14,8 +14,10 @@ records into a `HangError` that names the rank, program, role, wait site, slot a
 pattern lines behind it. Ranks still alive after a grace period are killed. The timeout
 scales with the load: W ranks on C cores run about W / C times slower than alone.
 
-A rank that raises or dies (a signal, an exit) is reported at once as a `RankFailedError`
-with its exit cause and traceback, and its peers are stopped. Ranks die with the parent
+A rank that raises, dies (a signal, an exit) or stays stopped by a signal (SIGSTOP) is
+reported at once as a `RankFailedError` with its exit cause, a hint that follows it, and its
+traceback; its peers are stopped: they start no further call (each checks the abort flag
+between calls) and are killed CAUSE_GRACE seconds after the abort. Ranks die with the parent
 (PR_SET_PDEATHSIG on Linux, and the parent kills them on SIGTERM / SIGHUP). The world size
 is bounded by the cores and memory there are (`world_limit`).
 """
@@ -57,6 +59,11 @@ RANKS_PER_CORE = 32
 RANK_MEMORY = 32 << 20
 MAX_TIMEOUT = 7 * 24 * 3600.0  # seconds (a week): beyond it, the watchdog is as good as off
 EXIT_GRACE = 0.5  # seconds a dead rank's result may still be in flight in the queue
+# Once a rank has died or raised, seconds its peers get to stop (their waits give up within
+# 256 spins of the abort flag, and no rank starts another call) before they are killed
+CAUSE_GRACE = 2.0
+STOPPED_S = 2.0  # seconds a rank may stay stopped (SIGSTOP) before it counts as lost
+POLL_S = 0.05  # the parent's polling period while the ranks run
 
 
 class RankFailedError(TileLinkError):
@@ -304,18 +311,21 @@ def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_ep
         rt = RankRuntime(rank=rank, **rt_args)
         rng = random.Random(seed * 1000 + rank)
         if fault == f"skip_rank:{rank}":
-            errq.put((rank, None))
+            errq.put((rank, None, False, True))
             return
         for i, (ins, outs) in enumerate(calls):
+            if int(abort[0]):  # the world is being stopped: the remaining calls are moot
+                errq.put((rank, None, True, False))
+                return
             if delays:
                 time.sleep(rng.random() * 0.05)
             mod.launch(rt, ins, outs, epoch=wrap_epoch(first_epoch + i))
             rt.join()
-        errq.put((rank, None))
+        errq.put((rank, None, False, True))
     except BaseException:
         # after the abort flag went up, an error is a consequence (a wait that gave up), not
         # the cause: the parent reports the cause first
-        errq.put((rank, traceback.format_exc(), bool(int(abort[0]))))
+        errq.put((rank, traceback.format_exc(), bool(int(abort[0])), False))
 
 
 def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[torch.Tensor]]],
@@ -329,9 +339,7 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     died. `first_epoch` numbers the first call (tests start near 2**31 to cross the int32
     wrap). `timeout` is scaled by the load (ranks per core, `load_factor`).
     """
-    from ..codegen.compile import load_module
-
-    mod = load_module(source)
+    mod = _generated_module(source)
     check_module_inputs(mod, world, per_call_inputs)  # wrong shapes would be read out of bounds
     check_world(world)
     timeout = check_timeout(timeout)
@@ -400,35 +408,76 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
         results, dead = _watch(procs, errq, abort, watch_timeout)
     elapsed = time.monotonic() - start
     # a traceback raised before the abort flag went up is a cause; after, a consequence
-    causes = {r: res[0] for r, res in results.items() if res and not res[1]}
+    causes = {r: tb for r, (tb, after, _) in results.items() if tb and not after}
     records, total = _decode(diag)
     words = [describe_wait(rec) if describe_wait else str(rec) for rec in records]
     if causes or dead:
         raise _failure(causes, dead, words, total)
+    silent = [r for r in range(world) if r not in results]  # never answered: killed
     if records:
         stuck = ", ".join(sorted({str(rec["rank"]) for rec in records}))
         raise HangError(f"a wait was never satisfied (timeout {waited}); stuck ranks: "
-                        f"{stuck}\n" + "\n".join(f"  {w}" for w in words) + _dropped(total),
+                        f"{stuck}\n" + "\n".join(f"  {w}" for w in words) + _dropped(total)
+                        + _silent(silent),
                         hint="the wait names the producer tile and pattern line it needed")
-    missing = [r for r in range(world) if r not in results]
+    failures = {r: tb for r, (tb, _, _) in results.items() if tb}
+    if failures:
+        r, tb = sorted(failures.items())[0]
+        raise RankFailedError(f"rank {r} failed in the emulated world:\n{tb}")
+    missing = sorted(set(silent) | {r for r, (_, _, done) in results.items() if not done})
     if missing:
         raise HangError(f"rank(s) {missing} did not finish within {waited} and were "
                         "stopped; no wait reported (a rank was not waiting)",
                         hint="no wait gave up: the ranks were still computing (Triton's "
                         "interpreter is slow on large sizes): use smaller -D sizes, or a "
                         "longer --timeout (timeout= in tk.emulate)")
-    failures = {r: res[0] for r, res in results.items() if res}
-    if failures:
-        r, tb = sorted(failures.items())[0]
-        raise RankFailedError(f"rank {r} failed in the emulated world:\n{tb}")
     for p in procs:
         p.join()
     clones = [{k: [t.clone() for t in v] for k, v in o.items()} for o in outputs]
     return EmulationResult(per_call_inputs, clones, elapsed)
 
 
+# what run_emulated reads of a generated module (tilelink.codegen renders every one of them)
+MODULE_NAMES = ("INPUTS", "OUTPUTS", "SYMMETRIC", "launch")
+
+
+def _generated_module(source):
+    """The module `source` defines, checked to be one TileLink generated (what
+    `render_triton` returns); anything else is a RuntimeCheckError saying what it is."""
+    from ..codegen.compile import load_module
+    from ..errors import RuntimeCheckError
+
+    hint = "pass the text render_triton(schedule) returns (tilelink compile PATTERN --target " \
+           "interp prints it)"
+    if not isinstance(source, str):
+        raise RuntimeCheckError("run_emulated takes the generated module's source text, got "
+                                f"a {type(source).__name__}", hint=hint)
+    try:
+        mod = load_module(source)
+    except SyntaxError as e:
+        raise RuntimeCheckError(f"the source given to run_emulated is not Python: {e.msg} at "
+                                f"line {e.lineno}", hint=hint) from None
+    except Exception as e:  # noqa: BLE001 - its top level ran and raised: say what
+        raise RuntimeCheckError("importing the source given to run_emulated raised "
+                                f"{type(e).__name__}: {e}", hint=hint) from None
+    missing = [n for n in MODULE_NAMES if not hasattr(mod, n)]
+    if missing:
+        raise RuntimeCheckError("the source given to run_emulated is not a module TileLink "
+                                f"generated: it defines no {', '.join(missing)}", hint=hint)
+    return mod
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return next(k for k, v in TORCH_DTYPES.items() if v == dtype)
+
+
+def _silent(ranks: list[int]) -> str:
+    """The line naming the ranks that never answered (they were killed), if any."""
+    if not ranks:
+        return ""
+    return (f"\n  rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} never "
+            "answered: not in a wait when the others gave up (still computing, or stuck "
+            "outside a wait), so killed after the grace period")
 
 
 def _dropped(total: int) -> str:
@@ -439,10 +488,17 @@ def _dropped(total: int) -> str:
             f"buffer holds {DIAG_RECORDS})")
 
 
-def exit_cause(code: int | None) -> str:
-    """A process exit code in words: 'killed by signal SIGKILL (9)', 'exited with code 3'."""
+STOPPED = "stopped"  # what `_watch` records for a rank stopped by a signal and not resumed
+
+
+def exit_cause(code: int | str | None) -> str:
+    """A process exit code in words: 'killed by signal SIGKILL (9)', 'exited with code 3',
+    or (STOPPED) 'was stopped by a signal and not resumed'."""
     if code is None:
         return "still running"
+    if code == STOPPED:
+        return (f"was stopped by a signal (SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU) and not "
+                f"resumed within {STOPPED_S:g} s, so it was killed,")
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -468,10 +524,29 @@ def _failure(causes: dict[int, str], dead: dict[int, int], waits: list[str],
     if waits:
         text += (f"\nthe other ranks were then stopped; {total} wait(s) gave up (a consequence, "
                  f"not the cause), the first: {waits[0]}")
-    hint = "the traceback above is the failed rank's own" if causes else (
-        "SIGKILL with no one killing it is often the out-of-memory killer (see dmesg); use "
-        "smaller -D sizes or fewer ranks")
-    return RankFailedError(text, hint=hint)
+    hints = [] if not causes else ["the traceback above is the failed rank's own"]
+    for code in sorted(set(dead.values()), key=str):
+        if death_hint(code) not in hints:
+            hints.append(death_hint(code))
+    return RankFailedError(text, hint="; ".join(hints))
+
+
+def death_hint(code: int | str) -> str:
+    """What a rank's end (`exit_cause`'s code) most likely means, and what to do."""
+    if code == STOPPED:
+        return ("a rank is stopped by kill -STOP (or -TSTP) or by job control: resume it "
+                "(kill -CONT) at once, or leave the ranks running")
+    if code == -signal.SIGKILL:
+        return ("SIGKILL with no one killing it is often the out-of-memory killer (see "
+                "dmesg); use smaller -D sizes or fewer ranks")
+    if code in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP, -signal.SIGQUIT):
+        return ("the rank was asked to terminate: another process, a user or a job "
+                "scheduler sent it that signal (not a fault of the kernel)")
+    if code < 0:
+        return ("the rank crashed in native code (torch, Triton's interpreter): run it "
+                "again, and report it if it recurs")
+    return ("the rank's process exited (os._exit or exit() in code it ran) without "
+            "finishing its calls")
 
 
 @contextmanager
@@ -509,52 +584,79 @@ def _ranks_die_with_us(procs: list):
 
 
 def _watch(procs, errq, abort, timeout, grace: float = 15.0):
-    """Collect each rank's result: (traceback or None, whether it came after the abort).
+    """Collect each rank's result: (traceback or None, whether it came after the abort,
+    whether the rank ran all its calls).
 
-    Raises the abort flag on timeout, when a rank reports a traceback, or when a rank's
-    process is gone without a result (returned in `dead`: rank -> exit code); ranks still
-    alive `grace` seconds after the abort are killed.
+    Raises the abort flag on timeout, when a rank reports a traceback, when a rank's process
+    is gone without a result, or when it stays stopped by a signal (SIGSTOP) for STOPPED_S
+    (it is killed); those are returned in `dead`: rank -> exit code, or STOPPED. Ranks still
+    alive `grace` seconds after a timeout's abort are killed, CAUSE_GRACE seconds after the
+    abort for a rank that died or raised (that rank's report is the one that matters).
     """
-    results: dict[int, tuple[str, bool] | None] = {}
-    dead: dict[int, int] = {}
+    results: dict[int, tuple[str | None, bool, bool]] = {}
+    dead: dict[int, int | str] = {}
     gone_at: dict[int, float] = {}
+    stopped_polls: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     aborted_at = None
+    wait_for = grace
 
-    def stop(now):
-        nonlocal aborted_at
+    def stop(now, cause: bool):
+        nonlocal aborted_at, wait_for
+        if cause:  # the report is the cause's: the others' records are consequences
+            wait_for = min(wait_for, CAUSE_GRACE)
         if aborted_at is None:
             abort[0] = 1
             aborted_at = now
 
     while len(results) + len(dead) < len(procs):
         try:
-            item = errq.get(timeout=0.05)
-            r = item[0]
-            results[r] = (item[1], item[2]) if item[1] else None
+            r, tb, after, done = errq.get(timeout=POLL_S)
+            results[r] = (tb, after, done)
             dead.pop(r, None)
-            if item[1]:  # one rank failed: stop the others too
-                stop(time.monotonic())
+            if tb:  # one rank failed: stop the others too
+                stop(time.monotonic(), cause=not after)
             continue
         except queue.Empty:
             pass
         now = time.monotonic()
         for r, p in enumerate(procs):
-            if r in results or r in dead or p.exitcode is None:
+            if r in results or r in dead:
+                continue
+            if p.exitcode is None:
+                # stopped (SIGSTOP, ...): it never answers and its peers wait on it. Counted
+                # in polls, not seconds: if all of us were stopped (^Z), time passed but the
+                # ranks were resumed together with us
+                stopped_polls[r] = stopped_polls.get(r, 0) + 1 if _stopped(p.pid) else 0
+                if stopped_polls[r] * POLL_S >= STOPPED_S:
+                    p.kill()
+                    dead[r] = STOPPED
+                    stop(now, cause=True)
                 continue
             # gone: a result it put before exiting is in the pipe already; give it a moment
             if now - gone_at.setdefault(r, now) > EXIT_GRACE:
                 dead[r] = p.exitcode
-                stop(now)
+                stop(now, cause=True)
         if aborted_at is None and now > deadline:
-            stop(now)
-        if aborted_at is not None and now > aborted_at + grace:
+            stop(now, cause=False)
+        if aborted_at is not None and now > aborted_at + wait_for:
             break
     for p in procs:
         if p.is_alive():
             p.kill()
             p.join()
     return results, dead
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped by a signal (Linux /proc state T; False where that
+    cannot be read). A rank held by a debugger (state t) is left alone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return False
+    return state == [b"T"]
 
 
 def _decode(diag: torch.Tensor) -> tuple[list[dict], int]:

@@ -33,6 +33,7 @@ from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_ops import buffer_layout, check_copy_ops
 from .emulated import wrap_epoch
 from .fast_launch import FastLauncher
+from .inputs import refuse_tensor
 from .reference import TORCH_DTYPES
 from .symmetric import BACKENDS, SymmetricHeap
 
@@ -337,9 +338,9 @@ class TileLinkOp:
                 for n in self.input_names]
         for name, shape, want in expect:
             t = given[name]
-            if not (type(t) is torch.Tensor and t.dtype is want and t.shape == shape
-                    and t.device == self.device and t.is_contiguous()
-                    and t.data_ptr() % 16 == 0):
+            if not (type(t) is torch.Tensor and t.dtype is want and not t.is_nested
+                    and t.shape == shape and t.device == self.device and t.is_contiguous()
+                    and t.data_ptr() % 16 == 0 and not t.requires_grad):
                 self._check_input(name, t)  # says what is wrong (a subclass may pass)
         return given
 
@@ -369,6 +370,9 @@ class TileLinkOp:
         where = f"input '{name}' of {self.bound.name}"
         if not isinstance(t, torch.Tensor):
             raise TileLinkError(f"{where} must be a torch.Tensor, not {type(t).__name__}")
+        refused = refuse_tensor(t, name)
+        if refused:
+            raise TileLinkError(f"{where} {refused[0]}", hint=refused[1])
         if t.device != self.device:
             raise TileLinkError(f"{where} is on {t.device}; this op runs on {self.device}",
                                 hint=f"move it: {name}.to('{self.device}')")
@@ -764,6 +768,7 @@ def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, wo
                               f"{size} ranks")
     else:
         bp = pattern.bind(values or {}, size)
+    bp.pattern.require_ops()
     if backend not in BACKENDS:
         raise ConfigError(f"unknown symmetric-memory backend '{backend}'",
                           hint="backends: " + ", ".join(BACKENDS))

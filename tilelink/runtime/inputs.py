@@ -22,9 +22,15 @@ from ..errors import RuntimeCheckError, closest
 from ..ir import BoundPattern
 from .reference import TORCH_DTYPES, make_inputs
 
-# The most calls one emulated run takes: every call's inputs and outputs are allocated in
-# the shared arena before the ranks start.
+# The most back-to-back calls one run takes (`tilelink run --calls`, `tk.emulate(calls=)`),
+# the one limit everything checks. Every call's inputs are made before the first call and
+# kept, with its outputs, until the check (the emulated world holds both in its shared arena
+# and again as Python objects in each rank process: about 30 KB a call even at the smallest
+# sizes, besides the tensors' own bytes, which `check_emulated_memory` counts), so the calls
+# bound the memory a run takes.
 MAX_CALLS = 10_000
+CALLS_WHY = ("every call's inputs are made up front and kept, with its outputs, for the "
+             "check")
 
 
 def check_module_inputs(mod, world: int, per_call_inputs) -> None:
@@ -122,12 +128,12 @@ def _check_tensor(t, name: str, rank: int, shape: tuple, dtype: str, at: str) ->
     if not isinstance(t, torch.Tensor):
         raise RuntimeCheckError(f"{what} is {_kind(t)}, not a torch.Tensor",
                                 hint=f"give a tensor of shape {list(shape)} {dtype}")
+    refused = refuse_tensor(t, name)
+    if refused:
+        raise RuntimeCheckError(f"{what} {refused[0]}", hint=refused[1])
     if t.device.type != "cpu":
         raise RuntimeCheckError(f"{what} is on {t.device}; the emulated world reads CPU "
                                 "tensors", hint="move it with .cpu()")
-    if t.layout != torch.strided:
-        raise RuntimeCheckError(f"{what} has layout {t.layout}; a dense tensor is needed",
-                                hint="convert it with .to_dense()")
     if t.dtype != TORCH_DTYPES[dtype]:
         raise RuntimeCheckError(f"{what} is {t.dtype}, expected {TORCH_DTYPES[dtype]} "
                                 f"({dtype})", hint=f"convert it with .to({TORCH_DTYPES[dtype]})")
@@ -137,6 +143,24 @@ def _check_tensor(t, name: str, rank: int, shape: tuple, dtype: str, at: str) ->
                                 hint="a sharded input holds 1/W of the sharded dim on each rank")
     if not t.is_contiguous():
         raise RuntimeCheckError(f"{what} is not contiguous", hint="pass t.contiguous()")
+
+
+def refuse_tensor(t: torch.Tensor, name: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for a tensor no TileLink op takes, whatever its shape:
+    nested or sparse (a kernel reads a dense strided block), or one that requires grad
+    (TileLink ops do not propagate gradients: its gradient would be lost without a word).
+    None for a tensor that may be checked further. (Used by every runtime's input check.)"""
+    if t.is_nested:
+        return ("is a nested tensor; a dense tensor of one shape is needed",
+                f"pass a dense tensor (e.g. torch.stack of the parts) as {name}")
+    if t.layout != torch.strided:
+        return (f"has layout {t.layout}; a dense tensor is needed",
+                "convert it with .to_dense()")
+    if t.requires_grad:
+        return ("requires grad, but TileLink ops do not propagate gradients (its gradient "
+                "would be lost)", f"pass {name}.detach() (under torch.no_grad() for "
+                "inference), and compute gradients another way")
+    return None
 
 
 def _per_rank(name: str, world: int) -> str:

@@ -3,7 +3,8 @@
 `launch_world(fn, world_size, *args)` runs `fn(rank, world_size, *args)` on every rank with
 torch.distributed (NCCL) initialised and the rank's CUDA device current, and returns rank
 0's result. Under `torchrun` (RANK / WORLD_SIZE set) it runs `fn` in this process instead.
-A rank that raises stops the world: its traceback comes back as a TileLinkError.
+A rank that raises stops the world: its traceback comes back as a TileLinkError; so does a
+rank whose process dies (a signal, an exit), named with its exit cause at once.
 
 `launch_one_gpu_world(fn, world_size, *args)` runs `fn(world_size, *args)` in ONE spawned
 process that holds every rank of a one-GPU world (`runtime/one_gpu.py`) on the first visible
@@ -107,10 +108,43 @@ def launch_world(fn, world_size: int, *args):
              for r in range(world_size)]
     for p in procs:
         p.start()
-    got, first_error = {}, None
+    got, first_error, hint = _collect(procs, results, world_size)
+    if first_error:
+        rank, tb = first_error
+        raise TileLinkError(f"rank {rank} failed:\n{tb.rstrip()}", hint=hint)
+    missing = [r for r in range(world_size) if r not in got]
+    if missing:
+        codes = {r: procs[r].exitcode for r in missing}
+        raise TileLinkError(f"rank(s) {missing} exited without a result (exit codes {codes})")
+    return got[0][1]
+
+
+EXIT_GRACE = 0.5  # seconds a dead rank's result may still be in flight in the queue
+STOP_GRACE = 2.0  # seconds the other ranks get to stop after a rank died, before SIGTERM
+
+
+def _collect(procs, results, world_size: int):
+    """Gather the ranks' results: ({rank: (status, value)}, the first (rank, error) or None,
+    its hint). A rank that raises stops the world; so does one whose process is gone without
+    a result (a signal, an exit: named with its cause at once, while its peers would wait on
+    it until their own time limits)."""
+    from .emulated import death_hint, exit_cause
+
+    got, first_error, hint = {}, None, None
+    gone_at: dict[int, float] = {}
     while len(got) < world_size:
         if results.empty():
             if not any(p.is_alive() for p in procs):
+                break
+            now = time.monotonic()
+            dead = [r for r, p in enumerate(procs) if r not in got and p.exitcode is not None
+                    and now - gone_at.setdefault(r, now) > EXIT_GRACE]
+            if dead:
+                r = dead[0]
+                first_error = (r, f"rank {r} {exit_cause(procs[r].exitcode)} before it "
+                                  "returned a result; the other ranks were stopped")
+                hint = death_hint(procs[r].exitcode)
+                _stop(procs, STOP_GRACE)
                 break
             time.sleep(0.01)
             continue
@@ -118,12 +152,7 @@ def launch_world(fn, world_size: int, *args):
         got[rank] = (status, value)
         if status == "error" and first_error is None:
             first_error = (rank, value)
-            for p in procs:  # one rank failed: the others may be waiting on it
-                if p.is_alive():
-                    p.join(timeout=10)
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
+            _stop(procs, 10)  # one rank failed: the others may be waiting on it
             break
     while not results.empty():  # a result put just before its process exited
         rank, status, value = results.get()
@@ -135,14 +164,18 @@ def launch_world(fn, world_size: int, *args):
         if p.is_alive():
             p.kill()
             p.join()
-    if first_error:
-        rank, tb = first_error
-        raise TileLinkError(f"rank {rank} failed:\n{tb.rstrip()}")
-    missing = [r for r in range(world_size) if r not in got]
-    if missing:
-        codes = {r: procs[r].exitcode for r in missing}
-        raise TileLinkError(f"rank(s) {missing} exited without a result (exit codes {codes})")
-    return got[0][1]
+    return got, first_error, hint
+
+
+def _stop(procs, grace: float) -> None:
+    """Give the live ranks `grace` seconds in all to finish, then terminate them."""
+    end = time.monotonic() + grace
+    for p in procs:
+        if p.is_alive():
+            p.join(timeout=max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
 
 
 class OneGpuWorldLost(TileLinkError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import re
 import time
 import warnings
@@ -110,11 +111,32 @@ def cache_path(bp: BoundPattern, device_name: str, directory: Path | None = None
 
 
 def _config_from(d: dict) -> Config:
-    known = {f.name for f in fields(Config)}
-    unknown = set(d) - known
+    """The Config a record holds; ValueError naming an unknown field or a value of the wrong
+    type (a float or bool where an int goes, a number where a string goes: `warps=4.0`
+    would pass the space's `in (4, 8)` check and reach the kernel as a float)."""
+    kinds = {f.name: type(f.default) for f in fields(Config)}
+    unknown = set(d) - set(kinds)
     if unknown:
         raise ValueError(f"unknown config fields {sorted(unknown)}")
+    for k, v in d.items():
+        if type(v) is not kinds[k]:  # (exact: bool is an int subclass)
+            raise ValueError(f"config field {k}={v!r} is {_a(type(v))}, not {_a(kinds[k])}")
     return Config(**d)
+
+
+def _a(kind: type) -> str:
+    return ("an " if kind.__name__[:1] in "aeiou" else "a ") + kind.__name__
+
+
+def _check_extras(record: dict) -> None:
+    """The fields `tilelink tune` shows beside the config: time_ms a positive finite number
+    (or null), results a list; ValueError otherwise."""
+    t = record.get("time_ms")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                          or not math.isfinite(t) or t <= 0):
+        raise ValueError(f"its time_ms {t!r} is not a time in milliseconds")
+    if not isinstance(record.get("results", []), list):
+        raise ValueError("its results are not a list")
 
 
 def _load(path: Path) -> dict:
@@ -157,6 +179,7 @@ def lookup(bp: BoundPattern, device_name: str, directory: Path | None = None,
         if not isinstance(data.get("config"), dict):
             raise TypeError("it has no config record")
         cfg = _config_from(data["config"])
+        _check_extras(data)
         if target is not None:
             from ..schedule.schedule import default_space
 
