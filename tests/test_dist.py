@@ -173,8 +173,9 @@ CASES |= {
     "ag_lib_cap_ragged_graph_mixed": RunSpec(AG, RAGGED_AG, AG_LIB | {"capturable": "1"},
                                              calls=20, graph=True, mixed=True),
 }
-# cases whose default plan is the non-overlapped one: their captures must take the kernel
-# (where the scheduler gives captured calls one: W = 2)
+# cases on the default plan captured in CUDA graphs: whatever the eager default is on this
+# GPU (the non-overlapped plan, or the copy engine without its flag protocol), captured
+# calls must take a config that can be captured (the scheduler's default for replays)
 CAPTURED_KERNEL = ("ag_default_even_graph", "ag_default_ragged_graph_mixed")
 # Added after the last GPU run: run in a world of their own, so a failure cannot take the
 # verified cases with it. Move them into CASES once they have passed on GPUs.
@@ -468,7 +469,14 @@ def composed_single_results():
 
 @pytest.fixture(scope="module")
 def nvshmem_results():
-    return _world(NVSHMEM_CASES | NVSHMEM_WATCHDOG)
+    from tilelink.errors import TileLinkError
+
+    try:
+        return _world(NVSHMEM_CASES | NVSHMEM_WATCHDOG)
+    except TileLinkError as e:  # a rank's NotSupportedError, reported by the launcher
+        if NVSHMEM_REFUSED in str(e):
+            pytest.skip(f"the NVSHMEM backend refused this host: {e}"[:400])
+        raise
 
 
 _PRECOMPILED: list[str] = []
@@ -502,9 +510,9 @@ def _assert_ok(res, captured_kernel: bool = False):
         assert r["hang"] is None, r["hang"]
         assert r["bad_calls"] == 0, (r["rank"], r["errors"])
         assert r["errors"], "nothing was compared"
-        if captured_kernel:
-            assert "comm=none" in r["config"], r["config"]
-            assert "capturable=1" in (r.get("captured_config") or ""), r.get("captured_config")
+        if captured_kernel:  # captured calls took a config that can be captured
+            captured = r.get("captured_config") or r["config"]
+            assert "comm=copy_engine" not in captured or "capturable=1" in captured, captured
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -266,6 +266,7 @@ class FakeKernelOp:
         self.schedule = self.config = None
         self.input_names, self.output_names = ("a", "b"), ("c",)
         self.captured_op = None
+        self.vendor_rounded = False
 
     def __call__(self, **inputs):
         self.calls.append(FakeCuda.current)
@@ -472,7 +473,8 @@ class FakeRunOp:
         self.input_names = tuple(d.name for d in bp.pattern.inputs)
         self.output_names = tuple(bp.pattern.outputs)
         self.calls, self.replays, self.delayed = 0, 0, []
-        self.fallback = False  # a kernel's outputs: judged by the kernels' bound
+        self.fallback = False
+        self.vendor_rounded = False  # a kernel's outputs: judged by the kernels' bound
 
     def make_inputs(self, seed):
         per_rank = make_inputs(self.bound, seed)

@@ -27,7 +27,7 @@ from ..env import spin_limit as spin_limit_from_env
 from ..errors import ConfigError, HangError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, Pattern
 from ..lang.core import DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS
-from ..schedule import Config, captured_overrides, get_target, make_schedule
+from ..schedule import Config, default_config, get_target, make_schedule
 from .api import describe_wait
 from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_ops import buffer_layout, check_copy_ops
@@ -275,6 +275,13 @@ class TileLinkOp:
     captured_op: TileLinkOp | None = None
     _captured = False  # a call of this op was captured: check_diagnostics, see _launch_here
     _released_waits = None  # (timeout, waits) that `settle` released for `report` to name
+
+    @property
+    def vendor_rounded(self) -> bool:
+        """Whether a vendor library computes some of its results (gemm=library): their
+        check allows the library's rounding (`runtime.bounds`, `plan`)."""
+        comp = self.schedule.composition
+        return comp is not None and any(lw.vendor_library for lw in comp.lowerings.values())
 
     def __init__(self, bound: BoundPattern, schedule, module, heap: SymmetricHeap, group,
                  spin_limit: int, engine_streams: tuple | None = None):
@@ -573,6 +580,8 @@ class FallbackOp(TileLinkOp):
     in a CUDA graph go to it (a replay has no host work per call, so there the overlap pays).
     """
 
+    vendor_rounded = True  # cuBLAS and the library collectives compute everything
+
     def __init__(self, bound: BoundPattern, schedule, group, rank: int | None = None):
         import torch
 
@@ -814,17 +823,16 @@ def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, wo
 def _captured_config(bp: BoundPattern, target, config: Config, base: Config | None,
                      graph_tuned: Config | None, explicit: bool, fault: str | None):
     """The config that calls captured in a CUDA graph take instead of `config` (None: the
-    same). `tilelink tune --graph`'s cached winner where one exists; else, where the
-    scheduler itself chose the non-overlapped plan for its host cost (which a replay does
-    not have), the overlapped kernel `captured_overrides` names (the schedule note says so).
-    Nothing under explicit overrides or a test fault (the fault is for eager calls)."""
+    same). `tilelink tune --graph`'s cached winner where one exists; else the default the
+    scheduler gives captured calls (`default_config(graph=True)`: a replay has no host work,
+    and an eager default on the copy engine may not be capturable), where it differs from
+    the eager default. Nothing under explicit overrides or a test fault (the fault is for
+    eager calls)."""
     if explicit or fault is not None:
         return None
     captured = graph_tuned
-    if captured is None and base is None and config.comm == "none":
-        extra = captured_overrides(bp, target)
-        if extra is not None:
-            captured = make_schedule(bp, target, extra, allow_fallback=False).config
+    if captured is None and base is None:
+        captured, _ = default_config(bp, target, graph=True)
     if captured is None or captured == config:
         return None
     return captured

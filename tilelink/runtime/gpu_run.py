@@ -48,7 +48,7 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     from ..errors import TileLinkError
     from ..frontend import load_pattern
     from .dist_reference import evaluate_local
-    from .gpu import FallbackOp, compile_op
+    from .gpu import compile_op
 
     bp = load_pattern(spec.pattern).bind(spec.values, world)
     tuned = not spec.config if spec.tuned is None else spec.tuned
@@ -82,7 +82,7 @@ def run_rank(rank: int, world: int, spec: RunSpec) -> dict:
     if summary["hang"] is None and spec.check:
         for ins, out in zip(inputs, outputs):
             tally_call(summary, bp, op.output_names, out, evaluate_local(bp, ins),
-                       isinstance(op, FallbackOp))
+                       op.vendor_rounded)
     if summary["hang"] is None and spec.timing_iters:
         from .timing import steady_state_ms
 

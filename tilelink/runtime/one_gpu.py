@@ -255,6 +255,7 @@ class WorldOp:
         self.bound, self.schedule, self.config = first.bound, first.schedule, first.config
         self.input_names, self.output_names = first.input_names, first.output_names
         self.fallback = isinstance(first, FallbackOp)
+        self.vendor_rounded = first.vendor_rounded  # (the check's bound: runtime.bounds)
 
     def make_inputs(self, seed: int = 0) -> list[dict]:
         """Random local inputs of every rank (the ones a real rank r makes with this seed)."""

@@ -68,7 +68,7 @@ def run_world_spec(world, spec: RunSpec, verbose: bool = False) -> dict:
             want = evaluate(bp, {n: [x[n] for x in ins] for n in op.input_names})
             for r, summary in enumerate(summaries):
                 tally_call(summary, bp, op.output_names, outs[r],
-                           {n: v[r] for n, v in want.items()}, op.fallback)
+                           {n: v[r] for n, v in want.items()}, op.vendor_rounded)
     if spec.timing_iters and not summaries[0]["hang"]:
         from .timing import steady_state_streams_ms
 

@@ -195,6 +195,10 @@ class Lowering:
         default)."""
         return True
 
+    #: its results come from a vendor library (cuBLAS / hipBLASLt), whose rounding is the
+    #: library's (the check allows it: `runtime.bounds`), not TileLink's kernels'
+    vendor_library: bool = False
+
     def moved_bytes(self, site: OpSite) -> float:
         """Bytes one rank sends to its peers per call with this lowering (what the cost model
         charges for a collective; 0 for a compute op)."""

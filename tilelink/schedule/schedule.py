@@ -251,25 +251,57 @@ def _fallbacks(bp: BoundPattern, base: Config) -> list[Config]:
 
 def compare_plans(bp: BoundPattern, target: Target, overlapped: Config, graph: bool = False):
     """(overlapped estimate, (best non-overlapped config, its estimate), device row) by the
-    cost model for `target`'s device; None where the model does not time this pattern."""
+    cost model for `target`'s device; None where the model does not time this pattern. The
+    overlapped plan is estimated on the device's whole GPU: the one-GPU world gives each
+    rank a share of one GPU's SMs to run W ranks at once, and must choose the plan W GPUs
+    would run."""
     from .cost import device_spec, estimate, modelled
 
     if modelled(bp) is not None:
         return None
     dev = device_spec(target.device)
-    over = estimate(bp, overlapped, dev, graph)
+    whole = replace(overlapped, num_programs=max(overlapped.num_programs, dev.num_sms))
+    over = estimate(bp, whole, dev, graph)
     fbs = [(c, estimate(bp, c, dev, graph)) for c in _fallbacks(bp, _base(target))]
     return over, min(fbs, key=lambda ce: ce[1].total), dev
+
+
+def capturable(cfg: Config) -> bool:
+    """Whether calls of `cfg` can be captured in a CUDA graph: SM kernels read their epoch
+    from device memory and the non-overlapped plan's library calls capture as they are; a
+    copy engine's stream operations carry the call's epoch unless its flag protocol is on
+    (capturable=1, where its lowerings have one)."""
+    return cfg.comm != "copy_engine" or bool(cfg.capturable)
+
+
+def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config | None:
+    """The overlapped plan calls captured in a CUDA graph can take: `overlapped` with its
+    lowerings' variant for captured calls (AG-GEMM's copy engine on flags, where it was
+    measured to pay), or `overlapped` itself where it can be captured; None where neither
+    (GEMM-RS's copy engine has no capturable protocol: its captured calls run the
+    non-overlapped plan, `--config comm=sm` their kernel)."""
+    extra = captured_overrides(bp, target)
+    if extra is not None:
+        cfg = overlapped.with_values(extra)
+        if not default_space(target).reasons(cfg, bp):
+            return cfg
+    return overlapped if capturable(overlapped) else None
 
 
 def _decide(bp: BoundPattern, target: Target, overlapped: Config,
             graph: bool) -> tuple[Config, str | None]:
     """`overlapped`, or the non-overlapped plan where the cost model does not predict the
-    overlap to win by OVERLAP_MARGIN (with why, both estimates in it)."""
+    overlap to win by OVERLAP_MARGIN (with why, both estimates in it). For calls captured
+    in a CUDA graph (`graph`) the overlapped candidate is one that can be captured."""
     from .cost import OVERLAP_MARGIN
 
     if target.backend == "interp":
         return overlapped, None
+    if graph:
+        overlapped = _for_graphs(bp, target, overlapped)
+        if overlapped is None:
+            fb = _fallbacks(bp, _base(target))
+            return fb[0], "non-overlapped plan chosen: no overlapped plan of it can be captured"
     cmp = compare_plans(bp, target, overlapped, graph)
     if cmp is None:
         return overlapped, None
@@ -283,12 +315,13 @@ def _decide(bp: BoundPattern, target: Target, overlapped: Config,
            f"taken only where it is predicted {OVERLAP_MARGIN:.0%} faster; "
            "--config comm=sm or comm=copy_engine runs the kernel, `tilelink tune` measures "
            "both")
-    captured = None if graph else captured_overrides(bp, target)
-    if captured is not None:
-        why += ("; calls captured in a CUDA graph run the overlapped kernel instead ("
-                + " ".join(f"{k}={v}" for k, v in captured.items()) + " on the overlapped "
-                "default): a replay has no host work per call (2x H200, AG M = 1024: "
-                "0.107 ms against 0.147 for NCCL + cuBLAS replayed the same way)")
+    if not graph:
+        replayed, _ = default_config(bp, target, graph=True)
+        if replayed.comm != "none":
+            why += (f"; calls captured in a CUDA graph run the overlapped kernel instead "
+                    f"({_words(replayed)}" + (", capturable=1" if replayed.capturable else "")
+                    + "): a replay has no host work per call, and the model predicts it "
+                    "faster there")
     return fb, why
 
 

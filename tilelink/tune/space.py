@@ -9,7 +9,8 @@ from ..schedule import Config, ConfigSpace, Target
 from ..schedule import config as config_mod
 from ..schedule.cost import (FALLBACK, extents, is_fallback, op_lowerings,
                              uses_comm_programs)
-from ..schedule.schedule import default_config, default_space, make_schedule
+from ..schedule.schedule import (capturable, default_config, default_space,  # noqa: F401
+                                 make_schedule)
 
 
 
@@ -173,12 +174,6 @@ def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[
                                 f"in a CUDA graph on {target.name}", bp.pattern.loc,
                                 "tune without --graph")
     return list(out)
-
-
-def capturable(cfg: Config) -> bool:
-    """Whether calls of `cfg` can be captured in a CUDA graph (for_graphs' rule: after
-    `--config` pins, which can turn the flag protocol off again)."""
-    return cfg.comm != "copy_engine" or bool(cfg.capturable)
 
 
 def _resources(bp: BoundPattern, target: Target) -> list[str]:

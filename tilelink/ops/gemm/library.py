@@ -29,6 +29,8 @@ class GemmLibrary(Lowering):
     less and the library's kernel beats TileLink's (small M); the tile knobs do not apply
     (block_m x block_n remain the tiles the plan counts for a whole GEMM's epilogue pass)."""
 
+    vendor_library = True
+
     kind = "gemm"
     variant = "library"
     variant_knob = "gemm"
