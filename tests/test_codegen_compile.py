@@ -9,7 +9,7 @@ from tilelink.codegen.compile import compile_module, kernel_names, load_module
 from tilelink.errors import ConfigError, NotSupportedError
 from tilelink.frontend import load_text
 from tilelink.frontend.text import parse_text
-from tilelink.schedule import captured_overrides, get_target, make_schedule
+from tilelink.schedule import captured_overrides, default_config, get_target, make_schedule
 
 from .conftest import AG_RETURNING_GATHERED, EXAMPLES
 
@@ -184,11 +184,14 @@ def test_small_ag_gemm_captured_calls_take_a_capturable_kernel():
     mod = load_module(render_triton(twin))
     assert mod.CAPTURABLE == 1 and mod.OWN_DIRECT == 1
     assert "ptx" in compile_module(render_triton(twin), target).asm
-    # not where it measured no faster: 256 rows per rank, or a tiny GEMM
+    # not where it measured no faster: 256 rows per rank, or a tiny GEMM (where captured
+    # calls take what the cost model predicts for replays: NCCL + cuBLAS at 512 rows, the
+    # SM kernel, which is capturable, for the tiny GEMM)
     for sizes in ({"M": "512", "N": "8192", "K": "8192"}, {"M": "1024", "N": "1024", "K": "512"}):
         small_bp = AG.bind(sizes, 2)
         assert captured_overrides(small_bp, target) is None
-        assert "CUDA graph" not in make_schedule(small_bp, target).render()
+        replayed, _ = default_config(small_bp, target, graph=True)
+        assert replayed.comm in ("none", "sm") and replayed.capturable == 0
     # no such variant for GEMM-RS (no capturable copy-engine protocol) or the interpreter
     rs = RS.bind({"M": "1024", "N": "8192", "K": "2048"}, 2)
     assert captured_overrides(rs, target) is None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from ..errors import ConfigError, NotSupportedError
+from ..errors import ConfigError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose, op_sites
@@ -277,15 +277,20 @@ def capturable(cfg: Config) -> bool:
 def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config | None:
     """The overlapped plan calls captured in a CUDA graph can take: `overlapped` with its
     lowerings' variant for captured calls (AG-GEMM's copy engine on flags, where it was
-    measured to pay), or `overlapped` itself where it can be captured; None where neither
-    (GEMM-RS's copy engine has no capturable protocol: its captured calls run the
-    non-overlapped plan, `--config comm=sm` their kernel)."""
+    measured to pay), `overlapped` itself where it can be captured, else the SM resource's
+    default (GEMM-RS's copy engine has no capturable protocol); None where none can."""
     extra = captured_overrides(bp, target)
     if extra is not None:
         cfg = overlapped.with_values(extra)
         if not default_space(target).reasons(cfg, bp):
             return cfg
-    return overlapped if capturable(overlapped) else None
+    if capturable(overlapped):
+        return overlapped
+    try:  # (the copy engine's reductions have no capturable protocol: their SM lowerings)
+        sm, _ = default_config(bp, target, False, resource="sm")
+    except TileLinkError:
+        return None
+    return sm if capturable(sm) and not default_space(target).reasons(sm, bp) else None
 
 
 def _decide(bp: BoundPattern, target: Target, overlapped: Config,
