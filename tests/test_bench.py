@@ -543,6 +543,7 @@ def _fake_gpu_world():
     class Op:
         def __init__(self, bp, group, wrong):
             self.bound, self.group, self.config, self.wrong = bp, group, "comm=fake", wrong
+            self.vendor_rounded = False  # the fp32 evaluation: one rounding, as an overlapped plan
 
         def make_inputs(self, seed):
             return make_local_inputs(self.bound, dist.get_rank(), seed, torch.device("cpu"))
