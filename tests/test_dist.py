@@ -367,7 +367,7 @@ COMPOSED |= {
 # symmetric memory.)
 SYMM1 = {"comm": "none", "library_comm": "symm_one_shot"}
 SYMM2 = {"comm": "none", "library_comm": "symm_two_shot"}
-NOT_YET_RUN |= {
+COMPOSED |= {
     "gemm_ar_symm1_delays": RunSpec(GEMM_AR, AR_RAGGED, SYMM1, calls=100, delays=True, seed=51),
     "gemm_ar_symm2_delays": RunSpec(GEMM_AR, AR_RAGGED, SYMM2, calls=100, delays=True, seed=52),
     "gemm_ar_symm1_1000": RunSpec(GEMM_AR, AR_DECODE, SYMM1, calls=1000),
