@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.ops import Inferred, fail, local_shape, register
-from ..ir.tensor import LOCAL
+from ..ir.tensor import INT_DTYPES, LOCAL
 from ..plan.regions import access, chunk_axis, region_rule
 from ..plan.tiling import FULL, DimRule, TileGrid
 from ..bench.providers import peer_elements, transfer
@@ -17,12 +17,10 @@ from .all_gather import copies
 
 @register("all_to_all", "comm", ["x", "splits"], {"capacity": None},
           "Send rows of `x` to ranks by per-rank counts `splits` ([W] ints, rows grouped by "
-          "destination); each rank receives up to `capacity` rows from every rank.")
+          "destination); each rank receives up to `capacity` rows from every rank.",
+          dtypes={1: INT_DTYPES})  # x: any (rows are copied); splits: row counts
 def shape(op, xs, attrs, world):
     x, splits = xs
-    if splits.dtype not in ("int32", "int64"):
-        fail(op, f"all_to_all splits must be an int32 tensor; {splits.name} is {splits.dtype}",
-             f"declare {splits.name} : [W] int32", 1)
     if tuple(splits.local_shape) != (world,):
         fail(op, f"all_to_all splits must have shape [W]; {splits.name} is "
              f"{list(splits.local_shape)}", f"declare {splits.name} : [W] int32", 1)
