@@ -28,9 +28,11 @@ CONVENTIONS = (
     ("Kernels: the op's lowerings, each chosen by the config values shown (`--config`, or the "
     "scheduler's default). Every pattern can also run as the non-overlapped plan "
     "(`comm=none`: the collectives as library calls, NCCL on GPUs, and the compute in torch "
-    "or cuBLAS), which the scheduler takes where no kernel can run the pattern or overlap "
-    "cannot pay; a pattern with an op that has no lowering runs only as that plan, and "
-    "`tilelink compile PATTERN --emit schedule` says why."),
+    "or cuBLAS), which the scheduler takes where overlap cannot pay or its lowerings cannot "
+    "run the pattern (`tilelink compile PATTERN --emit schedule` says why). A pattern with an "
+    "op that has no lowering at all runs only as that plan, given `--config comm=none` "
+    "(`config={\"comm\": \"none\"}` from Python): a kernel for it is refused, naming the "
+    "op."),
 )
 
 
@@ -104,8 +106,8 @@ def kernels(sp) -> str:
 
     found = LOWERINGS.get(sp.name, [])
     if not found:
-        return ("none yet: a pattern with this op runs as the non-overlapped plan only "
-                "(`comm=none`)")
+        return ("none yet: a pattern with this op runs only as the non-overlapped plan, given "
+                "`--config comm=none`")
     parts = []
     for lw in found:
         picks = ([f"comm={lw.resource}"] if lw.resource else []) + \
