@@ -165,7 +165,7 @@ def _world_choices(world_size: int, gpus: int) -> str:
 
 # Commands that live in their own module (tilelink/cli/<name>.py) with
 # `add_parser(subparsers)` and `run(args) -> int`.
-SUBCOMMANDS = ("bench", "tune")
+SUBCOMMANDS = ("bench", "tune", "ops")
 
 
 def _subcommand(name: str):

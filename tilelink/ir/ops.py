@@ -54,6 +54,37 @@ ShapeRule = Callable[[Op, list[BoundTensor], dict, int], Inferred]
 
 
 @dataclass(frozen=True)
+class OpDoc:
+    """An op family's entry in the op reference (`tilelink ops`, docs/ops.md), written in its
+    module next to the shape rule it describes; the reference adds what the registries say
+    (signature, defaults, attribute kinds, operand dtypes, lowerings).
+
+    args: each operand and attribute (a variadic op: each name its `signature` gives) -> what
+    it takes: a tensor's shape and placement, an attribute's meaning.
+    result: the result's shape, dtype and placement.
+    example: one statement applying the op in the text DSL; None where the op has no text
+    form (then `python` is the example).
+    given: text-DSL declarations of the tensors the example reads, and sizes the parameters
+    of the pattern they make ("M = 64, K = 32"): the example is checked by parsing and
+    binding that pattern (tests/test_ops_reference.py).
+    python: the Python-DSL statement where it is not the text one respelled (no text form);
+    python_setup: Python lines it needs before the pattern (a tile function).
+    signature: how the op is called where its operands do not say (a variadic op).
+    notes: what else a user must know (e.g. where its kernels fall back).
+    """
+
+    args: dict[str, str]
+    result: str
+    example: str | None
+    given: tuple[str, ...]
+    sizes: str
+    python: str | None = None
+    python_setup: str = ""
+    signature: str | None = None
+    notes: str = ""
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """Signature and meaning of one op family."""
 
@@ -70,6 +101,8 @@ class OpSpec:
     # operand index (or "*": every operand not listed) -> the dtypes it takes (None: any);
     # undeclared operands follow the category's convention (`operand_dtypes`)
     dtypes: dict[Any, tuple[str, ...] | None] = field(default_factory=dict)
+    # its entry in the op reference (`tilelink ops`); `doc` is its one-line summary
+    details: OpDoc | None = None
 
     def usage(self) -> str:
         """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
@@ -82,14 +115,15 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, category, operands, attrs, doc, variadic=False, attr_kinds=None,
-             dtypes=None):
+             dtypes=None, details=None):
     """Decorator: register a shape rule as the op family `name`. `attr_kinds` declares the
     kinds of its attributes (see tilelink.ir.attrs), `dtypes` the dtypes of its operands
-    (see `operand_dtypes`); both are checked by `Pattern.bind` before the rule runs."""
+    (see `operand_dtypes`); both are checked by `Pattern.bind` before the rule runs.
+    `details` is its entry in the op reference (`OpDoc`)."""
 
     def wrap(rule: ShapeRule) -> ShapeRule:
         OPS[name] = OpSpec(name, category, tuple(operands), dict(attrs), rule, doc, variadic,
-                           dict(attr_kinds or {}), dict(dtypes or {}))
+                           dict(attr_kinds or {}), dict(dtypes or {}), details)
         return rule
 
     return wrap

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, check_dim, fail, register
+from ..ir.ops import Inferred, OpDoc, check_dim, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
@@ -16,7 +16,19 @@ from ..runtime.reference import reference
 
 
 @register("all_gather", "comm", ["x"], {"dim": 0},
-          "Concatenate every rank's slice along `dim`; every rank gets the whole tensor.")
+          "Concatenate every rank's slice along `dim`; every rank gets the whole tensor.",
+          details=OpDoc(
+              args={"x": "sharded along `dim` (`shard(dim)`), or a per-rank tensor (`local`, "
+                         "e.g. an op's result), whose W copies are concatenated in rank "
+                         "order; not `replicated`, nor `partial` (sum partials with "
+                         "all_reduce or reduce_scatter)",
+                    "dim": "the dim to gather along; a sharded `x` must be sharded on it"},
+              result="`replicated`, x's dtype: x's global shape where x is `shard(dim)`; x's "
+                     "shape with dim `dim` W times as long where x is per rank",
+              example="a_full = all_gather(a, dim = 0)",
+              given=("a : [M, K] bf16 shard(0)",), sizes="M = 64, K = 32",
+              notes="The copy engine gathers pattern inputs along dim 0; other gathers "
+                    "(a computed tensor, dim 1) run on SMs."))
 def shape(op, xs, attrs, world):
     (x,) = xs
     dim = attrs["dim"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, fail, register
+from ..ir.ops import Inferred, OpDoc, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, col_axis, plain_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
@@ -16,7 +16,18 @@ from .reduce_scatter import rank_sum, rank_sums
 
 
 @register("all_reduce", "comm", ["x"], {},
-          "Sum the ranks' tensors; every rank gets the whole sum.")
+          "Sum the ranks' tensors; every rank gets the whole sum.",
+          details=OpDoc(
+              args={"x": "each rank's summand: a per-rank tensor (`local`, e.g. a gemm over "
+                         "a sharded K) or `partial`; not `shard` or `replicated`"},
+              result="`replicated`: x's shape and dtype, the sum over the ranks",
+              example="s = all_reduce(c)",
+              given=("c : [M, N] bf16 partial",), sizes="M = 64, N = 32",
+              notes="Its kernels take the partials from the tile epilogue of the gemm that "
+                    "computes x (2-D); any other all_reduce runs as the non-overlapped plan. "
+                    "The default is one-shot on SMs; the copy engine is taken only where "
+                    "`--config comm=copy_engine` or the tuner names it (no CUDA graph can "
+                    "capture it)."))
 def shape(op, xs, attrs, world):
     (x,) = xs
     if x.placement.kind in ("shard", "replicated"):

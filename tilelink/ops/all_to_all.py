@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, fail, local_shape, register
-from ..ir.tensor import LOCAL
+from ..ir.ops import Inferred, OpDoc, fail, local_shape, register
+from ..ir.tensor import INT_DTYPES, LOCAL
 from ..plan.regions import access, chunk_axis, region_rule
 from ..plan.tiling import FULL, DimRule, TileGrid
 from ..bench.providers import peer_elements, transfer
@@ -17,12 +17,25 @@ from .all_gather import copies
 
 @register("all_to_all", "comm", ["x", "splits"], {"capacity": None},
           "Send rows of `x` to ranks by per-rank counts `splits` ([W] ints, rows grouped by "
-          "destination); each rank receives up to `capacity` rows from every rank.")
+          "destination); each rank receives up to `capacity` rows from every rank.",
+          dtypes={1: INT_DTYPES},  # x: any (rows are copied); splits: row counts
+          details=OpDoc(
+              args={"x": "this rank's rows `[T, ...]`, grouped by destination: the first "
+                         "splits[0] rows go to rank 0, the next splits[1] to rank 1, ...",
+                    "splits": "`[W]` per rank: how many rows of x go to each "
+                              "rank (read when the call runs)",
+                    "capacity": "the most rows a rank receives from each rank (> 0); rows "
+                                "past it are dropped"},
+              result="`[W * capacity, ...]` (x's other dims), x's dtype, per rank (`local`): "
+                     "block s of `capacity` rows holds the rows rank s sent here, in order, "
+                     "zero past those",
+              example="recv = all_to_all(tokens, splits, capacity = CAP)",
+              given=("tokens : [T, H] bf16", "splits : [W] int32"),
+              sizes="T = 64, H = 32, CAP = 64",
+              notes="The non-overlapped plan runs it as one all_to_all_single of NCCL on "
+                    "GPUs; a kernel would read rows that splits chooses at run time."))
 def shape(op, xs, attrs, world):
     x, splits = xs
-    if splits.dtype not in ("int32", "int64"):
-        fail(op, f"all_to_all splits must be an int32 tensor; {splits.name} is {splits.dtype}",
-             f"declare {splits.name} : [W] int32", 1)
     if tuple(splits.local_shape) != (world,):
         fail(op, f"all_to_all splits must have shape [W]; {splits.name} is "
              f"{list(splits.local_shape)}", f"declare {splits.name} : [W] int32", 1)

@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..ir.attrs import Attr
-from ..ir.ops import Inferred, fail, local_shape, register, result_placement, same_dtype
+from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement, same_dtype
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
@@ -20,7 +20,23 @@ from ..runtime.reference import reference
 
 
 @register("attention", "compute", ["q", "k", "v"], {"causal": 0},
-          "Softmax attention per head: q [S, H, D], k and v [Skv, H, D] -> [S, H, D].")
+          "Softmax attention per head: q [S, H, D], k and v [Skv, H, D] -> [S, H, D].",
+          details=OpDoc(
+              args={"q": "`[S, H, D]` per rank: S queries of H heads of size D (a q sharded "
+                         "on dim 0: this rank's S / W)",
+                    "k": "`[Skv, H, D]` per rank, q's H, D and dtype",
+                    "v": "k's shape",
+                    "causal": "on (1): query i of rank r sits at position r * S + i, S being "
+                              "q's rows per rank (as for a q sharded on dim 0), and sees keys "
+                              "0 .. r * S + i only; off (0): every key"},
+              result="`[S, H, D]` (q's rows per rank), q's dtype, per rank (`local`): "
+                     "softmax(q k^T / sqrt(D)) v per head",
+              example="o = attention(q, k, v, causal = 1)",
+              given=("q : [S, H, D] bf16 shard(0)", "k : [S, H, D] bf16 replicated",
+                     "v : [S, H, D] bf16 replicated"),
+              sizes="S = 64, H = 2, D = 16",
+              notes="A kernel would consume the K and V tiles as they arrive (`--emit plan` "
+                    "shows its mappings)."))
 def attention_shape(op, xs, attrs, world):
     q, k, v = xs
     sq, sk, sv = local_shape(q), local_shape(k), local_shape(v)
@@ -102,7 +118,19 @@ PARTIAL_DTYPE = "fp32"
 @register("attention_partial", "compute", ["q", "k", "v"], {},
           "Decode attention over this rank's KV slice: q [B, H, D], k and v [B, S, H, D] -> "
           "[B, H, D + 1] in fp32: the output over this slice (softmax-normalised over its "
-          "keys) and, in the last column, the log-sum-exp of its scaled scores.")
+          "keys) and, in the last column, the log-sum-exp of its scaled scores.",
+          details=OpDoc(
+              args={"q": "`[B, H, D]` per rank: one query per batch entry and head (decode)",
+                    "k": "`[B, S, H, D]` per rank: this rank's S keys of the KV cache, q's "
+                         "B, H, D and dtype",
+                    "v": "k's shape"},
+              result="`[B, H, D + 1]` fp32, per rank (`local`): columns 0 .. D - 1 the "
+                     "attention output over these S keys, column D the log-sum-exp of their "
+                     "scaled scores; lse_combine combines the ranks' partials",
+              example="part = attention_partial(q, k, v)",
+              given=("q : [B, H, D] bf16 replicated", "k : [B, S / W, H, D] bf16",
+                     "v : [B, S / W, H, D] bf16"),
+              sizes="B = 2, H = 4, S = 64, D = 16"))
 def partial_shape(op, xs, attrs, world):
     q, k, v = xs
     sq, sk, sv = local_shape(q), local_shape(k), local_shape(v)
@@ -170,7 +198,20 @@ SPLITS = Attr("count", of=0, expected=stacked_partials, what="partials")
 @register("lse_combine", "compute", ["parts"], {"splits": None},
           "Combine `splits` attention partials stacked on dim 0 ([splits * B, H, D + 1]) "
           "by their log-sum-exp weights -> [B, H, D]; `splits` defaults to W.",
-          attr_kinds={"splits": SPLITS})
+          attr_kinds={"splits": SPLITS},
+          details=OpDoc(
+              args={"parts": "`[splits * B, H, D + 1]`: `splits` attention_partial results "
+                             "stacked on dim 0, e.g. each rank's gathered by "
+                             "all_gather(part, dim = 0)",
+                    "splits": "how many partials parts stacks (none given: W, one per rank); "
+                              "where the pattern shows how parts was stacked, it must be "
+                              "that many"},
+              result="`[B, H, D]`, parts' dtype (fp32 from attention_partial): the partials' "
+                     "outputs weighted by the softmax of their log-sum-exps; `replicated` "
+                     "where parts is, else per rank (`local`)",
+              example="o = lse_combine(parts)",
+              given=("parts : [W * B, H, D + 1] fp32 replicated",),
+              sizes="B = 2, H = 4, D = 16"))
 def combine_shape(op, xs, attrs, world):
     (p,) = xs
     s = local_shape(p)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, fail, local_shape, register, same_dtype
+from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, same_dtype
 from ..ir.tensor import INT_DTYPES, LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
@@ -17,7 +17,19 @@ from .gemm import products
 @register("grouped_gemm", "compute", ["x", "w", "ids"], {},
           "MoE expert GEMM: row t of x times expert w[ids[t, j]] for each of the top-k "
           "choices j: [T, K], [E, K, N], [T, k] -> [T * k, N].",
-          dtypes={2: INT_DTYPES})  # x and w: floats (a compute op's); ids: expert numbers
+          dtypes={2: INT_DTYPES},  # x and w: floats (a compute op's); ids: expert numbers
+          details=OpDoc(
+              args={"x": "`[T, K]` per rank: T tokens (a sharded x: this rank's slice)",
+                    "w": "`[E, K, N]` per rank: E experts' weights, x's dtype",
+                    "ids": "`[T, k]`: row t names the k experts token t goes to (each in "
+                           "0 .. E - 1, checked when the call runs)"},
+              result="`[T * k, N]`, x's dtype, per rank (`local`): row t * k + j is "
+                     "x[t] @ w[ids[t, j]]",
+              example="y = grouped_gemm(x, w, ids)",
+              given=("x : [T, K] bf16", "w : [E, K, N] bf16", "ids : [T, TOPK] int32"),
+              sizes="T = 64, K = 32, N = 48, E = 4, TOPK = 2",
+              notes="A kernel would read the rows ids chooses at run time (`--emit plan` "
+                    "shows this dynamic mapping)."))
 def shape(op, xs, attrs, world):
     x, w, ids = xs
     sx, sw, si = local_shape(x), local_shape(w), local_shape(ids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..ir.ops import Inferred, fail, local_shape, register, result_placement
+from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement
 from ..ir.tensor import FLOAT_DTYPES
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
@@ -12,7 +12,27 @@ from ..plan.tiling import DimRule, TileGrid
 # point); the tile function reads the other inputs as it likes
 @register("map", "compute", [], {}, variadic=True,
           doc="Apply a user tile function (Python DSL) to row blocks of its first input.",
-          dtypes={0: FLOAT_DTYPES, "*": None})
+          dtypes={0: FLOAT_DTYPES, "*": None},
+          details=OpDoc(
+              signature="map(fn, x, *more)",
+              args={"fn": "a `@tk.tile_function`: a `@triton.jit` function computing one "
+                          "block of rows, declaring which region of each tensor a tile reads "
+                          "(\"rows\": its row block, \"whole\": all of it)",
+                    "x": "bf16, fp16 or fp32, per rank: its row blocks are the tiles",
+                    "more": "further tensors of any dtype, passed to fn's parameters in the "
+                            "order its `reads` lists them"},
+              result="x's per-rank shape and dtype: `replicated` where every tensor is, else "
+                     "per rank (`local`)",
+              example=None, python="y = tk.map(scale_rows, x, w)",
+              python_setup=(
+                  "@tk.tile_function(reads={\"x\": \"rows\", \"w\": \"whole\"})\n"
+                  "@triton.jit\n"
+                  "def scale_rows(x, w, out, row0, rows, K: tl.constexpr, BM: tl.constexpr):\n"
+                  "    ...  # one tile: rows row0 .. row0 + BM - 1 (examples/patterns.py: "
+                  "rmsnorm_rows)\n"),
+              given=("x : [M, K] bf16", "w : [K] bf16 replicated"), sizes="M = 64, K = 32",
+              notes="Python DSL only: the text DSL has no tile functions. docs/composer.md "
+                    "gives the tile function's calling convention."))
 def shape(op, xs, attrs, world):
     if not xs:
         fail(op, "map needs at least one tensor argument")

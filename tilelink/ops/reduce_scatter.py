@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, check_dim, fail, register
+from ..ir.ops import Inferred, OpDoc, check_dim, fail, register
 from ..ir.tensor import shard
 from ..plan.regions import FULL, access, chunk_axis, col_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
@@ -15,7 +15,19 @@ from ..runtime.reference import reference
 
 
 @register("reduce_scatter", "comm", ["x"], {"dim": 0},
-          "Sum the ranks' tensors and give each rank a contiguous 1/W slice along `dim`.")
+          "Sum the ranks' tensors and give each rank a contiguous 1/W slice along `dim`.",
+          details=OpDoc(
+              args={"x": "each rank's summand: a per-rank tensor (`local`, e.g. a gemm over "
+                         "a sharded K) or `partial`; not `shard` or `replicated`. Its size "
+                         "along `dim` must be a multiple of W",
+                    "dim": "the dim to split the sum along"},
+              result="`shard(dim)`: x's shape and dtype; rank r holds block r of the W "
+                     "blocks of the sum along `dim`",
+              example="out = reduce_scatter(c, dim = 0)",
+              given=("c : [M, N] bf16 partial",), sizes="M = 64, N = 32",
+              notes="Its kernels take the partials from the tile epilogue of the gemm that "
+                    "computes x (2-D; the copy engine: dim 0 only); any other reduce_scatter "
+                    "runs as the non-overlapped plan."))
 def shape(op, xs, attrs, world):
     (x,) = xs
     dim = attrs["dim"]

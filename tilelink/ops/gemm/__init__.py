@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ir.ops import Inferred, fail, local_shape, register, result_placement, same_dtype
+from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement, same_dtype
 from ...ir.tensor import PARTIAL
 from ...plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ...plan.tiling import DimRule, TileGrid
@@ -15,7 +15,18 @@ from ...runtime.reference import reference
 
 
 @register("gemm", "compute", ["a", "b"], {},
-          "Matrix product a @ b on each rank: [M, K] x [K, N] -> [M, N].")
+          "Matrix product a @ b on each rank: [M, K] x [K, N] -> [M, N].",
+          details=OpDoc(
+              args={"a": "`[M, K]` per rank (a sharded a: this rank's slice)",
+                    "b": "`[K, N]` per rank, a's dtype"},
+              result="`[M, N]`, a's dtype: `partial` where a or b is, `replicated` where both "
+                     "are, else per rank (`local`)",
+              example="c = gemm(a, b)",
+              given=("a : [M, K] bf16", "b : [K, N] bf16"), sizes="M = 64, N = 48, K = 32",
+              notes="`gemm=triton` is TileLink's Triton kernel; `gemm=library` calls "
+                    "cuBLAS / hipBLASLt (a GEMM no collective feeds, or one whose rows the "
+                    "copy engine gathers); `gemm=ws` is a warp-specialised Gluon kernel "
+                    "(opt-in; cuda:90 with comm=copy_engine)."))
 def shape(op, xs, attrs, world):
     a, b = xs
     sa, sb = local_shape(a), local_shape(b)
