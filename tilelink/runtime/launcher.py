@@ -209,11 +209,17 @@ def _one_gpu_child(fn, world_size, args, results):
 
         if torch.cuda.is_available():  # (the CPU tests run the process machinery alone)
             torch.cuda.set_device(0)
+        results.put(("ready", None))  # the idle clock starts here, not at the spawn
         results.put(("ok", fn(world_size, *args)))
     except TileLinkError as e:  # already readable: no traceback
         results.put(("error", f"{type(e).__name__}: {e}"))
     except BaseException:
         results.put(("error", traceback.format_exc()))
+
+
+# seconds a spawned process may take to import torch and reach its function: spawn re-imports
+# the caller's modules, which on a loaded 2-core machine took longer than an 8 s case budget
+STARTUP_TIMEOUT = 180.0
 
 
 def launch_one_gpu_world(fn, world_size: int, *args, timeout: float | None = None,
@@ -222,8 +228,10 @@ def launch_one_gpu_world(fn, world_size: int, *args, timeout: float | None = Non
     and return its result (`fn` must be picklable: a module-level function).
 
     `timeout`: seconds the whole run may take; `idle_timeout`: seconds between two messages
-    of `report_progress` (or before the first); past either the process is killed and
-    OneGpuWorldLost raised, as when it dies. `on_progress(message)` receives the messages.
+    of `report_progress` (or before the first, counted once the process has imported torch:
+    its start gets STARTUP_TIMEOUT, as a spawn on a loaded host can take longer than a case);
+    past either the process is killed and OneGpuWorldLost raised, as when it dies.
+    `on_progress(message)` receives the messages.
     An exception in `fn` comes back as a TileLinkError with its traceback.
     """
     if gpu_count() < 1:
@@ -236,11 +244,15 @@ def launch_one_gpu_world(fn, world_size: int, *args, timeout: float | None = Non
     proc = ctx.Process(target=_one_gpu_child, args=(fn, world_size, args, results))
     proc.start()
     start = last = time.monotonic()
-    finished = False
+    finished = ready = False
     try:
         while True:
             if not results.empty():
                 kind, value = results.get()
+                if kind == "ready":
+                    ready = True
+                    last = time.monotonic()
+                    continue
                 if kind == "progress":
                     last = time.monotonic()
                     if on_progress is not None:
@@ -259,7 +271,10 @@ def launch_one_gpu_world(fn, world_size: int, *args, timeout: float | None = Non
             if timeout is not None and now - start > timeout:
                 raise OneGpuWorldLost(f"the one-GPU world was still running after {timeout:g} "
                                       "s: stopped")
-            if idle_timeout is not None and now - last > idle_timeout:
+            if not ready and now - start > STARTUP_TIMEOUT:
+                raise OneGpuWorldLost(f"the one-GPU world's process did not start within "
+                                      f"{STARTUP_TIMEOUT:g} s: stopped")
+            if ready and idle_timeout is not None and now - last > idle_timeout:
                 raise OneGpuWorldLost(f"the one-GPU world reported nothing for {idle_timeout:g} "
                                       "s: stopped")
             time.sleep(0.02)
