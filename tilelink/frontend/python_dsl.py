@@ -23,6 +23,7 @@ import ast
 import inspect
 import itertools
 import linecache
+import math
 import sys
 import textwrap
 from collections.abc import Callable
@@ -45,7 +46,8 @@ from ..ir import (
     as_expr,
 )
 from ..ir import shard as shard_placement
-from ..ir.attrs import attr_kind, takes_bool
+from ..ir.attrs import attr_kind
+from ..ir.ops import check_attr_name
 
 __all__ = [
     "BUILDERS",
@@ -437,10 +439,7 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
                            f"{len(tensors)}", site.loc(), f"write {sp.usage()}")
     values = []
     for k, v in attrs.items():
-        if k not in sp.attrs:
-            hint = closest(k, sp.attrs)
-            raise PatternError(f"{kind} has no argument '{k}'", site.kwarg(k),
-                               f"did you mean '{hint}'?" if hint else f"write {sp.usage()}")
+        check_attr_name(sp, k, fn_name, trace.functions, site.kwarg(k))
         values.append((k, _attr(sp, k, v, trace, site)))
     arg_locs = tuple(site.arg(i + skip) for i in range(len(tensors)))
     record = (tuple(tensors), tuple(values), fn_name, arg_locs)
@@ -448,17 +447,24 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
 
 
 def _attr(sp, key: str, value, trace: _Trace, site: _Site):
+    kind = attr_kind(sp, key)
     if isinstance(value, bool):
-        if takes_bool(sp, key):
-            return int(value)
-        raise PatternError(f"{key}= takes {attr_kind(sp, key).describe()}, got {value}",
+        if kind.kind in ("flag", "value"):  # a value (a constant for user code) stays a bool
+            return int(value) if kind.kind == "flag" else value
+        raise PatternError(f"{key}= takes {kind.describe()}, got {value}",
                            site.kwarg(key), f"e.g. {key}=0")
     if isinstance(value, int):
+        return value
+    if isinstance(value, float) and kind.kind == "value":
+        if not math.isfinite(value):
+            raise PatternError(f"{key}= takes a finite number, got {value!r}", site.kwarg(key),
+                               f"e.g. {key}=1e-6")
         return value
     if isinstance(value, Expr):
         _check_sizes([value], trace, site.kwarg(key))
         return value
-    raise PatternError(f"{key}= must be an int or a size expression, got {value!r}",
+    number = "a number (int or float)" if kind.kind == "value" else "an int"
+    raise PatternError(f"{key}= must be {number} or a size expression, got {value!r}",
                        site.kwarg(key), f"e.g. {key}=0, or a size such as {key}=N // tk.W")
 
 
@@ -520,7 +526,9 @@ def tile_function(*, reads: dict[str, str], writes: str = "rows"):
     tensor. `tk.map(fn, t1, t2, ...)` passes its tensors to these parameters in the
     order `reads` lists them; the first one's row blocks define the tiles.
     `writes` is the region of the result a tile writes ("rows": its block of rows).
-    The rest of the calling convention (pointers, strides, block sizes) is codegen's.
+    The rest of the calling convention (pointers, strides, block sizes) is codegen's;
+    the function's other parameters take `tk.map(fn, ..., NAME=value)`, else the pattern's
+    size of that name, else their defaults (docs/composer.md).
     """
     site = _user_site()
 

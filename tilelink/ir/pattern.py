@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import PatternError, SourceLoc, TileLinkWarning, UsageError, closest, show_int
 from .attrs import Graph, attr_kind, check_attr
 from .expr import WORLD, DivisionError
-from .ops import Op, dtype_words, operand_dtypes, spec
+from .ops import Op, check_attr_name, dtype_words, operand_dtypes, spec
 from .tensor import (DTYPES, MAX_RANK_BYTES, PLACEMENT_KINDS, BoundTensor, Placement,
                      TensorDecl, show_bytes)
 
@@ -171,11 +171,7 @@ class Pattern:
         for op in self.ops:
             sp = spec(op.kind)
             for k, _ in op.attrs:
-                if k not in sp.attrs:
-                    hint = closest(k, sp.attrs)
-                    raise PatternError(f"{op.kind} has no argument '{k}'", op.loc,
-                                       f"did you mean '{hint}'?" if hint
-                                       else f"write {sp.usage()}")
+                check_attr_name(sp, k, op.fn, self.functions, op.loc)
             if not sp.variadic and len(op.args) != len(sp.operands):
                 raise PatternError(f"{op.kind} takes {len(sp.operands)} tensor argument(s), "
                                    f"got {len(op.args)}", op.loc, f"write {sp.usage()}")

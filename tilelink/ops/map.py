@@ -2,17 +2,55 @@
 
 from __future__ import annotations
 
+from ..ir.attrs import VALUE
+from ..ir.expr import WORLD
 from ..ir.ops import Inferred, fail, local_shape, register, result_placement
 from ..ir.tensor import FLOAT_DTYPES
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 
+#: parameters of a tile function that TileLink binds itself (the calling convention)
+CONVENTION = {
+    "out": "pointer to this rank's result (contiguous, row-major; the first input's shape)",
+    "row0": "the first row of the tile (rows row0 .. row0 + BM - 1 of the first input)",
+    "rows": "the number of rows of the first input (mask rows >= rows)",
+    "BM": "tile rows (constexpr)",
+}
+
+
+def keyword_params(fn: str | None, functions: dict) -> dict[str, str | None]:
+    """The parameters of tile function `fn` and whether `tk.map(fn, ..., NAME=value)` may set
+    them: None where it may (a constant the function takes: EPS, a size), else why not (the
+    tensors it reads, the calling convention's parameters and W are bound by TileLink)."""
+    entry = functions.get(fn)
+    decl = entry[1] if isinstance(entry, tuple) else None
+    if decl is None:
+        return {}
+    reads = {p for p, _ in decl.reads}
+    why: dict[str, str | None] = {}
+    for p in decl.params:
+        if p in reads:
+            why[p] = f"{p} is a tensor {fn} reads: pass the tensor positionally, in the " \
+                     f"order of its reads= ({', '.join(q for q, _ in decl.reads)})"
+        elif p == "BM":
+            why[p] = "BM is the tile's rows, the schedule's block_m: set it with --config " \
+                     "block_m=... (config={'block_m': ...} in Python)"
+        elif p in CONVENTION:
+            why[p] = f"TileLink binds {p}: {CONVENTION[p]}"
+        elif p == WORLD:
+            why[p] = "W is the world size, which TileLink binds: run with -W N (world_size=N)"
+        else:
+            why[p] = None
+    return why
+
 
 # dtypes: the result has the first input's dtype (a float: the tiles compute in floating
-# point); the tile function reads the other inputs as it likes
+# point); the tile function reads the other inputs as it likes. Attributes: the tile
+# function's own constants (keyword_params), each a number handed to it as a constexpr.
 @register("map", "compute", [], {}, variadic=True,
           doc="Apply a user tile function (Python DSL) to row blocks of its first input.",
-          dtypes={0: FLOAT_DTYPES, "*": None})
+          dtypes={0: FLOAT_DTYPES, "*": None}, attr_kinds={"*": VALUE},
+          fn_attrs=keyword_params)
 def shape(op, xs, attrs, world):
     if not xs:
         fail(op, "map needs at least one tensor argument")
@@ -48,20 +86,12 @@ from ..codegen.tiles import item_loop, operand_waits  # noqa: E402
 from ..ir.pattern import check_name  # noqa: E402
 from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
 
-#: parameters of a tile function that TileLink binds itself (the calling convention)
-CONVENTION = {
-    "out": "pointer to this rank's result (contiguous, row-major; the first input's shape)",
-    "row0": "the first row of the tile (rows row0 .. row0 + BM - 1 of the first input)",
-    "rows": "the number of rows of the first input (mask rows >= rows)",
-    "BM": "tile rows (constexpr)",
-}
-
-
 def tile_call(op, bp) -> tuple:
     """(jit function, its declaration, {parameter: what binds it}) of a map's tile function:
     the read tensors and `out` as pointers, `row0`, `rows`, `BM`, and every other parameter
-    by name from the pattern's sizes or the map's attributes (constexprs), or else its own
-    default; a parameter with none of these is an error (see `unbound`)."""
+    by name from the map's attributes (`tk.map(fn, ..., EPS=1e-5)`), else the pattern's
+    sizes (W among them: the world size), as constexprs, or else its own default; a
+    parameter with none of these is "unbound" (`MapTiles.reasons` names it)."""
     fn, decl = bp.pattern.functions[op.fn]
     bound = {}
     reads = [p for p, _ in decl.reads]
