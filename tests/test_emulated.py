@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
+import triton
+import triton.language as tl
 
+import tilelink.frontend as tk
 from tilelink.codegen import render_triton
 from tilelink.errors import ConfigError, HangError
 from tilelink.frontend import load_text
@@ -429,3 +433,29 @@ def test_capturable_knob_checks():
     s = make_schedule(bp, cuda, CAPTURABLE)
     assert "capturable=1" in str(s.config) and "capturable" not in str(
         make_schedule(bp, cuda, {"comm": "copy_engine"}).config)
+
+
+@tk.tile_function(reads={"x": "rows"})
+@triton.jit
+def times_world(x, out, row0, rows, K: tl.constexpr, W: tl.constexpr, BM: tl.constexpr):
+    """out = x * W: a tile function's `W` parameter is the world size (docs/composer.md)."""
+    offs = (row0 + tl.arange(0, BM))[:, None] * K + tl.arange(0, K)[None, :]
+    mask = (row0 + tl.arange(0, BM))[:, None] < rows
+    tl.store(out + offs, tl.load(x + offs, mask=mask).to(tl.float32) * W, mask=mask)
+
+
+@tk.pattern
+def ag_times_world(M=96, K=32, dtype="bf16"):
+    x = tk.input((M, K), dtype, shard=0)
+    x_full = tk.all_gather(x, dim=0)
+    y = tk.map(times_world, x_full)
+    return y
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_tile_functions_W_is_the_world_size(world):
+    s, res = _run(ag_times_world, world, {})
+    x_full = torch.cat(res.inputs[0]["x"]).float()
+    for y in res.outputs[0]["y"]:
+        assert torch.equal(y, (x_full * world).to(y.dtype))
+    assert f"W={world}" in render_triton(s)

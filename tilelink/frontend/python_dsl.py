@@ -528,7 +528,8 @@ def tile_function(*, reads: dict[str, str], writes: str = "rows"):
     `writes` is the region of the result a tile writes ("rows": its block of rows).
     The rest of the calling convention (pointers, strides, block sizes) is codegen's;
     the function's other parameters take `tk.map(fn, ..., NAME=value)`, else the pattern's
-    size of that name, else their defaults (docs/composer.md).
+    size of that name (`W: tl.constexpr` is the world size), else their defaults
+    (docs/composer.md).
     """
     site = _user_site()
 
