@@ -23,9 +23,12 @@ def tile_function(module: str, name: str, path: str | None = None):
         spec = importlib.util.spec_from_file_location(module, path)
         if spec is None or spec.loader is None:
             raise TileLinkError(f"cannot load the tile function {name} from {path}")
+        from ..frontend.python_dsl import loading_patterns
+
         mod = importlib.util.module_from_spec(spec)
         sys.modules[module] = mod
-        spec.loader.exec_module(mod)
+        with loading_patterns():  # as the loader imports it: a broken pattern stays local
+            spec.loader.exec_module(mod)
     if mod is None or not hasattr(mod, name):
         raise TileLinkError(f"the tile function {name} of {module} is not loaded in this "
                             "process", hint="define tile functions at module level of a file")
