@@ -337,6 +337,22 @@ def test_validate_runs_on_the_result():
     assert_points_at(err, "# second x", "tk.input")
 
 
+@tk.pattern
+def returns_an_input(M=64, K=32, dtype="bf16"):
+    a = tk.input((M, K), dtype, shard=0)
+    a_full = tk.all_gather(a, dim=0)
+    return a_full, a  # an input
+
+
+def test_returning_an_input_is_refused_at_the_returned_name():
+    import tilelink
+
+    with pytest.raises(PatternError) as e:
+        tilelink.emulate(returns_an_input, 2)
+    assert "returns its input 'a': the kernel writes what the pattern's ops" in e.value.message
+    assert_points_at(e.value, "# an input", "a  #")
+
+
 # ---- tile functions and map -------------------------------------------------------------
 
 
