@@ -43,7 +43,8 @@ class Attr:
     low: int | None = None
     high: int | None = None
     # kind "count": expected(graph, tensor name) -> (blocks, how they were stacked) where the
-    # pattern shows how the tensor's dim 0 was stacked, else None
+    # pattern shows how the tensor's dim 0 was stacked, (None, how, hint) where it shows the
+    # blocks stacked on another dim, else None
     expected: Callable | None = field(default=None, compare=False)
     what: str = "blocks"  # kind "count": what the blocks are, for messages
 
@@ -184,6 +185,11 @@ def _check_count(op, name: str, value: int | None, kind: Attr, tensors: list,
     if count is None:
         return
     expected = kind.expected(graph, x.name) if kind.expected and graph is not None else None
+    if expected is not None and expected[0] is None:
+        _, how, hint = expected
+        raise PatternError(f"{given}: {op.kind} combines {kind.what} stacked on dim 0, but "
+                           f"{x.name} holds them along another dim: {how}",
+                           op.arg_loc(kind.of), hint)
     if expected is not None and expected[0] != count:
         n, how = expected
         blocks = kind.what if n != 1 else kind.what[:-1]
