@@ -247,16 +247,18 @@ def _purge_triton_modules():
     `@triton.jit` picks interpreter or compiler when a function is decorated, so functions
     decorated before the fork (Triton's own `tl.zeros`, `tl.cdiv`, ... and tilelink.lang)
     are rewrapped or re-imported; generated modules are imported after this. Casts to
-    bf16 round to nearest even from here on (`interp_rounding`).
+    bf16 round to nearest even, and bf16 arithmetic computes on values, from here on
+    (`interp_rounding`).
     """
     os.environ["TRITON_INTERPRET"] = "1"
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    from .interp_rounding import round_casts_to_nearest
+    from .interp_rounding import bf16_arithmetic_as_gpus, round_casts_to_nearest
 
     round_casts_to_nearest()  # bf16 results as a GPU rounds them (what the check assumes)
+    bf16_arithmetic_as_gpus()  # and bf16 arithmetic on values, not on their bit patterns
 
     for holder in (tl, tl.standard, tl.math, tl.tensor):
         for name, value in list(vars(holder).items()):
