@@ -420,8 +420,10 @@ def test_map_keywords_set_the_tile_functions_constants():
     from tilelink.codegen import render_triton
     from tilelink.runtime.api import schedule_for
 
-    src = render_triton(schedule_for(bound))
-    assert "norm_rows(" in src and "EPS=1e-05" in src and "SCALE=4" in src and "K=32" in src
+    for target in ("cuda:90", "interp"):
+        src = render_triton(schedule_for(bound, target=target))
+        call = next(line for line in src.splitlines() if "norm_rows" in line and "row0" in line)
+        assert "EPS=1e-05" in call and "SCALE=4" in call and "K=32" in call, call
 
 
 @pytest.mark.parametrize("keyword, message, hint", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..ir.attrs import VALUE
 from ..ir.expr import WORLD
 from ..ir.ops import Inferred, fail, local_shape, register, result_placement
-from ..ir.tensor import FLOAT_DTYPES
+from ..ir.tensor import DTYPE_BYTES, FLOAT_DTYPES
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 
@@ -165,7 +165,9 @@ class MapTiles(Lowering):
         line = f"{name} = tile_function({module!r}, {name!r}, {path!r})"
         if line not in mb.module_lines:
             if not any("import tile_function" in x for x in mb.imports):
-                mb.imports.append("from tilelink.runtime.user_code import tile_function")
+                mb.imports.append("from tilelink.runtime.user_code import tile_function"
+                                  + (", within_regions" if mb.target.backend == "interp"
+                                     else ""))
             mb.module_lines += ["", "# " + comment_text(f"the tile function of map({name}, ...) "
                                     f"({decl.reads}); re-wrapped for the interpreter there"), line]
 
@@ -194,8 +196,31 @@ class MapTiles(Lowering):
             else:
                 args.append(f"{param}={value!r}")
         call = f"{decl.name}({', '.join(args)})"
+        if mb.target.backend == "interp":  # loads and stores held to the declared regions
+            call = f"{_within_regions(kb, step.op, decl, bound)}({', '.join(args)})"
         return item_loop(step, "(ROWS + BM - 1) // BM",
                          ["row0 = t * BM", "row1 = tl.minimum(row0 + BM, ROWS)"], waits, [call])
+
+
+def _within_regions(kb, op, decl, bound) -> str:
+    """The interpreter's call of a tile function: through `within_regions`, which checks
+    every load and store of the tile against the regions its declaration gives it (each read
+    tensor's "rows" or "whole", the result's rows): a load outside them races with the
+    collective filling them, and would pass or fail the check by the ranks' timing."""
+    kinds = dict(decl.reads)
+    regions = []
+    for param, (kind, value) in bound.items():
+        if kind == "tensor":
+            tensor, what = value, kinds.get(param, "rows")
+        elif param == "out":
+            tensor, what = op.result, decl.writes
+        else:
+            continue
+        v = kb.view(tensor)
+        nbytes = v.numel * DTYPE_BYTES[v.dtype]
+        row_bytes = nbytes // v.shape[0] if v.shape and v.shape[0] else nbytes
+        regions.append(f"({param!r}, {tensor!r}, {what!r}, {v.base}, {nbytes}, {row_bytes})")
+    return f"within_regions({decl.name}, row0, ROWS, BM, {', '.join(regions)})"
 
 
 register_lowering(MapTiles())
