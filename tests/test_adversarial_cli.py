@@ -425,6 +425,28 @@ def test_lse_combine_splits_that_are_not_the_gathered_partials(command, splits, 
     assert err.startswith(f"{path}:9:")
 
 
+@pytest.mark.parametrize("command", [["compile", "--emit", "ir"], ["run", "--check"]],
+                         ids=" ".join)
+@pytest.mark.parametrize("dim", [1, 2, -1])
+@pytest.mark.parametrize("splits", ["", ", splits = 2"])
+def test_lse_combine_of_partials_gathered_along_another_dim(command, dim, splits, tmp_path,
+                                                            capsys):
+    # gathered along dim 1 (heads) or 2 (columns) the partials sit side by side in a row;
+    # lse_combine split rows instead, ran and the check passed on a meaningless result
+    path = tmp_path / "fd.tl"
+    path.write_text((EXAMPLES / "flash_decode.tl").read_text().replace(
+        "all_gather(part, dim = 0)", f"all_gather(part, dim = {dim})").replace(
+        "lse_combine(parts)", f"lse_combine(parts{splits})"))
+    shown = dim % 3
+    err = assert_refused([command[0], str(path), *command[1:]],
+                         ["lse_combine combines partials stacked on dim 0, but parts holds them "
+                          f"along another dim: all_gather at {path}:8:13 gathers part along "
+                          f"dim {shown}",
+                          "hint: gather the partials along dim 0: parts = all_gather(part, "
+                          "dim = 0)"], capsys)
+    assert err.startswith(f"{path}:9:21: error: "), err
+
+
 # ---------------------------------------------------------------- repeated --config options
 
 

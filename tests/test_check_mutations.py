@@ -15,7 +15,10 @@ import re
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+import tilelink.frontend as tk
 from tilelink.codegen import render_triton
 from tilelink.frontend import load_text
 from tilelink.runtime import check, emulate
@@ -325,6 +328,41 @@ def test_bf16_casts_of_the_emulated_world_round_to_nearest_even():
     want = evaluate(s.bound, res.inputs[0])
     for got, ref in zip(res.outputs[0]["c"], want["c"]):
         assert float((got == ref).float().mean()) > 0.99
+
+
+@tk.tile_function(reads={"x": "rows", "g": "whole"})
+@triton.jit
+def bf16_rows(x, g, out, row0, rows, N: tl.constexpr, BM: tl.constexpr):
+    """Arithmetic on bf16 values with no cast to fp32: products, sums, a max, a row sum."""
+    offs_m = row0 + tl.arange(0, BM)
+    offs_n = tl.arange(0, N)
+    mask = offs_m[:, None] < rows
+    v = tl.load(x + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
+    w = tl.load(g + offs_n)[None, :]
+    y = v * w + v - tl.maximum(v, w) + tl.sum(v, axis=1)[:, None]
+    tl.store(out + offs_m[:, None] * N + offs_n[None, :], y, mask=mask)
+
+
+@tk.pattern
+def ag_bf16_rows(M=64, N=32, dtype="bf16"):
+    x = tk.input((M, N), dtype, shard=0)
+    g = tk.input((N,), dtype, placement="replicated")
+    x_full = tk.all_gather(x, dim=0)
+    y = tk.map(bf16_rows, x_full, g)
+    return y
+
+
+def test_bf16_arithmetic_of_a_tile_function_computes_on_values():
+    # the interpreter keeps bf16 as uint16 bit patterns and ran numpy on those: v * w + v
+    # came out as garbage and NaN, and --check passed it (the map's reference is the same
+    # function in the same interpreter). Now each op is the fp32 one rounded to bf16.
+    s, res = emulate(ag_bf16_rows, 2, {})
+    assert check(s.bound, res).ok
+    v, w = torch.cat(res.inputs[0]["x"]), res.inputs[0]["g"][0][None, :]
+    want = v * w + v - torch.maximum(v, w) + v.float().sum(1, keepdim=True).to(BF16)
+    for y in res.outputs[0]["y"]:
+        assert not y.isnan().any()
+        torch.testing.assert_close(y, want, rtol=2**-7, atol=2**-6)
 
 
 def test_check_runs_several_calls_with_delays_unless_told(monkeypatch, capsys):

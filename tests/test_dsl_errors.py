@@ -228,6 +228,23 @@ def test_bind_errors_carry_the_text_location(source, values, world, message, lin
     assert rendered[2] == "    " + " " * (col - 1) + "^"
 
 
+def test_returning_an_input_is_refused_at_the_return_before_a_kernel_is_made():
+    # it compiled, ran, never wrote the output and the check said MISMATCH inf
+    import tilelink as tk
+
+    src = AG_GEMM.replace("return c", "return c, b")
+    pattern = parse_text(src, "ag_gemm.tl")
+    pattern.bind({}, 2)  # valid IR: it binds (and plans)
+    with pytest.raises(PatternError) as e:
+        tk.emulate(pattern, 2, {"M": 64, "N": 64, "K": 32})
+    err = e.value
+    assert err.message == ("pattern ag_gemm returns its input 'b': the kernel writes what the "
+                           "pattern's ops compute, so this output would never be written")
+    assert "the caller holds b already" in err.hint and "tk.map" in err.hint
+    assert (err.loc.file, err.loc.line, err.loc.col) == ("ag_gemm.tl", 6, 15)
+    assert_rendered(err, 6, 15, file="ag_gemm.tl", source=src)
+
+
 # ---- robustness: nothing but TileLinkError ever comes out ----------------------------------
 
 

@@ -337,6 +337,22 @@ def test_validate_runs_on_the_result():
     assert_points_at(err, "# second x", "tk.input")
 
 
+@tk.pattern
+def returns_an_input(M=64, K=32, dtype="bf16"):
+    a = tk.input((M, K), dtype, shard=0)
+    a_full = tk.all_gather(a, dim=0)
+    return a_full, a  # an input
+
+
+def test_returning_an_input_is_refused_at_the_returned_name():
+    import tilelink
+
+    with pytest.raises(PatternError) as e:
+        tilelink.emulate(returns_an_input, 2)
+    assert "returns its input 'a': the kernel writes what the pattern's ops" in e.value.message
+    assert_points_at(e.value, "# an input", "a  #")
+
+
 # ---- tile functions and map -------------------------------------------------------------
 
 
@@ -378,6 +394,66 @@ def test_map_checks_its_tensors():
     err = _error(p)
     assert "rmsnorm_rows reads 2 tensor(s) (x, w), map passes 1" in err.message
     assert_points_at(err, "# one tensor short", "tk.map")
+
+
+@tk.tile_function(reads={"x": "rows", "w": "whole"})
+@triton.jit
+def norm_rows(x, w, out, row0, rows, K: tl.constexpr, BM: tl.constexpr,
+              EPS: tl.constexpr = 1e-6, SCALE: tl.constexpr = 1):
+    pass
+
+
+def test_map_keywords_set_the_tile_functions_constants():
+    # the docs' tk.map(fn, ..., NAME=value): a float, an int, a size expression, a bool
+    @tk.pattern
+    def p(M=64, K=32, dtype="bf16"):
+        x = tk.input((M, K), dtype, shard=0)
+        w = tk.input((K,), dtype, placement="replicated")
+        x_full = tk.all_gather(x, dim=0)
+        y = tk.map(norm_rows, x_full, w, EPS=1e-5, SCALE=K // 8)
+        return y
+
+    (_, op) = p.ops
+    assert op.attrs == (("EPS", 1e-5), ("SCALE", Bin("//", Sym("K"), Const(8))))
+    bound = p.bind({}, 2)
+    assert bound.op_attrs(op) == {"EPS": 1e-5, "SCALE": 4}
+    from tilelink.codegen import render_triton
+    from tilelink.runtime.api import schedule_for
+
+    for target in ("cuda:90", "interp"):
+        src = render_triton(schedule_for(bound, target=target))
+        call = next(line for line in src.splitlines() if "norm_rows" in line and "row0" in line)
+        assert "EPS=1e-05" in call and "SCALE=4" in call and "K=32" in call, call
+
+
+@pytest.mark.parametrize("keyword, message, hint", [
+    ("EPSS=1e-5", "map has no argument 'EPSS'", "did you mean 'EPS'?"),
+    ("ZZZ=1", "map has no argument 'ZZZ'",
+     "map sets norm_rows's parameters K, EPS, SCALE by keyword"),
+    ("BM=16", "map cannot set parameter 'BM' of norm_rows", "--config block_m="),
+    ("w=1", "map cannot set parameter 'w' of norm_rows", "pass the tensor positionally"),
+    ("out=1", "map cannot set parameter 'out' of norm_rows", "TileLink binds out"),
+    ("EPS=float('nan')", "EPS= takes a finite number", "EPS=1e-6"),
+    ("EPS='small'", "EPS= must be a number (int or float) or a size expression", "EPS=0"),
+])
+def test_map_refuses_keywords_at_the_keyword(keyword, message, hint, tmp_path):
+    f = tmp_path / "kw.py"
+    f.write_text(textwrap.dedent(f"""\
+        import tilelink as tk
+        from tests.test_frontend_python import norm_rows
+
+        @tk.pattern
+        def p(M=64, K=32, dtype="bf16"):
+            x = tk.input((M, K), dtype)
+            w = tk.input((K,), dtype)
+            return tk.map(norm_rows, x, w, {keyword})
+        """))
+    with pytest.raises(PatternError) as e:
+        load_pattern(f"{f}:p")
+    err = e.value
+    assert message in err.message and hint in err.hint, str(err)
+    line = f.read_text().splitlines()[7]
+    assert (err.loc.line, err.loc.col) == (8, line.rindex(keyword) + 1)
 
 
 def test_tile_function_errors():

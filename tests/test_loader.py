@@ -264,3 +264,71 @@ def test_an_exception_that_cannot_be_printed(tmp_path):
                  "raise E()\n")
     err = load_error(f"{f}:p")
     assert err.message == f"importing {f} failed: E: <E that cannot be shown>"
+
+
+# ---- one bad pattern in a file -------------------------------------------------------------
+
+TWO_PATTERNS = """\
+import tilelink as tk
+
+
+@tk.pattern
+def good(M=64, K=32, dtype="bf16"):
+    a = tk.input((M, K), dtype, shard=0)
+    a_full = tk.all_gather(a, dim=0)
+    return a_full
+
+
+@tk.pattern
+def bad(M=64, dtype="bf16"):
+    a = tk.input((M, M), "bf61")
+    return tk.gemm(a, a)
+
+
+@tk.pattern
+def raises(M=64):
+    return {}["x"]
+"""
+
+
+def test_one_bad_pattern_leaves_the_others_of_its_file_loadable(tmp_path, capsys):
+    f = tmp_path / "mixed.py"
+    f.write_text(TWO_PATTERNS)
+    assert load_pattern(f"{f}:good").name == "good"
+    # the bad one: its own located error, as when it was the only pattern
+    with deadline(10), pytest.raises(TileLinkError) as e:
+        load_pattern(f"{f}:bad")
+    assert "unknown dtype 'bf61'" in e.value.message
+    assert (e.value.loc.file, e.value.loc.line) == (str(f.resolve()), 13)
+    # one whose Python code raises: the user's frames from the decorator's line
+    err = load_error(f"{f}:raises")
+    assert err.message.startswith(f"importing {f} failed: KeyError: 'x'")
+    assert (err.loc.file, err.loc.line) == (str(f.resolve()), 19)
+    assert f'File "{f.resolve()}", line 17, in <module>' in str(err)
+    # without a name the file holds three patterns, the broken ones counted
+    assert load_error(str(f)).message == f"{f} holds 3 patterns (bad, good, raises)"
+    # the CLI: the good one compiles, the bad one is refused at its line
+    assert main(["compile", f"{f}:good", "--emit", "ir"]) == 0
+    assert main(["compile", f"{f}:bad", "--emit", "ir"]) != 0
+    err = capsys.readouterr().err
+    assert f"{f.resolve()}:13:" in err and "unknown dtype 'bf61'" in err
+    assert "Traceback" not in err
+
+
+def test_a_module_importing_a_broken_pattern_fails_with_its_error(tmp_path):
+    # the file's own code uses the broken pattern while it is imported: that is the error
+    f = tmp_path / "uses.py"
+    f.write_text(TWO_PATTERNS + "\nbound = bad.bind({}, 2)\n")
+    with deadline(10), pytest.raises(TileLinkError) as e:
+        load_pattern(f"{f}:good")
+    assert "unknown dtype 'bf61'" in e.value.message and e.value.loc.line == 13
+
+
+def test_a_broken_pattern_imported_outside_the_loader_raises_at_once():
+    import tilelink as tk
+    from tilelink.errors import PatternError
+
+    with pytest.raises(PatternError, match="unknown dtype"):
+        @tk.pattern
+        def p(M=8):
+            return tk.input((M,), "bf61")

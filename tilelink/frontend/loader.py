@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import SourceLoc, TileLinkError, UsageError, closest
 from ..ir import Pattern
+from .python_dsl import BrokenPattern, loading_patterns
 from .text import MAX_SOURCE_CHARS, parse_text
 
 
@@ -61,23 +62,35 @@ def load_pattern(spec: str | os.PathLike) -> Pattern:
         raise LoadError(f"cannot load a pattern from '{spec}'",
                         hint="give a text pattern (file.tl) or a Python one (file.py:function)")
     module = _import(path)
-    patterns = {k: v for k, v in vars(module).items() if isinstance(v, Pattern)}
+    # a @tk.pattern function that failed is a BrokenPattern: its error is raised only when
+    # it is the one asked for, so the file's other patterns still load
+    patterns = {k: v for k, v in vars(module).items() if isinstance(v, (Pattern, BrokenPattern))}
     if attr is None:
         if len(patterns) != 1:
             found = ", ".join(sorted(patterns)) or "none"
             raise LoadError(f"{path} holds {len(patterns)} patterns ({found})",
                             hint=f"say which one: {path}:NAME")
-        return next(iter(patterns.values()))
+        return _built(next(iter(patterns.values())), path)
     if attr not in vars(module):
         hint = closest(attr, patterns)
         raise LoadError(f"{path} has no pattern '{attr}'",
                         hint=f"did you mean '{hint}'?" if hint else
                         "patterns here: " + (", ".join(sorted(patterns)) or "none"))
-    value = getattr(module, attr)
-    if not isinstance(value, Pattern):
+    value = vars(module)[attr]
+    if not isinstance(value, (Pattern, BrokenPattern)):
         raise LoadError(f"{path}:{attr} is a {type(value).__name__}, not a pattern",
                         hint="decorate the function with @tk.pattern")
-    return value
+    return _built(value, path)
+
+
+def _built(value, path: Path) -> Pattern:
+    """The pattern, or the error that building it raised (located, as if raised on import)."""
+    if not isinstance(value, BrokenPattern):
+        return value
+    e = value.error
+    if isinstance(e, TileLinkError):
+        raise e.with_traceback(None)
+    raise _user_failure(e, path) from e.with_traceback(_user_tb(e.__traceback__))
 
 
 # The largest pattern file read (bytes): as text.MAX_SOURCE_CHARS, checked on the file's
@@ -169,7 +182,8 @@ def _import(path: Path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # triton.jit and dataclasses look modules up by name
     try:
-        spec.loader.exec_module(module)
+        with loading_patterns():
+            spec.loader.exec_module(module)
     except TileLinkError:
         sys.modules.pop(name, None)
         raise

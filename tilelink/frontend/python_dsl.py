@@ -20,16 +20,19 @@ records an op with the caller's file, line and column, and those of its argument
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import itertools
 import linecache
+import math
 import sys
 import textwrap
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PatternError, SourceLoc, closest
+from ..errors import PatternError, SourceLoc, TileLinkError, closest
 from ..ir import (
     DTYPES,
     OPS,
@@ -45,15 +48,18 @@ from ..ir import (
     as_expr,
 )
 from ..ir import shard as shard_placement
-from ..ir.attrs import attr_kind, takes_bool
+from ..ir.attrs import attr_kind
+from ..ir.ops import check_attr_name
 
 __all__ = [
     "BUILDERS",
+    "BrokenPattern",
     "Tensor",
     "TileFunction",
     "TileFunctionDecl",
     "W",
     "input",
+    "loading_patterns",
     "map",
     "pattern",
     "tile_function",
@@ -281,6 +287,39 @@ def _params(fn, locs: dict[str, SourceLoc], def_loc) -> tuple[tuple[Param, ...],
     return tuple(params), values
 
 
+class BrokenPattern:
+    """What `@tk.pattern` leaves in place of a pattern it could not build while a pattern
+    file is loaded (`loading_patterns`): the file's other patterns still load, and the
+    loader raises `error` for this one. Anything else done with it raises `error` too."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name, self.error = name, error
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):  # protocols (copy, pickle, inspect) see a plain object
+            raise AttributeError(attr)
+        raise self.error
+
+    def __repr__(self) -> str:
+        return f"<pattern {self.name} that could not be built: {type(self.error).__name__}>"
+
+
+# > 0 while `loading_patterns` is active: @tk.pattern keeps a failure as a BrokenPattern
+_LOADING = [0]
+
+
+@contextlib.contextmanager
+def loading_patterns():
+    """While a pattern file is imported: a `@tk.pattern` function that fails (a located
+    PatternError, or an exception in the user's code) becomes a `BrokenPattern` instead of
+    failing the import, so one bad pattern does not make the file's others unloadable."""
+    _LOADING[0] += 1
+    try:
+        yield
+    finally:
+        _LOADING[0] -= 1
+
+
 def pattern(fn: Callable) -> Pattern:
     """Trace `fn` once and return the `Pattern` it describes (a decorator).
 
@@ -288,7 +327,8 @@ def pattern(fn: Callable) -> Pattern:
     as symbols (`M`, usable as `M * 2`, `N / tk.W`); a string default naming a dtype
     (`dtype="bf16"`) is a dtype parameter. The function declares inputs with
     `tk.input`, applies ops (`tk.all_gather`, `tk.gemm`, ...) and returns a tensor
-    or a tuple of tensors. Raises `PatternError` with the user's line for mistakes.
+    or a tuple of tensors. Raises `PatternError` with the user's line for mistakes
+    (while the loader imports a pattern file, returns a `BrokenPattern` holding it).
     """
     if not inspect.isfunction(inspect.unwrap(fn)):
         raise PatternError(f"@tk.pattern needs a function, got {type(fn).__name__}",
@@ -297,6 +337,19 @@ def pattern(fn: Callable) -> Pattern:
     if not fn.__name__.isidentifier():  # a lambda: the name goes into kernels and text
         raise PatternError(f"@tk.pattern needs a named function, got {fn.__name__}",
                            _user_site().loc(), "write def NAME(...): ... and decorate it")
+    if not _LOADING[0]:
+        return _trace(fn)
+    caller = sys._getframe(1)
+    try:
+        return _trace(fn)
+    except Exception as e:  # noqa: BLE001  (kept for the loader, which raises it on request)
+        if not isinstance(e, TileLinkError):  # the loader shows the user's frames from the
+            e.__traceback__ = types.TracebackType(  # decorator's line, as if it had raised
+                e.__traceback__, caller, caller.f_lasti, caller.f_lineno)
+        return BrokenPattern(fn.__name__, e)
+
+
+def _trace(fn: Callable) -> Pattern:
     code = inspect.unwrap(fn).__code__
     def_loc, locs = _def_locs(inspect.unwrap(fn))
     params, values = _params(fn, locs, def_loc)
@@ -437,10 +490,7 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
                            f"{len(tensors)}", site.loc(), f"write {sp.usage()}")
     values = []
     for k, v in attrs.items():
-        if k not in sp.attrs:
-            hint = closest(k, sp.attrs)
-            raise PatternError(f"{kind} has no argument '{k}'", site.kwarg(k),
-                               f"did you mean '{hint}'?" if hint else f"write {sp.usage()}")
+        check_attr_name(sp, k, fn_name, trace.functions, site.kwarg(k))
         values.append((k, _attr(sp, k, v, trace, site)))
     arg_locs = tuple(site.arg(i + skip) for i in range(len(tensors)))
     record = (tuple(tensors), tuple(values), fn_name, arg_locs)
@@ -448,17 +498,24 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
 
 
 def _attr(sp, key: str, value, trace: _Trace, site: _Site):
+    kind = attr_kind(sp, key)
     if isinstance(value, bool):
-        if takes_bool(sp, key):
-            return int(value)
-        raise PatternError(f"{key}= takes {attr_kind(sp, key).describe()}, got {value}",
+        if kind.kind in ("flag", "value"):  # a value (a constant for user code) stays a bool
+            return int(value) if kind.kind == "flag" else value
+        raise PatternError(f"{key}= takes {kind.describe()}, got {value}",
                            site.kwarg(key), f"e.g. {key}=0")
     if isinstance(value, int):
+        return value
+    if isinstance(value, float) and kind.kind == "value":
+        if not math.isfinite(value):
+            raise PatternError(f"{key}= takes a finite number, got {value!r}", site.kwarg(key),
+                               f"e.g. {key}=1e-6")
         return value
     if isinstance(value, Expr):
         _check_sizes([value], trace, site.kwarg(key))
         return value
-    raise PatternError(f"{key}= must be an int or a size expression, got {value!r}",
+    number = "a number (int or float)" if kind.kind == "value" else "an int"
+    raise PatternError(f"{key}= must be {number} or a size expression, got {value!r}",
                        site.kwarg(key), f"e.g. {key}=0, or a size such as {key}=N // tk.W")
 
 
@@ -520,7 +577,10 @@ def tile_function(*, reads: dict[str, str], writes: str = "rows"):
     tensor. `tk.map(fn, t1, t2, ...)` passes its tensors to these parameters in the
     order `reads` lists them; the first one's row blocks define the tiles.
     `writes` is the region of the result a tile writes ("rows": its block of rows).
-    The rest of the calling convention (pointers, strides, block sizes) is codegen's.
+    The rest of the calling convention (pointers, strides, block sizes) is codegen's;
+    the function's other parameters take `tk.map(fn, ..., NAME=value)`, else the pattern's
+    size of that name (`W: tl.constexpr` is the world size), else their defaults
+    (docs/composer.md).
     """
     site = _user_site()
 

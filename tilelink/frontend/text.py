@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ..ir import DTYPES, OPS, WORLD, Bin, Const, Op, Param, Pattern, Placement, Sym, TensorDecl
 from ..ir.expr import DivisionError
+from ..ir.ops import check_attr_name
 
 PLACEMENT_WORDS = ("shard", "replicated", "partial", "local")
 
@@ -372,10 +373,8 @@ def _check_attr(src: Source, sp, tok: Token, attrs: list) -> None:
     if any(k == tok for k, _ in attrs):
         raise _err(DSLSyntaxError, src, tok, f"argument '{tok}' is given twice",
                    "remove one of them")
-    if sp is not None and str(tok) not in sp.attrs:
-        hint = closest(str(tok), sp.attrs)
-        raise _err(PatternError, src, tok, f"{sp.name} has no argument '{tok}'",
-                   f"did you mean '{hint}'?" if hint else f"write {sp.usage()}")
+    if sp is not None:
+        check_attr_name(sp, str(tok), None, {}, src.at(tok))
 
 
 # ---- syntax errors ----------------------------------------------------------------------

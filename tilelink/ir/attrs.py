@@ -20,6 +20,7 @@ the count must be the number of blocks stacked there (`Attr.expected`, asked wit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,8 @@ class Attr:
 
     kind: "int" (an integer in [low, high], bounds inclusive, None: unbounded), "dim" (a
     dim of tensor operand `of`; negative counts from the end; normalised to
-    0 <= dim < rank) or "flag" (0 or 1; True and False in the Python DSL).
+    0 <= dim < rank), "flag" (0 or 1; True and False in the Python DSL) or "value" (an int,
+    a finite float or a bool, kept as given: a constant handed to user code).
     """
 
     kind: str = "int"
@@ -41,7 +43,8 @@ class Attr:
     low: int | None = None
     high: int | None = None
     # kind "count": expected(graph, tensor name) -> (blocks, how they were stacked) where the
-    # pattern shows how the tensor's dim 0 was stacked, else None
+    # pattern shows how the tensor's dim 0 was stacked, (None, how, hint) where it shows the
+    # blocks stacked on another dim, else None
     expected: Callable | None = field(default=None, compare=False)
     what: str = "blocks"  # kind "count": what the blocks are, for messages
 
@@ -49,6 +52,8 @@ class Attr:
         """What the attribute takes, in words (for messages)."""
         if self.kind == "flag":
             return "a flag: 0 or 1"
+        if self.kind == "value":
+            return "a number (an int, a float or a bool)"
         if self.kind == "dim":
             return "a dim (an integer; negative counts from the last dim)"
         if self.kind == "count":
@@ -67,6 +72,7 @@ INT = Attr("int")
 POSITIVE = Attr("int", low=1)
 FLAG = Attr("flag")
 DIM = Attr("dim")
+VALUE = Attr("value")
 
 
 @dataclass(frozen=True)
@@ -84,14 +90,16 @@ CONVENTIONS: dict[str, Attr] = {"dim": DIM, "causal": FLAG}
 
 
 def attr_kind(sp, name: str) -> Attr:
-    """The declared kind of attribute `name` of the op spec `sp` (see the module doc)."""
+    """The declared kind of attribute `name` of the op spec `sp` (see the module doc); an
+    op that declares "*" gives every attribute it does not name that kind (map: the
+    parameters of its tile function, which mean nothing to the conventions)."""
     declared = getattr(sp, "attr_kinds", None) or {}
-    return declared.get(name) or CONVENTIONS.get(name, INT)
+    return declared.get(name) or declared.get("*") or CONVENTIONS.get(name, INT)
 
 
 def takes_bool(sp, name: str) -> bool:
-    """Whether the Python DSL may pass True / False for this attribute (flags only)."""
-    return attr_kind(sp, name).kind == "flag"
+    """Whether the Python DSL may pass True / False for this attribute (flags, values)."""
+    return attr_kind(sp, name).kind in ("flag", "value")
 
 
 def check_attr(op, name: str, value: Any, kind: Attr, tensors: list,
@@ -106,6 +114,8 @@ def check_attr(op, name: str, value: Any, kind: Attr, tensors: list,
         if kind.kind == "count" and graph is not None:
             _check_count(op, name, None, kind, tensors, graph)
         return None
+    if kind.kind == "value":
+        return _check_value(op, name, value, kind)
     if isinstance(value, bool) and kind.kind == "flag":
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -140,6 +150,16 @@ def check_attr(op, name: str, value: Any, kind: Attr, tensors: list,
     return value
 
 
+def _check_value(op, name: str, value: Any, kind: Attr) -> Any:
+    """A "value" attribute: an int, a bool or a finite float (it is written into generated
+    code as a literal, where inf and nan are no Python literals)."""
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    what = "an infinite or NaN float" if isinstance(value, float) else f"a {type(value).__name__}"
+    raise PatternError(f"{op.kind}({name} = {value!r}): {name} takes {kind.describe()}, not "
+                       f"{what}", op.loc, f"write e.g. {name} = 1.0")
+
+
 def _example(kind: Attr):
     """A value of this kind, for hints."""
     if kind.kind == "flag":
@@ -165,6 +185,11 @@ def _check_count(op, name: str, value: int | None, kind: Attr, tensors: list,
     if count is None:
         return
     expected = kind.expected(graph, x.name) if kind.expected and graph is not None else None
+    if expected is not None and expected[0] is None:
+        _, how, hint = expected
+        raise PatternError(f"{given}: {op.kind} combines {kind.what} stacked on dim 0, but "
+                           f"{x.name} holds them along another dim: {how}",
+                           op.arg_loc(kind.of), hint)
     if expected is not None and expected[0] != count:
         n, how = expected
         blocks = kind.what if n != 1 else kind.what[:-1]

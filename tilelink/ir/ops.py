@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PatternError, SourceLoc
+from ..errors import PatternError, SourceLoc, closest
 from .tensor import FLOAT_DTYPES, LOCAL, PARTIAL, REPLICATED, BoundTensor, Placement, shard
 
 
@@ -103,6 +103,10 @@ class OpSpec:
     dtypes: dict[Any, tuple[str, ...] | None] = field(default_factory=dict)
     # its entry in the op reference (`tilelink ops`); `doc` is its one-line summary
     details: OpDoc | None = None
+    # attributes that come from the op's user function (map: its tile function's own
+    # parameters): fn_attrs(fn name, the pattern's functions) -> {name: None if it may be
+    # given, else why not (a hint)}; see `check_attr_name`
+    fn_attrs: Callable[[str | None, dict], dict[str, str | None]] | None = None
 
     def usage(self) -> str:
         """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
@@ -115,18 +119,44 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, category, operands, attrs, doc, variadic=False, attr_kinds=None,
-             dtypes=None, details=None):
+             dtypes=None, details=None, fn_attrs=None):
     """Decorator: register a shape rule as the op family `name`. `attr_kinds` declares the
     kinds of its attributes (see tilelink.ir.attrs), `dtypes` the dtypes of its operands
     (see `operand_dtypes`); both are checked by `Pattern.bind` before the rule runs.
-    `details` is its entry in the op reference (`OpDoc`)."""
+    `details` is its entry in the op reference (`OpDoc`); `fn_attrs` names the attributes
+    the op's user function adds (see `OpSpec.fn_attrs`)."""
 
     def wrap(rule: ShapeRule) -> ShapeRule:
         OPS[name] = OpSpec(name, category, tuple(operands), dict(attrs), rule, doc, variadic,
-                           dict(attr_kinds or {}), dict(dtypes or {}), details)
+                           dict(attr_kinds or {}), dict(dtypes or {}), details, fn_attrs)
         return rule
 
     return wrap
+
+
+def check_attr_name(sp: OpSpec, key: str, fn: str | None, functions: dict,
+                    loc: SourceLoc | None) -> None:
+    """Refuse, at `loc`, an attribute `key` that op `sp` does not take: neither one of its
+    own (`sp.attrs`) nor one its user function `fn` adds (`sp.fn_attrs`). Both frontends and
+    `Pattern.bind` ask this, so an attribute means the same whichever wrote it."""
+    if key in sp.attrs:
+        return
+    extra = sp.fn_attrs(fn, functions) if sp.fn_attrs is not None else {}
+    if key in extra and extra[key] is None:
+        return
+    if key in extra:
+        raise PatternError(f"{sp.name} cannot set parameter '{key}' of {fn}", loc, extra[key])
+    takes = list(sp.attrs) + [k for k, why in extra.items() if why is None]
+    hint = closest(key, takes)
+    if hint:
+        hint = f"did you mean '{hint}'?"
+    elif sp.fn_attrs is not None:
+        hint = (f"{sp.name} sets {fn}'s parameters " + ", ".join(takes) + " by keyword"
+                if takes else f"{fn} has no parameter that {sp.name} sets by keyword (its "
+                "other parameters come from the calling convention and the pattern's sizes)")
+    else:
+        hint = f"write {sp.usage()}"
+    raise PatternError(f"{sp.name} has no argument '{key}'", loc, hint)
 
 
 #: the dtypes operands take where an op does not say: a compute op computes in floating point

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import PatternError, SourceLoc, TileLinkWarning, UsageError, closest, show_int
 from .attrs import Graph, attr_kind, check_attr
 from .expr import WORLD, DivisionError
-from .ops import Op, dtype_words, operand_dtypes, spec
+from .ops import Op, check_attr_name, dtype_words, operand_dtypes, spec
 from .tensor import (DTYPES, MAX_RANK_BYTES, PLACEMENT_KINDS, BoundTensor, Placement,
                      TensorDecl, show_bytes)
 
@@ -54,14 +54,26 @@ class Pattern:
         return {p.name: p.default for p in self.params}
 
     def require_ops(self) -> Pattern:
-        """Refuse, at the pattern's line, a pattern with no ops where a kernel is to be made
-        (compile to Triton, run, tune, bench, the Python runtimes): such a pattern is valid
-        IR (it binds, prints and plans) but there is nothing to generate or overlap."""
+        """Refuse, where a kernel is to be made (compile to Triton, run, tune, bench, the
+        Python runtimes), a pattern that is valid IR (it binds, prints and plans) but that
+        no kernel can produce: one with no ops (at the pattern's line: nothing to generate
+        or overlap), or one returning an input (at the return: a kernel writes the results
+        of ops, so that output would never be written)."""
         if not self.ops:
             raise PatternError(f"pattern {self.name} has no ops: it returns its inputs "
                                "unchanged, so there is no kernel to make", self.loc,
                                "compute what it returns with ops (all_gather, gemm, "
                                "reduce_scatter, ...): TileLink overlaps their work")
+        inputs = {t.name for t in self.inputs}
+        for i, name in enumerate(self.outputs):
+            if name in inputs:
+                loc = self.output_locs[i] if i < len(self.output_locs) else None
+                raise PatternError(
+                    f"pattern {self.name} returns its input '{name}': the kernel writes what "
+                    "the pattern's ops compute, so this output would never be written",
+                    loc or self.loc, f"return only computed tensors (the caller holds {name} "
+                    "already), or compute a copy with an op: in the Python DSL, tk.map with a "
+                    "tile function that stores its rows")
         return self
 
     def validate(self) -> Pattern:
@@ -171,11 +183,7 @@ class Pattern:
         for op in self.ops:
             sp = spec(op.kind)
             for k, _ in op.attrs:
-                if k not in sp.attrs:
-                    hint = closest(k, sp.attrs)
-                    raise PatternError(f"{op.kind} has no argument '{k}'", op.loc,
-                                       f"did you mean '{hint}'?" if hint
-                                       else f"write {sp.usage()}")
+                check_attr_name(sp, k, op.fn, self.functions, op.loc)
             if not sp.variadic and len(op.args) != len(sp.operands):
                 raise PatternError(f"{op.kind} takes {len(sp.operands)} tensor argument(s), "
                                    f"got {len(op.args)}", op.loc, f"write {sp.usage()}")

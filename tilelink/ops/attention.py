@@ -172,21 +172,29 @@ def partial_dist_ref(op, ctx, args):
     return _partial(*args).to(ctx.dtype)
 
 
-def stacked_partials(graph, name: str) -> tuple[int, str] | None:
+def stacked_partials(graph, name: str) -> tuple | None:
     """(how many attention_partial results tensor `name` stacks on dim 0, how) where the
     pattern shows it: 1 for attention_partial's own result, W times as many for an all_gather
-    of such a tensor along dim 0; None for anything else (an input, another op)."""
+    of such a tensor along dim 0; (None, how, hint) for an all_gather of one along another
+    dim (the partials sit side by side in each row: lse_combine cannot take them apart);
+    None for anything else (an input, another op)."""
     op = graph.producer.get(name)
     if op is None:
         return None
     where = f" at {op.loc}" if op.loc else ""
     if op.kind == "attention_partial":
         return 1, f"one attention_partial result{where}"
-    if op.kind == "all_gather" and graph.attrs.get(op.result, {}).get("dim") == 0:
+    if op.kind == "all_gather":
         inner = stacked_partials(graph, op.args[0])
-        if inner is not None:
+        if inner is None or inner[0] is None:
+            return inner
+        dim = graph.attrs.get(op.result, {}).get("dim")
+        if dim == 0:
             n = inner[0] * graph.world
             return n, f"{inner[1]} from each of W = {graph.world} ranks, by all_gather{where}"
+        return (None, f"all_gather{where} gathers {op.args[0]} along dim {dim}",
+                f"gather the partials along dim 0: {op.result} = all_gather({op.args[0]}, "
+                "dim = 0)")
     return None
 
 

@@ -2,25 +2,66 @@
 
 from __future__ import annotations
 
+from ..ir.attrs import VALUE
+from ..ir.expr import WORLD
 from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement
-from ..ir.tensor import FLOAT_DTYPES
+from ..ir.tensor import DTYPE_BYTES, FLOAT_DTYPES
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
 
+#: parameters of a tile function that TileLink binds itself (the calling convention)
+CONVENTION = {
+    "out": "pointer to this rank's result (contiguous, row-major; the first input's shape)",
+    "row0": "the first row of the tile (rows row0 .. row0 + BM - 1 of the first input)",
+    "rows": "the number of rows of the first input (mask rows >= rows)",
+    "BM": "tile rows (constexpr)",
+}
+
+
+def keyword_params(fn: str | None, functions: dict) -> dict[str, str | None]:
+    """The parameters of tile function `fn` and whether `tk.map(fn, ..., NAME=value)` may set
+    them: None where it may (a constant the function takes: EPS, a size), else why not (the
+    tensors it reads, the calling convention's parameters and W are bound by TileLink)."""
+    entry = functions.get(fn)
+    decl = entry[1] if isinstance(entry, tuple) else None
+    if decl is None:
+        return {}
+    reads = {p for p, _ in decl.reads}
+    why: dict[str, str | None] = {}
+    for p in decl.params:
+        if p in reads:
+            why[p] = f"{p} is a tensor {fn} reads: pass the tensor positionally, in the " \
+                     f"order of its reads= ({', '.join(q for q, _ in decl.reads)})"
+        elif p == "BM":
+            why[p] = "BM is the tile's rows, the schedule's block_m: set it with --config " \
+                     "block_m=... (config={'block_m': ...} in Python)"
+        elif p in CONVENTION:
+            why[p] = f"TileLink binds {p}: {CONVENTION[p]}"
+        elif p == WORLD:
+            why[p] = "W is the world size, which TileLink binds: run with -W N (world_size=N)"
+        else:
+            why[p] = None
+    return why
+
 
 # dtypes: the result has the first input's dtype (a float: the tiles compute in floating
-# point); the tile function reads the other inputs as it likes
+# point); the tile function reads the other inputs as it likes. Attributes: the tile
+# function's own constants (keyword_params), each a number handed to it as a constexpr.
 @register("map", "compute", [], {}, variadic=True,
           doc="Apply a user tile function (Python DSL) to row blocks of its first input.",
-          dtypes={0: FLOAT_DTYPES, "*": None},
+          dtypes={0: FLOAT_DTYPES, "*": None}, attr_kinds={"*": VALUE},
+          fn_attrs=keyword_params,
           details=OpDoc(
-              signature="map(fn, x, *more)",
+              signature="map(fn, x, *more, **constants)",
               args={"fn": "a `@tk.tile_function`: a `@triton.jit` function computing one "
                           "block of rows, declaring which region of each tensor a tile reads "
                           "(\"rows\": its row block, \"whole\": all of it)",
                     "x": "bf16, fp16 or fp32, per rank: its row blocks are the tiles",
                     "more": "further tensors of any dtype, passed to fn's parameters in the "
-                            "order its `reads` lists them"},
+                            "order its `reads` lists them",
+                    "constants": "NAME=value for fn's own constexpr parameters (EPS=1e-6, a "
+                                 "size); fn's parameter `W`, if it has one, receives the world "
+                                 "size"},
               result="x's per-rank shape and dtype: `replicated` where every tensor is, else "
                      "per rank (`local`)",
               example=None, python="y = tk.map(scale_rows, x, w)",
@@ -68,20 +109,12 @@ from ..codegen.tiles import item_loop, operand_waits  # noqa: E402
 from ..ir.pattern import check_name  # noqa: E402
 from ..schedule.lowering import Lowering, Step, register_lowering  # noqa: E402
 
-#: parameters of a tile function that TileLink binds itself (the calling convention)
-CONVENTION = {
-    "out": "pointer to this rank's result (contiguous, row-major; the first input's shape)",
-    "row0": "the first row of the tile (rows row0 .. row0 + BM - 1 of the first input)",
-    "rows": "the number of rows of the first input (mask rows >= rows)",
-    "BM": "tile rows (constexpr)",
-}
-
-
 def tile_call(op, bp) -> tuple:
     """(jit function, its declaration, {parameter: what binds it}) of a map's tile function:
     the read tensors and `out` as pointers, `row0`, `rows`, `BM`, and every other parameter
-    by name from the pattern's sizes or the map's attributes (constexprs), or else its own
-    default; a parameter with none of these is an error (see `unbound`)."""
+    by name from the map's attributes (`tk.map(fn, ..., EPS=1e-5)`), else the pattern's
+    sizes (W among them: the world size), as constexprs, or else its own default; a
+    parameter with none of these is "unbound" (`MapTiles.reasons` names it)."""
     fn, decl = bp.pattern.functions[op.fn]
     bound = {}
     reads = [p for p, _ in decl.reads]
@@ -155,7 +188,9 @@ class MapTiles(Lowering):
         line = f"{name} = tile_function({module!r}, {name!r}, {path!r})"
         if line not in mb.module_lines:
             if not any("import tile_function" in x for x in mb.imports):
-                mb.imports.append("from tilelink.runtime.user_code import tile_function")
+                mb.imports.append("from tilelink.runtime.user_code import tile_function"
+                                  + (", within_regions" if mb.target.backend == "interp"
+                                     else ""))
             mb.module_lines += ["", "# " + comment_text(f"the tile function of map({name}, ...) "
                                     f"({decl.reads}); re-wrapped for the interpreter there"), line]
 
@@ -184,8 +219,31 @@ class MapTiles(Lowering):
             else:
                 args.append(f"{param}={value!r}")
         call = f"{decl.name}({', '.join(args)})"
+        if mb.target.backend == "interp":  # loads and stores held to the declared regions
+            call = f"{_within_regions(kb, step.op, decl, bound)}({', '.join(args)})"
         return item_loop(step, "(ROWS + BM - 1) // BM",
                          ["row0 = t * BM", "row1 = tl.minimum(row0 + BM, ROWS)"], waits, [call])
+
+
+def _within_regions(kb, op, decl, bound) -> str:
+    """The interpreter's call of a tile function: through `within_regions`, which checks
+    every load and store of the tile against the regions its declaration gives it (each read
+    tensor's "rows" or "whole", the result's rows): a load outside them races with the
+    collective filling them, and would pass or fail the check by the ranks' timing."""
+    kinds = dict(decl.reads)
+    regions = []
+    for param, (kind, value) in bound.items():
+        if kind == "tensor":
+            tensor, what = value, kinds.get(param, "rows")
+        elif param == "out":
+            tensor, what = op.result, decl.writes
+        else:
+            continue
+        v = kb.view(tensor)
+        nbytes = v.numel * DTYPE_BYTES[v.dtype]
+        row_bytes = nbytes // v.shape[0] if v.shape and v.shape[0] else nbytes
+        regions.append(f"({param!r}, {tensor!r}, {what!r}, {v.base}, {nbytes}, {row_bytes})")
+    return f"within_regions({decl.name}, row0, ROWS, BM, {', '.join(regions)})"
 
 
 register_lowering(MapTiles())

@@ -247,16 +247,18 @@ def _purge_triton_modules():
     `@triton.jit` picks interpreter or compiler when a function is decorated, so functions
     decorated before the fork (Triton's own `tl.zeros`, `tl.cdiv`, ... and tilelink.lang)
     are rewrapped or re-imported; generated modules are imported after this. Casts to
-    bf16 round to nearest even from here on (`interp_rounding`).
+    bf16 round to nearest even, and bf16 arithmetic computes on values, from here on
+    (`interp_rounding`).
     """
     os.environ["TRITON_INTERPRET"] = "1"
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    from .interp_rounding import round_casts_to_nearest
+    from .interp_rounding import bf16_arithmetic_as_gpus, round_casts_to_nearest
 
     round_casts_to_nearest()  # bf16 results as a GPU rounds them (what the check assumes)
+    bf16_arithmetic_as_gpus()  # and bf16 arithmetic on values, not on their bit patterns
 
     for holder in (tl, tl.standard, tl.math, tl.tensor):
         for name, value in list(vars(holder).items()):
@@ -322,10 +324,28 @@ def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_ep
             mod.launch(rt, ins, outs, epoch=wrap_epoch(first_epoch + i))
             rt.join()
         errq.put((rank, None, False, True))
-    except BaseException:
+    except BaseException as e:
         # after the abort flag went up, an error is a consequence (a wait that gave up), not
-        # the cause: the parent reports the cause first
-        errq.put((rank, traceback.format_exc(), bool(int(abort[0])), False))
+        # the cause: the parent reports the cause first. A located error about the user's
+        # code (a tile function's access outside its region) goes up as itself
+        located = _located(e)
+        report = traceback.format_exc() if located is None else \
+            (type(located), located.message, located.loc, located.hint)
+        errq.put((rank, report, bool(int(abort[0])), False))
+
+
+def _located(e: BaseException):
+    """The PatternError in `e`'s chain of causes (Triton's interpreter wraps what a kernel
+    raised in InterpreterErrors), or None."""
+    from ..errors import PatternError
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, PatternError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[torch.Tensor]]],
@@ -407,6 +427,13 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
             procs.append(p)
         results, dead = _watch(procs, errq, abort, watch_timeout)
     elapsed = time.monotonic() - start
+    located = [tb for _, (tb, after, _) in sorted(results.items())
+               if isinstance(tb, tuple) and not after]
+    if located:  # a rank's located error about the user's code: the error itself
+        cls, message, loc, hint = located[0]
+        raise cls(message, loc, hint)
+    results = {r: (f"{tb[0].__name__}: {tb[1]}" if isinstance(tb, tuple) else tb, after, done)
+               for r, (tb, after, done) in results.items()}
     # a traceback raised before the abort flag went up is a cause; after, a consequence
     causes = {r: tb for r, (tb, after, _) in results.items() if tb and not after}
     records, total = _decode(diag)
