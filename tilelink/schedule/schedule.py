@@ -243,6 +243,12 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
     return _or_fallback(first, first_bad, allow_fallback)
 
 
+def unlowered_ops(bp: BoundPattern) -> list:
+    """The ops of `bp` that no lowering can turn into device work (no kernel can be
+    generated for a pattern that has one; the non-overlapped plan runs it)."""
+    return [op for op in bp.ops if not LOWERINGS.get(op.kind)]
+
+
 def _fallbacks(bp: BoundPattern, base: Config) -> list[Config]:
     """The non-overlapped plan with each library collective the pattern can take (NCCL, and
     the variants its collectives register: `lowering.library_comms`)."""
@@ -487,7 +493,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         # a kernel knob (a tile size, allreduce=two_shot, ...) where the default is the
         # non-overlapped plan: the overlapped default with it, where one can run
         overlapped, _ = default_config(bp, target, False)
-        if overlapped.comm != "none":
+        if overlapped.comm != "none" and not default_space(target).reasons(overlapped, bp):
             default, why_default = overlapped, None
     start = base or default
     cfg = start.with_values(overrides or {})
@@ -497,7 +503,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     if overrides:
         cfg = _drop_inherited(cfg, overrides, bp, space, start)
     space.check(cfg, bp)  # also refuses debug knobs on GPU targets
-    unlowered = [op for op in bp.ops if not LOWERINGS.get(op.kind)]
+    unlowered = unlowered_ops(bp)
     if cfg.comm != "none" and not unlowered:
         _check_int32_offsets(bp)  # before the plan: sizes the kernels cannot index fail at once
     tiles = TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m, cfg.comm_block_n)
@@ -542,18 +548,40 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
 
 
 def require_kernel(s: Schedule) -> str:
-    """The schedule's kernel description; NotSupportedError for the non-overlapped plan."""
-    if s.config.comm == "none":
+    """The schedule's kernel description; NotSupportedError, saying what runs the pattern
+    instead, for a schedule without one (an op with no lowering, or the non-overlapped
+    plan)."""
+    cfg = s.config
+    unlowered = unlowered_ops(s.bound)
+    if unlowered:
+        op = unlowered[0]
+        have = "ops with kernel lowerings: " + ", ".join(sorted(LOWERINGS))
+        if cfg.comm == "none":
+            raise NotSupportedError(
+                f"kernel generation for {op.kind} ({op}) is not implemented yet: the op has no "
+                "lowering, so the pattern runs as the non-overlapped plan (comm=none)", op.loc,
+                "use --emit plan (its mappings) or --emit schedule; tilelink run and the "
+                "Python API run the non-overlapped plan; " + have)
         raise NotSupportedError(
-            "comm=none is the non-overlapped plan (the collectives, then the computation: "
-            "NCCL + cuBLAS on GPUs): no kernel is generated for it", s.bound.pattern.loc,
-            "tilelink run and the Python API execute it with torch; --emit schedule says why "
-            "it was chosen; --config comm=copy_engine (or sm) gives the overlapped kernel")
-    if s.kernel is None:
-        op = next(op for op in s.bound.ops if not LOWERINGS.get(op.kind))
+            f"comm={cfg.comm} needs a kernel, and kernel generation for {op.kind} ({op}) is "
+            "not implemented yet: the op has no lowering", op.loc,
+            "use --config comm=none (the non-overlapped plan, which this pattern runs by "
+            "default: leave comm out); --emit plan shows its mappings; " + have)
+    if cfg.comm == "none":
+        hint = ("tilelink run and the Python API execute it with torch; --emit schedule says "
+                "why it was chosen; ")
+        overlapped, _ = default_config(s.bound, s.target, allow_fallback=False)
+        bad = default_space(s.target).reasons(overlapped, s.bound)
+        if bad:
+            hint += "no overlapped kernel can run this pattern: " + "; ".join(bad)
+        elif cfg.library_comm != Config().library_comm:
+            hint += (f"library_comm={cfg.library_comm} chooses the non-overlapped plan's "
+                     "collectives: drop it, and --config comm=copy_engine (or sm) gives the "
+                     "overlapped kernel")
+        else:
+            hint += "--config comm=copy_engine (or sm) gives the overlapped kernel"
         raise NotSupportedError(
-            f"kernel generation for {op.kind} ({op}) is not implemented yet: the op has no "
-            "lowering", op.loc,
-            "use --emit plan (its mappings) or --emit schedule; ops with kernel lowerings: "
-            + ", ".join(sorted(LOWERINGS)))
+            "this schedule is the non-overlapped plan (comm=none: the collectives, then the "
+            "computation: NCCL + cuBLAS on GPUs): no kernel is generated for it",
+            s.bound.pattern.loc, hint)
     return s.kernel
