@@ -213,6 +213,10 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
     resource and its lowerings' defaults instead of the default's choice (GPU targets)."""
     base = _base(target)
     space = default_space(target)
+    missing = unlowered_ops(bp)
+    if missing and allow_fallback and resource is None:
+        # no kernel can be generated for the pattern, so the plan that runs it is the default
+        return replace(base, comm="none"), no_lowering_note(missing)
     if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
         return _or_fallback(base, space.reasons(base, bp), allow_fallback)
     cfg = replace(base, comm=resource or _default_resource(bp, base, target))
@@ -247,6 +251,14 @@ def unlowered_ops(bp: BoundPattern) -> list:
     """The ops of `bp` that no lowering can turn into device work (no kernel can be
     generated for a pattern that has one; the non-overlapped plan runs it)."""
     return [op for op in bp.ops if not LOWERINGS.get(op.kind)]
+
+
+def no_lowering_note(missing) -> str:
+    """Why the non-overlapped plan runs a pattern whose ops `missing` have no lowering."""
+    names = ", ".join(sorted({op.kind for op in missing}))
+    verb = "has" if len({op.kind for op in missing}) == 1 else "have"
+    return (f"{names} {verb} no overlapped lowering: running the non-overlapped plan (the "
+            "collectives, then the computation: NCCL + cuBLAS on GPUs)")
 
 
 def _fallbacks(bp: BoundPattern, base: Config) -> list[Config]:
@@ -489,7 +501,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         # where the sum runs), not from knobs chosen for another plan
         default, why_default = default_config(bp, target, False, resource=named)
     elif base is None and named is None and default.comm == "none" and \
-            set(overrides or {}) - {"library_comm"}:
+            set(overrides or {}) - {"library_comm"} and not unlowered_ops(bp):
         # a kernel knob (a tile size, allreduce=two_shot, ...) where the default is the
         # non-overlapped plan: the overlapped default with it, where one can run
         overlapped, _ = default_config(bp, target, False)
@@ -519,8 +531,10 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                         costs=(note,) if note else ())
     if unlowered:  # no kernel can be generated: the plan (and its mappings) only
         names = ", ".join(sorted({op.kind for op in unlowered}))
-        notes.append(f"no kernel: {names} has no lowering yet (--emit plan shows its "
-                     "mappings); ops with lowerings: " + ", ".join(sorted(LOWERINGS)))
+        notes.append(f"no kernel: {names} has no lowering yet, so comm={cfg.comm} cannot run "
+                     "this pattern: use comm=none (the non-overlapped plan, its default) to "
+                     "run it; --emit plan shows its mappings; ops with lowerings: "
+                     + ", ".join(sorted(LOWERINGS)))
         return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
     plan = build_plan(bp, tiles)
     comp = compose(bp, cfg, target)
