@@ -111,3 +111,13 @@ def test_compile_shows_the_overlapped_kernel_only_where_there_is_one(case, confi
     assert needle in (captured.out if shown else captured.err)
     assert "Traceback" not in captured.err and "config error" not in captured.err
 
+
+@pytest.mark.parametrize("target,tiles,other", [
+    ("cuda:90", "block_m=128", "--target interp shows the emulated world's"),
+    ("interp", "block_m=32", "--target cuda:90 shows a GPU's")])
+def test_emit_plan_names_the_target_whose_tiles_it_shows(target, tiles, other, capsys):
+    # the cuda:90 plan was shown without saying so, while `run` takes the interpreter's tiles
+    assert main(["compile", AG, "--emit", "plan", "--target", target]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"target: {target}, ") and other in lines[1]
+    assert lines[2].startswith(f"tile sizes: {tiles} ")

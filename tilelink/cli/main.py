@@ -215,7 +215,7 @@ def cmd_compile(args) -> int:
 
         s = annotate_schedule(s, shared, args.world_size)
     if args.emit == "plan":
-        print(s.plan.render())
+        print(s.render_plan())
     elif args.emit == "schedule":
         print(s.render())
     elif args.emit == "triton":

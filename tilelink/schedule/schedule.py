@@ -160,6 +160,19 @@ class Schedule:
     def program_order_violations(self) -> list[str]:
         return program_order_violations(self.roles)
 
+    def render_plan(self) -> str:
+        """The derived plan (`--emit plan`), with the target whose schedule chose its tile
+        sizes: another target's tiles (the emulated world's, which `tilelink run` takes
+        without a GPU) give other grids and mappings."""
+        head, _, rest = self.plan.render().partition("\n")
+        if self.target.backend == "interp":
+            where = (f"target: {self.target.name}, the emulated world's tiles (what `tilelink "
+                     "run` uses without a GPU); --target cuda:90 shows a GPU's")
+        else:
+            where = (f"target: {self.target.name}, its schedule's tiles; --target interp "
+                     "shows the emulated world's (what `tilelink run` uses without a GPU)")
+        return "\n".join([head, where, rest])
+
 
 def default_space(target: Target) -> ConfigSpace:
     return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp",
