@@ -121,3 +121,17 @@ def test_emit_plan_names_the_target_whose_tiles_it_shows(target, tiles, other, c
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith(f"target: {target}, ") and other in lines[1]
     assert lines[2].startswith(f"tile sizes: {tiles} ")
+
+
+def test_a_long_emulated_run_shows_progress_on_stderr(monkeypatch, capsys):
+    # a run with big sizes printed nothing for minutes; a quick one stays as it was
+    from tilelink.runtime import emulated
+
+    small = ["run", AG, "-D", "M=64", "-D", "N=64", "-D", "K=32", "--calls", "2"]
+    assert main(small) == 0
+    assert "done on every rank" not in capsys.readouterr().err
+    monkeypatch.setattr(emulated, "PROGRESS_AFTER", 0.0)  # every run is long
+    assert main(small) == 0
+    captured = capsys.readouterr()
+    assert "tilelink: emulated world: call 2 of 2 done on every rank (" in captured.err
+    assert "done on every rank" not in captured.out

@@ -191,6 +191,48 @@ def test_the_non_overlapped_plan_runs_too():
     assert s.kernel is None and len(res.outputs) == 2
 
 
+def test_long_runs_print_a_line_per_finished_call(capsys):
+    # minutes of an interpreted run printed nothing; a short run stays quiet
+    _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2)
+    assert capsys.readouterr().err == ""
+    for cfg in ({"comm": "sm"},):
+        _run(AG, 2, {"M": 64, "N": 64, "K": 32}, cfg, calls=2, progress=0)
+        err = capsys.readouterr().err.splitlines()
+        done = [x for x in err if " done on every rank (" in x]
+        assert [x.split(" (")[0] for x in done] == [
+            "tilelink: emulated world: call 1 of 2 done on every rank",
+            "tilelink: emulated world: call 2 of 2 done on every rank"], err
+    _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_lines_follow_the_ranks_counters(monkeypatch, capsys):
+    import torch
+
+    from tilelink.runtime import emulated
+
+    monkeypatch.setattr(emulated, "PROGRESS_EVERY", 10.0)
+    done = torch.zeros(3, dtype=torch.int32)
+    p = emulated.Progress(done, 2, 5.0, start=100.0)
+    p.poll(104.0)
+    assert capsys.readouterr().err == ""  # not yet a long run
+    p.poll(105.0)
+    assert capsys.readouterr().err == ("tilelink: emulated world: running call 1 of 2 (5 s so "
+                                       "far; 0 of 3 ranks have finished it)\n")
+    done[:2] = 1
+    p.poll(110.0)
+    assert capsys.readouterr().err == ""  # a line every PROGRESS_EVERY seconds at most
+    p.poll(115.0)
+    assert "running call 1 of 2 (15 s so far; 2 of 3 ranks" in capsys.readouterr().err
+    done[:] = 2
+    p.poll(116.5)
+    assert capsys.readouterr().err.splitlines() == [
+        "tilelink: emulated world: call 1 of 2 done on every rank (16.5 s)",
+        "tilelink: emulated world: call 2 of 2 done on every rank (16.5 s)"]
+    p.poll(200.0)
+    assert capsys.readouterr().err == ""  # every call said: nothing more
+
+
 @pytest.mark.parametrize("world,comm", [(2, "sm"), (3, "sm"), (2, "copy_engine"),
                                         (3, "copy_engine")])
 def test_gemm_rs_reduce_after_the_gemm_kernel(world, comm):

@@ -105,7 +105,7 @@ def _program_order_words(s: Schedule, role, pid: int) -> str:
 def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
             config: dict | None = None, *, seed: int = 0, calls: int = 1, delays: bool = False,
             timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1,
-            inputs=None):
+            inputs=None, progress=True):
     """Run the generated kernel in the emulated world; returns (schedule, result).
 
     `inputs`: the caller's tensors, {name: [tensor of rank 0, ...]} (or a list of those, one
@@ -115,6 +115,7 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     (start near 2**31 to cross the int32 wrap-around); `fault` injects a failure for testing
     diagnostics: "skip_rank:R" (rank R never launches) or "drop_notify" (the producer never
     signals its data: what a mapping pointing at a slot nobody notifies looks like).
+    `progress`: lines on stderr for a long run (`run_emulated`'s); False: none.
     """
     s = schedule_for(pattern, world_size, values, config, "interp")
     s.bound.pattern.require_ops()
@@ -143,7 +144,7 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     res = run_emulated(source, s.bound.world, ins, timeout=timeout, delays=delays, seed=seed,
                        fault=fault,
                        describe_wait=lambda rec: describe_wait(s, mod, rec, None, explained),
-                       first_epoch=first_epoch)
+                       first_epoch=first_epoch, progress=progress)
     return s, res
 
 
