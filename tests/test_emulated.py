@@ -186,16 +186,70 @@ def test_ag_own_rows_are_read_in_place(world, comm):
 
 
 def test_the_non_overlapped_plan_runs_too():
-    # comm=none has no kernel: it is the NCCL + cuBLAS computation (the reference, here)
+    # comm=none has no kernel: each rank's process computes its share with the collectives
+    # going between the processes, as NCCL + cuBLAS do on GPUs
     s, res = _run(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"}, calls=2)
-    assert s.kernel is None and len(res.outputs) == 2
+    assert s.kernel is None and len(res.outputs) == 2 and res.plan
+
+
+def _keeps_its_own_rows(op, ctx, args):
+    from tilelink.ops.all_to_all import _send_buffer
+
+    return _send_buffer(*args, ctx)  # the exchange forgotten: every rank keeps its send slots
+
+
+def _swaps_keys_and_values(op, ctx, args):
+    from tilelink.ops.attention import attention_dist_ref
+
+    q, k, v = args
+    return attention_dist_ref(op, ctx, [q, v, k])
+
+
+def _routes_to_the_next_expert(op, ctx, args):
+    from tilelink.ops.grouped_gemm import dist_ref
+
+    x, w, ids = args
+    return dist_ref(op, ctx, [x, w, (ids + 1) % w.shape[0]])
+
+
+@pytest.mark.parametrize("name,kind,wrong", [
+    ("ep_moe", "all_to_all", _keeps_its_own_rows),
+    ("sp_attention", "attention", _swaps_keys_and_values),
+    ("ag_moe", "grouped_gemm", _routes_to_the_next_expert)])
+def test_a_wrong_non_overlapped_plan_is_caught_by_the_check(name, kind, wrong, monkeypatch):
+    # The emulated plan was the reference itself (`evaluate` in the pattern's dtype), so
+    # `--check` compared the reference with itself (error exactly 0, whatever the plan's
+    # ops do). Now each rank runs the ops' distributed references on its own tensors: a
+    # wrong one is a mismatch.
+    from tilelink.runtime.dist_reference import DIST_REFERENCES
+
+    pat = load_text(EXAMPLES / f"{name}.tl")
+    s, res = emulate(pat, 2, calls=2)  # (their default: the non-overlapped plan)
+    assert s.config.comm == "none" and res.plan and check(s.bound, res).ok
+    monkeypatch.setitem(DIST_REFERENCES, kind, wrong)
+    s, res = emulate(pat, 2, calls=2)
+    rep = check(s.bound, res)
+    assert not rep.ok, rep.lines
+
+
+def test_a_plan_rank_that_raises_is_reported_with_its_traceback(monkeypatch):
+    from tilelink.runtime.dist_reference import DIST_REFERENCES
+    from tilelink.runtime.emulated import RankFailedError
+
+    def boom(op, ctx, args):
+        raise ValueError("the plan's reduce_scatter failed")
+
+    monkeypatch.setitem(DIST_REFERENCES, "reduce_scatter", boom)
+    with pytest.raises(RankFailedError) as e:
+        emulate(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"})
+    assert "the plan's reduce_scatter failed" in e.value.message and "rank" in e.value.message
 
 
 def test_long_runs_print_a_line_per_finished_call(capsys):
     # minutes of an interpreted run printed nothing; a short run stays quiet
     _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2)
     assert capsys.readouterr().err == ""
-    for cfg in ({"comm": "sm"},):
+    for cfg in ({"comm": "sm"}, {"comm": "none"}):
         _run(AG, 2, {"M": 64, "N": 64, "K": 32}, cfg, calls=2, progress=0)
         err = capsys.readouterr().err.splitlines()
         done = [x for x in err if " done on every rank (" in x]
