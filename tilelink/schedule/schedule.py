@@ -171,7 +171,7 @@ class Schedule:
         else:
             where = (f"target: {self.target.name}, its schedule's tiles; --target interp "
                      "shows the emulated world's (what `tilelink run` uses without a GPU)")
-        return "\n".join([head, where, rest])
+        return f"{head}\n{where}\n{rest}"
 
 
 def default_space(target: Target) -> ConfigSpace:
