@@ -245,8 +245,11 @@ def test_a_plan_rank_that_raises_is_reported_with_its_traceback(monkeypatch):
     assert "the plan's reduce_scatter failed" in e.value.message and "rank" in e.value.message
 
 
-def test_long_runs_print_a_line_per_finished_call(capsys):
+def test_long_runs_print_a_line_per_finished_call(monkeypatch, capsys):
     # minutes of an interpreted run printed nothing; a short run stays quiet
+    from tilelink.runtime import emulated
+
+    monkeypatch.setattr(emulated, "PROGRESS_AFTER", 60.0)  # (this run is short on any load)
     _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2)
     assert capsys.readouterr().err == ""
     for cfg in ({"comm": "sm"}, {"comm": "none"}):
@@ -267,24 +270,37 @@ def test_progress_lines_follow_the_ranks_counters(monkeypatch, capsys):
 
     monkeypatch.setattr(emulated, "PROGRESS_EVERY", 10.0)
     done = torch.zeros(3, dtype=torch.int32)
-    p = emulated.Progress(done, 2, 5.0, start=100.0)
+    p = emulated.Progress(done, 3, 5.0, start=100.0)
     p.poll(104.0)
     assert capsys.readouterr().err == ""  # not yet a long run
     p.poll(105.0)
-    assert capsys.readouterr().err == ("tilelink: emulated world: running call 1 of 2 (5 s so "
+    assert capsys.readouterr().err == ("tilelink: emulated world: running call 1 of 3 (5 s so "
                                        "far; 0 of 3 ranks have finished it)\n")
     done[:2] = 1
     p.poll(110.0)
     assert capsys.readouterr().err == ""  # a line every PROGRESS_EVERY seconds at most
     p.poll(115.0)
-    assert "running call 1 of 2 (15 s so far; 2 of 3 ranks" in capsys.readouterr().err
+    assert "running call 1 of 3 (15 s so far; 2 of 3 ranks" in capsys.readouterr().err
     done[:] = 2
     p.poll(116.5)
     assert capsys.readouterr().err.splitlines() == [
-        "tilelink: emulated world: call 1 of 2 done on every rank (16.5 s)",
-        "tilelink: emulated world: call 2 of 2 done on every rank (16.5 s)"]
+        "tilelink: emulated world: call 1 of 3 done on every rank (16.5 s)",
+        "tilelink: emulated world: call 2 of 3 done on every rank (16.5 s)"]
+    done[:] = 3
     p.poll(200.0)
-    assert capsys.readouterr().err == ""  # every call said: nothing more
+    p.poll(300.0)
+    assert capsys.readouterr().err == ("tilelink: emulated world: call 3 of 3 done on every "
+                                       "rank (100.0 s)\n")  # and nothing more
+    # calls done before the first line are reported with the time they finished
+    done[:] = 0
+    early = emulated.Progress(done, 2, 5.0, start=0.0)
+    done[:] = 1
+    early.poll(2.0)
+    early.poll(3.0)
+    assert capsys.readouterr().err == ""
+    early.poll(6.0)
+    assert capsys.readouterr().err == ("tilelink: emulated world: call 1 of 2 done on every "
+                                       "rank (2.0 s)\n")
 
 
 @pytest.mark.parametrize("world,comm", [(2, "sm"), (3, "sm"), (2, "copy_engine"),

@@ -66,8 +66,9 @@ STOPPED_S = 2.0  # seconds a rank may stay stopped (SIGSTOP) before it counts as
 POLL_S = 0.05  # the parent's polling period while the ranks run
 # A run still going after PROGRESS_AFTER seconds says on stderr how far it is: a line per
 # call every rank has finished, and a line every PROGRESS_EVERY seconds without one (one
-# interpreted call at large sizes takes minutes); shorter runs print nothing
-PROGRESS_AFTER = 5.0
+# interpreted call at large sizes takes minutes); shorter runs print nothing (the quick
+# start's 3 calls take 2-6 s on 2 busy cores)
+PROGRESS_AFTER = 10.0
 PROGRESS_EVERY = 30.0
 
 
@@ -312,17 +313,23 @@ class Progress:
         except OverflowError:  # more seconds than a float holds: never
             self.after = None
         self.done, self.calls, self.start = done, calls, start
+        self.finished_at: list[float] = []  # seconds into the run each call was seen done
         self.reported = 0  # calls already said to be done
         self.last = None  # when the last line was printed
 
     def poll(self, now: float) -> None:
-        elapsed = now - self.start
-        if self.after is None or elapsed < self.after:
+        if self.after is None:
             return
+        elapsed = now - self.start
         finished = min(int(self.done.min()), self.calls)
+        while len(self.finished_at) < finished:  # (before the first line too: its times)
+            self.finished_at.append(elapsed)
+        if elapsed < self.after:
+            return
         if finished > self.reported:
-            for c in range(self.reported + 1, finished + 1):
-                self._say(f"call {c} of {self.calls} done on every rank ({elapsed:.1f} s)")
+            for c in range(self.reported, finished):
+                self._say(f"call {c + 1} of {self.calls} done on every rank "
+                          f"({self.finished_at[c]:.1f} s)")
             self.reported = finished
             self.last = now
         elif finished < self.calls and (self.last is None or
