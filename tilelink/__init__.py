@@ -38,7 +38,7 @@ def emulate(pattern, world_size=None, values=None, config=None, *, inputs=None, 
     `result.outputs[call][name][rank]` holds what the kernel produced; `tk.check(schedule,
     result)` compares it with the non-overlapped torch reference. `delays`, `timeout`,
     `fault` and `first_epoch` are for testing (see tilelink.runtime.emulate). A run longer
-    than a few seconds prints a line per finished call on stderr; `progress=False` silences
+    than 10 seconds prints a line per finished call on stderr; `progress=False` silences
     it (a number: after that many seconds). Bad arguments
     raise a TileLinkError naming what is accepted (a `UsageError` for the wrong kind of
     argument), before anything runs.

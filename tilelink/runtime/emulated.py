@@ -318,6 +318,7 @@ class Progress:
         self.last = None  # when the last line was printed
 
     def poll(self, now: float) -> None:
+        """Note the calls every rank has finished by `now`; past the threshold, say so."""
         if self.after is None:
             return
         elapsed = now - self.start
