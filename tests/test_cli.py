@@ -73,3 +73,65 @@ def test_run_counts_its_processes_in_words(world, words, monkeypatch, capsys):
     assert main(["run", AG, "-W", str(world), "-D", "M=64", "-D", "N=64"]) == 2
     err = capsys.readouterr().err
     assert words in err and "stopped before running" in err
+
+
+AR_OF_AN_INPUT = """pattern ar_in(M = 128, N = 64, dtype = bf16)
+    p : [M, N] dtype
+    s = all_reduce(p)
+    return s
+"""
+
+
+@pytest.mark.parametrize("case,config,shown,needle", [
+    # the cost model picks NCCL + cuBLAS at these sizes: the overlapped kernel is shown
+    ("gemm_ar", [], True, "@triton.jit"),
+    # a knob only the non-overlapped plan takes: it has no kernel, and comm=sm refuses it
+    ("gemm_ar", ["--config", "library_comm=symm_one_shot"], False,
+     "library_comm=symm_one_shot chooses the non-overlapped plan's collectives: drop it"),
+    # no overlapped kernel can run an all_reduce of a pattern input
+    ("ar_in", [], False, "no overlapped kernel can run this pattern: all_reduce/sm"),
+    ("ar_in", ["--config", "block_m=64"], False, "no overlapped kernel can run this pattern"),
+    # no lowering at all
+    ("sp_attention", [], False, ("the op has no lowering, so the pattern runs as the "
+                                 "non-overlapped plan")),
+])
+def test_compile_shows_the_overlapped_kernel_only_where_there_is_one(case, config, shown,
+                                                                     needle, tmp_path, capsys):
+    # "showing the overlapped kernel instead" was followed by a config error (library_comm,
+    # a pattern no overlapped kernel can run)
+    if case == "ar_in":
+        spec = tmp_path / "ar_in.tl"
+        spec.write_text(AR_OF_AN_INPUT)
+    else:
+        spec = EXAMPLES / f"{case}.tl"
+    rc = main(["compile", str(spec), "--emit", "triton", *config])
+    captured = capsys.readouterr()
+    said = "showing the overlapped kernel instead" in captured.err
+    assert said == shown and rc == (0 if shown else 2), captured.err
+    assert needle in (captured.out if shown else captured.err)
+    assert "Traceback" not in captured.err and "config error" not in captured.err
+
+
+@pytest.mark.parametrize("target,tiles,other", [
+    ("cuda:90", "block_m=128", "--target interp shows the emulated world's"),
+    ("interp", "block_m=32", "--target cuda:90 shows a GPU's")])
+def test_emit_plan_names_the_target_whose_tiles_it_shows(target, tiles, other, capsys):
+    # the cuda:90 plan was shown without saying so, while `run` takes the interpreter's tiles
+    assert main(["compile", AG, "--emit", "plan", "--target", target]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"target: {target}, ") and other in lines[1]
+    assert lines[2].startswith(f"tile sizes: {tiles} ")
+
+
+def test_a_long_emulated_run_shows_progress_on_stderr(monkeypatch, capsys):
+    # a run with big sizes printed nothing for minutes; a quick one stays as it was
+    from tilelink.runtime import emulated
+
+    small = ["run", AG, "-D", "M=64", "-D", "N=64", "-D", "K=32", "--calls", "2"]
+    assert main(small) == 0
+    assert "done on every rank" not in capsys.readouterr().err
+    monkeypatch.setattr(emulated, "PROGRESS_AFTER", 0.0)  # every run is long
+    assert main(small) == 0
+    captured = capsys.readouterr()
+    assert "tilelink: emulated world: call 2 of 2 done on every rank (" in captured.err
+    assert "done on every rank" not in captured.out

@@ -116,6 +116,33 @@ def test_plan_only_patterns_say_so_for_triton():
     assert "gemm" in str(e.value.hint)  # names the ops that have lowerings
 
 
+@pytest.mark.parametrize("target", ["cuda:90", "interp"])
+@pytest.mark.parametrize("name,op", [("ag_moe", "grouped_gemm"), ("ep_moe", "all_to_all"),
+                                     ("sp_attention", "attention")])
+def test_patterns_without_a_lowering_default_to_the_non_overlapped_plan(target, name, op):
+    # the default the scheduler gives run, compile_op and the Python API, eager and captured
+    bp = load_text(EXAMPLES / f"{name}.tl").bind({}, 2)
+    t = get_target(target)
+    for graph in (False, True):
+        cfg, why = default_config(bp, t, graph=graph)
+        assert cfg.comm == "none"
+        assert why.startswith(f"{op} has no overlapped lowering: running the non-overlapped "
+                              "plan")
+    s = make_schedule(bp, t)
+    assert s.config.comm == "none" and s.notes[0].startswith(f"{op} has no overlapped")
+    assert default_config(bp, t, allow_fallback=False)[0].comm != "none"  # (a plan to show)
+    # an overlapped resource named for it: no kernel, and the refusal says what runs it
+    named = make_schedule(bp, t, {"comm": "sm"})
+    assert named.kernel is None and "use comm=none" in named.notes[0]
+    with pytest.raises(NotSupportedError) as e:
+        render_triton(named)
+    assert "comm=sm needs a kernel" in e.value.message and op in e.value.message
+    assert e.value.hint.startswith("use --config comm=none")
+    # a kernel knob alone keeps the plan that runs (it derives the plan's tiles)
+    knob = make_schedule(bp, t, {"block_m": "64"})
+    assert knob.config.comm == "none" and knob.plan.tiles.block_m == 64
+
+
 @pytest.mark.parametrize("world,m,block_m,chunk", [(1, 33, 32, 32), (2, 66, 64, 16),
                                                     (3, 99, 16, 64), (4, 96, 64, 16),
                                                     (4, 100, 128, 16), (3, 300, 32, 32)])

@@ -190,9 +190,121 @@ def test_ag_own_rows_are_read_in_place(world, comm):
 
 
 def test_the_non_overlapped_plan_runs_too():
-    # comm=none has no kernel: it is the NCCL + cuBLAS computation (the reference, here)
+    # comm=none has no kernel: each rank's process computes its share with the collectives
+    # going between the processes, as NCCL + cuBLAS do on GPUs
     s, res = _run(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"}, calls=2)
-    assert s.kernel is None and len(res.outputs) == 2
+    assert s.kernel is None and len(res.outputs) == 2 and res.plan
+
+
+def _keeps_its_own_rows(op, ctx, args):
+    from tilelink.ops.all_to_all import _send_buffer
+
+    return _send_buffer(*args, ctx)  # the exchange forgotten: every rank keeps its send slots
+
+
+def _swaps_keys_and_values(op, ctx, args):
+    from tilelink.ops.attention import attention_dist_ref
+
+    q, k, v = args
+    return attention_dist_ref(op, ctx, [q, v, k])
+
+
+def _routes_to_the_next_expert(op, ctx, args):
+    from tilelink.ops.grouped_gemm import dist_ref
+
+    x, w, ids = args
+    return dist_ref(op, ctx, [x, w, (ids + 1) % w.shape[0]])
+
+
+@pytest.mark.parametrize("name,kind,wrong", [
+    ("ep_moe", "all_to_all", _keeps_its_own_rows),
+    ("sp_attention", "attention", _swaps_keys_and_values),
+    ("ag_moe", "grouped_gemm", _routes_to_the_next_expert)])
+def test_a_wrong_non_overlapped_plan_is_caught_by_the_check(name, kind, wrong, monkeypatch):
+    # The emulated plan was the reference itself (`evaluate` in the pattern's dtype), so
+    # `--check` compared the reference with itself (error exactly 0, whatever the plan's
+    # ops do). Now each rank runs the ops' distributed references on its own tensors: a
+    # wrong one is a mismatch.
+    from tilelink.runtime.dist_reference import DIST_REFERENCES
+
+    pat = load_text(EXAMPLES / f"{name}.tl")
+    s, res = emulate(pat, 2, calls=2)  # (their default: the non-overlapped plan)
+    assert s.config.comm == "none" and res.plan and check(s.bound, res).ok
+    monkeypatch.setitem(DIST_REFERENCES, kind, wrong)
+    s, res = emulate(pat, 2, calls=2)
+    rep = check(s.bound, res)
+    assert not rep.ok, rep.lines
+
+
+def test_a_plan_rank_that_raises_is_reported_with_its_traceback(monkeypatch):
+    from tilelink.runtime.dist_reference import DIST_REFERENCES
+    from tilelink.runtime.emulated import RankFailedError
+
+    def boom(op, ctx, args):
+        raise ValueError("the plan's reduce_scatter failed")
+
+    monkeypatch.setitem(DIST_REFERENCES, "reduce_scatter", boom)
+    with pytest.raises(RankFailedError) as e:
+        emulate(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"})
+    assert "the plan's reduce_scatter failed" in e.value.message and "rank" in e.value.message
+
+
+def test_long_runs_print_a_line_per_finished_call(monkeypatch, capsys):
+    # minutes of an interpreted run printed nothing; a short run stays quiet
+    from tilelink.runtime import emulated
+
+    monkeypatch.setattr(emulated, "PROGRESS_AFTER", 60.0)  # (this run is short on any load)
+    _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2)
+    assert capsys.readouterr().err == ""
+    for cfg in ({"comm": "sm"}, {"comm": "none"}):
+        _run(AG, 2, {"M": 64, "N": 64, "K": 32}, cfg, calls=2, progress=0)
+        err = capsys.readouterr().err.splitlines()
+        done = [x for x in err if " done on every rank (" in x]
+        assert [x.split(" (")[0] for x in done] == [
+            "tilelink: emulated world: call 1 of 2 done on every rank",
+            "tilelink: emulated world: call 2 of 2 done on every rank"], err
+    _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_lines_follow_the_ranks_counters(monkeypatch, capsys):
+    import torch
+
+    from tilelink.runtime import emulated
+
+    monkeypatch.setattr(emulated, "PROGRESS_EVERY", 10.0)
+    done = torch.zeros(3, dtype=torch.int32)
+    p = emulated.Progress(done, 3, 5.0, start=100.0)
+    p.poll(104.0)
+    assert capsys.readouterr().err == ""  # not yet a long run
+    p.poll(105.0)
+    assert capsys.readouterr().err == ("tilelink: emulated world: running call 1 of 3 (5 s so "
+                                       "far; 0 of 3 ranks have finished it)\n")
+    done[:2] = 1
+    p.poll(110.0)
+    assert capsys.readouterr().err == ""  # a line every PROGRESS_EVERY seconds at most
+    p.poll(115.0)
+    assert "running call 1 of 3 (15 s so far; 2 of 3 ranks" in capsys.readouterr().err
+    done[:] = 2
+    p.poll(116.5)
+    assert capsys.readouterr().err.splitlines() == [
+        "tilelink: emulated world: call 1 of 3 done on every rank (16.5 s)",
+        "tilelink: emulated world: call 2 of 3 done on every rank (16.5 s)"]
+    done[:] = 3
+    p.poll(200.0)
+    p.poll(300.0)
+    assert capsys.readouterr().err == ("tilelink: emulated world: call 3 of 3 done on every "
+                                       "rank (100.0 s)\n")  # and nothing more
+    # calls done before the first line are reported with the time they finished
+    done[:] = 0
+    early = emulated.Progress(done, 2, 5.0, start=0.0)
+    done[:] = 1
+    early.poll(2.0)
+    early.poll(3.0)
+    assert capsys.readouterr().err == ""
+    early.poll(6.0)
+    assert capsys.readouterr().err == ("tilelink: emulated world: call 1 of 2 done on every "
+                                       "rank (2.0 s)\n")
 
 
 @pytest.mark.parametrize("world,comm", [(2, "sm"), (3, "sm"), (2, "copy_engine"),

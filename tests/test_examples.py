@@ -11,9 +11,12 @@ from .conftest import EXAMPLES
 
 TEXT_EXAMPLES = sorted(p.stem for p in EXAMPLES.glob("*.tl"))
 # examples with an op that has no lowering yet (dynamic mappings: expert routing, all-to-all;
-# full attention): they stop at the plan, and say so
+# full attention): no kernel is generated for them, they run as the non-overlapped plan
 PLAN_ONLY = ("ag_moe", "ep_moe", "moe_rs", "sp_attention")
 WITH_KERNELS = tuple(n for n in TEXT_EXAMPLES if n not in PLAN_ONLY)
+# the op of each that has no lowering
+UNLOWERED = {"ag_moe": "grouped_gemm", "ep_moe": "all_to_all", "moe_rs": "grouped_gemm",
+             "sp_attention": "attention"}
 
 
 @pytest.mark.parametrize("name", TEXT_EXAMPLES)
@@ -36,6 +39,35 @@ def test_plan_only_examples_say_so_when_asked_for_triton(name, capsys):
     err = capsys.readouterr().err
     assert "not implemented yet" in err and "--emit plan" in err and "Traceback" not in err
     assert "no lowering" in err  # names the op that lacks one
+    # their default is the non-overlapped plan; there is no overlapped kernel to show instead
+    assert "showing the overlapped kernel instead" not in err
+    assert "runs as the non-overlapped plan" in err
+
+
+@pytest.mark.parametrize("name", PLAN_ONLY)
+def test_examples_without_a_lowering_run_as_the_non_overlapped_plan(name, capsys):
+    # README: they "run as the non-overlapped plan"; `run` refused them unless given
+    # --config comm=none, and its refusal did not say so
+    spec = str(EXAMPLES / f"{name}.tl")
+    assert main(["run", spec, "--check", "--calls", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "config comm=none" in out and "check: OK" in out
+    assert f"note: {UNLOWERED[name]} has no overlapped lowering: running the non-overlapped " \
+           "plan" in out
+    assert main(["compile", spec, "--emit", "schedule"]) == 0  # (cuda:90) says which op
+    out = capsys.readouterr().out
+    assert "kernels: none: the non-overlapped plan" in out
+    assert f"note: {UNLOWERED[name]} has no overlapped lowering" in out
+
+
+@pytest.mark.parametrize("name", PLAN_ONLY)
+def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(name, capsys):
+    spec = str(EXAMPLES / f"{name}.tl")
+    for comm in ("sm", "copy_engine"):
+        assert main(["run", spec, "--config", f"comm={comm}"]) == 2
+        err = capsys.readouterr().err
+        assert f"comm={comm} needs a kernel" in err and UNLOWERED[name] in err
+        assert "hint: use --config comm=none" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("name", WITH_KERNELS)

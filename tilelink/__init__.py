@@ -22,7 +22,7 @@ from .frontend import __all__ as _frontend_all
 
 def emulate(pattern, world_size=None, values=None, config=None, *, inputs=None, seed: int = 0,
             calls: int = 1, delays: bool = False, timeout: float = 120.0,
-            fault: str | None = None, first_epoch: int = 1):
+            fault: str | None = None, first_epoch: int = 1, progress=True):
     """Run a pattern's generated kernel in the emulated world (CPU); returns (schedule, result).
 
     `pattern`: a `@tk.pattern` function (a Pattern), a BoundPattern, or a path: 'file.tl' or
@@ -37,7 +37,9 @@ def emulate(pattern, world_size=None, values=None, config=None, *, inputs=None, 
 
     `result.outputs[call][name][rank]` holds what the kernel produced; `tk.check(schedule,
     result)` compares it with the non-overlapped torch reference. `delays`, `timeout`,
-    `fault` and `first_epoch` are for testing (see tilelink.runtime.emulate). Bad arguments
+    `fault` and `first_epoch` are for testing (see tilelink.runtime.emulate). A run longer
+    than 10 seconds prints a line per finished call on stderr; `progress=False` silences
+    it (a number: after that many seconds). Bad arguments
     raise a TileLinkError naming what is accepted (a `UsageError` for the wrong kind of
     argument), before anything runs.
     """
@@ -46,12 +48,14 @@ def emulate(pattern, world_size=None, values=None, config=None, *, inputs=None, 
 
     world = UNSET if world_size is None else world_size
     check_run_options(world_size=world, values=values, config=config, seed=seed, calls=calls,
-                      delays=delays, timeout=timeout, fault=fault, first_epoch=first_epoch)
+                      delays=delays, timeout=timeout, fault=fault, first_epoch=first_epoch,
+                      progress=progress)
     pat = resolve_pattern(pattern, world, values)
     if world is UNSET:
         world = getattr(pat, "world", 2)
     return _emulate(pat, world, values, config, seed=seed, calls=calls, delays=delays,
-                    timeout=timeout, fault=fault, first_epoch=first_epoch, inputs=inputs)
+                    timeout=timeout, fault=fault, first_epoch=first_epoch, inputs=inputs,
+                    progress=progress)
 
 
 def check(schedule, result):

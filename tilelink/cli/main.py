@@ -204,15 +204,18 @@ def cmd_compile(args) -> int:
     if s.config.comm == "none" and args.emit not in ("plan", "schedule") and \
             "comm" not in overrides:
         # the default plan runs NCCL + cuBLAS at these sizes; show the overlapped kernel
-        print(f"tilelink: note: {s.notes[0]}; showing the overlapped kernel instead",
-              file=sys.stderr)
-        s = make_schedule(bp, target, overrides, allow_fallback=False)
+        # where one can be generated (else the non-overlapped plan's refusal says why not)
+        shown = _overlapped_kernel(bp, target, overrides)
+        if shown is not None:
+            print(f"tilelink: note: {s.notes[0]}; showing the overlapped kernel instead",
+                  file=sys.stderr)
+            s = shown
     if shared is not None:
         from ..runtime.one_gpu import annotate_schedule
 
         s = annotate_schedule(s, shared, args.world_size)
     if args.emit == "plan":
-        print(s.plan.render())
+        print(s.render_plan())
     elif args.emit == "schedule":
         print(s.render())
     elif args.emit == "triton":
@@ -220,6 +223,20 @@ def cmd_compile(args) -> int:
     else:
         print(emit_stage(render_triton(s), target, args.emit))
     return 0
+
+
+def _overlapped_kernel(bp, target, overrides: dict):
+    """The overlapped schedule `compile` shows where the default is the non-overlapped plan,
+    or None where it has no kernel to show: an op without a lowering, a pattern no
+    overlapped kernel can run, or overrides that only the non-overlapped plan takes
+    (library_comm)."""
+    from ..schedule import make_schedule
+
+    try:
+        s = make_schedule(bp, target, overrides, allow_fallback=False)
+    except TileLinkError:
+        return None
+    return s if s.kernel is not None else None
 
 
 def _one_gpu_sms(target) -> int:

@@ -12,9 +12,8 @@ from ..ir.tensor import show_bytes
 from ..schedule import Schedule, get_target, make_schedule
 from . import emulated
 from .checking import CheckReport, check  # noqa: F401  (tilelink.runtime.check)
-from .emulated import EmulationResult, run_emulated
+from .emulated import run_emulated
 from .inputs import call_inputs
-from .reference import evaluate
 
 
 def schedule_for(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
@@ -105,7 +104,7 @@ def _program_order_words(s: Schedule, role, pid: int) -> str:
 def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
             config: dict | None = None, *, seed: int = 0, calls: int = 1, delays: bool = False,
             timeout: float = 120.0, fault: str | None = None, first_epoch: int = 1,
-            inputs=None):
+            inputs=None, progress=True):
     """Run the generated kernel in the emulated world; returns (schedule, result).
 
     `inputs`: the caller's tensors, {name: [tensor of rank 0, ...]} (or a list of those, one
@@ -115,6 +114,11 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     (start near 2**31 to cross the int32 wrap-around); `fault` injects a failure for testing
     diagnostics: "skip_rank:R" (rank R never launches) or "drop_notify" (the producer never
     signals its data: what a mapping pointing at a slot nobody notifies looks like).
+    `progress`: lines on stderr for a long run (`run_emulated`'s); False: none.
+
+    The non-overlapped plan (comm=none) has no kernel: each rank's process computes its own
+    outputs op by op, the collectives going between the processes (`emulated_plan`), as
+    NCCL and torch ops compute it on GPUs.
     """
     s = schedule_for(pattern, world_size, values, config, "interp")
     s.bound.pattern.require_ops()
@@ -124,13 +128,16 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
         if fault is not None:
             raise ConfigError(f"fault {fault!r} needs a kernel; comm=none is the "
                               "non-overlapped plan", hint="use comm=sm or comm=copy_engine")
-        # the non-overlapped plan has no kernel: run it as it runs on GPUs (each op in the
-        # pattern's dtype, as NCCL and cuBLAS compute it), so a check compares it with the
-        # fp32 reference rather than with itself
+        # the non-overlapped plan has no kernel: each rank computes its share as on GPUs
+        # (its own tensors, the world's collectives, each op in the pattern's dtype), a path
+        # independent of the single-process fp32 reference the check compares it with
+        from .emulated_plan import run_plan
+
         with memory_guard(s.bound):
             ins = call_inputs(s.bound, inputs, calls, seed)
-            outs = [evaluate(s.bound, x, exact=False) for x in ins]
-        return s, EmulationResult(ins, outs, 0.0, plan=True)
+        res = run_plan(s.bound, ins, timeout=timeout, delays=delays, seed=seed,
+                       progress=progress)
+        return s, res
     if fault is not None and emulated_fault is None:
         _check_skip_rank(fault, s.bound.world)
     source = render_triton(s, fault=emulated_fault)
@@ -143,7 +150,7 @@ def emulate(pattern: Pattern | BoundPattern, world_size: int = 2, values=None,
     res = run_emulated(source, s.bound.world, ins, timeout=timeout, delays=delays, seed=seed,
                        fault=fault,
                        describe_wait=lambda rec: describe_wait(s, mod, rec, None, explained),
-                       first_epoch=first_epoch)
+                       first_epoch=first_epoch, progress=progress)
     return s, res
 
 

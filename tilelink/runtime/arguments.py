@@ -59,7 +59,7 @@ def resolve_pattern(pattern, world_size=UNSET, values=None, what: str = "tk.emul
 
 
 def check_run_options(*, world_size, values, config, seed, calls, delays, timeout, fault,
-                      first_epoch) -> None:
+                      first_epoch, progress=True) -> None:
     """Check `tk.emulate`'s options (types and ranges) before anything is bound or run."""
     if world_size is not UNSET:
         check_world(world_size)
@@ -90,6 +90,11 @@ def check_run_options(*, world_size, values, config, seed, calls, delays, timeou
         raise UsageError(f"fault= takes a string or None, got {_show(fault)}",
                          hint="e.g. fault='skip_rank:1' or fault='drop_notify'")
     _int("first_epoch", first_epoch, -(2**62), 2**62, "first_epoch=2**31 - 2")
+    seconds = isinstance(progress, int) or (isinstance(progress, float) and
+                                            math.isfinite(progress))
+    if not isinstance(progress, bool) and not (seconds and progress >= 0):
+        raise UsageError(f"progress= is True, False or a number of seconds >= 0, got "
+                         f"{_show(progress)}", hint="progress=False prints no progress lines")
 
 
 def check_check_args(bp, result) -> BoundPattern:

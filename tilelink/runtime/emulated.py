@@ -64,6 +64,12 @@ EXIT_GRACE = 0.5  # seconds a dead rank's result may still be in flight in the q
 CAUSE_GRACE = 2.0
 STOPPED_S = 2.0  # seconds a rank may stay stopped (SIGSTOP) before it counts as lost
 POLL_S = 0.05  # the parent's polling period while the ranks run
+# A run still going after PROGRESS_AFTER seconds says on stderr how far it is: a line per
+# call every rank has finished, and a line every PROGRESS_EVERY seconds without one (one
+# interpreted call at large sizes takes minutes); shorter runs print nothing (the quick
+# start's 3 calls take 2-6 s on 2 busy cores)
+PROGRESS_AFTER = 10.0
+PROGRESS_EVERY = 30.0
 
 
 class RankFailedError(TileLinkError):
@@ -294,8 +300,55 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+class Progress:
+    """Progress lines on stderr for a long emulated run (see PROGRESS_AFTER).
+
+    `done[r]` counts the calls rank r has finished (shared with the ranks); `progress`:
+    True for PROGRESS_AFTER seconds (read when the run starts), a number of seconds, or
+    False / None for no lines. `poll(now)` is called by the watcher every POLL_S."""
+
+    def __init__(self, done: torch.Tensor, calls: int, progress, start: float):
+        if progress is True:
+            progress = PROGRESS_AFTER
+        try:
+            self.after = None if progress is None or progress is False else float(progress)
+        except OverflowError:  # more seconds than a float holds: never
+            self.after = None
+        self.done, self.calls, self.start = done, calls, start
+        self.finished_at: list[float] = []  # seconds into the run each call was seen done
+        self.reported = 0  # calls already said to be done
+        self.last = None  # when the last line was printed
+
+    def poll(self, now: float) -> None:
+        """Note the calls every rank has finished by `now`; past the threshold, say so."""
+        if self.after is None:
+            return
+        elapsed = now - self.start
+        finished = min(int(self.done.min()), self.calls)
+        while len(self.finished_at) < finished:  # (before the first line too: its times)
+            self.finished_at.append(elapsed)
+        if elapsed < self.after:
+            return
+        if finished > self.reported:
+            for c in range(self.reported, finished):
+                self._say(f"call {c + 1} of {self.calls} done on every rank "
+                          f"({self.finished_at[c]:.1f} s)")
+            self.reported = finished
+            self.last = now
+        elif finished < self.calls and (self.last is None or
+                                        now - self.last >= PROGRESS_EVERY):
+            ranks = int((self.done > finished).sum())
+            self._say(f"running call {finished + 1} of {self.calls} ({elapsed:.0f} s so far; "
+                      f"{ranks} of {self.done.numel()} ranks have finished it)")
+            self.last = now
+
+    @staticmethod
+    def _say(text: str) -> None:
+        print(f"tilelink: emulated world: {text}", file=sys.stderr, flush=True)
+
+
 def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_epoch=1,
-               parent=None):
+               parent=None, done=None):
     abort = rt_args["abort"]
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):  # (not the parent's handler, inherited)
@@ -323,6 +376,8 @@ def _rank_main(rank, source, rt_args, calls, delays, seed, fault, errq, first_ep
                 time.sleep(rng.random() * 0.05)
             mod.launch(rt, ins, outs, epoch=wrap_epoch(first_epoch + i))
             rt.join()
+            if done is not None:
+                done[rank] += 1
         errq.put((rank, None, False, True))
     except BaseException as e:
         # after the abort flag went up, an error is a consequence (a wait that gave up), not
@@ -351,13 +406,15 @@ def _located(e: BaseException):
 def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[torch.Tensor]]],
                  *, timeout: float = 120.0, delays: bool = False, seed: int = 0,
                  fault: str | None = None, describe_wait=None,
-                 first_epoch: int = 1) -> EmulationResult:
+                 first_epoch: int = 1, progress=True) -> EmulationResult:
     """Run a generated module on `world` emulated ranks for each call's inputs.
 
     `describe_wait(record) -> str` turns a diagnostic record into words (the caller knows
     the plan); raises HangError if any wait gave up, RankFailedError if a rank raised or
     died. `first_epoch` numbers the first call (tests start near 2**31 to cross the int32
-    wrap). `timeout` is scaled by the load (ranks per core, `load_factor`).
+    wrap). `timeout` is scaled by the load (ranks per core, `load_factor`). `progress`: a run
+    longer than PROGRESS_AFTER seconds (True), or than this many seconds, prints a line per
+    finished call on stderr (`Progress`); False: none.
     """
     mod = _generated_module(source)
     check_module_inputs(mod, world, per_call_inputs)  # wrong shapes would be read out of bounds
@@ -374,7 +431,8 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     io_bytes = sum(_nbytes(tuple(t.shape), _dtype_name(t.dtype))
                    for call in per_call_inputs for ts in call.values() for t in ts)
     io_bytes += ncalls * world * sum(_nbytes(s, d) for s, d in out_shapes.values())
-    ctl_bytes = 2 * ALIGN + 4 * (DIAG_FIELDS + DIAG_RECORDS * DIAG_FIELDS) + ALIGN * 4
+    ctl_bytes = 2 * ALIGN + 4 * (DIAG_FIELDS + DIAG_RECORDS * DIAG_FIELDS) + ALIGN * 4 \
+        + _nbytes((world,), "int32")
     arena_bytes = world * (heap_bytes + ALIGN) + io_bytes + ctl_bytes + ALIGN * 64
     avail = _available_memory()
     if avail is not None and arena_bytes + world * RANK_MEMORY > avail:
@@ -394,6 +452,7 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
                               dtype=torch.int64)
     abort = arena.take((1,), torch.int32).zero_()
     diag = arena.take((DIAG_FIELDS + DIAG_RECORDS * DIAG_FIELDS,), torch.int32).zero_()
+    done = arena.take((world,), torch.int32).zero_()  # calls each rank has finished
     calls_by_rank = [[] for _ in range(world)]
     outputs = []
     for call in per_call_inputs:
@@ -421,11 +480,13 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
         for r in range(world):
             args = dict(rt_args, symmetric=heaps[r])
             p = ctx.Process(target=_rank_main, args=(r, source, args, calls_by_rank[r], delays,
-                                                     seed, fault, errq, first_epoch, os.getpid()),
+                                                     seed, fault, errq, first_epoch, os.getpid(),
+                                                     done),
                             daemon=True)
             p.start()
             procs.append(p)
-        results, dead = _watch(procs, errq, abort, watch_timeout)
+        watcher = Progress(done, ncalls, progress, start)
+        results, dead = _watch(procs, errq, abort, watch_timeout, on_poll=watcher.poll)
     elapsed = time.monotonic() - start
     located = [tb for _, (tb, after, _) in sorted(results.items())
                if isinstance(tb, tuple) and not after]
@@ -610,7 +671,7 @@ def _ranks_die_with_us(procs: list):
             signal.signal(sig, old)
 
 
-def _watch(procs, errq, abort, timeout, grace: float = 15.0):
+def _watch(procs, errq, abort, timeout, grace: float = 15.0, on_poll=None):
     """Collect each rank's result: (traceback or None, whether it came after the abort,
     whether the rank ran all its calls).
 
@@ -619,6 +680,7 @@ def _watch(procs, errq, abort, timeout, grace: float = 15.0):
     (it is killed); those are returned in `dead`: rank -> exit code, or STOPPED. Ranks still
     alive `grace` seconds after a timeout's abort are killed, CAUSE_GRACE seconds after the
     abort for a rank that died or raised (that rank's report is the one that matters).
+    `on_poll(now)`, if given, is called once per poll (progress lines).
     """
     results: dict[int, tuple[str | None, bool, bool]] = {}
     dead: dict[int, int | str] = {}
@@ -637,6 +699,8 @@ def _watch(procs, errq, abort, timeout, grace: float = 15.0):
             aborted_at = now
 
     while len(results) + len(dead) < len(procs):
+        if on_poll is not None:
+            on_poll(time.monotonic())
         try:
             r, tb, after, done = errq.get(timeout=POLL_S)
             results[r] = (tb, after, done)
@@ -668,6 +732,8 @@ def _watch(procs, errq, abort, timeout, grace: float = 15.0):
             stop(now, cause=False)
         if aborted_at is not None and now > aborted_at + wait_for:
             break
+    if on_poll is not None:  # the last calls finished since the last poll
+        on_poll(time.monotonic())
     for p in procs:
         if p.is_alive():
             p.kill()

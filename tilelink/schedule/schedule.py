@@ -160,6 +160,19 @@ class Schedule:
     def program_order_violations(self) -> list[str]:
         return program_order_violations(self.roles)
 
+    def render_plan(self) -> str:
+        """The derived plan (`--emit plan`), with the target whose schedule chose its tile
+        sizes: another target's tiles (the emulated world's, which `tilelink run` takes
+        without a GPU) give other grids and mappings."""
+        head, _, rest = self.plan.render().partition("\n")
+        if self.target.backend == "interp":
+            where = (f"target: {self.target.name}, the emulated world's tiles (what `tilelink "
+                     "run` uses without a GPU); --target cuda:90 shows a GPU's")
+        else:
+            where = (f"target: {self.target.name}, its schedule's tiles; --target interp "
+                     "shows the emulated world's (what `tilelink run` uses without a GPU)")
+        return f"{head}\n{where}\n{rest}"
+
 
 def default_space(target: Target) -> ConfigSpace:
     return ConfigSpace(max_programs=target.num_sms, allow_debug=target.backend == "interp",
@@ -213,6 +226,10 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
     resource and its lowerings' defaults instead of the default's choice (GPU targets)."""
     base = _base(target)
     space = default_space(target)
+    missing = unlowered_ops(bp)
+    if missing and allow_fallback and resource is None:
+        # no kernel can be generated for the pattern, so the plan that runs it is the default
+        return replace(base, comm="none"), no_lowering_note(missing)
     if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
         return _or_fallback(base, space.reasons(base, bp), allow_fallback)
     cfg = replace(base, comm=resource or _default_resource(bp, base, target))
@@ -241,6 +258,20 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         if first is None:
             first, first_bad = merged, bad
     return _or_fallback(first, first_bad, allow_fallback)
+
+
+def unlowered_ops(bp: BoundPattern) -> list:
+    """The ops of `bp` that no lowering can turn into device work (no kernel can be
+    generated for a pattern that has one; the non-overlapped plan runs it)."""
+    return [op for op in bp.ops if not LOWERINGS.get(op.kind)]
+
+
+def no_lowering_note(missing) -> str:
+    """Why the non-overlapped plan runs a pattern whose ops `missing` have no lowering."""
+    names = ", ".join(sorted({op.kind for op in missing}))
+    verb = "has" if len({op.kind for op in missing}) == 1 else "have"
+    return (f"{names} {verb} no overlapped lowering: running the non-overlapped plan (the "
+            "collectives, then the computation: NCCL + cuBLAS on GPUs)")
 
 
 def _fallbacks(bp: BoundPattern, base: Config) -> list[Config]:
@@ -483,11 +514,11 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         # where the sum runs), not from knobs chosen for another plan
         default, why_default = default_config(bp, target, False, resource=named)
     elif base is None and named is None and default.comm == "none" and \
-            set(overrides or {}) - {"library_comm"}:
+            set(overrides or {}) - {"library_comm"} and not unlowered_ops(bp):
         # a kernel knob (a tile size, allreduce=two_shot, ...) where the default is the
         # non-overlapped plan: the overlapped default with it, where one can run
         overlapped, _ = default_config(bp, target, False)
-        if overlapped.comm != "none":
+        if overlapped.comm != "none" and not default_space(target).reasons(overlapped, bp):
             default, why_default = overlapped, None
     start = base or default
     cfg = start.with_values(overrides or {})
@@ -497,7 +528,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     if overrides:
         cfg = _drop_inherited(cfg, overrides, bp, space, start)
     space.check(cfg, bp)  # also refuses debug knobs on GPU targets
-    unlowered = [op for op in bp.ops if not LOWERINGS.get(op.kind)]
+    unlowered = unlowered_ops(bp)
     if cfg.comm != "none" and not unlowered:
         _check_int32_offsets(bp)  # before the plan: sizes the kernels cannot index fail at once
     tiles = TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m, cfg.comm_block_n)
@@ -513,8 +544,10 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                         costs=(note,) if note else ())
     if unlowered:  # no kernel can be generated: the plan (and its mappings) only
         names = ", ".join(sorted({op.kind for op in unlowered}))
-        notes.append(f"no kernel: {names} has no lowering yet (--emit plan shows its "
-                     "mappings); ops with lowerings: " + ", ".join(sorted(LOWERINGS)))
+        notes.append(f"no kernel: {names} has no lowering yet, so comm={cfg.comm} cannot run "
+                     "this pattern: use comm=none (the non-overlapped plan, its default) to "
+                     "run it; --emit plan shows its mappings; ops with lowerings: "
+                     + ", ".join(sorted(LOWERINGS)))
         return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
     plan = build_plan(bp, tiles)
     comp = compose(bp, cfg, target)
@@ -542,18 +575,40 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
 
 
 def require_kernel(s: Schedule) -> str:
-    """The schedule's kernel description; NotSupportedError for the non-overlapped plan."""
-    if s.config.comm == "none":
+    """The schedule's kernel description; NotSupportedError, saying what runs the pattern
+    instead, for a schedule without one (an op with no lowering, or the non-overlapped
+    plan)."""
+    cfg = s.config
+    unlowered = unlowered_ops(s.bound)
+    if unlowered:
+        op = unlowered[0]
+        have = "ops with kernel lowerings: " + ", ".join(sorted(LOWERINGS))
+        if cfg.comm == "none":
+            raise NotSupportedError(
+                f"kernel generation for {op.kind} ({op}) is not implemented yet: the op has no "
+                "lowering, so the pattern runs as the non-overlapped plan (comm=none)", op.loc,
+                "use --emit plan (its mappings) or --emit schedule; tilelink run and the "
+                "Python API run the non-overlapped plan; " + have)
         raise NotSupportedError(
-            "comm=none is the non-overlapped plan (the collectives, then the computation: "
-            "NCCL + cuBLAS on GPUs): no kernel is generated for it", s.bound.pattern.loc,
-            "tilelink run and the Python API execute it with torch; --emit schedule says why "
-            "it was chosen; --config comm=copy_engine (or sm) gives the overlapped kernel")
-    if s.kernel is None:
-        op = next(op for op in s.bound.ops if not LOWERINGS.get(op.kind))
+            f"comm={cfg.comm} needs a kernel, and kernel generation for {op.kind} ({op}) is "
+            "not implemented yet: the op has no lowering", op.loc,
+            "use --config comm=none (the non-overlapped plan, which this pattern runs by "
+            "default: leave comm out); --emit plan shows its mappings; " + have)
+    if cfg.comm == "none":
+        hint = ("tilelink run and the Python API execute it with torch; --emit schedule says "
+                "why it was chosen; ")
+        overlapped, _ = default_config(s.bound, s.target, allow_fallback=False)
+        bad = default_space(s.target).reasons(overlapped, s.bound)
+        if bad:
+            hint += "no overlapped kernel can run this pattern: " + "; ".join(bad)
+        elif cfg.library_comm != Config().library_comm:
+            hint += (f"library_comm={cfg.library_comm} chooses the non-overlapped plan's "
+                     "collectives: drop it, and --config comm=copy_engine (or sm) gives the "
+                     "overlapped kernel")
+        else:
+            hint += "--config comm=copy_engine (or sm) gives the overlapped kernel"
         raise NotSupportedError(
-            f"kernel generation for {op.kind} ({op}) is not implemented yet: the op has no "
-            "lowering", op.loc,
-            "use --emit plan (its mappings) or --emit schedule; ops with kernel lowerings: "
-            + ", ".join(sorted(LOWERINGS)))
+            "this schedule is the non-overlapped plan (comm=none: the collectives, then the "
+            "computation: NCCL + cuBLAS on GPUs): no kernel is generated for it",
+            s.bound.pattern.loc, hint)
     return s.kernel

@@ -45,7 +45,7 @@ class EmulatedMeasure:
         values = {k: str(v) for k, v in cfg.as_dict().items()}
         start = time.monotonic()
         _, res = emulate(self.bound, config=values, seed=self.seed, calls=self.calls,
-                         timeout=self.timeout)
+                         timeout=self.timeout, progress=False)  # (the tuner reports its own)
         rep = check(self.bound, res)
         self.checks[cfg] = rep.lines
         if not rep.ok:
