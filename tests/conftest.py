@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,42 @@ def _gpus() -> int:
         return 0
 
 
+# `pytest` alone runs the quick selection: tests marked `slow` (emulated-world runs at several
+# world sizes, documented commands, every example renamed or rendered) are deselected.
+# TILELINK_TESTS=full (as CI sets it), a `-m` expression that names `slow`, or a test named by
+# its id runs them too.
+FULL = os.environ.get("TILELINK_TESTS", "").strip().lower() == "full"
+_QUICK_LEFT_OUT: list = []
+
+
+def _runs_slow(config) -> bool:
+    """Whether this run includes slow tests: the full suite, a `-m` naming them, or tests
+    named one by one (path::name)."""
+    return (FULL or "slow" in (config.getoption("markexpr") or "")
+            or any("::" in str(a) for a in config.args))
+
+
+def pytest_report_header(config):
+    if _runs_slow(config):
+        return "tilelink: the full suite, slow tests included (about 20 minutes on 2 cores)"
+    return ("tilelink: the quick selection (about 4 minutes on 2 cores); "
+            "TILELINK_TESTS=full adds the slow tests (about 20 minutes)")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _QUICK_LEFT_OUT:
+        terminalreporter.write_line(
+            f"tilelink: {len(_QUICK_LEFT_OUT)} slow tests left out of the quick selection; "
+            "TILELINK_TESTS=full python3 -m pytest -q runs them (as CI does)")
+
+
 def pytest_collection_modifyitems(config, items):
     n = _gpus()
+    if not _runs_slow(config):
+        _QUICK_LEFT_OUT[:] = [it for it in items if "slow" in it.keywords]
+        if _QUICK_LEFT_OUT:
+            config.hook.pytest_deselected(items=_QUICK_LEFT_OUT)
+            items[:] = [it for it in items if "slow" not in it.keywords]
     for item in items:
         if "gpu" in item.keywords and n < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

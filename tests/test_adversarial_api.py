@@ -577,6 +577,7 @@ BAD_OPTIONS = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=5000)
 @given(option=BAD_OPTIONS)
 def test_any_bad_emulate_option_is_refused_before_running(option):

@@ -591,6 +591,7 @@ def test_bench_from_reads_regular_bounded_json_only(what, needle, tmp_path, monk
                                                     "hint: give a JSON written by"], capsys)
 
 
+@pytest.mark.slow
 def test_bench_plot_replaces_a_planted_link_instead_of_writing_through_it(saved_run, tmp_path,
                                                                           capsys):
     pytest.importorskip("matplotlib")

@@ -367,6 +367,7 @@ ALPHABET = list("()[],:=#/*-+%0129aWMK_ \t\n\r\"'.@$;\\") + [
     "shard(", "return", "pattern", "99999999999999999999999999999999"]
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_examples_parse_and_bind_or_fail_cleanly(data):

@@ -42,6 +42,7 @@ def test_spin_limit_values_that_parse(value, limit, monkeypatch):
     assert env.spin_limit() == limit
 
 
+@pytest.mark.slow
 def test_a_bad_spin_limit_does_not_break_importing_the_gpu_runtime():
     # it was int()-ed at import: `import tilelink.runtime.gpu` died with a ValueError
     out = subprocess.run([sys.executable, "-c", "import tilelink.runtime.gpu"],

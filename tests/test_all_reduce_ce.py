@@ -25,6 +25,7 @@ CE = {"comm": "copy_engine"}
 RAGGED = {"M": 100, "N": 72, "K": 96}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("reduce_after", ["0", "1"])
 def test_matches_the_reference(world, reduce_after):
@@ -34,6 +35,7 @@ def test_matches_the_reference(world, reduce_after):
     assert rep.ok, rep.lines
 
 
+@pytest.mark.slow
 def test_delayed_back_to_back_calls_and_the_library_gemm():
     s, res = emulate(AR, 4, RAGGED, CE, calls=5, delays=True, seed=11)
     assert check(s.bound, res).ok
@@ -89,6 +91,7 @@ def test_it_compiles(target, stage, extra):
     assert emit_stage(render_triton(s), get_target(target), stage)
 
 
+@pytest.mark.slow
 def test_a_dropped_signal_is_reported_not_hung():
     s = make_schedule(AR.bind({"M": 64, "N": 32, "K": 64}, 2), get_target("interp"), CE)
     src = render_triton(s, fault="drop_notify")
@@ -120,6 +123,7 @@ def test_what_it_does_not_do_is_refused_by_name(extra, words):
                       CE | extra)
 
 
+@pytest.mark.slow
 def test_naming_the_copy_engine_starts_from_its_own_defaults():
     # the default never takes it, so the SM default's knobs (in-kernel chunks of 128 rows,
     # no flatten) would be a poor start: its own are the sum after the GEMM, flatten=1 and

@@ -39,6 +39,7 @@ def plain_function(M=64):
 # ---- what tk.emulate takes as the pattern ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", [str(AG_PATH), AG_PATH, ag_gemm,
                                      f"{ROOT / 'examples' / 'patterns.py'}:ag_gemm"])
 def test_emulate_takes_paths_and_patterns(pattern):
@@ -154,6 +155,7 @@ def test_emulate_runs_the_callers_tensors(comm):
     assert tk.check(schedule, result).ok
 
 
+@pytest.mark.slow
 def test_inputs_per_call_and_calls_of_one_dict():
     bp = ag_gemm.bind({}, 2)
     first, second = make_inputs(bp, 1), make_inputs(bp, 2)

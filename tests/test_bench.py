@@ -418,6 +418,7 @@ def _gloo_reference_worker(rank, world, port, path, values):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,world", [(AG, 2), (RS, 2), (RS, 3),
                                         (str(EXAMPLES / "gemm_ar.tl"), 3)])
 def test_fp32_reference_over_gloo(path, world):

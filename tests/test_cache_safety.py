@@ -516,6 +516,7 @@ os.kill(os.getpid(), signal.SIGTERM)
 """
 
 
+@pytest.mark.slow
 def test_the_fallback_directory_is_not_left_behind_by_a_killed_run(home, source, tmp_path):
     # the fallback was a fresh directory per process, removed at exit only: each run ended
     # by SIGTERM left one (six were found in the temporary directory)

@@ -277,6 +277,7 @@ BROKEN = {"no wait": (_no_partial_wait, LATE_PEER, 1),
           "one buffer": (_one_buffer, PAUSED_REDUCER, 2)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(BROKEN))
 def test_a_broken_kernel_fails_the_check_where_the_kernel_passes(fault):
     # no wait: rank 0 reduces before the late rank 1 sent its partials; one buffer: rank 1's
@@ -365,6 +366,7 @@ def test_bf16_arithmetic_of_a_tile_function_computes_on_values():
         torch.testing.assert_close(y, want, rtol=2**-7, atol=2**-6)
 
 
+@pytest.mark.slow
 def test_check_runs_several_calls_with_delays_unless_told(monkeypatch, capsys):
     from tilelink import runtime
     from tilelink.cli.main import main

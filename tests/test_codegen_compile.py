@@ -312,6 +312,7 @@ def test_one_wave_default_chunk_stays_in_the_space():
     assert s.config.comm_block_m == 4096
 
 
+@pytest.mark.slow
 def test_tuner_space_has_the_fused_reduce_only_where_it_can_run():
     from tilelink.tune import space
 
@@ -373,6 +374,7 @@ def test_ag_copy_engine_delivers_in_the_order_receivers_read(world, template_con
         assert "src = (me + step) % WORLD" in src  # reads the peer whose copies come at `step`
 
 
+@pytest.mark.slow
 def test_defaults_past_two_ranks_follow_the_four_gpu_measurements():
     # AG: one chunk per shard at W > 2 (two at W = 2); GEMM-RS: the copy engine in chunks of
     # up to 512 rows, the reduce tile 512 x 32 (16384 fp32 values, like 128 x 128)

@@ -291,6 +291,7 @@ def _cli(*args, cwd):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.slow
 def test_a_refused_name_is_a_located_cli_error(tmp_path):
     path = _tl(tmp_path, {"a": "abort"})
     r = _cli("run", path, "-W", "2", "--check", cwd=tmp_path)

@@ -46,6 +46,7 @@ def test_a_reduction_at_w1_is_stored_by_the_gemm_epilogue(path, sizes, config, t
     assert "itself; the GEMM stores its tiles into out" in one.render()  # --emit schedule
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,sizes,config", REDUCTIONS)
 def test_a_reduction_at_w1_checks_in_the_emulated_world(path, sizes, config, capsys):
     args = ["run", path, "-W", "1", "--check", "--calls", "3"]

@@ -253,6 +253,7 @@ def test_install_commands_install_this_checkout(c):
 # ---------------------------------------------------------------- CPU commands run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c", TILELINK_CPU, ids=lambda c: c.where)
 def test_cpu_command_runs(c):
     out = subprocess.run([sys.executable, "-m", "tilelink", *c.argv], cwd=ROOT, env=_env(),
@@ -267,6 +268,7 @@ def test_cpu_command_runs(c):
         assert "check: OK" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where,source,gpu", python_blocks(), ids=lambda x: str(x)[:40])
 def test_python_snippet_runs(where, source, gpu):
     compile(source, where, "exec")  # every snippet is valid Python
@@ -277,6 +279,7 @@ def test_python_snippet_runs(where, source, gpu):
     assert out.returncode == 0 and "Traceback" not in out.stderr, f"{where}\n{out.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c", PYTEST, ids=lambda c: c.where)
 def test_pytest_command_collects(c):
     args = [a for a in c.argv if a not in ("-s", "-q")]  # one -q: the summary line stays
@@ -317,6 +320,7 @@ def check_parses(argv: tuple[str, ...]) -> None:
         make_schedule(bound, target, config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c", TILELINK_GPU, ids=lambda c: c.where)
 def test_gpu_command_parses(c, monkeypatch):
     monkeypatch.chdir(ROOT)

@@ -52,6 +52,7 @@ def test_other_dtypes(dtype):
     _run(RS, 2, {"M": 64, "N": 48, "K": 64, "dtype": dtype})
 
 
+@pytest.mark.slow
 def test_back_to_back_calls_with_random_delays_reuse_buffers_safely():
     # 5 calls > 2 buffers: call n+2 reuses call n's buffer only after the peers released it.
     _run(AG, 3, {"M": 96, "N": 48, "K": 32}, {"comm": "sm"}, calls=5, delays=True, seed=3)
@@ -62,6 +63,7 @@ def test_back_to_back_calls_with_random_delays_reuse_buffers_safely():
          seed=7)
 
 
+@pytest.mark.slow
 def test_tile_sizes_larger_than_a_rank_slice():
     # block_m 64 > 24 rows per rank: one tile reads (AG) or feeds (RS) several ranks.
     _run(AG, 4, {"M": 96, "N": 64, "K": 32}, {"block_m": "64", "comm_block_m": "16"})
@@ -83,6 +85,7 @@ def test_gemm_rs_copy_engine_counters_cross_the_int32_wrap():
          first_epoch=2**31 - 2)
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_launches_is_reported_not_hung():
     with pytest.raises(HangError) as err:
         emulate(AG, 2, {"M": 64, "N": 64, "K": 32}, {}, timeout=4, fault="skip_rank:1")
@@ -104,6 +107,7 @@ def test_a_producer_that_never_notifies_is_reported_on_every_rank():
 # ---- a schedule forced to break the program-order rule (debug_reverse_roles) ----
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("comm", ["sm", "copy_engine"])
 def test_consumers_before_producers_hang_and_the_report_says_why(comm):
     # The reduce role (of `out`) gets the LOWEST program ids: its programs wait on compute programs of
@@ -155,6 +159,7 @@ def test_reversed_roles_are_refused_on_gpu_targets(target, capsys):
     assert rc == 2 and "allowed only on the emulated target" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_reversed_roles_break_any_kernel_with_several_roles():
     # debug_reverse_roles lays out every kernel's roles in reverse: AG-GEMM's compute role
     # then waits on the push role of its own rank with higher program ids (any pattern whose
@@ -307,6 +312,7 @@ def test_progress_lines_follow_the_ranks_counters(monkeypatch, capsys):
                                        "rank (2.0 s)\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,comm", [(2, "sm"), (3, "sm"), (2, "copy_engine"),
                                         (3, "copy_engine")])
 def test_gemm_rs_reduce_after_the_gemm_kernel(world, comm):
@@ -344,6 +350,7 @@ def test_fused_reduce_refuses_tiles_that_straddle_ranks():
                       {"comm": "sm", "reduce_after": "1", "fuse_reduce": "1"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("comm", ["sm", "copy_engine"])
 def test_eight_ranks(comm):
     # W = 8 (what an 8-GPU host would run), ragged per-rank slices, two back-to-back calls
@@ -416,6 +423,7 @@ def test_ag_library_gemm_capturable_ops_carry_no_per_call_value():
     assert mod.copy_engine_ops(1, 7, a) == mod.copy_engine_ops(1, 8, a)
 
 
+@pytest.mark.slow
 def test_ag_library_gemm_with_a_dropped_signal_is_reported_not_hung():
     # the copy engine of every rank skips its data signals: each wait kernel gives up at its
     # spin bound and the report names the library GEMM's wait
@@ -445,6 +453,7 @@ def test_library_gemm_knob_checks():
     assert s2.config.gemm == "triton" and "gemm/triton" in s2.kernel
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_ag_flatten_waits_with_one_wait_flat_per_tile(world):
     # flatten=1 renders each tile's chunk waits as one tld.wait_flat over the consecutive
@@ -471,6 +480,7 @@ def test_gemm_rs_with_n_below_the_chunk_width_and_not_a_power_of_two(comm):
 CAPTURABLE = {"comm": "copy_engine", "capturable": "1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_ag_capturable_copy_engine_matches_reference(world):
     # capturable=1: flag gates and data signals, one gathered buffer. Ragged (50 rows per rank
@@ -479,6 +489,7 @@ def test_ag_capturable_copy_engine_matches_reference(world):
          CAPTURABLE | {"comm_block_m": "32"}, calls=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,sizes,cfg,seed", [
     # ragged: 33 rows per rank under 32-row tiles, so this rank's rows are copied too
     (3, {"M": 99, "N": 48, "K": 40}, {"comm_block_m": "16"}, 21),

@@ -89,6 +89,7 @@ def test_the_live_ranks_stop_at_once_not_after_their_remaining_calls(tmp_path):
     assert len([r for r, _ in started if r == "0"]) <= 3, started  # of 8
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_reported_promptly_by_name():
     # a rank stopped by SIGSTOP never answers: its peers waited for the watchdog (here 60 s),
     # then 15 s more, and the hang report named only the peers
@@ -108,6 +109,7 @@ def test_a_stopped_rank_is_reported_promptly_by_name():
     assert took < 30, f"reported after {took:.0f} s (the watchdog is 60 s)"
 
 
+@pytest.mark.slow
 def test_a_hang_report_names_the_rank_that_never_answered():
     # rank 1 computes forever outside any wait: rank 0's waits give up at the timeout, and
     # the report named rank 0 only
@@ -124,6 +126,7 @@ def test_a_hang_report_names_the_rank_that_never_answered():
     assert "stuck ranks: 0" in text and "rank 1 never answered" in text, text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how,cause", [("SIGKILL", "killed by signal SIGKILL (9)"),
                                        ("SIGTERM", "killed by signal SIGTERM (15)")])
 def test_the_gpu_launcher_stops_the_world_when_a_rank_dies(how, cause):
@@ -178,6 +181,7 @@ def test_a_rank_that_raises_is_reported_with_its_traceback_not_as_a_peer_hang(ex
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_a_watchdog_hang_is_still_a_hang_not_a_failure():
     # a rank stuck in a wait: the abort flag goes up at the timeout, the waits give up and
     # report; nothing raised before the abort, so it is a HangError (as before)
@@ -246,6 +250,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
 def test_ranks_die_with_their_parent(sig):
@@ -318,6 +323,7 @@ def test_buffers_larger_than_the_memory_available_are_refused(monkeypatch):
         run_emulated(source, 2, ins * 3, timeout=30)
 
 
+@pytest.mark.slow
 def test_the_watchdog_scales_with_ranks_per_core(monkeypatch):
     monkeypatch.setattr(emulated, "_cores", lambda: 2)
     assert emulated.load_factor(1) == emulated.load_factor(2) == 1.0

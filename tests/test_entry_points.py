@@ -30,6 +30,7 @@ def test_version_flag_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"tilelink {tilelink.__version__}"
 
 
+@pytest.mark.slow
 def test_python_m_tilelink_version():
     out = _python_m("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"tilelink {tilelink.__version__}"
@@ -44,6 +45,7 @@ def test_the_version_is_written_once():
     assert len(parts) >= 2 and all(p.isdigit() for p in parts[:2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [
     ["compile", "examples/ag_gemm.tl", "--emit", "plan"],
     ["compile", "examples/patterns.py:gemm_rs", "--emit", "ir", "-W", "4"],
@@ -56,11 +58,13 @@ def test_python_m_tilelink_is_the_tilelink_command(argv):
     assert via_package.stdout == via_cli.stdout and via_package.stdout.strip()
 
 
+@pytest.mark.slow
 def test_python_m_tilelink_reports_bad_input_without_a_traceback():
     out = _python_m("compile", "examples/gemm_rs.tl", "-W", "3")
     assert out.returncode == 2 and "divide" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_python_m_tilelink_without_a_command_shows_the_commands():
     out = _python_m()
     assert out.returncode == 2 and "Traceback" not in out.stderr

@@ -70,6 +70,7 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
         assert "hint: use --config comm=none" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WITH_KERNELS)
 @pytest.mark.parametrize("world", [2, 4])
 def test_kernel_examples_run_and_check_in_the_emulated_world(name, world, capsys):

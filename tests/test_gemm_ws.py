@@ -205,6 +205,7 @@ def test_rs_ws_needs_the_reduce_after_the_gemm():
                       {"comm": "copy_engine", "reduce_after": "0", "gemm": "ws"})
 
 
+@pytest.mark.slow
 def test_the_design_suite_takes_gemm_ws_as_the_next_gpu_session_runs_it():
     # the commands queued for GPUs (docs/perf-history.md): `tilelink bench --suite design-ag /
     # design-rs -W 2 --config ... gemm=ws` must schedule and render every shape

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .golden_renders import GOLDEN, digests
 
 
+@pytest.mark.slow
 def test_renders_match_the_recorded_ones():
     want = json.loads(GOLDEN.read_text())
     now = digests()

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern,config", [
     ("examples/ag_gemm.tl", ["comm=copy_engine", "capturable=1"]),
     ("examples/gemm_rs.tl", ["comm=copy_engine", "reduce_after=1"]),

@@ -443,6 +443,7 @@ def interp_results():
 
 
 
+@pytest.mark.slow
 def test_interp_push_notify_wait_two_ranks(interp_results):
     for r in get(interp_results, "push_notify_wait"):
         assert r["codes"] == [0, 0], r

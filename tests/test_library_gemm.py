@@ -34,6 +34,7 @@ def _run(pat, world, sizes, cfg, **kw):
 
 
 # ragged everywhere: 50 or 33 rows per rank, N = 40, K per rank 24 or 48 (32-element tiles)
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("reduce_after", ["0", "1"])
 def test_gemm_allreduce_matches_reference(world, reduce_after):
@@ -41,6 +42,7 @@ def test_gemm_allreduce_matches_reference(world, reduce_after):
          calls=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("cfg", [{}, {"reduce_after": "1"}, {"comm": "copy_engine"},
                                  {"comm": "copy_engine", "reduce_after": "1"}])
@@ -55,6 +57,7 @@ def test_reduce_scatter_along_columns_and_a_map_after_it():
     _run(norm, 2, {"M": 48, "K": 64, "D": 48}, LIB)
 
 
+@pytest.mark.slow
 def test_back_to_back_calls_with_random_delays():
     # the library writes its one result buffer each call: the previous call's pass kernel
     # read it before (stream order); the stage buffers are released as with the kernel
@@ -63,6 +66,7 @@ def test_back_to_back_calls_with_random_delays():
          delays=True, seed=14)
 
 
+@pytest.mark.slow
 def test_a_dropped_signal_is_reported_not_hung():
     # the pass's pushes skip their signals: the reduction's waits give up and are reported
     s = make_schedule(AR.bind({"M": 64, "N": 32, "K": 64}, 2), get_target("interp"), LIB)

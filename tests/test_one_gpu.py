@@ -580,6 +580,7 @@ def test_the_run_driver_replays_graphs_and_mixes_eager_calls(monkeypatch):
 
 # ---- the process launcher ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_launcher_runs_one_process_and_relays_its_progress(monkeypatch):
     from tilelink.runtime import launcher
 
@@ -596,6 +597,7 @@ def test_the_launcher_runs_one_process_and_relays_its_progress(monkeypatch):
         launcher.launch_one_gpu_world(world_size_plus, 3, 4)
 
 
+@pytest.mark.slow
 def test_a_lost_case_fails_alone_and_the_rest_run_in_a_fresh_process(monkeypatch):
     from tilelink.runtime import launcher
     from tilelink.runtime.one_gpu_run import run_one_gpu_cases
@@ -613,6 +615,7 @@ def test_a_lost_case_fails_alone_and_the_rest_run_in_a_fresh_process(monkeypatch
     assert len({g["pid"] for g in got if "pid" in g}) == 3  # a fresh process after each loss
 
 
+@pytest.mark.slow
 def test_processes_that_never_finish_a_case_stop_the_run(monkeypatch):
     from tilelink.runtime import launcher
     from tilelink.runtime.one_gpu_run import run_one_gpu_cases

@@ -247,6 +247,7 @@ def _one_spec(name: str, folder: Path) -> str:
     return _spec(name, "text" if name in RECOMBINED else "python", folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,form,world", FORMS)
 def test_recombined_pattern_runs_and_checks_in_the_emulated_world(name, form, world, tl_dir,
                                                                    capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,6 +66,7 @@ tiles = st.builds(TileSizes, block_m=st.integers(1, 20), block_n=st.integers(1, 
                   comm_block_m=st.integers(1, 20), comm_block_n=st.integers(0, 20))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(world=st.integers(1, 8), m=sizes, n=st.integers(1, 24), k=st.integers(1, 6), t=tiles,
        which=st.sampled_from([AG_GEMM, GEMM_RS, GEMM_AR, GEMM_AG_GEMM]))

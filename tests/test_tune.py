@@ -318,6 +318,7 @@ def test_fallback_is_always_measured():
 # ---------------------------------------------------------------- the command
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [AG, RS])
 def test_emulated_dry_run_checks_every_config(path, capsys):
     rc = main(["tune", path, "-D", "M=64", "-D", "N=64", "-D", "K=32", "--world-size", "2",

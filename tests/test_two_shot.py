@@ -21,6 +21,7 @@ AR = load_text(EXAMPLES / "gemm_ar.tl")
 TWO = {"allreduce": "two_shot"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("reduce_after", ["0", "1"])
 def test_matches_the_reference(world, reduce_after):
@@ -33,6 +34,7 @@ def test_matches_the_reference(world, reduce_after):
     assert rep.ok, rep.lines
 
 
+@pytest.mark.slow
 def test_a_rank_owning_no_chunk_and_delayed_back_to_back_calls():
     # 60 rows: chunks 0 and 1 (ranks 0 and 1); ranks 2 and 3 own none and only copy
     s, res = emulate(AR, 4, {"M": 60, "N": 40, "K": 96}, TWO, calls=5, delays=True, seed=7)
@@ -60,6 +62,7 @@ def test_it_compiles(target, stage):
     assert emit_stage(render_triton(s), get_target(target), stage)
 
 
+@pytest.mark.slow
 def test_a_dropped_signal_is_reported_not_hung():
     s = make_schedule(AR.bind({"M": 64, "N": 32, "K": 64}, 2), get_target("interp"), TWO)
     src = render_triton(s, fault="drop_notify")

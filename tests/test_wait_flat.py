@@ -307,6 +307,7 @@ def interp_results():
 
 
 
+@pytest.mark.slow
 def test_interp_satisfied_returns_at_once(interp_results):
     for name in ("satisfied", "satisfied_abort_set"):
         r = get(interp_results, name)

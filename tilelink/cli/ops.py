@@ -30,9 +30,8 @@ CONVENTIONS = (
     "(`comm=none`: the collectives as library calls, NCCL on GPUs, and the compute in torch "
     "or cuBLAS), which the scheduler takes where overlap cannot pay or its lowerings cannot "
     "run the pattern (`tilelink compile PATTERN --emit schedule` says why). A pattern with an "
-    "op that has no lowering at all runs only as that plan, given `--config comm=none` "
-    "(`config={\"comm\": \"none\"}` from Python): a kernel for it is refused, naming the "
-    "op."),
+    "op that has no lowering at all runs only as that plan: it is the default, and a config "
+    "that asks for a kernel (`comm=sm`, `comm=copy_engine`) is refused, naming the op."),
 )
 
 
@@ -106,8 +105,8 @@ def kernels(sp) -> str:
 
     found = LOWERINGS.get(sp.name, [])
     if not found:
-        return ("none yet: a pattern with this op runs only as the non-overlapped plan, given "
-                "`--config comm=none`")
+        return ("none yet: a pattern with this op runs only as the non-overlapped plan, its "
+                "default")
     parts = []
     for lw in found:
         picks = ([f"comm={lw.resource}"] if lw.resource else []) + \
