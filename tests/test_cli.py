@@ -135,3 +135,17 @@ def test_a_long_emulated_run_shows_progress_on_stderr(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "tilelink: emulated world: call 2 of 2 done on every rank (" in captured.err
     assert "done on every rank" not in captured.out
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback(monkeypatch, capsys):
+    """`tilelink compile X | head`: the pipe closes while the module is printed."""
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["compile", str(EXAMPLES / "ag_gemm.tl"), "--emit", "triton"]) == 141
+    assert "Traceback" not in capsys.readouterr().err

@@ -179,10 +179,9 @@ PYTHON_ONLY = ("ag_gemm_bias", "gemm_rs_bias", "ag_rmsnorm_gemm", "gemm_ar_bias"
 
 # every recombined pattern once: its text form where it has one
 ALL = list(RECOMBINED) + list(PYTHON_ONLY)
-# (pattern, form, W) for the runs: the text patterns and the Python-only ones at W = 1..4;
-# the Python twins at W = 3 (their modules are shown identical to the text forms' below)
-FORMS = [(n, "text" if n in RECOMBINED else "python", w) for n in ALL for w in (1, 2, 3, 4)] \
-    + [(n, "python", 3) for n in RECOMBINED]
+# (pattern, form, W) for the runs: the text patterns and the Python-only ones at W = 1..4 (the
+# Python twins generate the text forms' modules, the emulated world's included: shown below)
+FORMS = [(n, "text" if n in RECOMBINED else "python", w) for n in ALL for w in (1, 2, 3, 4)]
 
 # what CPU-only CI compiles every pattern for: H100/H200 and A100 (PTX), MI300X (AMDGCN)
 TARGETS = (("cuda:90", "ptx"), ("cuda:80", "ptx"), ("hip:gfx942", "amdgcn"))
@@ -323,10 +322,11 @@ _SOURCE = re.compile(r"\S*(?:\.tl|patterns_py\.py)(?::\d+)*")
 
 @pytest.mark.parametrize("name", list(RECOMBINED))
 def test_text_and_python_twins_generate_the_same_module(name, tl_dir, capsys):
-    """For every GPU target, the Triton module generated from the text pattern and from its
-    twin (what test_recombined_pattern_compiles_for_every_gpu_target compiles for the text
-    form) are the same but for the source locations they name."""
-    for target, _ in TARGETS:
+    """For every GPU target and the emulated world's interpreter, the Triton module generated
+    from the text pattern and from its twin (what test_recombined_pattern_compiles_for_every_
+    gpu_target compiles, and the emulated runs run, for the text form) are the same but for
+    the source locations they name."""
+    for target in [t for t, _ in TARGETS] + ["interp"]:
         modules = []
         for form in ("text", "python"):
             assert main(["compile", _spec(name, form, tl_dir), "--emit", "triton",

@@ -276,7 +276,8 @@ def cmd_run(args) -> int:
         print("tilelink: --world emulated given", file=sys.stderr)
     _emulated_world_checks(args, bp.world)
     print(f"tilelink: no GPU in use: running {bp.name} on the emulated world "
-          f"({_processes(bp.world)}, Triton interpreter)", file=sys.stderr)
+          f"({_processes(bp.world)}: Triton's interpreter runs a kernel, torch a "
+          "non-overlapped plan)", file=sys.stderr)
     s, res = emulate(bp, config=_defines(args.config, "--config"), seed=args.seed,
                      calls=args.calls, delays=args.delays, timeout=args.timeout)
     print(f"{bp.name}: {bp.sizes_str()}; config {s.config}")
@@ -437,6 +438,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:
+            # the reader went away (`tilelink compile X | head`): stop quietly, and point
+            # stdout at /dev/null so the interpreter's final flush cannot raise again
+            _silence_stdout()
+            return 141  # what a shell reports for a writer killed by SIGPIPE
+
+
+def _silence_stdout() -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stdout with no descriptor (captured)
+        pass
 
 
 if __name__ == "__main__":
