@@ -60,7 +60,7 @@ def test_console_script_runs_the_quick_start():
     assert "emulated world" in out.stderr and "check: OK" in out.stdout
 
 
-@pytest.mark.parametrize("world,words", [(1, "(1 CPU process,"), (2, "(2 CPU processes,")])
+@pytest.mark.parametrize("world,words", [(1, "(1 CPU process:"), (2, "(2 CPU processes:")])
 def test_run_counts_its_processes_in_words(world, words, monkeypatch, capsys):
     # "1 CPU processes"; the world itself is not run here (emulate stops at once)
     import tilelink.runtime as runtime
