@@ -174,22 +174,12 @@ def example_python(sp) -> str:
 
 
 def python_expr(e) -> str:
-    """A size (int or Expr) in the Python DSL: `tk.W` for the world size; a right operand
-    of equal precedence parenthesised, as `expr_text` does (`/` must divide exactly)."""
+    """A size (int or Expr) in the Python DSL: the text DSL's spelling (`expr_text`), with
+    `tk.W` for the world size."""
     from ..frontend.text import expr_text
-    from ..ir.expr import WORLD, Bin, Sym
+    from ..ir.expr import WORLD, Sym
 
-    if isinstance(e, Sym) and e.name == WORLD:
-        return "tk.W"
-    if not isinstance(e, Bin):
-        return expr_text(e)
-    prec = {"+": 1, "-": 1, "*": 2, "/": 2, "//": 2, "%": 2}
-    lhs, rhs = python_expr(e.lhs), python_expr(e.rhs)
-    if isinstance(e.lhs, Bin) and prec[e.lhs.op] < prec[e.op]:
-        lhs = f"({lhs})"
-    if isinstance(e.rhs, Bin) and prec[e.rhs.op] <= prec[e.op]:
-        rhs = f"({rhs})"
-    return f"{lhs} {e.op} {rhs}"
+    return expr_text(e, lambda x: "tk.W" if isinstance(x, Sym) and x.name == WORLD else str(x))
 
 
 def python_input(t) -> str:

@@ -732,15 +732,16 @@ def format_text(pattern: Pattern) -> str:
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "//": 2, "%": 2}
 
 
-def expr_text(e) -> str:
-    """A size (int or Expr) as text that parses back to the same tree.
+def expr_text(e, leaf=str) -> str:
+    """A size (int or Expr) as text that parses back to the same tree; `leaf` spells a number
+    or symbol (the Python DSL's spelling of the world size differs).
 
     Unlike `str(Bin)`, a right operand of equal precedence is always parenthesised:
     `M * (N / K)` is not `M * N / K` when `/` must divide exactly.
     """
     if not isinstance(e, Bin):
-        return str(e)
-    lhs, rhs = expr_text(e.lhs), expr_text(e.rhs)
+        return leaf(e)
+    lhs, rhs = expr_text(e.lhs, leaf), expr_text(e.rhs, leaf)
     if isinstance(e.lhs, Bin) and _PREC[e.lhs.op] < _PREC[e.op]:
         lhs = f"({lhs})"
     if isinstance(e.rhs, Bin) and _PREC[e.rhs.op] <= _PREC[e.op]:

@@ -64,8 +64,8 @@ def where(jit_fn) -> tuple[str, str, str | None]:
 # active tile's regions: a load or store of a tensor the tile names, outside its region, is a
 # located error at the user's line.
 
-# the tile running now: (the tile function, [(parameter, tensor, kind, extent lo, extent hi,
-# allowed lo, allowed hi, row bytes, base)]), or None
+# the tile running now: (the tile function, its first row, one past its last row,
+# [(parameter, tensor, kind, extent lo, extent hi, allowed lo, allowed hi, row bytes)]), or None
 _ACTIVE: list = [None]
 
 
