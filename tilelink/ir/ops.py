@@ -107,6 +107,9 @@ class OpSpec:
     # parameters): fn_attrs(fn name, the pattern's functions) -> {name: None if it may be
     # given, else why not (a hint)}; see `check_attr_name`
     fn_attrs: Callable[[str | None, dict], dict[str, str | None]] | None = None
+    # a collective that sums the ranks' tensors (its result is the sum, or a rank's slice of
+    # it): what a rank moves is sized by the result, not by the operand
+    sums: bool = False
 
     def usage(self) -> str:
         """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
@@ -119,16 +122,18 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, category, operands, attrs, doc, variadic=False, attr_kinds=None,
-             dtypes=None, details=None, fn_attrs=None):
+             dtypes=None, details=None, fn_attrs=None, sums=False):
     """Decorator: register a shape rule as the op family `name`. `attr_kinds` declares the
     kinds of its attributes (see tilelink.ir.attrs), `dtypes` the dtypes of its operands
     (see `operand_dtypes`); both are checked by `Pattern.bind` before the rule runs.
     `details` is its entry in the op reference (`OpDoc`); `fn_attrs` names the attributes
-    the op's user function adds (see `OpSpec.fn_attrs`)."""
+    the op's user function adds (see `OpSpec.fn_attrs`); `sums` marks a summing collective
+    (`OpSpec.sums`)."""
 
     def wrap(rule: ShapeRule) -> ShapeRule:
         OPS[name] = OpSpec(name, category, tuple(operands), dict(attrs), rule, doc, variadic,
-                           dict(attr_kinds or {}), dict(dtypes or {}), details, fn_attrs)
+                           dict(attr_kinds or {}), dict(dtypes or {}), details, fn_attrs,
+                           sums)
         return rule
 
     return wrap

@@ -16,7 +16,7 @@ from .reduce_scatter import rank_sum, rank_sums
 
 
 @register("all_reduce", "comm", ["x"], {},
-          "Sum the ranks' tensors; every rank gets the whole sum.",
+          "Sum the ranks' tensors; every rank gets the whole sum.", sums=True,
           details=OpDoc(
               args={"x": "each rank's summand: a per-rank tensor (`local`, e.g. a gemm over "
                          "a sharded K) or `partial`; not `shard` or `replicated`"},

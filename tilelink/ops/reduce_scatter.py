@@ -16,6 +16,7 @@ from ..runtime.reference import reference
 
 @register("reduce_scatter", "comm", ["x"], {"dim": 0},
           "Sum the ranks' tensors and give each rank a contiguous 1/W slice along `dim`.",
+          sums=True,
           details=OpDoc(
               args={"x": "each rank's summand: a per-rank tensor (`local`, e.g. a gemm over "
                          "a sharded K) or `partial`; not `shard` or `replicated`. Its size "

@@ -326,8 +326,7 @@ def extents(bp: BoundPattern) -> dict[str, int]:
 def _chunk_geometry(bp: BoundPattern, op) -> tuple[int, int]:
     """(rows, columns) of a collective's per-rank slice: the rows along the moved dim one
     rank contributes or owns, and the elements one such row holds."""
-    produced = op.kind in ("reduce_scatter", "all_reduce")
-    t = bp.tensors[op.result if produced else op.args[0]]
+    t = bp.tensors[op.result if spec(op.kind).sums else op.args[0]]
     shape = t.local_shape
     d = bp.op_attrs(op).get("dim", 0) % len(shape)
     cols = 1
