@@ -324,6 +324,12 @@ def test_design_suite_has_the_nine_shapes():
     assert [s.values["K"] for s in specs_from_args(args)] == [28672, 29568, 8192, 28672]
     args.suite = "design-ag"
     assert len(specs_from_args(args)) == 5
+    args.suite = "matrix"
+    matrix = specs_from_args(args)
+    assert len(matrix) == 14 and [s.values for s in matrix[:9]] == [s.values for s in specs]
+    assert [s.values["M"] for s in matrix if s.pattern.endswith("gemm_ar.tl")] == [
+        128, 512, 2048, 4096]
+    assert matrix[-1].pattern.endswith("tp_mlp.tl") and matrix[-1].values["I"] == 14336
 
 
 def test_command_line_reproduces(monkeypatch):

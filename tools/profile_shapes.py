@@ -175,7 +175,7 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pattern", nargs="?", help="a .tl file (or use --suite design)")
     p.add_argument("-D", nargs="*", default=[], metavar="NAME=VALUE")
-    p.add_argument("--suite", choices=["design", "design-ag", "design-rs"])
+    p.add_argument("--suite", choices=["design", "design-ag", "design-rs", "matrix"])
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--calls", type=int, default=20, help="back-to-back calls profiled")
@@ -183,14 +183,14 @@ def main() -> int:
     p.add_argument("--out", default="profile-out", help="folder for profile-<rank>.json")
     args = p.parse_args()
 
-    from tilelink.cli.bench import DESIGN_SUITE, SUITES
+    from tilelink.cli.bench import suite_shapes
     from tilelink.runtime.launcher import launch_world
 
     config = dict(kv.split("=", 1) for kv in args.config)
     if args.suite:
         root = Path(__file__).resolve().parent.parent / "examples"
-        specs = [(str(root / f), {"M": m, "N": n, "K": k}, config)
-                 for f in SUITES[args.suite] for (m, n, k) in DESIGN_SUITE[f]]
+        specs = [(str(root / f), dict(values), config)
+                 for f, values in suite_shapes(args.suite)]
     elif args.pattern:
         specs = [(args.pattern, dict(kv.split("=", 1) for kv in args.D), config)]
     else:

@@ -28,6 +28,22 @@ DESIGN_SUITE = {
 }
 SUITES = {"design": ("ag_gemm.tl", "gemm_rs.tl"), "design-ag": ("ag_gemm.tl",),
           "design-rs": ("gemm_rs.tl",)}
+# The never-slower matrix: the design shapes, GEMM-AR from decode to prefill sizes and a
+# LLaMA-style TP MLP, each as (pattern file, its parameter values).
+MATRIX_SUITE = (
+    [(f, {"M": m, "N": n, "K": k}) for f in SUITES["design"] for m, n, k in DESIGN_SUITE[f]]
+    + [("gemm_ar.tl", {"M": m, "N": 8192, "K": 8192}) for m in (128, 512, 2048, 4096)]
+    + [("tp_mlp.tl", {"M": 4096, "H": 4096, "I": 14336})])
+
+
+def suite_shapes(name: str) -> list[tuple[str, dict]]:
+    """The (pattern file, values) pairs a `--suite` runs."""
+    if name == "matrix":
+        return list(MATRIX_SUITE)
+    return [(f, {"M": m, "N": n, "K": k}) for f in SUITES[name] for m, n, k in DESIGN_SUITE[f]]
+
+
+SUITE_NAMES = (*SUITES, "matrix")
 ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 # the harness's systems, for --help without importing torch (tilelink.bench.report.SYSTEMS;
 # a test keeps the two equal)
@@ -59,10 +75,11 @@ def add_parser(sub) -> None:
         + " ".join(f"{v}={'0' if v.startswith('NCCL') else '1'}" for v in ENV)
         + " (multicast off).")
     b.add_argument("pattern", nargs="?", help="a .tl file, or path/to/file.py:function")
-    b.add_argument("--suite", choices=sorted(SUITES), help="run the design shapes "
-                   "(docs/design.md) instead of one pattern: design = all 9 "
-                   "(examples/ag_gemm.tl and examples/gemm_rs.tl), design-ag / design-rs = "
-                   "the 5 AG-GEMM / 4 GEMM-RS")
+    b.add_argument("--suite", choices=sorted(SUITE_NAMES), help="run fixed shapes instead of "
+                   "one pattern: design = the 9 design shapes (examples/ag_gemm.tl and "
+                   "examples/gemm_rs.tl), design-ag / design-rs = the 5 AG-GEMM / 4 GEMM-RS, "
+                   "matrix = the design shapes, GEMM-AR at M = 128 / 512 / 2048 / 4096 "
+                   "(N = K = 8192) and TP-MLP at M = 4096 (H = 4096, I = 14336)")
     b.add_argument("-D", dest="defines", action="append", metavar="NAME=VALUE",
                    help="give a pattern parameter a value (repeatable)")
     b.add_argument("--world-size", "-W", type=argtypes.world_size, default=None,
@@ -143,8 +160,8 @@ def specs_from_args(args) -> list:
             raise TileLinkError(f"--suite {args.suite} runs fixed shapes; give no pattern "
                                 "and no -D", hint="tilelink bench --suite design -W 2")
         root = Path(__file__).resolve().parent.parent.parent / "examples"
-        specs = [Spec(str(root / f), {"M": m, "N": n, "K": k}, config)
-                 for f in SUITES[args.suite] for m, n, k in DESIGN_SUITE[f]]
+        specs = [Spec(str(root / f), dict(values), config)
+                 for f, values in suite_shapes(args.suite)]
     elif args.pattern:
         specs = [Spec(args.pattern, _defines(args.defines, "-D"), config)]
     else:
