@@ -375,6 +375,17 @@ COMPOSED |= {
     "gemm_ar_symm2_graph_mixed": RunSpec(GEMM_AR, AR_RAGGED, SYMM2, calls=20, graph=True,
                                          mixed=True),
 }
+# ... and with torch async-TP's fused calls (library_comm=async_tp): the gather or scatter
+# pipelined with the GEMM in one library call, as the default takes it where the cost model
+# predicts it fastest (rows divisible by W: the fused ops need equal shards)
+ASYNC_TP = {"comm": "none", "library_comm": "async_tp"}
+COMPOSED |= {
+    "ag_async_tp_delays": RunSpec(AG, EVEN, ASYNC_TP, calls=100, delays=True, seed=53),
+    "rs_async_tp_delays": RunSpec(RS, EVEN, ASYNC_TP, calls=100, delays=True, seed=54),
+    "rs_async_tp_1000": RunSpec(RS, SMALL, ASYNC_TP, calls=1000),
+    "ag_async_tp_graph_mixed": RunSpec(AG, EVEN, ASYNC_TP, calls=20, graph=True, mixed=True),
+    "rs_async_tp_graph_mixed": RunSpec(RS, EVEN, ASYNC_TP, calls=20, graph=True, mixed=True),
+}
 # the producer of a composed pattern never signals (W >= 2: at W = 1 nothing waits on a peer)
 COMPOSED_WATCHDOG = {
     "gemm_ar_drop_notify": RunSpec(GEMM_AR, AR_DECODE, AR_SM, fault="drop_notify",

@@ -13,8 +13,8 @@ import torch
 
 from tilelink.errors import ConfigError
 from tilelink.frontend import load_pattern, parse_text
-from tilelink.runtime.dist_reference import (LIBRARY_VARIANTS, Prepared, local_program,
-                                             make_local_inputs)
+from tilelink.runtime.dist_reference import (LIBRARY_PAIRS, LIBRARY_VARIANTS, Fused, Prepared,
+                                             fusable_pairs, local_program, make_local_inputs)
 from tilelink.schedule import get_target, make_schedule
 from tilelink.schedule.lowering import library_comms
 
@@ -37,7 +37,19 @@ def _bound(text_or_path, world=2, values=None):
 
 def test_which_patterns_have_library_variants():
     assert library_comms(_bound(GEMM_AR)) == ("nccl", "symm_one_shot", "symm_two_shot")
-    assert library_comms(_bound(str(EXAMPLES / "ag_gemm.tl"))) == ("nccl",)
+    # torch async-TP's fused calls: a gather of rows feeding a GEMM, a GEMM's rows scattered
+    for name in ("ag_gemm", "gemm_rs", "tp_mlp"):
+        assert library_comms(_bound(str(EXAMPLES / f"{name}.tl"))) == ("nccl", "async_tp")
+    # ... but not columns: the fused ops gather and scatter along dim 0 only
+    for name in ("ag_cols_gemm", "gemm_rs_cols"):
+        assert library_comms(_bound(str(EXAMPLES / f"{name}.tl"))) == ("nccl",)
+
+
+def test_async_tp_fuses_the_pairs_its_calls_compute():
+    pairs = fusable_pairs(_bound(str(EXAMPLES / "tp_mlp.tl")), "async_tp")
+    assert [(p.kind, c.kind) for p, c in pairs] == [("all_gather", "gemm"),
+                                                    ("gemm", "reduce_scatter")]
+    assert fusable_pairs(_bound(GEMM_AR), "async_tp") == []
 
 
 @pytest.mark.parametrize("variant", ["symm_one_shot", "symm_two_shot"])
@@ -54,7 +66,7 @@ def test_the_knob_on_the_non_overlapped_plan(variant):
 def test_the_knob_is_refused_where_it_does_nothing():
     with pytest.raises(ConfigError, match=r"library_comm=symm_two_shot: no collective of this "
                        r"pattern has that library call; it can take nccl"):
-        make_schedule(_bound(str(EXAMPLES / "ag_gemm.tl")), get_target("cuda:90"),
+        make_schedule(_bound(str(EXAMPLES / "ag_cols_gemm.tl")), get_target("cuda:90"),
                       {"comm": "none", "library_comm": "symm_two_shot"})
     with pytest.raises(ConfigError, match=r"does nothing with comm=sm \(use comm=none\)"):
         make_schedule(_bound(GEMM_AR), get_target("cuda:90"),
@@ -110,3 +122,26 @@ def test_the_checking_reference_never_takes_a_variant(fake_variant):
     bp = _bound(GEMM_AR, values={"M": 16, "N": 8, "K": 12})
     local_program(bp, None, exact=True, library_comm="fake")  # prepares every op's call
     assert fake_variant == []
+
+
+def test_a_fused_pair_replaces_both_ops(monkeypatch):
+    # a stand-in for async-TP's fused gemm + reduce_scatter (the real one needs GPUs): the
+    # plan calls it once for the pair, with the GEMM's operands, and never the GEMM alone
+    calls = []
+
+    def factory(bp, mm, rs, group):
+        a, b = mm.args
+
+        def run(vals):
+            calls.append(sorted(vals))
+            return (vals[a] @ vals[b]).chunk(bp.world)[0] * bp.world
+        return Fused(run, "fake fused call")
+
+    monkeypatch.setitem(LIBRARY_PAIRS, ("fake", "gemm", "reduce_scatter"), factory)
+    bp = _bound(str(EXAMPLES / "gemm_rs.tl"), values={"M": 16, "N": 8, "K": 12})
+    ins = make_local_inputs(bp, 0, 3, torch.device("cpu"))
+    run = local_program(bp, None, exact=False, library_comm="fake")
+    assert [ctx is None for _, _, ctx, _ in run.steps] == [True]  # one step for both ops
+    (out,) = run(ins)
+    assert calls == [sorted(ins)]  # called with the inputs: the GEMM did not run first
+    torch.testing.assert_close(out, (ins["a"] @ ins["b"])[:8] * 2)

@@ -170,23 +170,6 @@ class PeerBuffers:
 # ---------------------------------------------------------------- the builders
 
 
-def _fused(provider, bp, producer, consumer, group):
-    """`provider(...)`'s Fused call, None where it has none for this pair; where this torch
-    lacks what it needs, a Fused whose call raises that error, so only the async-TP check
-    fails (and is reported), not the whole shape."""
-    from .providers import Fused
-
-    try:
-        return provider(bp, producer, consumer, group)
-    except Exception as e:  # noqa: BLE001
-        err = e  # `e` itself is unbound once the except block ends
-
-        def unavailable(vals):
-            raise err
-        return Fused(unavailable, f"{producer.kind} + {consumer.kind} fused (unavailable: "
-                     f"{type(err).__name__})")
-
-
 def _sync_barrier(group):
     import torch.distributed as dist
 
@@ -237,6 +220,8 @@ def build(bp, inputs: dict[str, torch.Tensor], group=None) -> dict[str, Baseline
     from ..schedule.lowering import library_comms
 
     for variant in library_comms(bp)[1:]:  # (the first is NCCL: nccl_cublas above)
+        if variant in systems:
+            continue  # async_tp: built above
         try:
             systems[variant] = _build_library_comm(bp, inputs, group, variant)
         except Exception as e:  # noqa: BLE001 — this torch or device lacks it: reported
@@ -255,43 +240,24 @@ def _op_words(bp, op) -> str:
 
 
 def _build_async_tp(bp, inputs, group) -> Baseline | None:
-    """The non-overlapped plan with every fusable op pair (`providers.FUSED`) fused; None
-    when no pair of this pattern has a fused call. A pair fuses when the consumer is the next
-    op and the producer's result is used by nothing else (nor returned)."""
-    from ..runtime.dist_reference import op_steps, run_steps
-    from .providers import FUSED
+    """The non-overlapped plan with library_comm=async_tp: every op pair torch async-TP
+    fuses (`dist_reference.library_pair`) done by its fused call; None when no pair of this
+    pattern has one. Where this torch lacks the fused ops, a baseline whose check raises
+    that error, so only async-TP is reported as failed, not the whole shape."""
+    from ..runtime.dist_reference import fusable_pairs, local_program
 
-    ops, steps, words, i = list(bp.ops), [], [], 0
-    uses = {}
-    for op in ops:
-        for a in op.args:
-            uses[a] = uses.get(a, 0) + 1
-    fused_any = False
-    while i < len(ops):
-        op, nxt = ops[i], ops[i + 1] if i + 1 < len(ops) else None
-        provider = FUSED.get((op.kind, nxt.kind)) if nxt is not None else None
-        if (provider is not None and op.result in nxt.args and uses[op.result] == 1
-                and op.result not in bp.pattern.outputs):
-            made = _fused(provider, bp, op, nxt, group)
-            if made is not None:
-                steps.append(lambda vals, f=made.run, r=nxt.result: vals.update({r: f(vals)}))
-                words.append(made.note)
-                fused_any, i = True, i + 2
-                continue
-        steps.append(lambda vals, s=op_steps(bp, [op], group): run_steps(s, vals))
-        words.append(_op_words(bp, op))
-        i += 1
-    if not fused_any:
+    if not fusable_pairs(bp, "async_tp"):
         return None
-    outputs = tuple(bp.pattern.outputs)
-
-    def async_tp():
-        vals = dict(inputs)
-        for step in steps:
-            step(vals)
-        return tuple(vals[n] for n in outputs)
-
-    return Baseline("async_tp", async_tp, _output_check(bp, async_tp), "; then ".join(words))
+    try:
+        plan = local_program(bp, group, exact=False, library_comm="async_tp")
+    except Exception as e:  # noqa: BLE001
+        return _unavailable("async_tp", e)
+    steps = plan.steps
+    if not any(ctx is None for _, _, ctx, _ in steps):
+        return None  # no pair's operands fit its fused call
+    words = [fn.fused.note if ctx is None else _op_words(bp, op) for fn, op, ctx, _ in steps]
+    return Baseline("async_tp", lambda: plan(inputs), _output_check(bp, lambda: plan(inputs)),
+                    "; then ".join(words))
 
 
 def _unavailable(key: str, err: Exception) -> Baseline:

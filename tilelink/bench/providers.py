@@ -5,10 +5,11 @@
   collective is done as direct copies (the copy-engine comm-alone baseline times exactly
   these copies), and how many elements one rank receives (the bytes the report divides by).
 - `flops(kind)`: the floating-point operations of one rank's op (TFLOP/s in the report).
-- `fused_pair(producer, consumer)`: a fused provider outside TileLink (torch async-TP's
-  symmetric-memory ops) that computes `consumer(producer(...))` in one call. The async-TP
-  baseline of a pattern runs every op pair that has one fused, and every other op as the
-  non-overlapped plan does; a pattern with no such pair has no async-TP baseline.
+
+The async-TP baseline is the non-overlapped plan with `library_comm=async_tp`: the op pairs
+that torch's fused symmetric-memory ops compute in one call (`runtime.dist_reference.
+library_pair`) fused, every other op as the non-overlapped plan does; a pattern with no such
+pair has no async-TP baseline.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 class Transfer:
     """How a collective's data moves between ranks, block by block.
 
-    XX
+    `sends(op, ctx, args) -> {peer: block}`: what this rank sends each peer, cut
     from its operand `x` (a reduction's partials are sent, not summed); `received(bp, op)`:
     the elements one rank receives from all its peers together."""
 
@@ -29,21 +30,9 @@ class Transfer:
     received: Callable
 
 
-@dataclass(frozen=True)
-class Fused:
-    """One fused call standing for an op pair: `run(vals) -> the consumer's result`, where
-    `vals` maps tensor names to this rank's values; `note` says what it calls."""
-
-    run: Callable
-    note: str
-
-
 TRANSFERS: dict[str, Transfer] = {}
 # op kind -> fn(bp, op) -> floating-point operations of one rank's op (local shapes)
 FLOPS: dict[str, Callable] = {}
-# (producer kind, consumer kind) -> fn(bp, producer, consumer, group) -> Fused | None
-# (None: this pair, with these attributes or operand positions, has no fused call)
-FUSED: dict[tuple[str, str], Callable] = {}
 
 
 def transfer(kind: str, received: Callable):
@@ -61,16 +50,6 @@ def flops(kind: str):
 
     def wrap(fn: Callable) -> Callable:
         FLOPS[kind] = fn
-        return fn
-
-    return wrap
-
-
-def fused_pair(producer: str, consumer: str):
-    """Decorator: register a fused provider for `consumer(producer(...))` (see FUSED)."""
-
-    def wrap(fn: Callable) -> Callable:
-        FUSED[(producer, consumer)] = fn
         return fn
 
     return wrap

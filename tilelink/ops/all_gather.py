@@ -8,10 +8,10 @@ from ..ir.ops import Inferred, OpDoc, check_dim, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
-from ..bench.providers import (Fused, fused_pair, peer_elements, symm_mem_op, to_every_peer,
+from ..bench.providers import (peer_elements, symm_mem_op, to_every_peer,
                                transfer)
 from ..runtime.bounds import Sums, rounding
-from ..runtime.dist_reference import dist_reference
+from ..runtime.dist_reference import Fused, dist_reference, library_pair
 from ..runtime.reference import reference
 
 
@@ -89,15 +89,22 @@ def sends(op, ctx, args):
     return to_every_peer(ctx, args[0])
 
 
-@fused_pair("all_gather", "gemm")
+def _async_tp_fuses(bp, ag, mm) -> bool:
+    """Whether torch async-TP's fused_all_gather_matmul computes `mm(ag(...))`: the gathered
+    rows (`all_gather(a, dim = 0)`, equal shards) are the gemm's first operand alone."""
+    return (mm.kind == "gemm" and bp.op_attrs(ag)["dim"] == 0
+            and list(mm.args[:1]) == [ag.result] and ag.result not in mm.args[1:]
+            and bp.tensors[ag.args[0]].shape[0] % bp.world == 0)
+
+
+@library_pair("async_tp", "all_gather", "gemm")
 def fused_all_gather_matmul(bp, ag, mm, group):
     """torch async-TP's fused_all_gather_matmul: the gathered rows as the gemm's first
-    operand (`all_gather(a, dim = 0)`, equal shards on every rank)."""
-    from ..bench.baselines import enable_symm_mem, group_name
+    operand, gathered by the copy engine in W steps while the GEMM of each landed shard
+    runs."""
+    from ..runtime.symmetric import enable_symm_mem, group_name
 
-    x = bp.tensors[ag.args[0]]
-    if (bp.op_attrs(ag)["dim"] != 0 or list(mm.args[:1]) != [ag.result]
-            or ag.result in mm.args[1:] or x.shape[0] % bp.world):
+    if not _async_tp_fuses(bp, ag, mm):
         return None
     enable_symm_mem(group)
     op, gname = symm_mem_op("fused_all_gather_matmul"), group_name(group)
@@ -108,6 +115,13 @@ def fused_all_gather_matmul(bp, ag, mm, group):
     return Fused(lambda vals: op(vals[a], [vals[b]], 0, gname, **kw)[1][0],
                  "torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group, return_A=False) "
                  "(allocates its output each call)")
+
+
+def _async_tp_applies(bp, op) -> bool:
+    """Whether the all_gather `op` is the first of a pair async-TP fuses (its next op)."""
+    ops = list(bp.ops)
+    i = ops.index(op)
+    return i + 1 < len(ops) and _async_tp_fuses(bp, op, ops[i + 1])
 
 # ---- lowerings ----------------------------------------------------------------------------
 
@@ -494,5 +508,7 @@ def _gather_bytes(bp, op) -> float:
 
 
 register_library_comm("all_gather", "nccl", _gather_bytes)
+register_library_comm("all_gather", "async_tp", _gather_bytes, applies=_async_tp_applies,
+                      pipelined=True)
 register_lowering(AllGatherSM())
 register_lowering(AllGatherCopyEngine())

@@ -8,9 +8,9 @@ from ..ir.ops import Inferred, OpDoc, check_dim, fail, register
 from ..ir.tensor import shard
 from ..plan.regions import FULL, access, chunk_axis, col_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
-from ..bench.providers import Fused, fused_pair, peer_elements, symm_mem_op, transfer
+from ..bench.providers import peer_elements, symm_mem_op, transfer
 from ..runtime.bounds import Sums, rounding
-from ..runtime.dist_reference import dist_reference
+from ..runtime.dist_reference import Fused, dist_reference, library_pair
 from ..runtime.reference import reference
 
 
@@ -107,13 +107,22 @@ def sends(op, ctx, args):
     return {p: parts[p] for p in range(ctx.world) if p != me}
 
 
-@fused_pair("gemm", "reduce_scatter")
-def fused_matmul_reduce_scatter(bp, mm, rs, group):
-    """torch async-TP's fused_matmul_reduce_scatter: the gemm's result summed over ranks and
-    scattered by rows (`reduce_scatter(c, dim = 0)`, rows divisible by W)."""
-    from ..bench.baselines import enable_symm_mem, group_name
+def _async_tp_fuses(bp, mm, rs) -> bool:
+    """Whether torch async-TP's fused_matmul_reduce_scatter computes `rs(mm(...))`: the
+    gemm's result summed over ranks and scattered by rows (`reduce_scatter(c, dim = 0)`,
+    rows divisible by W)."""
+    return (mm.kind == "gemm" and bp.op_attrs(rs)["dim"] == 0
+            and bp.tensors[mm.result].shape[0] % bp.world == 0)
 
-    if bp.op_attrs(rs)["dim"] != 0 or bp.tensors[mm.result].shape[0] % bp.world:
+
+@library_pair("async_tp", "gemm", "reduce_scatter")
+def fused_matmul_reduce_scatter(bp, mm, rs, group):
+    """torch async-TP's fused_matmul_reduce_scatter: the GEMM in W row chunks, each chunk
+    sent by the copy engine to the rank that owns it while the next is computed, then a sum
+    of the W partials."""
+    from ..runtime.symmetric import enable_symm_mem, group_name
+
+    if not _async_tp_fuses(bp, mm, rs):
         return None
     enable_symm_mem(group)
     op, gname = symm_mem_op("fused_matmul_reduce_scatter"), group_name(group)
@@ -121,6 +130,14 @@ def fused_matmul_reduce_scatter(bp, mm, rs, group):
     return Fused(lambda vals: op(vals[a], vals[b], "sum", 0, gname),
                  "torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, 'sum', 0, group) "
                  "(allocates its output each call)")
+
+
+def _async_tp_applies(bp, op) -> bool:
+    """Whether the reduce_scatter `op` is the second of a pair async-TP fuses (the op before
+    it produces its operand)."""
+    ops = list(bp.ops)
+    i = ops.index(op)
+    return i > 0 and ops[i - 1].result == op.args[0] and _async_tp_fuses(bp, ops[i - 1], op)
 
 # ---- lowerings ----------------------------------------------------------------------------
 
@@ -858,5 +875,7 @@ def _scatter_bytes(bp, op) -> float:
 
 
 register_library_comm("reduce_scatter", "nccl", _scatter_bytes)
+register_library_comm("reduce_scatter", "async_tp", _scatter_bytes, applies=_async_tp_applies,
+                      pipelined=True)
 register_lowering(ReduceScatterSM())
 register_lowering(ReduceScatterCopyEngine())

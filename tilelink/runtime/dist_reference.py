@@ -27,6 +27,19 @@ DIST_REFERENCES: dict[str, DistReference] = {}
 # (op kind, variant name) -> factory(op, ctx) -> Prepared: a library call prepared once per
 # op (its symmetric workspace allocated and exchanged then: a collective call)
 LIBRARY_VARIANTS: dict[tuple[str, str], Callable] = {}
+# (variant name, producer kind, consumer kind) -> factory(bp, producer, consumer, group) ->
+# Fused | None: one library call that computes `consumer(producer(...))` (torch async-TP's
+# fused symmetric-memory ops), None where this pair's attributes or operands have none
+LIBRARY_PAIRS: dict[tuple[str, str, str], Callable] = {}
+
+
+@dataclass
+class Fused:
+    """One fused library call standing for an op pair: `run(vals) -> the consumer's result`,
+    where `vals` maps tensor names to this rank's values; `note` says what it calls."""
+
+    run: Callable
+    note: str
 
 
 @dataclass
@@ -49,6 +62,39 @@ def library_variant(kind: str, name: str):
         return factory
 
     return wrap
+
+
+def library_pair(variant: str, producer: str, consumer: str):
+    """Decorator: register a factory of library variant `variant` for the op pair
+    `consumer(producer(...))` (see LIBRARY_PAIRS); the op family also names the variant to
+    the schedule (`schedule.lowering.register_library_comm(..., pipelined=True)`)."""
+
+    def wrap(factory: Callable) -> Callable:
+        LIBRARY_PAIRS[(variant, producer, consumer)] = factory
+        return factory
+
+    return wrap
+
+
+def fusable_pairs(bp: BoundPattern, variant: str) -> list[tuple]:
+    """The (producer, consumer) op pairs of `bp` that `variant` computes in one call: the
+    consumer is the next op and the only reader of the producer's result, which is not a
+    pattern output, and a factory is registered for the pair's kinds."""
+    ops, out = list(bp.ops), []
+    uses: dict[str, int] = {}
+    for op in ops:
+        for a in op.args:
+            uses[a] = uses.get(a, 0) + 1
+    i = 0
+    while i + 1 < len(ops):
+        p, c = ops[i], ops[i + 1]
+        if ((variant, p.kind, c.kind) in LIBRARY_PAIRS and p.result in c.args
+                and uses[p.result] == 1 and p.result not in bp.pattern.outputs):
+            out.append((p, c))
+            i += 2
+        else:
+            i += 1
+    return out
 
 
 def dist_reference(kind: str):
@@ -103,6 +149,7 @@ def local_program(bp: BoundPattern, group=None, exact: bool = False,
         vals = run_steps(steps, dict(inputs))
         return tuple(vals[n] for n in outputs)
 
+    run.steps = steps  # what it runs (the bench names each step)
     return run
 
 
@@ -113,7 +160,19 @@ def op_steps(bp: BoundPattern, ops, group=None, exact: bool = False,
     the checking reference); where such a variant reads a workspace and the op before it
     produces that operand for it alone, that op writes its result there."""
     steps = []
+    fused = {} if exact else {c.result: (p, c) for p, c in fusable_pairs(bp, library_comm)
+                              if all(o in ops for o in (p, c))}
+    absorbed = {p.result for p, _ in fused.values()}
     for op in ops:
+        if op.result in absorbed:
+            continue  # computed by the fused call that stands for it and its consumer
+        if op.result in fused:
+            p, c = fused[op.result]
+            made = LIBRARY_PAIRS[(library_comm, p.kind, c.kind)](bp, p, c, group)
+            if made is not None:
+                steps.append((_fused_step(made), c, None, tuple(c.args)))
+                continue
+            steps += op_steps(bp, [p], group, exact)  # no fused call for these operands
         fn = DIST_REFERENCES.get(op.kind)
         if fn is None:
             raise NotSupportedError(f"no GPU reference for op '{op.kind}' yet", op.loc)
@@ -123,11 +182,23 @@ def op_steps(bp: BoundPattern, ops, group=None, exact: bool = False,
         if factory is not None:
             prepared = factory(op, ctx)
             fn = prepared.run
-            if prepared.buffer is not None and steps and _feeds_only(bp, ops, steps[-1][1], op):
+            if (prepared.buffer is not None and steps and steps[-1][2] is not None
+                    and _feeds_only(bp, ops, steps[-1][1], op)):
                 pfn, pop, pctx, pargs = steps[-1]
                 steps[-1] = (pfn, pop, replace(pctx, out=prepared.buffer), pargs)
         steps.append((fn, op, ctx, tuple(op.args)))
     return steps
+
+
+def _fused_step(made: Fused) -> Callable:
+    """A step (`run_steps`' signature) that runs a fused call on every value computed so far
+    (it reads the absorbed producer's operands, not the consumer's)."""
+
+    def run(op, ctx, args, vals=None):
+        return made.run(vals)
+
+    run.fused = made
+    return run
 
 
 def _feeds_only(bp: BoundPattern, ops, producer, consumer) -> bool:
@@ -142,5 +213,8 @@ def _feeds_only(bp: BoundPattern, ops, producer, consumer) -> bool:
 def run_steps(steps: list, vals: dict) -> dict:
     """Run `op_steps` on `vals` (name -> this rank's tensor), adding each op's result."""
     for fn, op, ctx, args in steps:
-        vals[op.result] = fn(op, ctx, [vals[a] for a in args])
+        if ctx is None:  # a fused call (`_fused_step`): it reads the values by name
+            vals[op.result] = fn(op, ctx, (), vals)
+        else:
+            vals[op.result] = fn(op, ctx, [vals[a] for a in args])
     return vals

@@ -79,7 +79,7 @@ from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
 from .compose import op_sites
 from .config import Config
-from .lowering import library_moved_bytes, lowering_for
+from .lowering import library_moved_bytes, lowering_for, pipelined, takes_library
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
 #: the overlapped default must beat the non-overlapped plan's estimate by this share to be
@@ -133,6 +133,17 @@ class DeviceSpec:
     host_nccl_us: float = 60.0
     host_symm_us: float = 40.0
     host_ce_us: float = 100.0
+    # a fused pipelined library call (torch async-TP): each of its W - 1 steps' barrier and
+    # stream hand-off, the share of the whole GEMM's rate its row chunks reach, and its host
+    # time per eager call (+ per rank: a step's Python work). 2x and 4x H100 (2026-11-26/27,
+    # graph replays): AG 8192^3 0.822 / 0.424 ms, AG 2048 x 28672 x 8192 at W = 4 0.380, RS
+    # 8192 x 8192 x 28672 at W = 4 1.429, RS 2048 x 8192 x 28672 0.735 / 0.374 fit the
+    # pipelines of `_fused_library` within ~10%; eager calls took 0.54 ms (W = 2) and
+    # 0.63-0.82 (W = 4) where the GPU needed 0.13-0.42
+    fused_step_us: float = 30.0
+    fused_gemm_eff: float = 0.92
+    host_fused_us: float = 400.0
+    host_fused_rank_us: float = 80.0
 
 
 H200 = DeviceSpec(
@@ -394,7 +405,7 @@ def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> floa
     bandwidth, the bandwidth shared by the peers a symmetric-memory kernel reaches at once."""
     calls = dev.library
     name = library_comm if library_comm in calls and library_comm != "nccl" and \
-        _has_variant(op, library_comm) else "nccl"
+        takes_library(bp, op, library_comm) else "nccl"
     lat_us, gbs = calls.get(name, (40.0, 150.0))
     if name != "nccl":
         gbs *= share(dev, "sm", bp.world - 1)
@@ -402,10 +413,11 @@ def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> floa
     return lat_us * 1e-3 + nbytes / (gbs * 1e9) * 1e3
 
 
-def _has_variant(op, name: str) -> bool:
-    from .lowering import LIBRARY_COMMS
-
-    return name in LIBRARY_COMMS.get(op.kind, {})
+def _fused_ops(bp: BoundPattern, cfg: Config) -> list:
+    """The collectives the non-overlapped plan `cfg` runs as a fused pipelined library call
+    with their neighbouring compute op (`lowering.LibraryTraits.pipelined`)."""
+    return [op for op in bp.ops if spec(op.kind).category == "comm"
+            and takes_library(bp, op, cfg.library_comm) and pipelined(op, cfg.library_comm)]
 
 
 def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
@@ -414,10 +426,14 @@ def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
     vendor-library steps and copy-engine program."""
     if is_fallback(cfg):
         us = 0.0
+        fused = _fused_ops(bp, cfg)
         for op in bp.ops:
-            if spec(op.kind).category != "comm":
+            if op in fused:
+                # (less the compute op it fuses with, counted below)
+                us += dev.host_fused_us + dev.host_fused_rank_us * bp.world - dev.host_call_us
+            elif spec(op.kind).category != "comm":
                 us += dev.host_call_us
-            elif cfg.library_comm != "nccl" and _has_variant(op, cfg.library_comm):
+            elif cfg.library_comm != "nccl" and takes_library(bp, op, cfg.library_comm):
                 us += dev.host_symm_us
             else:
                 us += dev.host_nccl_us
@@ -463,6 +479,8 @@ def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     nbytes = moved_bytes(bp, cfg)
     lat = dev.signal_us * 1e-3  # ms
     if is_fallback(cfg):
+        if _fused_ops(bp, cfg):
+            return _fused_library(dev, bp, m, n, k, w, elem, nbytes)
         comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in bp.ops
                    if spec(op.kind).category == "comm")
         gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
@@ -493,6 +511,27 @@ def _comm_before_compute(bp: BoundPattern) -> bool:
     producers = {op.result for op in bp.ops}
     comm = next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
     return comm is not None and comm.args[0] not in producers
+
+
+def _fused_library(dev, bp, m, n, k, w, elem, nbytes) -> Estimate:
+    """A fused pipelined library call (torch async-TP) doing the GEMM in W row chunks of
+    vendor GEMMs on two streams. Gathering: the own shard's GEMM first while the copy engine
+    pulls the peers' shards one after another; the s-th peer's chunk starts once its shard
+    landed. Scattering: the chunks for the peers first, each pulled by its owner while the
+    next is computed, the own chunk last (hiding the last pull), then one kernel sums the W
+    partials (HBM)."""
+    step = dev.fused_step_us * 1e-3
+    gemm = gemm_ms(dev, m, n, k, Config(), dev.num_sms, elem, tiled=False) / dev.fused_gemm_eff
+    part = gemm / w
+    copy = _transfer_ms(dev.ce_gbs, max(nbytes / max(w - 1, 1), 1.0))
+    if _comm_before_compute(bp):
+        t = part
+        for s in range(1, w):
+            t = max(t, s * copy) + step + part
+        return Estimate(t, gemm, copy * (w - 1), t - gemm)
+    reduce = (w + 1) * (m / w) * n * elem / (dev.hbm_gbs * 1e9) * 1e3
+    t = gemm + max(0.0, copy - part) + reduce + (w - 1) * step
+    return Estimate(t, gemm, copy * (w - 1), t - gemm)
 
 
 #: GPU time of one of gemm=library's one-program sync kernels (launch gap included), ms
@@ -602,8 +641,11 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
     reduce = reduce_bytes / (red_bw * 1e9) * 1e3 + math.ceil(chunks / reducers) * lat
     last_reduce = (w + 1) * chunk_rows * chunk_cols * elem / (dev.local_cta_gbs * 1e9) * 1e3
     tail = last_push + lat + last_reduce
-    # the last chunk is pushed and summed after the GEMM
-    total = max(gemm, push, reduce) + tail + chunk_cost
+    # the last chunk is pushed and summed after the GEMM; remote stores in the GEMM's
+    # epilogue stall it as they do with the sum after it (4x H100, GEMM-RS 8192^3 on SMs
+    # replayed: 0.949 ms against cuBLAS alone 0.379)
+    held = gemm + stall * push if cfg.comm == "sm" else gemm
+    total = max(held, push, reduce) + tail + chunk_cost
     return Estimate(total, gemm, push, total - gemm)
 
 

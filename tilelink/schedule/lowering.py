@@ -38,21 +38,54 @@ LOWERINGS: dict[str, list[Lowering]] = {}
 # `library_comm` knob it also takes (the runtime's `dist_reference.library_variant`
 # implements each)
 LIBRARY_COMMS: dict[str, dict[str, Callable]] = {}
+# (op kind, variant) -> its traits beyond the bytes (`LibraryTraits`)
+LIBRARY_TRAITS: dict[tuple[str, str], LibraryTraits] = {}
 
 
-def register_library_comm(kind: str, name: str, moved: Callable) -> None:
+@dataclass(frozen=True)
+class LibraryTraits:
+    """What the schedule knows of a library variant besides its bytes. `applies(bp, op)`:
+    whether it can take this op of this pattern (None: every op of its kind); `pipelined`:
+    one fused call does the collective and the compute op it feeds or is fed by, in W steps
+    that overlap the copies with the compute (torch async-TP's fused symmetric-memory ops),
+    so the cost model times the pair as that pipeline."""
+
+    applies: Callable | None = None
+    pipelined: bool = False
+
+
+def register_library_comm(kind: str, name: str, moved: Callable,
+                          applies: Callable | None = None, pipelined: bool = False) -> None:
     """Register library call `name` ("nccl", or a `library_comm` variant) of collective
     `kind` in the non-overlapped plan, with `moved(bp, op)`: the bytes one rank sends per call
-    with it (what the cost model charges). An op family module calls this at import."""
+    with it (what the cost model charges), and its `LibraryTraits`. An op family module calls
+    this at import."""
     LIBRARY_COMMS.setdefault(kind, {})[name] = moved
+    LIBRARY_TRAITS[(kind, name)] = LibraryTraits(applies, pipelined)
+
+
+def takes_library(bp, op, name: str) -> bool:
+    """Whether collective `op` of `bp` runs as library variant `name` in the non-overlapped
+    plan with library_comm=`name` (else its NCCL call)."""
+    if name not in LIBRARY_COMMS.get(op.kind, {}):
+        return False
+    applies = LIBRARY_TRAITS[(op.kind, name)].applies
+    return applies is None or bool(applies(bp, op))
+
+
+def pipelined(op, name: str) -> bool:
+    """Whether variant `name` of `op`'s kind is a fused pipelined call (`LibraryTraits`)."""
+    traits = LIBRARY_TRAITS.get((op.kind, name))
+    return traits is not None and traits.pipelined
 
 
 def library_comms(bp) -> tuple[str, ...]:
     """The `library_comm` values `bp`'s non-overlapped plan can take: "nccl" (every
-    collective's NCCL call) and the variants some collective of `bp` registered."""
+    collective's NCCL call) and the variants some collective of `bp` can take."""
     out = ["nccl"]
     for op in bp.ops:
-        out += [v for v in LIBRARY_COMMS.get(op.kind, {}) if v not in out]
+        out += [v for v in LIBRARY_COMMS.get(op.kind, {})
+                if v not in out and takes_library(bp, op, v)]
     return tuple(out)
 
 
@@ -72,7 +105,8 @@ def library_moved_bytes(bp, op, library_comm: str) -> float:
     `library_comm` (its NCCL call where it has no such variant); 0 for a compute op or a
     collective that registered nothing."""
     calls = LIBRARY_COMMS.get(op.kind, {})
-    fn = calls.get(library_comm) or calls.get("nccl")
+    fn = calls.get(library_comm) if takes_library(bp, op, library_comm) else None
+    fn = fn or calls.get("nccl")
     return float(fn(bp, op)) if fn is not None else 0.0
 
 
