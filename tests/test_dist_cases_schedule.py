@@ -74,7 +74,7 @@ def test_dist_case_schedules_and_renders_in_the_one_gpu_world(case, world):
     assert target.num_sms == sm_budget(ONE_GPU_SMS, world) < ONE_GPU_SMS // world
     s = _schedules_and_renders(spec, bp, target)
     captured = _captured_config(bp, target, s.config, None, None, bool(spec.config), spec.fault)
-    if captured is not None:
+    if captured is not None and captured.comm != "none":  # (a library plan renders nothing)
         render_triton(make_schedule(bp, target, base=captured))
 
 

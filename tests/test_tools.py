@@ -79,3 +79,20 @@ def test_gpu_session_directory_is_ignored_by_git():
     if out.returncode == 128:
         pytest.skip("not a git checkout")
     assert out.returncode == 0
+
+
+def test_every_name_a_tool_imports_from_tilelink_exists():
+    # the GPU tools run only on lent hosts: a name they import that was renamed or removed
+    # here would fail there first (tools/sweep.py imported a removed `compare`)
+    import ast
+    import importlib
+
+    missing = []
+    for path in sorted(TOOLS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tilelink"):
+                mod = importlib.import_module(node.module)
+                missing += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                            if not hasattr(mod, a.name)
+                            and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+    assert not missing, missing
