@@ -134,13 +134,14 @@ class DeviceSpec:
     host_symm_us: float = 40.0
     host_ce_us: float = 100.0
     # a fused pipelined library call (torch async-TP): each of its W - 1 steps' barrier and
-    # stream hand-off, the share of the whole GEMM's rate its row chunks reach, and its host
-    # time per eager call (+ per rank: a step's Python work). 2x and 4x H100 (2026-11-26/27,
-    # graph replays): AG 8192^3 0.822 / 0.424 ms, AG 2048 x 28672 x 8192 at W = 4 0.380, RS
-    # 8192 x 8192 x 28672 at W = 4 1.429, RS 2048 x 8192 x 28672 0.735 / 0.374 fit the
-    # pipelines of `_fused_library` within ~10%; eager calls took 0.54 ms (W = 2) and
-    # 0.63-0.82 (W = 4) where the GPU needed 0.13-0.42
-    fused_step_us: float = 30.0
+    # stream hand-off (also before each pulled shard), the share of the whole GEMM's rate its
+    # row chunks reach, and its host time per eager call (+ per rank: a step's Python work).
+    # Fitted to the never-slower matrix on 2x and 4x H100 (2026-11-27, graph replays: AG
+    # 8192^3 0.803 / 0.426 ms, AG 2048 x 28672 x 8192 at W = 4 0.377, RS 8192 x 8192 x
+    # 28672 at W = 4 1.438, RS 2048 x 8192 x 28672 0.748 / 0.369): within ~10% at W = 2, and
+    # +-20% at W = 4; eager calls took 0.23-0.54 ms (W = 2) and 0.47-0.82 (W = 4) where the
+    # GPU needed 0.13-0.42, varying from run to run
+    fused_step_us: float = 15.0
     fused_gemm_eff: float = 0.92
     host_fused_us: float = 400.0
     host_fused_rank_us: float = 80.0
@@ -523,7 +524,8 @@ def _fused_library(dev, bp, m, n, k, w, elem, nbytes) -> Estimate:
     step = dev.fused_step_us * 1e-3
     gemm = gemm_ms(dev, m, n, k, Config(), dev.num_sms, elem, tiled=False) / dev.fused_gemm_eff
     part = gemm / w
-    copy = _transfer_ms(dev.ce_gbs, max(nbytes / max(w - 1, 1), 1.0))
+    # one peer's shard, pulled by the copy engine after the step's barrier
+    copy = _transfer_ms(dev.ce_gbs, max(nbytes / max(w - 1, 1), 1.0)) + step
     if _comm_before_compute(bp):
         t = part
         for s in range(1, w):
