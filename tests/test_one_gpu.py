@@ -292,10 +292,10 @@ def test_a_world_call_forks_onto_every_rank_stream_in_rank_order(monkeypatch):
         op([{}, {}])
 
 
-def _fallback_world(monkeypatch, pattern, values, world_size):
+def _fallback_world(monkeypatch, pattern, values, world_size, library_comm="nccl"):
     FakeCuda(monkeypatch)
     bp = pattern.bind(values, world_size)
-    s = make_schedule(bp, get_target("cuda:90"), {"comm": "none"})
+    s = make_schedule(bp, get_target("cuda:90"), {"comm": "none", "library_comm": library_comm})
     ops = []
     for r in range(world_size):
         op = OneGpuFallbackOp(bp, s, r)
@@ -766,3 +766,19 @@ def test_device_heaps_on_a_gpu():
         heaps.heaps[r].tensors["sig"].fill_(r + 1)
     heaps.heaps[0].barrier()
     assert [int(heaps.peers[r]["sig"][0]) for r in range(3)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("pattern", [AG, RS])
+def test_a_library_plan_runs_as_the_worlds_own_plan(monkeypatch, pattern):
+    # async-TP's fused calls need a process group and torch symmetric memory, which one
+    # process driving every rank has not: the world runs its own plan, with the same values
+    bp, op = _fallback_world(monkeypatch, pattern, {"M": "96", "N": "48", "K": "32"}, 2,
+                             library_comm="async_tp")
+    assert op.fallback and bp.ops  # built: no symmetric workspace was asked for
+    per_rank = make_inputs(bp, seed=4)
+    outs = op([{n: v[r] for n, v in per_rank.items()} for r in range(2)])
+    want = evaluate(bp, per_rank)
+    name = op.output_names[0]
+    for r in range(2):
+        v = judge(outs[r], want[name][r], output_bound(bp, name, plan=True))
+        assert v.ok, v.words(name)

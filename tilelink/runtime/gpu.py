@@ -602,10 +602,15 @@ class FallbackOp(TileLinkOp):
         # call: the allocator orders their reuse with the streams that used them, so a call
         # needs no event of its own; a kept buffer cost an event record and a stream query
         # per call, ~15 us of host time, and at AG M = 1024 on 4 GPUs the call is host-bound)
+        self._program = self._prepare(group)
+
+    def _prepare(self, group):
+        """The plan's program for this rank (a collective call where a library variant
+        exchanges its workspace)."""
         from .dist_reference import local_program
 
-        self._program = local_program(bound, group, exact=False,
-                                      library_comm=schedule.config.library_comm)
+        return local_program(self.bound, group, exact=False,
+                             library_comm=self.schedule.config.library_comm)
 
     def __call__(self, *args, **kwargs):
         import torch

@@ -229,6 +229,10 @@ class OneGpuFallbackOp(FallbackOp):
     def __init__(self, bound, schedule, rank: int):
         super().__init__(bound, schedule, None, rank=rank)
 
+    def _prepare(self, group):
+        return None  # the world runs the plan for every rank at once (one process: no
+        # process group, so none of the library variants' symmetric workspaces either)
+
     def __call__(self, *args, **kwargs):
         import torch
 

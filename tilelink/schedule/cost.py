@@ -527,7 +527,7 @@ def _fused_library(dev, bp, m, n, k, w, elem, nbytes) -> Estimate:
     # one peer's shard, pulled by the copy engine after the step's barrier
     copy = _transfer_ms(dev.ce_gbs, max(nbytes / max(w - 1, 1), 1.0)) + step
     if _comm_before_compute(bp):
-        t = part
+        t = step + part  # (a barrier first: every peer's shard is in its buffer)
         for s in range(1, w):
             t = max(t, s * copy) + step + part
         return Estimate(t, gemm, copy * (w - 1), t - gemm)
