@@ -12,7 +12,7 @@ from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placem
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
-from ..runtime.bounds import Sums, rounding
+from ..runtime.bounds import UNIT_ROUNDOFF, Sums, rounding
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import reference
 
@@ -94,9 +94,40 @@ SOFTMAX_WEIGHT = 16 * 2.0**-24
 @rounding("attention_partial")
 def attended(bp, op, plan) -> Sums:
     """An output element sums its keys' softmax-weighted values (and each score D
-    products), in fp32, rounded once: the longest of those sums."""
+    products), in fp32, rounded once: the longest of those sums. The non-overlapped plan's
+    fused SDPA kernels (`plan`) round each softmax weight to the inputs' dtype for the P V
+    product and return the output in it: two more roundings of that dtype per term."""
     k = bp.tensors[op.args[1]].local_shape  # [keys, H, D], or [B, keys, H, D]
-    return Sums(terms=max(k[-3], k[-1]), term_error=SOFTMAX_WEIGHT)
+    err = SOFTMAX_WEIGHT
+    if plan:
+        u = UNIT_ROUNDOFF.get(bp.tensors[op.args[0]].dtype, 0.0)
+        err = math.hypot(SOFTMAX_WEIGHT, u, u)
+    return Sums(terms=max(k[-3], k[-1]), term_error=err)
+
+
+def _vendor(q, exact: bool) -> bool:
+    """Whether the non-overlapped plan computes attention with torch's fused SDPA kernels
+    (flash, cuDNN or memory-efficient: what a user runs) rather than the fp32 reference:
+    on a GPU, in half precision, and not for the checking reference (`exact`)."""
+    return not exact and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
+def _sdpa(q, k, v, causal: int, q_offset: int):
+    """Fused SDPA over [S, H, D] tensors; with `causal`, query i at global position q_offset
+    + i sees keys 0 .. q_offset + i: the keys past the last query's position are dropped and
+    the mask aligned to the lower right (what flash and cuDNN take)."""
+    import torch.nn.functional as F
+
+    mask = None
+    if causal:
+        from torch.nn.attention.bias import causal_lower_right
+
+        k, v = k[:q_offset + q.shape[0]], v[:q_offset + q.shape[0]]
+        mask = causal_lower_right(q.shape[0], k.shape[0])
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0),
+                                         k.transpose(0, 1).unsqueeze(0),
+                                         v.transpose(0, 1).unsqueeze(0), attn_mask=mask)
+    return out[0].transpose(0, 1).contiguous()
 
 
 @dist_reference("attention")
@@ -105,6 +136,8 @@ def attention_dist_ref(op, ctx, args):
 
     q, k, v = args
     offset = dist.get_rank(ctx.group) * q.shape[0] if ctx.attrs["causal"] else 0
+    if _vendor(q, ctx.exact):
+        return _sdpa(q, k, v, ctx.attrs["causal"], offset).to(ctx.dtype)
     return _attend(q, k, v, ctx.attrs["causal"], offset, ctx.dtype)
 
 
@@ -167,8 +200,31 @@ def partial_ref(op, ctx, args):
     return [_partial(q, k, v).to(ctx.dtype) for q, k, v in zip(*args)]
 
 
+def _partial_sdpa(q, k, v) -> torch.Tensor | None:
+    """`_partial` by one of torch's fused SDPA kernels that return the log-sum-exp (flash,
+    else memory-efficient), over [B, H, 1, D] queries and [B, H, S, D] views of the cache;
+    None where this torch or GPU has neither for these operands."""
+    q4, k4, v4 = q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2)
+    calls = (lambda: torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4)[:2],
+             lambda: torch.ops.aten._scaled_dot_product_efficient_attention(
+                 q4, k4, v4, None, True)[:2])
+    for call in calls:
+        try:
+            out, lse = call()
+        except (RuntimeError, NotImplementedError):
+            continue
+        # (memory-efficient attention pads the log-sum-exp's query dim)
+        return torch.cat([out[:, :, 0].float(), lse[:, :, :1].float()], dim=-1)
+    return None
+
+
 @dist_reference("attention_partial")
 def partial_dist_ref(op, ctx, args):
+    q, k, v = args
+    if _vendor(q, ctx.exact):
+        fast = _partial_sdpa(q, k, v)
+        if fast is not None:
+            return fast.to(ctx.dtype)
     return _partial(*args).to(ctx.dtype)
 
 
