@@ -9,8 +9,9 @@ events (max over ranks, median of `--rounds`):
 - `symm_one_shot` / `symm_two_shot`: torch symmetric memory's one-shot / two-shot all-reduce
   on a buffer already in symmetric memory (what the non-overlapped plan runs when the GEMM
   writes its partial there);
-- `ce_peers_<k>`: this rank's copy engine copying the tensor to k peers at once (one side
-  stream per peer; every rank sends): the per-GPU egress when k peers share it;
+- `ce_peers_<k>`: this rank's copy engine copying the tensor to k peers at once, the next k
+  ranks (one side stream per peer; every rank sends, so every rank also receives from k):
+  the per-GPU egress when k peers share it;
 - `nccl_ag` / `nccl_rs`: NCCL all-gather of the tensor from every rank / reduce-scatter of it;
 - `host_us`: host time per call of a fast-launched tiny kernel and of a tiny NCCL all-reduce
   (what an eager call costs the host before the GPU).
@@ -72,7 +73,9 @@ def _rank(rank: int, world: int, rounds: int) -> dict:
         if world > 1:
             slots = symm.empty((world, n), dtype=torch.bfloat16, device=dev)
             h = symm.rendezvous(slots, name)
-            peers = [p for p in range(world) if p != rank]
+            # the next k ranks: with k peers each GPU also receives from exactly k (rank r's
+            # first peer was rank 0 for every r > 0, which then received from W - 1 at once)
+            peers = [(rank + i) % world for i in range(1, world)]
             remote = {p: h.get_buffer(p, (world, n), torch.bfloat16)[rank] for p in peers}
             streams = [torch.cuda.Stream() for _ in peers]
             for k in range(1, world):

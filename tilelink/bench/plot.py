@@ -106,13 +106,19 @@ def plot(results: list[BenchResult], path: str, title: str = "") -> None:
     for r in results:
         if r.label not in kinds:
             kinds.append(r.label)
-    ratios = [max(1, sum(r.label == k for r in results)) for k in kinds] or [1]
+    # (a one-shape panel gets room for its title and labels)
+    ratios = [max(1.6, sum(r.label == k for r in results)) for k in kinds] or [1]
     fig, axes = plt.subplots(1, max(1, len(kinds)), squeeze=False,
                              figsize=(max(6.0, 1.4 * len(results) + 2.5), 4.6),
                              gridspec_kw={"width_ratios": ratios})
     for ax, kind in zip(axes[0], kinds):
         _panel(ax, [r for r in results if r.label == kind], kind)
-    axes[0][0].legend(fontsize=8, loc="upper left")
+    # one legend for every panel: the systems some shape has (a panel lacks some)
+    from matplotlib.patches import Patch
+
+    shown = [k for k in PLOTTED if any(r.vs_floor(k) is not None for r in results)]
+    axes[0][0].legend(handles=[Patch(color=COLORS[k], label=NAMES[k]) for k in shown],
+                      fontsize=8, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -121,6 +127,13 @@ def plot(results: list[BenchResult], path: str, title: str = "") -> None:
                      WRITE_HINT)
     finally:
         plt.close(fig)
+
+
+def shape_label(sizes: dict) -> str:
+    """A shape under its bars: M×N×K where the pattern has those sizes, else each size."""
+    if all(k in sizes for k in "MNK"):
+        return f"{sizes['M']}×{sizes['N']}\n×{sizes['K']}"
+    return "\n".join(f"{k}={v}" for k, v in sizes.items() if k != "dtype")
 
 
 def _panel(ax, rs: list[BenchResult], kind: str) -> None:
@@ -149,8 +162,8 @@ def _panel(ax, rs: list[BenchResult], kind: str) -> None:
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     mixed = len({r.world for r in rs}) > 1  # merged runs at several world sizes
     ax.set_xticks(range(len(rs)))
-    ax.set_xticklabels([f"{r.sizes.get('M')}×{r.sizes.get('N')}\n×{r.sizes.get('K')}"
-                        + (f"\nW={r.world}" if mixed else "") for r in rs], fontsize=8)
+    ax.set_xticklabels([shape_label(r.sizes) + (f"\nW={r.world}" if mixed else "")
+                        for r in rs], fontsize=8)
     ax.set_title(kind if mixed else f"{kind} (W={rs[0].world})", fontsize=10)
     ax.set_ylabel("time / floor (lower is better)")
     top = max([1.2] + [min(CLIP, r.vs_floor(s) or 0) for r in rs for s in PLOTTED])

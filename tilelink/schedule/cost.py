@@ -79,7 +79,8 @@ from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
 from .compose import op_sites
 from .config import Config
-from .lowering import library_moved_bytes, lowering_for, pipelined, takes_library
+from .lowering import (VENDOR_WORK, Work, library_moved_bytes, lowering_for, pipelined,
+                       takes_library)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
 #: the overlapped default must beat the non-overlapped plan's estimate by this share to be
@@ -348,17 +349,27 @@ def _chunk_geometry(bp: BoundPattern, op) -> tuple[int, int]:
     return shape[d], cols
 
 
-def modelled(bp: BoundPattern) -> str | None:
-    """Why the model cannot estimate `bp` well enough to decide its default (None: it can).
-    It times one GEMM and the collective that feeds it or that it feeds; a pattern with
-    other compute (attention, a tile function, a second GEMM) keeps the overlapped
-    default."""
+def _gemm_pair(bp: BoundPattern) -> bool:
+    """Whether `bp` is one GEMM and the collective that feeds it or that it feeds (what the
+    model times in detail: chunks, waves, pushes)."""
     comm = [op for op in bp.ops if spec(op.kind).category == "comm"]
     compute = [op for op in bp.ops if spec(op.kind).category != "comm"]
-    if len(comm) != 1 or len(compute) != 1 or first_gemm(bp) is None:
-        return (f"the cost model times one GEMM and one collective; {bp.name} has "
-                f"{', '.join(op.kind for op in bp.ops)}")
-    return None
+    return len(comm) == 1 and len(compute) == 1 and first_gemm(bp) is not None
+
+
+def modelled(bp: BoundPattern) -> str | None:
+    """Why the model cannot estimate `bp` well enough to decide its default (None: it can).
+    It times one GEMM and the collective that feeds it or that it feeds, and patterns whose
+    compute ops all declare their work (`lowering.register_vendor_work`: attention, decode
+    combines) by their bytes and FLOPs; a pattern with other compute (a tile function, a
+    second GEMM) keeps the overlapped default."""
+    if _gemm_pair(bp):
+        return None
+    compute = [op for op in bp.ops if spec(op.kind).category != "comm"]
+    if compute and all(op.kind in VENDOR_WORK for op in compute):
+        return None
+    return (f"the cost model times one GEMM and one collective, or ops that declare their "
+            f"work; {bp.name} has {', '.join(op.kind for op in bp.ops)}")
 
 
 def is_fallback(cfg: Config) -> bool:
@@ -474,6 +485,8 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, graph: bool = False
 
 
 def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
+    if not _gemm_pair(bp) and modelled(bp) is None:
+        return _work_estimate(bp, cfg, dev)
     ext = extents(bp)
     elem = DTYPE_BYTES.get(_dtype(bp), 2)
     m, n, k, w = ext["m"], ext["n"], ext["k"], bp.world
@@ -503,6 +516,49 @@ def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     stall = max((lw.push_stall(site) for site, lw in lws), default=0.0)
     return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
                           exposed, stall)
+
+
+def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
+             program_gbs: float | None = None) -> float:
+    """One compute op's kernel from its `Work`: its FLOPs at the tensor-core rate of the
+    programs it has, its bytes at HBM bandwidth or what its programs stream, whichever is
+    less, plus a launch. `programs` None: a vendor kernel that fills the GPU."""
+    share = 1.0 if programs is None else min(1.0, programs / dev.num_sms)
+    flops_ms = work.flops / (dev.peak_tflops * 1e12 * dev.gemm_eff * share) * 1e3
+    bw = dev.hbm_gbs
+    if programs is not None:
+        bw = min(bw, min(programs, dev.num_sms) * (program_gbs or dev.local_cta_gbs))
+    return max(flops_ms, work.hbm_bytes / (bw * 1e9) * 1e3) + dev.launch_us * 1e-3
+
+
+def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
+    """A pattern whose compute ops declare their work (no GEMM pair): the non-overlapped plan
+    runs each op's vendor call and each collective's library call one after another; the
+    overlapped kernel runs each compute op's tiles on the programs its lowering says can
+    work at once, its collectives' bytes moved meanwhile (what is left of them after the
+    compute, exposed) with one signal round trip per collective."""
+    comm_ops = [op for op in bp.ops if spec(op.kind).category == "comm"]
+    if is_fallback(cfg):
+        comp = sum(_work_ms(dev, VENDOR_WORK[op.kind](bp, op)) for op in bp.ops
+                   if spec(op.kind).category != "comm")
+        comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in comm_ops)
+        return Estimate(comp + comm, comp, comm, comm)
+    comp = 0.0
+    for site, lw in op_lowerings(bp, cfg):
+        if spec(site.op.kind).category == "comm":
+            continue
+        work = lw.work(site) if lw is not None else None
+        comp += (_work_ms(dev, work, work.programs, work.program_gbs) if work is not None
+                 else _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op)))
+    nbytes = moved_bytes(bp, cfg)
+    if cfg.comm == "copy_engine":
+        bw = _interp(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", bp.world - 1)
+    else:
+        bw = sm_copy_gbs(dev, max(1, cfg.comm_programs), max(nbytes, 1.0)) * \
+            share(dev, "sm", bp.world - 1)
+    comm = nbytes / (bw * 1e9) * 1e3 + len(comm_ops) * dev.signal_us * 1e-3
+    total = max(comp, comm) + len(comm_ops) * dev.signal_us * 1e-3
+    return Estimate(total, comp, comm, total - comp)
 
 
 def _comm_before_compute(bp: BoundPattern) -> bool:

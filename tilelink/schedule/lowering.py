@@ -110,6 +110,30 @@ def library_moved_bytes(bp, op, library_comm: str) -> float:
     return float(fn(bp, op)) if fn is not None else 0.0
 
 
+@dataclass(frozen=True)
+class Work:
+    """One rank's work for a compute op per call, what the cost model times beyond GEMMs:
+    floating-point operations, bytes read and written in HBM, and for a TileLink kernel how
+    many programs can work at once (its independent tiles) and how fast one program streams
+    its bytes (GB/s, measured; None: as fast as HBM lets the programs)."""
+
+    flops: float
+    hbm_bytes: float
+    programs: int | None = None
+    program_gbs: float | None = None
+
+
+# op kind -> fn(bp, op) -> Work: what the vendor library's call for a compute op does in the
+# non-overlapped plan (torch's fused SDPA for attention, a torch op for a combine)
+VENDOR_WORK: dict[str, Callable] = {}
+
+
+def register_vendor_work(kind: str, fn: Callable) -> None:
+    """Register `fn(bp, op) -> Work` for compute op `kind` in the non-overlapped plan (an op
+    family module calls this at import)."""
+    VENDOR_WORK[kind] = fn
+
+
 def register_lowering(lowering: Lowering) -> Lowering:
     """Add `lowering` to the registry (an op family module calls this at import)."""
     LOWERINGS.setdefault(lowering.kind, []).append(lowering)
@@ -260,6 +284,11 @@ class Lowering:
         """Alternatives the tuner crosses for this lowering on `site.target`, each a dict of
         knob values (e.g. a reduction in the kernel, or after it); [{}]: nothing of its own."""
         return [{}]
+
+    def work(self, site: OpSite) -> Work | None:
+        """What this compute lowering's kernel does per rank per call (`Work`), for the cost
+        model; None: it has no such declaration (the model times GEMMs its own way)."""
+        return None
 
     def captured_overrides(self, site: OpSite) -> dict | None:
         """Config overrides for calls captured in a CUDA graph, where the default is the
