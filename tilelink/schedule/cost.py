@@ -314,11 +314,12 @@ def first_gemm(bp: BoundPattern):
     return next((op for op in bp.ops if op.kind == "gemm"), None)
 
 
-def extents(bp: BoundPattern) -> dict[str, int]:
-    """The sizes the knobs tile, per rank: the first GEMM's m/n/k (or the first compute op's
-    rows and columns), and the first collective's chunk rows and columns (its per-rank slice
-    along the moved dim, and what one such row holds)."""
-    gemm = first_gemm(bp)
+def extents(bp: BoundPattern, gemm=None, comm=None) -> dict[str, int]:
+    """The sizes the knobs tile, per rank: the GEMM's m/n/k (`gemm`, by default the first;
+    without one the first compute op's rows and columns), and the collective's chunk rows and
+    columns (`comm`, by default the first: its per-rank slice along the moved dim, and what
+    one such row holds)."""
+    gemm = gemm or first_gemm(bp)
     if gemm is not None:
         a, b = (bp.tensors[x].local_shape for x in gemm.args)
         m, k, n = a[0], a[1], b[1]
@@ -330,7 +331,7 @@ def extents(bp: BoundPattern) -> dict[str, int]:
         shape = bp.tensors[comp.result].local_shape
         m, n, k = shape[0], (shape[1] if len(shape) > 1 else 1), 1
     rows, cols = m, n
-    comm = next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
+    comm = comm or next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
     if comm is not None:
         rows, cols = _chunk_geometry(bp, comm)
     return {"m": m, "n": n, "k": k, "rows": rows, "cols": cols}
@@ -349,21 +350,39 @@ def _chunk_geometry(bp: BoundPattern, op) -> tuple[int, int]:
     return shape[d], cols
 
 
-def _gemm_pair(bp: BoundPattern) -> bool:
-    """Whether `bp` is one GEMM and the collective that feeds it or that it feeds (what the
-    model times in detail: chunks, waves, pushes)."""
-    comm = [op for op in bp.ops if spec(op.kind).category == "comm"]
+def segments(bp: BoundPattern) -> list[tuple]:
+    """The (GEMM, collective) pairs the model times in detail (chunks, waves, pushes), one
+    per collective: the GEMM producing its operand, or else the one GEMM reading
+    its result alone; [] unless every op of `bp` is in exactly one pair (a chain of such
+    pairs: AG-GEMM, GEMM-RS, a TP MLP's gather + up projection and down projection +
+    scatter)."""
     compute = [op for op in bp.ops if spec(op.kind).category != "comm"]
-    return len(comm) == 1 and len(compute) == 1 and first_gemm(bp) is not None
+    comm = [op for op in bp.ops if spec(op.kind).category == "comm"]
+    gemms = {op.result: op for op in bp.ops if op.kind == "gemm"}
+    if not comm or len(gemms) != len(compute) or len(comm) != len(compute):
+        return []
+    pairs, used = [], set()
+    for c in comm:
+        g = gemms.get(c.args[0])
+        if g is None:
+            readers = [op for op in bp.ops if c.result in op.args]
+            g = readers[0] if len(readers) == 1 and c.result in readers[0].args \
+                and readers[0].result in gemms else None
+        if g is None or g.result in used:
+            return []
+        used.add(g.result)
+        pairs.append((g, c))
+    return pairs
 
 
 def modelled(bp: BoundPattern) -> str | None:
     """Why the model cannot estimate `bp` well enough to decide its default (None: it can).
-    It times one GEMM and the collective that feeds it or that it feeds, and patterns whose
+    It times chains of GEMMs each with the collective that feeds it or that it feeds
+    (`segments`), and patterns whose
     compute ops all declare their work (`lowering.register_vendor_work`: attention, decode
     combines) by their bytes and FLOPs; a pattern with other compute (a tile function, a
     second GEMM) keeps the overlapped default."""
-    if _gemm_pair(bp):
+    if segments(bp):
         return None
     compute = [op for op in bp.ops if spec(op.kind).category != "comm"]
     if compute and all(op.kind in VENDOR_WORK for op in compute):
@@ -485,22 +504,38 @@ def estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, graph: bool = False
 
 
 def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
-    if not _gemm_pair(bp) and modelled(bp) is None:
-        return _work_estimate(bp, cfg, dev)
-    ext = extents(bp)
+    segs = segments(bp)
+    if not segs:
+        if modelled(bp) is None:
+            return _work_estimate(bp, cfg, dev)
+        segs = [(first_gemm(bp), next((op for op in bp.ops
+                                       if spec(op.kind).category == "comm"), None))]
+    # a chain's pairs one after another (each pair's own overlap; none across pairs)
+    parts = [_pair_estimate(bp, cfg, dev, g, c) for g, c in segs]
+    return Estimate(*(sum(getattr(e, f) for e in parts) for f in ("total", "gemm", "comm",
+                                                                  "exposed")))
+
+
+def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Estimate:
+    """One GEMM `g` with its collective `c` (None: the GEMM alone)."""
+    ext = extents(bp, g, c)
     elem = DTYPE_BYTES.get(_dtype(bp), 2)
     m, n, k, w = ext["m"], ext["n"], ext["k"], bp.world
-    nbytes = moved_bytes(bp, cfg)
+    comm_first = c is not None and (c.result in g.args if g is not None
+                                    else _comm_before_compute(bp))
     lat = dev.signal_us * 1e-3  # ms
     if is_fallback(cfg):
-        if _fused_ops(bp, cfg):
-            return _fused_library(dev, bp, m, n, k, w, elem, nbytes)
-        comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in bp.ops
-                   if spec(op.kind).category == "comm")
+        nbytes = library_moved_bytes(bp, c, cfg.library_comm) if c is not None else 0.0
+        if c is not None and c in _fused_ops(bp, cfg):
+            return _fused_library(dev, m, n, k, w, elem, nbytes, comm_first)
+        comm = library_ms(dev, bp, c, cfg.library_comm) if c is not None else 0.0
         gemm = gemm_ms(dev, m, n, k, cfg, dev.num_sms, elem, tiled=False)
         return Estimate(gemm + comm, gemm, comm, comm)
+    sites = {site.op.result: (site, lw) for site, lw in op_lowerings(bp, cfg)}
+    lws = [sites[c.result]] if c is not None and sites[c.result][1] is not None else []
+    nbytes = sum(lw.moved_bytes(site) for site, lw in lws)
     if getattr(cfg, "gemm", "triton") == "library":
-        if not _comm_before_compute(bp):
+        if not comm_first:
             return _library_whole(dev, m, n, k, w, nbytes, elem, cfg, lat)
         return _library(dev, m, n, k, w, nbytes, elem, cfg, lat)
     comm_progs = cfg.comm_programs if uses_comm_programs(cfg, bp) else 0
@@ -509,9 +544,8 @@ def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     programs = min(cfg.num_programs, dev.num_sms)
     compute = max(1, programs - comm_progs)
     gemm, tile_ms = _gemm(dev, m, n, k, cfg, compute, elem)
-    if _comm_before_compute(bp):
+    if comm_first:
         return _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
-    lws = [(site, lw) for site, lw in op_lowerings(bp, cfg) if lw is not None]
     exposed = sum(lw.exposed_bytes(site) for site, lw in lws)
     stall = max((lw.push_stall(site) for site, lw in lws), default=0.0)
     return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
@@ -570,7 +604,7 @@ def _comm_before_compute(bp: BoundPattern) -> bool:
     return comm is not None and comm.args[0] not in producers
 
 
-def _fused_library(dev, bp, m, n, k, w, elem, nbytes) -> Estimate:
+def _fused_library(dev, m, n, k, w, elem, nbytes, comm_first: bool) -> Estimate:
     """A fused pipelined library call (torch async-TP) doing the GEMM in W row chunks of
     vendor GEMMs on two streams. Gathering: the own shard's GEMM first while the copy engine
     pulls the peers' shards one after another; the s-th peer's chunk starts once its shard
@@ -582,7 +616,7 @@ def _fused_library(dev, bp, m, n, k, w, elem, nbytes) -> Estimate:
     part = gemm / w
     # one peer's shard, pulled by the copy engine after the step's barrier
     copy = _transfer_ms(dev.ce_gbs, max(nbytes / max(w - 1, 1), 1.0)) + step
-    if _comm_before_compute(bp):
+    if comm_first:
         t = step + part  # (a barrier first: every peer's shard is in its buffer)
         for s in range(1, w):
             t = max(t, s * copy) + step + part
