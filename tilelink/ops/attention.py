@@ -69,8 +69,9 @@ def _attend(q, k, v, causal: int, q_offset: int, dtype):
     position q_offset + i) sees keys 0 .. q_offset + i."""
     s = torch.einsum("shd,thd->hst", q.float(), k.float()) / math.sqrt(q.shape[-1])
     if causal:
-        pos = torch.arange(q.shape[0]).unsqueeze(1) + q_offset
-        s = s.masked_fill(torch.arange(k.shape[0]).unsqueeze(0) > pos, float("-inf"))
+        pos = torch.arange(q.shape[0], device=q.device).unsqueeze(1) + q_offset
+        s = s.masked_fill(torch.arange(k.shape[0], device=q.device).unsqueeze(0) > pos,
+                          float("-inf"))
     return torch.einsum("hst,thd->shd", torch.softmax(s, dim=-1), v.float()).to(dtype)
 
 

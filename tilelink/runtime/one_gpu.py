@@ -290,13 +290,14 @@ class WorldOp:
         return outs
 
     def _fallback_call(self, inputs: list[dict], before) -> list:
-        """The non-overlapped plan: every op of the pattern with torch ops on every rank's
-        stream, in the pattern's dtype (cuBLAS GEMMs; sums in fp32, rounded once). A
-        collective first makes every rank's stream wait for every other's (the operands are
-        the other ranks' tensors)."""
+        """The non-overlapped plan: each op of the pattern as its reference computes it for
+        every rank at once, in the pattern's dtype (`runtime.reference`, exact=False: cuBLAS
+        GEMMs, sums in fp32 rounded once). Before each op every rank's stream waits for every
+        other's (its operands may be the other ranks' tensors); the op runs on rank 0's
+        stream, and every rank's stream waits for the results."""
         import torch
 
-        from .reference import TORCH_DTYPES
+        from .reference import REFERENCES, TORCH_DTYPES, RefContext
 
         bp, streams, w = self.bound, self.world.streams, self.world.size
         capturing = torch.cuda.is_current_stream_capturing()
@@ -311,24 +312,17 @@ class WorldOp:
             for name in self.input_names:
                 vals.setdefault(name, []).append(ins[name])
         for o in bp.ops:
-            xs = [vals[a] for a in o.args]
-            attrs = bp.op_attrs(o)
-            dtype = TORCH_DTYPES[bp.tensors[o.result].dtype]
-            if o.kind == "gemm":
-                res = []
-                for r, stream in enumerate(streams):
-                    with torch.cuda.stream(stream):
-                        res.append(torch.matmul(xs[0][r], xs[1][r]))
-            elif o.kind in ("all_gather", "reduce_scatter", "all_reduce"):
-                _exchange(streams, xs[0], capturing)
-                res = []
-                for r, stream in enumerate(streams):
-                    with torch.cuda.stream(stream):
-                        res.append(_collective(o.kind, xs[0], r, w, attrs.get("dim", 0), dtype))
-            else:
+            fn = REFERENCES.get(o.kind)
+            if fn is None:
                 raise NotSupportedError(f"the one-GPU world has no non-overlapped plan for "
-                                        f"op '{o.kind}' yet", o.loc)
-            vals[o.result] = res
+                                        f"op '{o.kind}' (it has no reference)", o.loc)
+            xs = [vals[a] for a in o.args]
+            _exchange(streams, [t for x in xs for t in x], capturing)
+            ctx = RefContext(bp, bp.op_attrs(o), TORCH_DTYPES[bp.tensors[o.result].dtype], w,
+                             exact=False)
+            with torch.cuda.stream(streams[0]):
+                vals[o.result] = [t.contiguous() for t in fn(o, ctx, xs)]
+        _exchange(streams, [t for n in self.output_names for t in vals[n]], capturing)
         outs = []
         for r in range(w):
             got = tuple(vals[n][r] for n in self.output_names)
@@ -458,16 +452,3 @@ def _exchange(streams: list, tensors: list, capturing: bool) -> None:
             s.wait_event(e)
         if not capturing:
             _used_on(tensors, s)
-
-
-def _collective(kind: str, xs: list, r: int, w: int, dim: int, dtype):
-    """Rank r's result of collective `kind` over every rank's operand `xs` (on the current
-    stream, which has waited for all of them)."""
-    import torch
-
-    if kind == "all_gather":
-        return torch.cat(xs, dim=dim)
-    if kind == "reduce_scatter":
-        total = sum(torch.chunk(x, w, dim=dim)[r].float() for x in xs)
-        return total.to(dtype).contiguous()
-    return sum(x.float() for x in xs).to(dtype)  # all_reduce
