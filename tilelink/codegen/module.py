@@ -356,7 +356,7 @@ class ModuleBuilder:
         """A locally written result needs memory unless every consumer takes its tiles in the
         producer's epilogue (a reduce_scatter or all_reduce lowering's hook)."""
         for c in self.site_of(op.result).consumers:
-            if not getattr(self.lowering(c.result), "takes_epilogue", False):
+            if not self.lowering(c.result).takes_epilogue:
                 return True
         return False
 
@@ -364,7 +364,7 @@ class ModuleBuilder:
         """The lowerings (with sites) that take `op_result`'s tiles in their epilogue."""
         return [(self.lowering(c.result), self.site_of(c.result))
                 for c in self.site_of(op_result).consumers
-                if getattr(self.lowering(c.result), "takes_epilogue", False)]
+                if self.lowering(c.result).takes_epilogue]
 
     def _text(self) -> str:
         lines = ['"""', *self._header(), '"""', "", "import triton",
@@ -607,8 +607,8 @@ class KernelBuilder:
 
     def render(self) -> None:
         mb = self.mb
-        own = getattr(self.roles[0].lowering, "render_kernel", None)
-        laid = own(self.roles[0], self) if len(self.roles) == 1 and own is not None else None
+        first = self.roles[0]
+        laid = first.lowering.render_kernel(first, self) if len(self.roles) == 1 else None
         if laid is not None:
             # a lowering that lays its kernels and host calls out itself (gemm=library); no
             # lines: host calls only (a library GEMM storing straight into its result)

@@ -26,9 +26,11 @@ def operand_waits(kb, step, names: dict, flat: bool = False) -> tuple[list[str],
     for name in dict.fromkeys(step.op.args):
         lw = mb.producer_lowering(name)
         dep = find_dep(mb.plan, step.op.result, name)
-        if lw is not None and dep is not None and hasattr(lw, "render_waits"):
-            lines += lw.render_waits(kb, mb.site_of(name), dep, names, flat=flat,
-                                     role=step.name)
+        if lw is None or dep is None:
+            continue
+        waits = lw.render_waits(kb, mb.site_of(name), dep, names, flat=flat, role=step.name)
+        if waits is not None:  # (None: the producer's result is complete: stream order)
+            lines += waits
             waited.add(name)
     return (["tok = epoch * 0"] + lines if lines else []), waited
 

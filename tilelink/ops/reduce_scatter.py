@@ -468,6 +468,7 @@ class ReduceScatterCopyEngine(_Scatter):
     resource = "copy_engine"
     name = "reduce_scatter/copy_engine"
     knobs = _Scatter.knobs + ("fuse_reduce",)
+    takes_ws_epilogue = True  # (ws_args, ws_epilogue)
 
     def reduce_what(self, site) -> str:
         own = "every other rank's" if site.config.reduce_after else "every rank's"
@@ -642,9 +643,7 @@ class ReduceScatterCopyEngine(_Scatter):
         tiles on in smaller pieces (gemm=ws: halves), the same mapping at those rows."""
         from ..plan import TileSizes, build_plan
 
-        lw = mb.lowering(site.producer.result)
-        rows = lw.count_rows(mb.site_of(site.producer.result)) if hasattr(lw, "count_rows") \
-            else site.config.block_m
+        rows = mb.lowering(site.producer.result).count_rows(mb.site_of(site.producer.result))
         if rows == site.config.block_m:
             return dep
         cfg = site.config

@@ -217,7 +217,24 @@ class Step:
 
 
 class Lowering:
-    """Base class of every lowering (see the module docstring); subclasses override."""
+    """Base class of every lowering (see the module docstring): the whole contract between a
+    lowering and the layers that call it. Every member the schedule, the composer, codegen or
+    another op's lowering calls on a lowering is declared here, with a default for a lowering
+    that has nothing to say; a subclass overrides what it needs. The members come in groups:
+
+    - what it lowers, and which config selects it;
+    - what the schedule asks of every lowering (validity, defaults, steps, notes, the tuner's
+      alternatives), and what the cost model charges for it;
+    - what codegen asks of every lowering (its result's home, module-level declarations, the
+      body of each of its roles);
+    - compute-lowering hooks: what the schedule, the gather producing its operand and the
+      reduction taking its tiles ask of a compute op's lowering;
+    - collective-lowering hooks: what the compute lowering reading a collective's result asks
+      of the collective's lowering (its waits, the rows ready first);
+    - epilogue hooks: what a compute lowering (the producer) calls on the lowering of a
+      collective that takes its tiles in the producer's epilogue (`takes_epilogue`)."""
+
+    # ---- what it lowers, and which config selects it -------------------------------------
 
     kind: str = ""  # the op kind it lowers
     resource: str | None = None  # a collective's `comm` value; None for compute ops
@@ -225,6 +242,8 @@ class Lowering:
     variant_knob: str = ""  # the config field choosing between a compute op's lowerings
     knobs: tuple[str, ...] = ()
     name: str = ""
+
+    # ---- the schedule: every lowering ----------------------------------------------------
 
     def reasons(self, site: OpSite) -> list[str]:
         """Why this lowering cannot run `site` (empty: it can)."""
@@ -253,6 +272,18 @@ class Lowering:
         default)."""
         return True
 
+    def tune_axes(self, site: OpSite) -> list[dict]:
+        """Alternatives the tuner crosses for this lowering on `site.target`, each a dict of
+        knob values (e.g. a reduction in the kernel, or after it); [{}]: nothing of its own."""
+        return [{}]
+
+    def captured_overrides(self, site: OpSite) -> dict | None:
+        """Config overrides for calls captured in a CUDA graph, where the default is the
+        non-overlapped plan for host cost (which a replay does not have); None: none."""
+        return None
+
+    # ---- the cost model (and the check's bound): every lowering --------------------------
+
     #: its results come from a vendor library (cuBLAS / hipBLASLt), whose rounding is the
     #: library's (the check allows it: `runtime.bounds`), not TileLink's kernels'
     vendor_library: bool = False
@@ -274,26 +305,154 @@ class Lowering:
         hop after a reduction): the cost model charges it after the compute."""
         return 0.0
 
+    def work(self, site: OpSite) -> Work | None:
+        """What this compute lowering's kernel does per rank per call (`Work`), for the cost
+        model; None: it has no such declaration (the model times GEMMs its own way)."""
+        return None
+
+    # ---- codegen: every lowering (`tilelink.codegen.module`) -----------------------------
+
+    def result_home(self, site: OpSite) -> tuple[str, int] | None:
+        """Where its result lives, asked by the module builder before any declaration:
+        ("heap", buffers) when peers write it (a gathered tensor: 2 buffers, double-buffered
+        by epoch parity, or 1); None: this rank writes it (the pattern's output, a heap
+        scratch buffer where a later kernel reads it, or no memory at all where every
+        consumer takes its tiles in the epilogue)."""
+        return None
+
+    def declare(self, mb, site: OpSite) -> None:
+        """Declare what its roles need at module level on `mb` (a `ModuleBuilder`): constants,
+        symmetric buffers, signal arrays, wait sites, the copy engine's program, init lines.
+        The builder calls it once per op, in the pattern's order, before rendering any
+        kernel. Nothing by default."""
+
+    def render_step(self, step: Step, kb) -> list[str]:
+        """The body of role `step` in kernel `kb` (a `KernelBuilder`): lines run by the
+        role's programs (`pid`, `epoch`, `buf` and `tok` are defined). Every lowering whose
+        `steps` returns a step renders it; the base has none to render."""
+        raise NotImplementedError(f"{self.name or type(self).__name__} returned a "
+                                  f"{step.kind} step but renders none (render_step)")
+
+    def render_kernel(self, step: Step, kb) -> tuple[list[str], list[str]] | None:
+        """A kernel laid out by the lowering itself, asked where `step` is the kernel's only
+        role: (the kernel source lines, possibly none for host calls only; its launch()
+        lines), e.g. the library GEMM's host calls around one-program kernels. None (the
+        default): the builder lays the kernel out around `render_step`'s body."""
+        return None
+
+    # ---- compute-lowering hooks ----------------------------------------------------------
+
+    #: config fields that belong to another lowering of the same op: a user setting one on
+    #: top of a default that chose this lowering asks for that other one (the schedule then
+    #: takes `gemm=triton`: a tile knob on a library default)
+    foreign_knobs: tuple[str, ...] = ()
+
+    def fit(self, cfg: Config, overrides: dict, site: OpSite) -> Config:
+        """`cfg` with the knobs the user did not set (`overrides`: those they did) fitted
+        to this lowering (the target's shared memory, its own tile shape), asked by the
+        schedule for every op's lowering after the user's overrides; the default keeps
+        `cfg` as it is."""
+        return cfg
+
     def reads_in_place(self, op, tensor: str, rows: int, config) -> bool:
         """Whether this (compute) lowering can read this rank's own `rows` rows of the
         gathered `tensor` straight from the gather's input instead of a copy (the gather
         then neither copies nor signals them)."""
         return False
 
-    def tune_axes(self, site: OpSite) -> list[dict]:
-        """Alternatives the tuner crosses for this lowering on `site.target`, each a dict of
-        knob values (e.g. a reduction in the kernel, or after it); [{}]: nothing of its own."""
-        return [{}]
+    def count_rows(self, site: OpSite) -> int:
+        """Rows of the pieces its epilogue hands the tiles on in (a copy-engine reduction
+        counts each piece in the chunks its rows meet): the schedule's tiles (`block_m`)
+        by default; gemm=ws hands on each consumer partition's half."""
+        return site.config.block_m
 
-    def work(self, site: OpSite) -> Work | None:
-        """What this compute lowering's kernel does per rank per call (`Work`), for the cost
-        model; None: it has no such declaration (the model times GEMMs its own way)."""
+    # ---- collective-lowering hooks: the compute op reading its result asks ---------------
+
+    def render_waits(self, kb, site: OpSite, dep, names: dict, flat: bool = False,
+                     role: str = "compute") -> list[str] | None:
+        """The lines a consumer tile runs before reading this op's result: waits on the slots
+        of the chunks it reads (`dep`: the plan's dependency; `names`: the consumer grid's
+        axes -> the kernel variables of the tile's [lo, hi); `flat`: one wait over a
+        contiguous range of slots), leaving the last observed value in `tok`. Asked by a
+        compute lowering (`codegen.tiles.operand_waits`, the GEMM kernels) for each operand
+        an op of the module produces. None (the default): the consumer does not wait per
+        tile (the result is complete when the consumer's kernel starts: stream order)."""
         return None
 
-    def captured_overrides(self, site: OpSite) -> dict | None:
-        """Config overrides for calls captured in a CUDA graph, where the default is the
-        non-overlapped plan for host cost (which a replay does not have); None: none."""
+    def rows_ready_first(self, kb, site: OpSite) -> str | None:
+        """A kernel expression of the first row of the consumer's first operand that is ready
+        first (a gather's own rows), so the consumer's tile order starts there (with
+        order=own_first). None: no row is ready before another."""
         return None
+
+    # ---- epilogue hooks: a producer calls these on its consumer's lowering ---------------
+
+    #: it takes its input's tiles in the producing compute op's epilogue (a reduction's
+    #: push or staging of partials): the producer calls `epilogue` per tile (and `prologue`,
+    #: `rows_needed_first`, `fuses_own_rows`, `plain_store`), and the input needs no memory
+    #: of its own where every consumer takes it so
+    takes_epilogue: bool = False
+
+    def epilogue(self, kb, site: OpSite, tile) -> list[str]:
+        """The lines that hand one producer tile to this op (`tile`: a `TileOut`, the tile's
+        values, index vectors, interval and grid index), in the producer's tile loop after
+        its compute. Every lowering that `takes_epilogue` renders it."""
+        raise NotImplementedError(f"{self.name or type(self).__name__} takes the producer's "
+                                  "tiles in its epilogue but renders no epilogue")
+
+    def prologue(self, kb, site: OpSite) -> list[str]:
+        """Lines the producer's kernel runs before its tile loop (e.g. waiting for every
+        destination's release of the buffers the epilogue writes); none by default."""
+        return []
+
+    def rows_needed_first(self, kb, site: OpSite) -> str | None:
+        """A kernel expression of the first row of the producer's result that this op needs
+        first (a reduction ships the next rank's rows first), so the producer's tile order
+        starts there (with order=own_first). None: no row is needed before another."""
+        return None
+
+    def plain_store(self, site: OpSite) -> str | None:
+        """The tensor its epilogue stores the tiles into unchanged (a reduction over one
+        rank: its result), so a producer may write that tensor directly (the library GEMM
+        then runs no kernel). None (the default): the epilogue does more than store them."""
+        return None
+
+    def fuses_own_rows(self, site: OpSite) -> bool:
+        """Whether this rank's own rows of the producer's result are computed last, in a loop
+        of their own whose epilogue is `fused_epilogue` (a reduction summing the peers'
+        partials into the producer's accumulator: fuse_reduce=1). False by default."""
+        return False
+
+    def own_rows(self, kb, site: OpSite) -> str:
+        """With `fuses_own_rows`: a kernel expression of how many rows of the producer's
+        result are this rank's own (the last row blocks of the producer's tile order)."""
+        raise NotImplementedError(f"{self.name or type(self).__name__} fuses this rank's "
+                                  "own rows but does not say how many (own_rows)")
+
+    def fused_epilogue(self, kb, site: OpSite, tile) -> list[str]:
+        """With `fuses_own_rows`: the epilogue of one of this rank's own tiles (`tile` as in
+        `epilogue`, the producer's fp32 accumulator in `acc`): the peers' partials added,
+        the sum stored."""
+        raise NotImplementedError(f"{self.name or type(self).__name__} fuses this rank's "
+                                  "own rows but renders no fused epilogue")
+
+    #: its epilogue can run in gemm=ws's Gluon consumer partitions (`ws_args`,
+    #: `ws_epilogue`); the warp-specialised GEMM refuses consumers without it
+    takes_ws_epilogue: bool = False
+
+    def ws_args(self, kb, site: OpSite, fused: bool) -> tuple[list[str], list[str], list[str]]:
+        """With `takes_ws_epilogue`: (the arguments gemm=ws passes its consumer partitions for
+        this epilogue, the partitions' parameters for them, kernel lines making them);
+        `fused`: with `fuses_own_rows`."""
+        raise NotImplementedError(f"{self.name or type(self).__name__} has no Gluon "
+                                  "epilogue (ws_args)")
+
+    def ws_epilogue(self, kb, site: OpSite,
+                    fused: bool) -> tuple[list[str], list[str], list[str]]:
+        """With `takes_ws_epilogue`: (a consumer partition's epilogue of its half tile in the
+        main loop, the loop over this rank's own rows where `fused`, the lines after both)."""
+        raise NotImplementedError(f"{self.name or type(self).__name__} has no Gluon "
+                                  "epilogue (ws_epilogue)")
 
 
 def lowering_for(site: OpSite) -> Lowering | None:

@@ -465,14 +465,14 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
             lw = lowering_for(sites[op.result])
             if lw is not None and "gemm" not in overrides and \
                     lw.variant_knob == "gemm" and lw.variant != "triton" and \
-                    any(k in overrides for k in getattr(lw, "foreign_knobs", ())):
+                    any(k in overrides for k in lw.foreign_knobs):
                 cfg = replace(cfg, gemm="triton")  # a kernel knob set: TileLink's kernel
     cfg = _drop_invalid_features(cfg, overrides, bp, space, start or cfg)
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)
         for op in bp.ops:
             lw = lowering_for(sites[op.result])
-            if lw is not None and hasattr(lw, "fit"):
+            if lw is not None:
                 cfg = lw.fit(cfg, overrides, sites[op.result])
     return cfg
 

@@ -61,7 +61,7 @@ class GemmLibrary(Lowering):
         out = []
         for c in site.consumers:
             lw = lowering_for(sites[c.result])
-            if lw is not None and getattr(lw, "takes_epilogue", False):
+            if lw is not None and lw.takes_epilogue:
                 out.append((lw, sites[c.result]))
         return out
 
@@ -78,7 +78,7 @@ class GemmLibrary(Lowering):
         if len(hooks) != 1 or len(site.consumers) != 1 or site.is_output:
             return None  # (the result must be written too, or several hooks take the tiles)
         lw, hs = hooks[0]
-        return getattr(lw, "plain_store", lambda s: None)(hs)
+        return lw.plain_store(hs)
 
     def reasons(self, site) -> list[str]:
         if self.whole(site):
@@ -115,7 +115,7 @@ class GemmLibrary(Lowering):
             bad.append("capturable=1 is the copy-engine protocol of a library GEMM on "
                        "gathered rows; a whole library GEMM has no protocol of its own (its "
                        "epilogue pass reads the epoch from device memory): use capturable=0")
-        if any(getattr(lw, "fuses_own_rows", lambda s: False)(hs) for lw, hs in self.hooks(site)):
+        if any(lw.fuses_own_rows(hs) for lw, hs in self.hooks(site)):
             bad.append("gemm=library cannot fuse a reduction into its tiles (fuse_reduce=1 "
                        "adds the peers' partials in TileLink's GEMM epilogue): use "
                        "fuse_reduce=0")
@@ -230,7 +230,7 @@ class GemmLibrary(Lowering):
         tile = GemmTriton._tile_out(TL_DTYPES[site.result.dtype], False)
         lines = []
         for lw, hs in hooks:  # e.g. a reduction's wait for its buffers' release
-            lines += lw.prologue(kb, hs) if hasattr(lw, "prologue") else []
+            lines += lw.prologue(kb, hs)
         first = f"pid - {step.first}" if step.first else "pid"
         lines += ["num_m = (M + BM - 1) // BM", "num_n = (N + BN - 1) // BN",
                   f"for t in range({first}, num_m * num_n, {step.count}):",

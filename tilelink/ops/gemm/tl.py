@@ -195,19 +195,19 @@ class GemmTriton(Lowering):
         if tma:
             mb.flags["TMA"] = 1
         interp = target.backend == "interp"
-        # who writes the operands: a collective's lowering renders the waits on it
-        waits = []
+        # who writes the operands: its lowering renders the waits on them (`_tile`)
+        producers = []
         for name, view in ((a_name, av), (b_name, bv)):
             lw = mb.producer_lowering(name)
             dep = find_dep(mb.plan, op.result, name)
-            if lw is not None and dep is not None and hasattr(lw, "render_waits"):
-                waits.append((name, view, lw, dep))
+            if lw is not None and dep is not None:
+                producers.append((name, view, lw, dep))
         own = av.alias is not None
-        fused = [(lw, hs) for lw, hs in hooks if getattr(lw, "fuses_own_rows", lambda s: False)(hs)]
+        fused = [(lw, hs) for lw, hs in hooks if lw.fuses_own_rows(hs)]
         rot = self._rotation(kb, site, hooks)
         lines = []
         for lw, hs in hooks:  # e.g. a reduction's wait for its buffers' release
-            lines += lw.prologue(kb, hs) if hasattr(lw, "prologue") else []
+            lines += lw.prologue(kb, hs)
         lines += ["num_m = (M + BM - 1) // BM", "num_n = (N + BN - 1) // BN",
                  f"rot = (({rot}) // BM) * OWN_FIRST" if rot else "rot = 0"]
         if tma:
@@ -237,7 +237,7 @@ class GemmTriton(Lowering):
             end = "num_m * num_n"
         loop = (f"for t in tl.range({first}, {end}, {programs}, flatten=FLATTEN):" if tma else
                 f"for t in range({first}, {end}, {programs}):")
-        body = self._tile(kb, step, av, bv, cv, waits, tma, interp, dtype, hooks, fused=None)
+        body = self._tile(kb, step, av, bv, cv, producers, tma, interp, dtype, hooks, fused=None)
         lines += [loop] + indent(body)
         if fused:
             lw, hs = fused[0]
@@ -245,8 +245,8 @@ class GemmTriton(Lowering):
                       "partial of it ----",
                       f"for t in range(tiles + (({first} - tiles) % {programs} + {programs})"
                       f" % {programs}, num_m * num_n, {programs}):"]
-            lines += indent(self._tile(kb, step, av, bv, cv, waits, tma, interp, dtype, hooks,
-                                       fused=(lw, hs)))
+            lines += indent(self._tile(kb, step, av, bv, cv, producers, tma, interp, dtype,
+                                       hooks, fused=(lw, hs)))
         return lines
 
     def _rotation(self, kb, site, hooks) -> str | None:
@@ -255,18 +255,18 @@ class GemmTriton(Lowering):
         puts the next rank's first (its copy is shipped first)."""
         a = site.op.args[0]
         lw = kb.mb.producer_lowering(a)
-        if lw is not None and hasattr(lw, "rows_ready_first"):
+        if lw is not None:
             r = lw.rows_ready_first(kb, kb.mb.site_of(a))
             if r:
                 return r
         for lw, hs in hooks:
-            if hasattr(lw, "rows_needed_first"):
-                r = lw.rows_needed_first(kb, hs)
-                if r:
-                    return r
+            r = lw.rows_needed_first(kb, hs)
+            if r:
+                return r
         return None
 
-    def _tile(self, kb, step, av, bv, cv, waits, tma, interp, dtype, hooks, fused) -> list[str]:
+    def _tile(self, kb, step, av, bv, cv, producers, tma, interp, dtype, hooks,
+              fused) -> list[str]:
         mb = kb.mb
         cfg = mb.config
         names = {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"), "n": ("col_lo", "col_hi")}
@@ -284,11 +284,16 @@ class GemmTriton(Lowering):
             "col_hi = tl.minimum(col_lo + BN, N)",
         ]
         own = av.alias is not None
+        # the operands' waits (None: a producer whose result is complete: stream order)
+        waits = []
+        for name, view, lw, dep in producers:
+            w = lw.render_waits(kb, mb.site_of(name), dep, names, flat=bool(cfg.flatten),
+                                role=step.name)
+            if w is not None:
+                waits.append((view, w))
         if waits:
             lines.append("tok = epoch * 0")
-            for name, view, lw, dep in waits:
-                w = lw.render_waits(kb, mb.site_of(name), dep, names, flat=bool(cfg.flatten),
-                                    role=step.name)
+            for view, w in waits:
                 if own and view is av:
                     lines += [f"own = (row_lo >= {av.alias.lo}) & (row_lo < {av.alias.hi})",
                               "if not own:"] + indent(w)
@@ -312,7 +317,7 @@ class GemmTriton(Lowering):
             if waits:
                 lines += ["src_row = tld.consume_token(src_row, tok)"]
             b_col = "col_lo"
-            if any(view is bv for _, view, _, _ in waits):
+            if any(view is bv for view, _ in waits):
                 lines += ["b_col = tld.consume_token(col_lo, tok)"]
                 b_col = "b_col"
             lines += ["acc = tl.zeros((BM, BN), dtype=tl.float32)",
@@ -331,7 +336,7 @@ class GemmTriton(Lowering):
                       + " + tl.arange(0, BM)",
                       "offs_m = row_lo + tl.arange(0, BM)",
                       "offs_n = " + ("tld.consume_token(col_lo, tok)" if any(
-                          view is bv for _, view, _, _ in waits) else "col_lo")
+                          view is bv for view, _ in waits) else "col_lo")
                       + " + tl.arange(0, BN)",
                       "acc = tl.zeros((BM, BN), dtype=tl.float32)",
                       "for k0 in " + ("range(0, K, BK)" if interp else

@@ -145,7 +145,7 @@ class GemmWarpSpecialized(GemmTriton):
         sites = op_sites(site.bp, site.config, site.target) if site.consumers else {}
         for c in site.consumers:
             lw = lowering_for(sites[c.result])
-            if not hasattr(lw, "ws_epilogue") or not site.config.reduce_after:
+            if lw is None or not lw.takes_ws_epilogue or not site.config.reduce_after:
                 return False
         return True
 
@@ -211,7 +211,7 @@ class GemmWarpSpecialized(GemmTriton):
         for c in ("BM", "BN", "BK", "GROUP_M", "STAGES", "OWN_FIRST"):
             kb.const(c)
         hooks = mb.hooks_of(op.result)
-        fused = any(getattr(lw, "fuses_own_rows", lambda s: False)(hs) for lw, hs in hooks)
+        fused = any(lw.fuses_own_rows(hs) for lw, hs in hooks)
         rot = self._rotation(kb, site, hooks)
         loader, largs = self._loader(kb, step, av, bv, hooks, fused)
         cargs, typed, extra = self._consumer_args(kb, step, hooks, fused)
@@ -220,13 +220,13 @@ class GemmWarpSpecialized(GemmTriton):
         own = av.alias is not None
         lines = []
         for lw, hs in hooks:  # e.g. a reduction's wait for its buffers' release
-            lines += lw.prologue(kb, hs) if hasattr(lw, "prologue") else []
+            lines += lw.prologue(kb, hs)
         lines += [
             "num_m = (M + BM - 1) // BM", "num_n = (N + BN - 1) // BN",
             f"rot = (({rot}) // BM) * OWN_FIRST" if rot else "rot = 0"]
         if fused:
             own_rows = next(lw.own_rows(kb, hs) for lw, hs in hooks
-                            if getattr(lw, "fuses_own_rows", lambda s: False)(hs))
+                            if lw.fuses_own_rows(hs))
             lines += [
                 "# with the fused reduce this rank's own rows are the last row blocks of the",
                 "# (rotated) order, whole tile groups: tiles [tiles, num_m * num_n) are its own,",
@@ -277,7 +277,8 @@ class GemmWarpSpecialized(GemmTriton):
         lw = mb.producer_lowering(a_name)
         dep = find_dep(mb.plan, step.op.result, a_name)
         if lw is not None and dep is not None:
-            waits = lw.render_waits(kb, mb.site_of(a_name), dep, names, role=step.name)
+            # (None: a producer whose result is complete when the kernel starts)
+            waits = lw.render_waits(kb, mb.site_of(a_name), dep, names, role=step.name) or []
         sig = [x for x in kb.params if x.startswith("sig_")]
         own = av.alias is not None
         params = ["a_desc", "own_desc", "b_desc", "a_bufs", "b_bufs", "ready", "empty"] + sig + [
