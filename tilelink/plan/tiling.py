@@ -11,6 +11,7 @@ closed form for "which tile holds coordinate x", which is what generated kernels
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 def cdiv(a: int, b: int) -> int:
@@ -31,11 +32,13 @@ class AxisTiling:
         if self.tile <= 0 or self.segment <= 0:
             raise ValueError("tile and segment sizes must be positive")
 
-    @property
+    # (cached: the plan's dependency derivation asks millions of times at GPU sizes; the
+    # dataclass is frozen, so the values cannot go stale)
+    @cached_property
     def per_segment(self) -> int:
         return cdiv(self.segment, self.tile)
 
-    @property
+    @cached_property
     def count(self) -> int:
         return (self.extent // self.segment) * self.per_segment
 
@@ -148,9 +151,20 @@ class TileGrid:
         return self.axes[self.axis_index(name)]
 
     def axis_index(self, name: str) -> int:
-        return next(i for i, a in enumerate(self.axes) if a.name == name)
+        try:
+            return self._axis_pos[name]
+        except KeyError:
+            raise KeyError(f"tile grid of {self.op} has no axis {name!r} (axes: "
+                           f"{', '.join(a.name for a in self.axes)})") from None
 
-    @property
+    @cached_property
+    def _axis_pos(self) -> dict[str, int]:
+        pos: dict[str, int] = {}
+        for i, a in enumerate(self.axes):
+            pos.setdefault(a.name, i)  # the first axis of a name, as a search finds it
+        return pos
+
+    @cached_property
     def shape(self) -> tuple[int, ...]:
         return tuple(a.tiling.count for a in self.axes)
 
