@@ -110,6 +110,9 @@ class OpSpec:
     # a collective that sums the ranks' tensors (its result is the sum, or a rank's slice of
     # it): what a rank moves is sized by the result, not by the operand
     sums: bool = False
+    # a matrix product [M, K] x [K, N] -> [M, N] of its first two operands (the cost model
+    # times it in waves of output tiles, with the collective feeding it or fed by it)
+    matmul: bool = False
 
     def usage(self) -> str:
         """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
@@ -122,18 +125,18 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, category, operands, attrs, doc, variadic=False, attr_kinds=None,
-             dtypes=None, details=None, fn_attrs=None, sums=False):
+             dtypes=None, details=None, fn_attrs=None, sums=False, matmul=False):
     """Decorator: register a shape rule as the op family `name`. `attr_kinds` declares the
     kinds of its attributes (see tilelink.ir.attrs), `dtypes` the dtypes of its operands
     (see `operand_dtypes`); both are checked by `Pattern.bind` before the rule runs.
     `details` is its entry in the op reference (`OpDoc`); `fn_attrs` names the attributes
     the op's user function adds (see `OpSpec.fn_attrs`); `sums` marks a summing collective
-    (`OpSpec.sums`)."""
+    (`OpSpec.sums`), `matmul` a matrix product (`OpSpec.matmul`)."""
 
     def wrap(rule: ShapeRule) -> ShapeRule:
         OPS[name] = OpSpec(name, category, tuple(operands), dict(attrs), rule, doc, variadic,
                            dict(attr_kinds or {}), dict(dtypes or {}), details, fn_attrs,
-                           sums)
+                           sums, matmul)
         return rule
 
     return wrap

@@ -310,8 +310,8 @@ def _gemm(dev, m, n, k, cfg, programs, elem, tiled=True) -> tuple[float, float]:
 
 
 def first_gemm(bp: BoundPattern):
-    """The pattern's first GEMM op (what the model times), or None."""
-    return next((op for op in bp.ops if op.kind == "gemm"), None)
+    """The pattern's first matrix product (`OpSpec.matmul`: what the model times), or None."""
+    return next((op for op in bp.ops if spec(op.kind).matmul), None)
 
 
 def extents(bp: BoundPattern, gemm=None, comm=None) -> dict[str, int]:
@@ -358,7 +358,7 @@ def segments(bp: BoundPattern) -> list[tuple]:
     scatter)."""
     compute = [op for op in bp.ops if spec(op.kind).category != "comm"]
     comm = [op for op in bp.ops if spec(op.kind).category == "comm"]
-    gemms = {op.result: op for op in bp.ops if op.kind == "gemm"}
+    gemms = {op.result: op for op in bp.ops if spec(op.kind).matmul}
     if not comm or len(gemms) != len(compute) or len(comm) != len(compute):
         return []
     pairs, used = [], set()

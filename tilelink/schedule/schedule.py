@@ -463,10 +463,11 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
         sites = op_sites(bp, cfg, space.target)
         for op in bp.ops:
             lw = lowering_for(sites[op.result])
-            if lw is not None and "gemm" not in overrides and \
-                    lw.variant_knob == "gemm" and lw.variant != "triton" and \
+            knob = lw.variant_knob if lw is not None else ""
+            if knob and knob not in overrides and lw.variant != getattr(Config(), knob) and \
                     any(k in overrides for k in lw.foreign_knobs):
-                cfg = replace(cfg, gemm="triton")  # a kernel knob set: TileLink's kernel
+                # a knob of the default variant's kernel was set: that kernel (gemm=triton)
+                cfg = replace(cfg, **{knob: getattr(Config(), knob)})
     cfg = _drop_invalid_features(cfg, overrides, bp, space, start or cfg)
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)

@@ -15,7 +15,7 @@ from ...runtime.reference import reference
 
 
 @register("gemm", "compute", ["a", "b"], {},
-          "Matrix product a @ b on each rank: [M, K] x [K, N] -> [M, N].",
+          "Matrix product a @ b on each rank: [M, K] x [K, N] -> [M, N].", matmul=True,
           details=OpDoc(
               args={"a": "`[M, K]` per rank (a sharded a: this rank's slice)",
                     "b": "`[K, N]` per rank, a's dtype"},
