@@ -52,6 +52,16 @@ def test_async_tp_fuses_the_pairs_its_calls_compute():
     assert fusable_pairs(_bound(GEMM_AR), "async_tp") == []
 
 
+def test_the_schedule_and_the_runtime_fuse_the_same_pairs():
+    # a gathered operand that is also returned cannot vanish into a fused call: neither the
+    # runtime fuses it nor does the schedule offer (and the cost model time) async-TP for it
+    from .conftest import AG_RETURNING_GATHERED
+
+    both = _bound(AG_RETURNING_GATHERED)
+    assert fusable_pairs(both, "async_tp") == []
+    assert library_comms(both) == ("nccl",)
+
+
 @pytest.mark.parametrize("variant", ["symm_one_shot", "symm_two_shot"])
 def test_the_knob_on_the_non_overlapped_plan(variant):
     s = make_schedule(_bound(GEMM_AR), get_target("cuda:90"),

@@ -119,9 +119,8 @@ def fused_all_gather_matmul(bp, ag, mm, group):
 
 def _async_tp_applies(bp, op) -> bool:
     """Whether the all_gather `op` is the first of a pair async-TP fuses (its next op)."""
-    ops = list(bp.ops)
-    i = ops.index(op)
-    return i + 1 < len(ops) and _async_tp_fuses(bp, op, ops[i + 1])
+    mm = sole_next_reader(bp, op)
+    return mm is not None and _async_tp_fuses(bp, op, mm)
 
 # ---- lowerings ----------------------------------------------------------------------------
 
@@ -130,7 +129,7 @@ from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.tiles import first  # noqa: E402
 from ..codegen.waits import render_waits, slot_expr  # noqa: E402
 from ..schedule.lowering import (Lowering, Step, local_bytes, register_library_comm,  # noqa: E402
-                                 register_lowering)
+                                 register_lowering, sole_next_reader)
 
 #: elements one program copies per step of a push (16 KB of bf16; 32 per thread at 8 warps)
 COPY_BLOCK = 8192

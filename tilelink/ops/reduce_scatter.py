@@ -137,7 +137,8 @@ def _async_tp_applies(bp, op) -> bool:
     it produces its operand)."""
     ops = list(bp.ops)
     i = ops.index(op)
-    return i > 0 and ops[i - 1].result == op.args[0] and _async_tp_fuses(bp, ops[i - 1], op)
+    return i > 0 and sole_next_reader(bp, ops[i - 1]) is op and \
+        _async_tp_fuses(bp, ops[i - 1], op)
 
 # ---- lowerings ----------------------------------------------------------------------------
 
@@ -145,7 +146,7 @@ from ..codegen.module import TL_DTYPES, ident, indent  # noqa: E402
 from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.waits import render_waits, slot_expr  # noqa: E402
 from ..schedule.lowering import (Lowering, Step, local_bytes, register_library_comm,  # noqa: E402
-                                 register_lowering)
+                                 register_lowering, sole_next_reader)
 from ..codegen.tiles import first  # noqa: E402
 
 

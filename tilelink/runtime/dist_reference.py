@@ -80,16 +80,13 @@ def fusable_pairs(bp: BoundPattern, variant: str) -> list[tuple]:
     """The (producer, consumer) op pairs of `bp` that `variant` computes in one call: the
     consumer is the next op and the only reader of the producer's result, which is not a
     pattern output, and a factory is registered for the pair's kinds."""
+    from ..schedule.lowering import sole_next_reader
+
     ops, out = list(bp.ops), []
-    uses: dict[str, int] = {}
-    for op in ops:
-        for a in op.args:
-            uses[a] = uses.get(a, 0) + 1
     i = 0
     while i + 1 < len(ops):
         p, c = ops[i], ops[i + 1]
-        if ((variant, p.kind, c.kind) in LIBRARY_PAIRS and p.result in c.args
-                and uses[p.result] == 1 and p.result not in bp.pattern.outputs):
+        if (variant, p.kind, c.kind) in LIBRARY_PAIRS and sole_next_reader(bp, p) is c:
             out.append((p, c))
             i += 2
         else:

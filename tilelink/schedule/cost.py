@@ -366,8 +366,7 @@ def segments(bp: BoundPattern) -> list[tuple]:
         g = gemms.get(c.args[0])
         if g is None:
             readers = [op for op in bp.ops if c.result in op.args]
-            g = readers[0] if len(readers) == 1 and c.result in readers[0].args \
-                and readers[0].result in gemms else None
+            g = readers[0] if len(readers) == 1 and readers[0].result in gemms else None
         if g is None or g.result in used:
             return []
         used.add(g.result)

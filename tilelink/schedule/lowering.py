@@ -73,6 +73,19 @@ def takes_library(bp, op, name: str) -> bool:
     return applies is None or bool(applies(bp, op))
 
 
+def sole_next_reader(bp, op):
+    """The op after `op` in `bp` when it is the only reader of `op`'s result and that result
+    is not a pattern output (the pair a fused library call may compute in one go), else
+    None."""
+    ops = list(bp.ops)
+    i = ops.index(op)
+    if i + 1 == len(ops) or op.result in bp.pattern.outputs:
+        return None
+    readers = [o for o in ops if op.result in o.args]
+    nxt = ops[i + 1]
+    return nxt if readers == [nxt] and nxt.args.count(op.result) == 1 else None
+
+
 def pipelined(op, name: str) -> bool:
     """Whether variant `name` of `op`'s kind is a fused pipelined call (`LibraryTraits`)."""
     traits = LIBRARY_TRAITS.get((op.kind, name))
