@@ -304,6 +304,21 @@ def _fallback_world(monkeypatch, pattern, values, world_size, library_comm="nccl
     return bp, WorldOp(_world(world_size), ops)
 
 
+def _check_every_rank(bp, op, seed: int) -> None:
+    """Call the world's op on every rank's inputs and check each rank's every output against
+    the exact reference, within the non-overlapped plan's bound (its own roundings: a
+    reduction in bf16, rank after rank)."""
+    w = op.world.size
+    per_rank = make_inputs(bp, seed=seed)
+    outs = op([{n: v[r] for n, v in per_rank.items()} for r in range(w)])
+    want = evaluate(bp, per_rank)
+    for r in range(w):
+        got = outs[r] if isinstance(outs[r], tuple) else (outs[r],)
+        for name, g in zip(op.output_names, got):
+            v = judge(g, want[name][r], output_bound(bp, name, plan=True))
+            assert v.ok, v.words(name)
+
+
 @pytest.mark.parametrize("pattern,values", [
     (AG, {"M": "96", "N": "48", "K": "32"}),
     (RS, {"M": "96", "N": "40", "K": "96"}),
@@ -318,16 +333,7 @@ def test_the_non_overlapped_plan_runs_every_rank_on_its_stream(monkeypatch, patt
         pytest.skip("sizes this world size does not divide")
     bp, op = _fallback_world(monkeypatch, pattern, values, world_size)
     assert op.fallback
-    per_rank = make_inputs(bp, seed=3)
-    inputs = [{n: v[r] for n, v in per_rank.items()} for r in range(world_size)]
-    outs = op(inputs)
-    want = evaluate(bp, per_rank)
-    for r in range(world_size):
-        for name, got in zip(op.output_names, outs[r] if isinstance(outs[r], tuple)
-                             else (outs[r],)):
-            # the plan's own roundings (a reduction in bf16, rank after rank) are allowed
-            v = judge(got, want[name][r], output_bound(bp, name, plan=True))
-            assert v.ok, v.words(name)
+    _check_every_rank(bp, op, seed=3)
     # before its collective every rank's stream waited for every rank's stream
     for s in op.world.streams:
         assert set(op.world.streams) <= set(s.waited)
@@ -342,13 +348,7 @@ def test_the_plan_runs_each_op_as_its_reference_does(monkeypatch, pattern, value
     # every op with a reference runs (attention too, which no op-by-op table listed), each
     # rank's result within the plan's bound of the exact reference
     bp, op = _fallback_world(monkeypatch, pattern, values, 2)
-    per_rank = make_inputs(bp, seed=6)
-    outs = op([{n: v[r] for n, v in per_rank.items()} for r in range(2)])
-    want = evaluate(bp, per_rank)
-    name = op.output_names[0]
-    for r in range(2):
-        v = judge(outs[r], want[name][r], output_bound(bp, name, plan=True))
-        assert v.ok, v.words(name)
+    _check_every_rank(bp, op, seed=6)
 
 
 def test_the_non_overlapped_plan_returns_every_output(monkeypatch):
@@ -776,10 +776,4 @@ def test_a_library_plan_runs_as_the_worlds_own_plan(monkeypatch, pattern):
     bp, op = _fallback_world(monkeypatch, pattern, {"M": "96", "N": "48", "K": "32"}, 2,
                              library_comm="async_tp")
     assert op.fallback and bp.ops  # built: no symmetric workspace was asked for
-    per_rank = make_inputs(bp, seed=4)
-    outs = op([{n: v[r] for n, v in per_rank.items()} for r in range(2)])
-    want = evaluate(bp, per_rank)
-    name = op.output_names[0]
-    for r in range(2):
-        v = judge(outs[r], want[name][r], output_bound(bp, name, plan=True))
-        assert v.ok, v.words(name)
+    _check_every_rank(bp, op, seed=4)
