@@ -8,12 +8,12 @@ from disk. One builder per op in `tilelink.ir.OPS` is exported under the op's na
 
 from ..ir import OPS, W
 from .loader import LoadError, load_pattern, load_text
-from .python_dsl import BUILDERS, Tensor, TileFunction, input, map, pattern, tile_function
+from .python_dsl import BUILDERS, Tensor, TileFunction, input, pattern, tile_function
 from .text import format_text, parse_text
 
-globals().update(BUILDERS)  # all_gather, reduce_scatter, gemm, ... (map is imported above)
+globals().update(BUILDERS)  # all_gather, reduce_scatter, gemm, ..., map
 
 __all__ = [
-    "pattern", "input", "map", "tile_function", "W", "parse_text", "load_text",
+    "pattern", "input", "tile_function", "W", "parse_text", "load_text",
     "load_pattern", "format_text", "LoadError", "Tensor", "TileFunction",
-] + [kind for kind in OPS if kind != "map"]
+] + list(OPS)

@@ -474,7 +474,7 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
     trace = _current(f"tk.{kind}", site)
     sp = OPS[kind]
     fn_name, skip = None, 0
-    if kind == "map":
+    if sp.takes_function:
         fn_name, skip = _map_function(trace, args, site), 1
     tensors = args[skip:]
     for i, a in enumerate(tensors):
@@ -526,8 +526,7 @@ def _builder(kind: str) -> Callable[..., Tensor]:
         return _apply(kind, args, attrs, name)
 
     build.__name__ = build.__qualname__ = kind
-    call = f"{kind}(fn, *tensors)" if kind == "map" else sp.usage()
-    build.__doc__ = (f"{call}: {sp.doc}\n\nTensors are positional, attributes keyword; "
+    build.__doc__ = (f"{sp.usage()}: {sp.doc}\n\nTensors are positional, attributes keyword; "
                      "`name=` names the result (default: the variable holding it).")
     return build
 

@@ -282,11 +282,11 @@ class _Build(Transformer):
     def assign(self, result, call):
         op, args = call
         kind = str(op)
-        if kind == "map":
-            raise _err(PatternError, self.src, op, "map needs a Python tile function",
-                       "write this pattern with the Python DSL: tk.map(fn, ...) with "
-                       "fn decorated by @tk.tile_function")
         sp = OPS.get(kind)
+        if sp is not None and sp.takes_function:
+            raise _err(PatternError, self.src, op, f"{kind} needs a Python tile function",
+                       f"write this pattern with the Python DSL: tk.{sp.usage()} with "
+                       "fn decorated by @tk.tile_function")
         names, locs, attrs = [], [], []
         for what, tok, value in args:
             if what == "pos":

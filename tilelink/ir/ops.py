@@ -114,9 +114,17 @@ class OpSpec:
     # times it in waves of output tiles, with the collective feeding it or fed by it)
     matmul: bool = False
 
+    @property
+    def takes_function(self) -> bool:
+        """Whether the op's first argument is a user tile function (Python DSL only)."""
+        return self.fn_attrs is not None
+
     def usage(self) -> str:
         """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
-        args = list(self.operands) + [f"{k} = {v}" if v is not None else k for k, v in self.attrs.items()]
+        args = (["fn"] if self.takes_function else []) + list(self.operands)
+        if self.variadic and not self.operands:
+            args.append("*tensors")
+        args += [f"{k} = {v}" if v is not None else k for k, v in self.attrs.items()]
         return f"{self.name}({', '.join(args)})"
 
 
