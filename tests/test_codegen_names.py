@@ -35,8 +35,13 @@ KERNEL_EXAMPLES = ["ag_gemm", "gemm_rs", "gemm_ar", "tp_mlp", "flash_decode"]
 
 def rename(p, old: str, new: str):
     """Pattern `p` with tensor `old` called `new` everywhere (inputs, ops, outputs)."""
+    return rename_all(p, {old: new})
+
+
+def rename_all(p, names: dict[str, str]):
+    """Pattern `p` with each tensor of `names` called by its new name everywhere."""
     def r(n):
-        return new if n == old else n
+        return names.get(n, n)
 
     return dataclasses.replace(
         p, inputs=tuple(dataclasses.replace(t, name=r(t.name)) for t in p.inputs),
@@ -244,21 +249,45 @@ def test_every_tensor_renamed_to_every_generated_name(example):
     assert {"ctl", "abort", "diag", "pid", "tl", "launch"} <= set(words)
     tensors = [t.name for t in p.inputs] + [op.result for op in p.ops]
     refused, kept = [], 0
-    for tensor in tensors:
-        for word in words:
-            if word in tensors:
-                continue
-            try:
-                text = render(rename(p, tensor, word))
-            except TileLinkError as e:
-                assert isinstance(e, PatternError) and e.loc is not None, \
-                    f"{tensor} -> {word}: {e}"
-                assert "Traceback" not in str(e)
-                refused.append((tensor, word))
-                continue
-            why = alpha_difference(original, text)
-            assert why is None, f"{example}: tensor {tensor} renamed {word}: {why}"
+
+    def one(renames: dict[str, str]) -> bool:
+        """Render `p` renamed; False where refused (at the name's line), else it must be
+        the original module renamed."""
+        try:
+            text = render(rename_all(p, renames))
+        except TileLinkError as e:
+            assert isinstance(e, PatternError) and e.loc is not None, f"{renames}: {e}"
+            assert "Traceback" not in str(e)
+            return False
+        why = alpha_difference(original, text)
+        assert why is None, f"{example}: tensors renamed {renames}: {why}"
+        return True
+
+    # Words spelled from no tensor's name are tried for every tensor at once (one render
+    # per round, each tensor given another word): whether a rename clashes then does not
+    # depend on the other tensors' names, so a round that is not refused keeps each of its
+    # renames; a refused round is tried one rename at a time. A word with a tensor's name
+    # in it (sig_a_full) may clash only while that tensor keeps its name: tried alone.
+    def spelled_from_tensor(word: str) -> bool:
+        pieces = word.lower().split("_")
+        return any(t.lower().split("_") == pieces[i:i + len(t.split("_"))]
+                   for t in tensors for i in range(len(pieces)))
+
+    words = [w for w in words if w not in tensors]
+    alone = [(t, w) for t in tensors for w in words if spelled_from_tensor(w)]
+    shared = [w for w in words if not spelled_from_tensor(w)]
+    rounds = [{t: shared[(r + i) % len(shared)] for i, t in enumerate(tensors)}
+              for r in range(len(shared))]  # every (tensor, word) pair once
+    for renames in rounds:
+        if one(renames):
+            kept += len(renames)
+        else:
+            alone += list(renames.items())
+    for tensor, word in alone:
+        if one({tensor: word}):
             kept += 1
+        else:
+            refused.append((tensor, word))
     # the protocol's own words, which made wrong kernels, are refused for every input (whose
     # pointer is a kernel argument)
     for word in ("ctl", "abort", "diag"):
