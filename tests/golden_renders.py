@@ -11,6 +11,7 @@ at, and the emulated world's tuner space for the shipped examples; on cuda:90, c
 hip:gfx942, the NVSHMEM flavour and the interpreter.
 
     python -m tests.golden_renders --write            # record the current renders' hashes
+                                                      # (and the readable renders' texts)
     python -m tests.golden_renders --dump DIR         # write every render's text into DIR
     python -m tests.golden_renders --check            # what the test does
 
@@ -20,6 +21,7 @@ To explain a difference: `--dump` at the old and the new commit, then `diff -r`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import json
 import re
@@ -28,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "renders.json"
+# one render per (pattern, target, lowerings) as text (`.txt`: generated code, not the
+# project's), so a change to generated code shows as a diff a reviewer reads
+READABLE = GOLDEN.parent / "readable"
 GPU_TARGETS = ("cuda:90", "cuda:80", "hip:gfx942", "cuda:90+nvshmem")
 # (examples file, M, N, K): the bench's design shapes (N and K global)
 DESIGN = {
@@ -42,8 +47,17 @@ WS = {"ag_gemm.tl": {"comm": "copy_engine", "gemm": "ws"},
       "gemm_rs.tl": {"comm": "copy_engine", "reduce_after": "1", "gemm": "ws"}}
 
 
+def _readable_name(s) -> str:
+    """The readable render's file name a schedule falls under: its pattern, target and the
+    lowerings composing it (one file per such combination)."""
+    lowerings = sorted({type(lw).__name__ for lw in s.composition.lowerings.values()})
+    target = s.target.name.replace(":", "").replace("+", "-")
+    return f"{s.bound.name}.{target}.{'-'.join(lowerings)}.txt"
+
+
 def _cases():
-    """Yield (key, thunk) for every render of the set; the thunk returns the module text."""
+    """Yield (key, thunk, readable file name) for every render of the set; the thunk
+    returns the module text."""
     from tilelink.codegen import render_triton
     from tilelink.frontend import load_pattern
     from tilelink.schedule import get_target, make_schedule
@@ -64,7 +78,7 @@ def _cases():
     def emit(k, s):
         if k not in seen and s.config.comm != "none":
             seen.add(k)
-            yield k, (lambda s=s: render_triton(s))
+            yield k, (lambda s=s: render_triton(s)), _readable_name(s)
 
     # the design shapes: the overlapped default and gemm=ws, W = 2 and 4
     for f, shapes in DESIGN.items():
@@ -114,14 +128,51 @@ def _portable(text: str) -> str:
     return _USER_MODULE.sub(r"\1<path hash>", text.replace(str(ROOT), "<repo>"))
 
 
-def digests(progress: bool = False) -> dict[str, str]:
-    """key -> SHA-256 of the render, for every case (independent of the checkout's path)."""
-    out = {}
-    for i, (k, thunk) in enumerate(_cases()):
-        out[_portable(k)] = hashlib.sha256(_portable(thunk()).encode()).hexdigest()
+def renders(progress: bool = False) -> tuple[dict[str, str], dict[str, str]]:
+    """(key -> SHA-256 of the render, for every case; readable file name -> its text, for
+    the first case of each pattern, target and set of lowerings), independent of the
+    checkout's path."""
+    out, readable = {}, {}
+    for i, (k, thunk, name) in enumerate(_cases()):
+        text = _portable(thunk())
+        out[_portable(k)] = hashlib.sha256(text.encode()).hexdigest()
+        if name not in readable:
+            readable[name] = f"# golden render of {_portable(k)}\n{text}"
         if progress and i % 100 == 0:
             print(f"  {i} renders", file=sys.stderr)
+    return out, readable
+
+
+def digests(progress: bool = False) -> dict[str, str]:
+    """key -> SHA-256 of the render, for every case (independent of the checkout's path)."""
+    return renders(progress)[0]
+
+
+def readable_differences(now: dict[str, str]) -> list[str]:
+    """What differs between the readable renders `now` and those checked in: a unified diff
+    (its first lines) per changed file, a line per file added or gone."""
+    out = []
+    kept = {f.name: f.read_text() for f in READABLE.glob("*.txt")}
+    for name in sorted(set(kept) | set(now)):
+        if name not in now:
+            out.append(f"{name}: no longer rendered")
+        elif name not in kept:
+            out.append(f"{name}: new (not checked in)")
+        elif kept[name] != now[name]:
+            diff = difflib.unified_diff(kept[name].splitlines(), now[name].splitlines(),
+                                        f"golden/readable/{name}", "now", lineterm="", n=1)
+            out.append("\n".join(list(diff)[:40]))
     return out
+
+
+def write_readable(now: dict[str, str]) -> None:
+    """Check in the readable renders `now` (removing files no case renders any more)."""
+    READABLE.mkdir(parents=True, exist_ok=True)
+    for f in READABLE.glob("*.txt"):
+        if f.name not in now:
+            f.unlink()
+    for name, text in now.items():
+        (READABLE / name).write_text(text)
 
 
 def main(argv=None) -> int:
@@ -135,18 +186,23 @@ def main(argv=None) -> int:
         d = Path(args.dump)
         d.mkdir(parents=True, exist_ok=True)
         index = {}
-        for i, (k, thunk) in enumerate(_cases()):
+        for i, (k, thunk, _) in enumerate(_cases()):
             (d / f"{i:05d}.py").write_text(thunk())
             index[f"{i:05d}.py"] = _portable(k)
         (d / "index.json").write_text(json.dumps(index, indent=1))
         print(f"wrote {len(index)} renders to {d}")
         return 0
-    now = digests(progress=True)
+    now, readable = renders(progress=True)
     if args.write:
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(now, indent=0, sort_keys=True) + "\n")
-        print(f"recorded {len(now)} renders in {GOLDEN}")
+        write_readable(readable)
+        print(f"recorded {len(now)} renders in {GOLDEN} and {len(readable)} readable ones in "
+              f"{READABLE}")
         return 0
+    readable_diffs = readable_differences(readable)
+    for text in readable_diffs:
+        print(text)
     want = json.loads(GOLDEN.read_text())
     changed = sorted(k for k in want if now.get(k) not in (None, want[k]))
     missing = sorted(set(want) - set(now))
@@ -155,7 +211,7 @@ def main(argv=None) -> int:
         for k in keys:
             print(f"{what}: {k}")
     print(f"{len(want)} recorded, {len(changed)} changed, {len(missing)} gone, {len(added)} new")
-    return 1 if changed or missing else 0
+    return 1 if changed or missing or readable_diffs else 0
 
 
 if __name__ == "__main__":
