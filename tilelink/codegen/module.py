@@ -325,6 +325,7 @@ class ModuleBuilder:
             self.kernels.append(kb)
         for kb in self.kernels:
             kb.render()
+            kb.host_before[:0] = self._prepare_lines(kb)
         if self.fault == "drop_notify" and not self.dropped:
             from ..errors import ConfigError
 
@@ -334,6 +335,23 @@ class ModuleBuilder:
         check_module(text, self.names, {k: v[0] for k, v in self.arguments.items()},
                      {kb.name: list(kb.buffers) for kb in self.kernels})
         return text
+
+    def prepares(self, kb: KernelBuilder) -> list[tuple[object, str]]:
+        """(site, what) of the prepare steps launch() runs right before kernel `kb`: those of
+        the ops with a role in it (`Lowering.prepare`)."""
+        out = []
+        for op in dict.fromkeys(r.op for r in kb.roles):
+            what = self.lowering(op.result).prepare(self.site_of(op.result))
+            if what is not None:
+                out.append((self.site_of(op.result), what))
+        return out
+
+    def _prepare_lines(self, kb: KernelBuilder) -> list[str]:
+        lines = []
+        for site, what in self.prepares(kb):
+            lines += [f"    # prepare {site.op.result}: {comment_text(what)}"]
+            lines += self.lowering(site.op.result).render_prepare(kb, site)
+        return lines
 
     def _assign_homes(self) -> None:
         bp = self.bp
@@ -440,6 +458,9 @@ class ModuleBuilder:
                 waits = f"; waits on {', '.join(st.waits_on)}" if st.waits_on else ""
                 span = f"{st.first}..{st.last}" if st.count else "host"
                 lines.append(f"    {st.name}: {span}  {st.what}{waits}")
+            for site, what in self.prepares(kb):
+                lines.append(f"    before it (device work launched from the host, no sync): "
+                             f"prepare {site.op.result}: {what}")
         lines.append("derived mappings:")
         for d in self.plan.deps:
             lines.append(f"  {d.consumer.op} <- {d.producer.op} via {d.tensor}: {d.kind}")

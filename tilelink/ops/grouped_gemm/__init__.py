@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, same_dtype
-from ..ir.tensor import INT_DTYPES, LOCAL
-from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
-from ..plan.tiling import DimRule, TileGrid
-from ..runtime.bounds import rounding
-from ..runtime.dist_reference import dist_reference
-from ..runtime.reference import reference
-from .gemm import products
+from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, same_dtype
+from ...ir.tensor import INT_DTYPES, LOCAL
+from ...plan.regions import access, own, plain_axis, rank_axis, region_rule
+from ...plan.tiling import DimRule, TileGrid
+from ...runtime.bounds import rounding
+from ...runtime.dist_reference import dist_reference
+from ...runtime.reference import reference
+from ...schedule.lowering import register_vendor_work
+from ..gemm import products
+from .tl import ROWS_AXIS, grouped_work
 
 
 @register("grouped_gemm", "compute", ["x", "w", "ids"], {},
@@ -28,8 +30,10 @@ from .gemm import products
               example="y = grouped_gemm(x, w, ids)",
               given=("x : [T, K] bf16", "w : [E, K, N] bf16", "ids : [T, TOPK] int32"),
               sizes="T = 64, K = 32, N = 48, E = 4, TOPK = 2",
-              notes="A kernel would read the rows ids chooses at run time (`--emit plan` "
-                    "shows this dynamic mapping)."))
+              notes="The kernel (`grouped_gemm/triton`) sorts the rows by expert on the "
+                    "device every call and reads the rows ids chooses; after an all_gather "
+                    "each tile waits only on the chunks holding its tokens (`--emit plan` "
+                    "shows this dynamic range)."))
 def shape(op, xs, attrs, world):
     x, w, ids = xs
     sx, sw, si = local_shape(x), local_shape(w), local_shape(ids)
@@ -47,12 +51,17 @@ def shape(op, xs, attrs, world):
 
 @region_rule("grouped_gemm")
 def region(bp, op, ins, out, tiles) -> TileGrid:
-    """Output tiles (rank, m, n); which rows of x a tile reads is the routing's choice."""
+    """Output tiles (rank, m, n); which rows of x a tile reads is the routing's choice: an
+    interval known at run time (the kernel's tiles are block_m rows of one expert, whose
+    token range its prepare step computes)."""
     x, w, ids = ins
     axes = (rank_axis(bp.world), plain_axis("m", out.shape[0], tiles.block_m),
             plain_axis("n", out.shape[1], tiles.block_n))
-    reads = (access(x, own(x, op), {}, dynamic=f"the rows of {x.name} a tile multiplies are "
-                                               f"chosen by {ids.name} (expert routing)"),
+    rows = DimRule(ROWS_AXIS, "runtime")  # a tile's first token .. last token + 1
+    reads = (access(x, own(x, op), {0: rows}, dynamic=(
+        f"the rows of {x.name} a tile multiplies are chosen by {ids.name} (expert routing): "
+        f"they lie in [lo, hi) = [first, last + 1) of the tile's tokens, which grouped_gemm's "
+        f"prepare step writes into its tile table every call and the tile loads")),
              access(w, own(w, op), {2: DimRule("n")}))
     writes = (access(out, DimRule("rank"), {0: DimRule("m"), 1: DimRule("n")}),)
     return TileGrid(op.result, axes, reads, writes)
@@ -82,3 +91,17 @@ rounding("grouped_gemm")(products)  # a row times its expert: x's H products
 @dist_reference("grouped_gemm")
 def dist_ref(op, ctx, args):
     return _experts(*args, ctx.dtype, ctx.exact)
+
+
+def _vendor_work(bp, op):
+    """The non-overlapped plan's grouped GEMM (torch._grouped_mm on sorted rows, or a loop
+    over experts): the kernel's FLOPs and bytes, plus the sort's gather of x's rows."""
+    from ...schedule.lowering import Work
+
+    flops, hbm = grouped_work(bp, op)
+    x = bp.tensors[op.args[0]]
+    rows = bp.tensors[op.result].local_shape[0]
+    return Work(flops, hbm + 2.0 * rows * x.local_shape[1] * 2)
+
+
+register_vendor_work("grouped_gemm", _vendor_work)
