@@ -68,16 +68,45 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
 
 
 def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=True):
-    """Row t * k + j of the result: x[t] @ w[ids[t, j]] (ids out of range: an error)."""
+    """Row t * k + j of the result: x[t] @ w[ids[t, j]] (ids out of range: an error). The
+    rows are sorted by expert and each expert's rows multiplied at once: in fp32 rounded to
+    `dtype` at the end (`exact`), else in the operands' dtype as the non-overlapped plan
+    runs it (`torch._grouped_mm` where it applies: one call over the sorted rows)."""
     e = w.shape[0]
     flat = ids.reshape(-1).long()
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= e):
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if flat.numel() and not capturing and (int(flat.min()) < 0 or int(flat.max()) >= e):
         raise ValueError(f"grouped_gemm ids must lie in [0, {e}); got {int(flat.min())} .. "
                          f"{int(flat.max())}")
-    rows = x.repeat_interleave(ids.shape[1], dim=0)
-    if exact:
-        return torch.bmm(rows.float().unsqueeze(1), w.float()[flat]).squeeze(1).to(dtype)
-    return torch.bmm(rows.unsqueeze(1), w[flat]).squeeze(1)
+    order = torch.sort(flat, stable=True).indices
+    rows = x.index_select(0, order // ids.shape[1])
+    counts = torch.zeros(e, dtype=torch.long, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    out = torch.empty(flat.numel(), w.shape[2], dtype=dtype if exact else x.dtype,
+                      device=x.device)
+    if not exact and grouped_mm_applies(x, w):
+        # offs: where each expert's sorted rows end (int32), no host sync
+        out[order] = torch._grouped_mm(rows, w, offs=torch.cumsum(counts, 0).to(torch.int32))
+        return out
+    parts = torch.split(rows, counts.tolist())
+    prods = [(p.float() @ w[i].float()).to(dtype) if exact else p @ w[i]
+             for i, p in enumerate(parts)]
+    out[order] = torch.cat(prods)
+    return out
+
+
+def grouped_mm_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `torch._grouped_mm` takes x's sorted rows against w: on the CPU, and on CUDA
+    for bf16 on sm90 or newer with 16-byte aligned rows (its kernel's requirements)."""
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is None or x.dtype != w.dtype:
+        return False
+    if x.device.type == "cpu":
+        return True
+    if not x.is_cuda or torch.version.hip or x.dtype != torch.bfloat16:
+        return False
+    return (torch.cuda.get_device_capability(x.device) >= (9, 0)
+            and x.shape[1] % 8 == 0 and w.shape[2] % 8 == 0)
 
 
 @reference("grouped_gemm")
