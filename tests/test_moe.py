@@ -170,3 +170,57 @@ def test_ag_moe_default_is_decided_by_the_cost_model():
 
     s = make_schedule(AG_MOE, 2, None, {}, "cuda:90")
     assert modelled(s.bound) is None  # grouped_gemm declares its work: the model decides
+
+
+@pytest.mark.parametrize("experts", [1, 2, 3])
+def test_random_expert_choices_are_valid_expert_numbers(experts):
+    # random integer inputs were drawn from 0 .. 3 whatever E was: E < 4 made the reference
+    # refuse the pattern's own random inputs
+    from tilelink.runtime.dist_reference import make_local_inputs
+
+    bp = AG_MOE.bind({"T": 64, "E": experts}, 2)
+    for seed in range(3):
+        assert int(make_inputs(bp, seed)["ids"][0].max()) < experts
+        assert int(make_local_inputs(bp, 1, seed, "cpu")["ids"].max()) < experts
+
+
+def test_out_of_range_expert_choices_are_refused_with_a_message():
+    from tilelink.errors import RuntimeCheckError
+    from tilelink.ops.grouped_gemm import _experts
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8, 8)
+    with pytest.raises(RuntimeCheckError, match=r"must lie in \[0, 3\)") as e:
+        _experts(x, w, torch.tensor([[0], [1], [3], [2]]), torch.float32)
+    assert "0 .. 2" in e.value.hint
+
+
+@pytest.mark.parametrize("grouped_mm", [True, False])
+def test_the_plans_grouped_gemm_matches_the_checking_reference(grouped_mm, monkeypatch):
+    # the non-overlapped plan: one torch._grouped_mm over the rows sorted by expert, or a
+    # loop over experts where it does not apply; empty experts and repeated choices
+    import tilelink.ops.grouped_gemm as gg
+
+    monkeypatch.setattr(gg, "grouped_mm_applies", lambda x, w: grouped_mm)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(24, 32, generator=gen).bfloat16()
+    w = torch.randn(6, 32, 16, generator=gen).bfloat16()
+    ids = torch.randint(0, 3, (24, 4), generator=gen).int()  # experts 3 .. 5 empty
+    want = torch.stack([x[t].float() @ w[int(ids[t, j])].float()
+                        for t in range(24) for j in range(4)])
+    exact = gg._experts(x, w, ids, torch.bfloat16, exact=True)
+    plan = gg._experts(x, w, ids, torch.bfloat16, exact=False)
+    assert torch.equal(exact, want.bfloat16())
+    assert plan.dtype == torch.bfloat16
+    assert (plan.float() - want).abs().max() <= 0.02 * want.abs().max()
+
+
+def test_a_run_time_read_without_kernel_variables_is_refused_naming_it():
+    from tilelink.codegen.waits import interval_exprs
+    from tilelink.errors import NotSupportedError
+
+    s = make_schedule(AG_MOE, 2, {"T": 64}, TILES, "interp")
+    (dep,) = s.plan.deps
+    names = {"rank": ("me", "me + 1"), "n": ("col_lo", "col_hi")}
+    with pytest.raises(NotSupportedError, match="known at run time .token_rows."):
+        interval_exprs(dep, names)
+    assert interval_exprs(dep, names | {"token_rows": ("a", "b")})[1] == ("a", "b")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import RuntimeCheckError
 from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, same_dtype
 from ...ir.tensor import INT_DTYPES, LOCAL
 from ...plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ...plan.tiling import DimRule, TileGrid
 from ...runtime.bounds import rounding
 from ...runtime.dist_reference import dist_reference
-from ...runtime.reference import reference
+from ...runtime.reference import int_range, reference
 from ...schedule.lowering import register_vendor_work
 from ..gemm import products
 from .tl import ROWS_AXIS, grouped_work
@@ -30,10 +31,12 @@ from .tl import ROWS_AXIS, grouped_work
               example="y = grouped_gemm(x, w, ids)",
               given=("x : [T, K] bf16", "w : [E, K, N] bf16", "ids : [T, TOPK] int32"),
               sizes="T = 64, K = 32, N = 48, E = 4, TOPK = 2",
-              notes="The kernel (`grouped_gemm/triton`) sorts the rows by expert on the "
-                    "device every call and reads the rows ids chooses; after an all_gather "
-                    "each tile waits only on the chunks holding its tokens (`--emit plan` "
-                    "shows this dynamic range)."))
+              notes="The kernel sorts the rows by expert on the device every call (a "
+                    "prepare step) and gives each tile block_m rows of one expert; after an "
+                    "all_gather a tile waits only on the chunks holding its tokens (`--emit "
+                    "plan` shows this dynamic range). A collective reading its result "
+                    "(reduce_scatter of the rows) has no kernel yet: such a pattern runs as "
+                    "the non-overlapped plan (torch._grouped_mm on GPUs where it applies)."))
 def shape(op, xs, attrs, world):
     x, w, ids = xs
     sx, sw, si = local_shape(x), local_shape(w), local_shape(ids)
@@ -76,8 +79,9 @@ def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=T
     flat = ids.reshape(-1).long()
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
     if flat.numel() and not capturing and (int(flat.min()) < 0 or int(flat.max()) >= e):
-        raise ValueError(f"grouped_gemm ids must lie in [0, {e}); got {int(flat.min())} .. "
-                         f"{int(flat.max())}")
+        raise RuntimeCheckError(f"grouped_gemm expert choices must lie in [0, {e}) (E = {e} "
+                                f"experts); got {int(flat.min())} .. {int(flat.max())}",
+                                hint=f"pass ids with values 0 .. {e - 1}")
     order = torch.sort(flat, stable=True).indices
     rows = x.index_select(0, order // ids.shape[1])
     counts = torch.zeros(e, dtype=torch.long, device=x.device)
@@ -107,6 +111,12 @@ def grouped_mm_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
         return False
     return (torch.cuda.get_device_capability(x.device) >= (9, 0)
             and x.shape[1] % 8 == 0 and w.shape[2] % 8 == 0)
+
+
+@int_range("grouped_gemm")
+def expert_numbers(bp, op, i):
+    """ids (operand 2) take expert numbers 0 .. E - 1 (random inputs stay valid)."""
+    return bp.tensors[op.args[1]].local_shape[0] if i == 2 else None
 
 
 @reference("grouped_gemm")
