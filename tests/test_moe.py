@@ -112,8 +112,11 @@ def test_the_plan_waits_on_the_gathered_chunks_of_a_run_time_token_range():
 def test_the_kernel_loads_the_range_and_waits_only_on_it():
     s = make_schedule(AG_MOE, 2, {"T": 64}, TILES, "interp")
     src = render_triton(s)
-    assert "route_tables(inputs['ids'], 8, 16," in src  # the prepare step, before the kernel
-    assert src.index("route_tables(inputs") < src.index("rt.launch_kernel(")
+    # the prepare step: its kernel, one program, launched before the pattern's kernel
+    launch = "rt.launch_kernel(ag_moe_route_y_kernel, (1,), (inputs['ids'], sym['y_route_order']"
+    assert launch in src
+    assert src.index(launch) < src.index("rt.launch_kernel(ag_moe_kernel,")
+    assert "'ag_moe_route_y_kernel': dict(C=128, E=8, EP=8, TOPK=2, BM=16, SLOTS=16" in src
     body = src[src.index("token_lo = tl.load"):]
     assert body.index("w_chunk_first = ") < body.index("a_tile = tl.load")
     # rows of rank r are chunks 2r, 2r + 1 (32 a rank, 16 a chunk)
@@ -224,3 +227,28 @@ def test_a_run_time_read_without_kernel_variables_is_refused_naming_it():
     with pytest.raises(NotSupportedError, match="known at run time .token_rows."):
         interval_exprs(dep, names)
     assert interval_exprs(dep, names | {"token_rows": ("a", "b")})[1] == ("a", "b")
+
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])
+def test_the_routing_kernel_compiles_for_gpus(target):
+    # (the compile matrix compiles a module's first kernel and its others through the test
+    # of test_codegen_compile; this one names the prepare step's kernel)
+    from tilelink.codegen.compile import compile_module
+    from tilelink.schedule import get_target
+
+    s = make_schedule(AG_MOE, 2, {"T": 1200, "K": 1000, "N": 1200}, {"comm": "sm"}, target)
+    compiled = compile_module(render_triton(s), get_target(target), "ag_moe_route_y_kernel")
+    assert compiled.asm.get("ptx" if target.startswith("cuda") else "amdgcn")
+
+
+def test_the_cost_model_charges_the_prepare_steps_launches(monkeypatch):
+    from tilelink.ops.grouped_gemm.tl import GroupedGemmTriton
+    from tilelink.schedule.cost import device_spec, host_ms
+    from tilelink.schedule.lowering import Prepare
+
+    s = make_schedule(AG_MOE, 2, {"T": 1200, "K": 1000, "N": 1200}, {"comm": "sm"}, "cuda:90")
+    dev = device_spec("cuda:90")
+    one = host_ms(s.bound, s.config, dev)
+    monkeypatch.setattr(GroupedGemmTriton, "prepare", lambda self, site: Prepare("x", 11))
+    assert host_ms(s.bound, s.config, dev) - one == pytest.approx(10 * dev.host_call_us * 1e-3)

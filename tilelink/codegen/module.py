@@ -155,6 +155,9 @@ class ModuleBuilder:
         self.ce_lines: list[str] = []
         self.describe_lines: list[str] = []
         self.module_lines: list[str] = []  # extra module-level code of lowerings
+        # module-level code after the composed kernels (a prepare step's kernel: the first
+        # kernel stays the pattern's)
+        self.after_kernels: list[str] = []
         self.imports: list[str] = []
         self.flags: dict[str, int] = {"TMA": 0, "CAPTURABLE": 0}
         self.copy_engine = False
@@ -341,9 +344,9 @@ class ModuleBuilder:
         the ops with a role in it (`Lowering.prepare`)."""
         out = []
         for op in dict.fromkeys(r.op for r in kb.roles):
-            what = self.lowering(op.result).prepare(self.site_of(op.result))
-            if what is not None:
-                out.append((self.site_of(op.result), what))
+            prep = self.lowering(op.result).prepare(self.site_of(op.result))
+            if prep is not None:
+                out.append((self.site_of(op.result), prep.what))
         return out
 
     def _prepare_lines(self, kb: KernelBuilder) -> list[str]:
@@ -435,6 +438,8 @@ class ModuleBuilder:
         lines += self.module_lines
         for kb in devices:
             lines += ["", ""] + kb.lines
+        if self.after_kernels:
+            lines += ["", ""] + self.after_kernels
         lines += ["", ""] + self._init_signals()
         lines += ["", ""] + self._copy_engine_ops()
         lines += ["", ""] + self._describe_slot()

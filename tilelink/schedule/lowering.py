@@ -190,6 +190,18 @@ class OpSite:
                                                              if loc else "")
 
 
+@dataclass(frozen=True)
+class Prepare:
+    """A lowering's prepare step (`Lowering.prepare`): `what` it does, in one line;
+    `calls`: the device calls it launches per call (kernels, torch ops), which the cost model
+    charges as host calls of an eager call and as launches of the GPU's time; `device_us`:
+    its GPU time beyond the launches."""
+
+    what: str
+    calls: int = 1
+    device_us: float = 0.0
+
+
 @dataclass
 class Step:
     """One piece of device work of one op: a role of a kernel (a range of program ids).
@@ -358,16 +370,17 @@ class Lowering:
 
     # ---- prepare steps: every lowering (the module builder places them) ------------------
 
-    def prepare(self, site: OpSite) -> str | None:
-        """What its prepare step does, in one line (for --emit schedule and the module's
-        header), or None (the default): it has none. A prepare step is device work that
-        launch() starts every call right before the kernel running this op's steps (after
-        every earlier kernel of the call, so it may read any pattern input or earlier
-        kernel's result), as host lines that never wait for the device (torch ops on the
-        caller's stream: no `.item()`, no sync, so a CUDA graph captures it), e.g. the
-        grouped GEMM's routing tables built from the call's expert choices. The lowering
-        declares the memory it writes (`declare`) and renders its lines
-        (`render_prepare`)."""
+    def prepare(self, site: OpSite) -> Prepare | None:
+        """Its prepare step (`Prepare`: what it does, for --emit schedule and the module's
+        header, and how many device calls it makes), or None (the default): it has none. A
+        prepare step is device work that launch() starts every call right before the kernel
+        running this op's steps (after every earlier kernel of the call, so it may read any
+        pattern input or earlier kernel's result), in lines that never wait for the device
+        (a kernel of its own, or torch ops, on the caller's stream: no `.item()`, no sync,
+        so a CUDA graph captures it), e.g. the grouped GEMM's routing tables built from the
+        call's expert choices. The lowering declares the memory it writes and its kernel in
+        `declare` (`mb.after_kernels`: module code after the composed kernels) and renders
+        its launch() lines in `render_prepare`."""
         return None
 
     def render_prepare(self, kb, site: OpSite) -> list[str]:

@@ -20,9 +20,9 @@ from ...codegen.module import TL_DTYPES, ident
 from ...codegen.tiles import operand_waits
 from ...ir import spec
 from ...ir.tensor import DTYPE_BYTES
-from ...schedule.lowering import Lowering, Step, Work, register_lowering
+from ...schedule.lowering import Lowering, Prepare, Step, Work, register_lowering
 from ..gemm.tl import GemmTriton, dot_step
-from .routing import TILE_COLUMNS, max_tiles
+from .routing import TILE_COLUMNS, max_tiles, route_kernel_consts, route_kernel_source
 
 #: the run-time axis of the rows of x a tile reads (the region rule's and the kernel's name)
 ROWS_AXIS = "token_rows"
@@ -40,6 +40,24 @@ def sizes(bp, op) -> dict:
 def tables(op) -> dict[str, str]:
     """The heap buffers the prepare step fills for `op` (role -> buffer name)."""
     return {r: f"{op.result}_route_{r}" for r in ("order", "counts", "tiles", "ntiles")}
+
+
+def route_kernel(site) -> str:
+    """The name of the prepare step's kernel of grouped_gemm `site` in its module."""
+    return f"{site.bp.name}_route_{site.op.result}_kernel"
+
+
+#: GPU time of one step of the routing kernel's loops (CB copies or TB tiles, one program):
+#: an estimate, not yet measured
+ROUTE_STEP_US = 1.0
+
+
+def route_us(site) -> float:
+    """The routing kernel's GPU time beyond its launch: its steps (two passes over the
+    copies, one over the tile slots) at ROUTE_STEP_US each."""
+    s = sizes(site.bp, site.op)
+    k = route_kernel_consts(s["C"], s["E"], s["TOPK"], site.config.block_m)
+    return ROUTE_STEP_US * (2 * -(-k["C"] // k["CB"]) + -(-k["SLOTS"] // k["TB"]))
 
 
 class GroupedGemmTriton(Lowering):
@@ -85,14 +103,15 @@ class GroupedGemmTriton(Lowering):
                          f"; each waits on the chunks of {x} holding its tokens"
                          if gathered else ""))]
 
-    def prepare(self, site) -> str:
+    def prepare(self, site) -> Prepare:
         s = sizes(site.bp, site.op)
-        return (f"routing tables from {site.op.args[2]}: rows sorted by expert, per-expert "
-                f"counts, up to {max_tiles(s['C'], s['E'], site.config.block_m)} tiles "
-                "(expert, first row, rows, token range)")
+        return Prepare(f"routing tables from {site.op.args[2]} (one program of "
+                       f"{route_kernel(site)}): rows sorted by expert, per-expert counts, up to "
+                       f"{max_tiles(s['C'], s['E'], site.config.block_m)} tiles (expert, first "
+                       "row, rows, token range)", calls=1, device_us=route_us(site))
 
     def notes(self, site) -> list[str]:
-        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site)}"]
+        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
 
     def result_home(self, site):
         return None  # written by this rank only
@@ -109,17 +128,27 @@ class GroupedGemmTriton(Lowering):
         mb.heap_tensor(t["counts"], (3, s["E"]), "int32")
         mb.heap_tensor(t["tiles"], (slots, len(TILE_COLUMNS)), "int32")
         mb.heap_tensor(t["ntiles"], (1,), "int32")
-        line = "from tilelink.ops.grouped_gemm.routing import route_tables"
-        if line not in mb.imports:
-            mb.imports.append(line)
+        # the prepare step's kernel, after the composed ones, compiled as they are
+        name = route_kernel(site)
+        consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m)
+        ids = mb.bp.tensors[site.op.args[2]]
+        mb.after_kernels += route_kernel_source(name) + [
+            "", "",
+            f"# {name}: one program, its constexprs and argument types",
+            f"KERNEL_CONSTS.update({{{name!r}: dict("
+            f"{', '.join(f'{k}={v}' for k, v in consts.items())})}})",
+            f"KERNEL_WARPS.update({{{name!r}: 4}})",
+            f"SIGNATURE.update(route_ids_ptr={'*i64' if ids.dtype == 'int64' else '*i32'!r}, "
+            "route_order_ptr='*i32', route_counts_ptr='*i32',",
+            "                 route_tiles_ptr='*i32', route_ntiles_ptr='*i32')"]
 
     def render_prepare(self, kb, site) -> list[str]:
         mb = kb.mb
-        t = tables(site.op)
-        s = sizes(mb.bp, site.op)
-        refs = ", ".join(f"{r}={mb.host_ref(b)}" for r, b in t.items())
-        return [f"    route_tables({mb.host_ref(site.op.args[2])}, {s['E']}, "
-                f"{mb.config.block_m}, {refs})"]
+        name = route_kernel(site)
+        args = ", ".join([mb.host_ref(site.op.args[2])] + [mb.host_ref(b) for b in
+                                                           tables(site.op).values()])
+        return [f"    rt.launch_kernel({name}, (1,), ({args},), dict(",
+                f"        **KERNEL_CONSTS[{name!r}], num_warps=4, **tld.launch_options()))"]
 
     def work(self, site) -> Work:
         """FLOPs and bytes of the kernel (`grouped_work`); as many programs as the tiles of
