@@ -93,8 +93,8 @@ def reference_tables(ids: torch.Tensor, experts: int, block_m: int) -> dict:
 def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int) -> dict:
     """The constexpr arguments of the routing kernel for these sizes."""
     ep = 1 << max(0, experts - 1).bit_length()  # experts, padded to a power of two
-    # copies a step: a [CB, CB] comparison and a [CB, EP] selection stay a few K elements
-    cb = max(16, min(64, 4096 // ep))
+    # copies a step: its [CB, EP] comparisons stay at 4K elements (16 .. 512 copies)
+    cb = max(16, min(512, 4096 // ep))
     return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m,
                 SLOTS=max_tiles(copies, experts, block_m), CB=cb, TB=cb)
 
@@ -127,15 +127,14 @@ def {name}(route_ids_ptr, route_order_ptr, route_counts_ptr, route_tiles_ptr,
     # the stable order: a copy goes to its expert's next free row; out-of-range ones last
     seen = first
     bad_next = tl.sum(cnt, 0)
-    earlier = steps[None, :] < steps[:, None]  # [i, j]: j before i
     for c0 in range(0, C, CB):
         offs = c0 + steps
         inside = offs < C
         v = tl.load(route_ids_ptr + offs, mask=inside, other=-1)
         ok = inside & (v >= 0) & (v < E)
         hit = (v[:, None] == e_offs[None, :]) & ok[:, None]
-        before = tl.sum(((v[:, None] == v[None, :]) & ok[None, :] & earlier).to(tl.int32),
-                        axis=1)
+        # copies of its expert before it in this step: a running count per expert
+        before = tl.sum(tl.where(hit, tl.cumsum(hit.to(tl.int32), 0) - 1, 0), axis=1)
         base = tl.sum(tl.where(hit, seen[None, :], 0), axis=1)
         bad = (inside & ~ok).to(tl.int32)
         pos = tl.where(ok, base + before, bad_next + tl.cumsum(bad, 0) - bad)

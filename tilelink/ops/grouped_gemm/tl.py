@@ -155,7 +155,7 @@ class GroupedGemmTriton(Lowering):
         an even routing (a skewed one has fewer, longer tiles: the model does not see it)."""
         s = sizes(site.bp, site.op)
         cfg = site.config
-        tiles = max_tiles(s["C"], s["E"], cfg.block_m) * -(-s["N"] // cfg.block_n)
+        tiles = -(-s["C"] // cfg.block_m) * -(-s["N"] // cfg.block_n)
         return Work(*grouped_work(site.bp, site.op), programs=tiles)
 
     def render_step(self, step, kb) -> list[str]:
@@ -164,7 +164,7 @@ class GroupedGemmTriton(Lowering):
         s = sizes(mb.bp, op)
         x, w = kb.view(op.args[0]), kb.view(op.args[1])
         y = kb.view(op.result)
-        t = {r: kb.view(b).base for r, b in tables(op).items()}
+        tab = {r: kb.view(b).base for r, b in tables(op).items()}
         p = ident(op.result)
         for local in ("N", "K", "TOPK"):
             kb.const(local, f"{p}_{local}", s[local], f"grouped_gemm {op.result}: "
@@ -181,18 +181,18 @@ class GroupedGemmTriton(Lowering):
         body = [
             "item = t // num_n",
             "pid_n = t % num_n",
-            f"expert = tl.load({t['tiles']} + item * {cols}).to(tl.int64)",
-            f"row0 = tl.load({t['tiles']} + item * {cols} + 1)",
-            f"rows = tl.load({t['tiles']} + item * {cols} + 2)",
-            f"token_lo = tl.load({t['tiles']} + item * {cols} + 3)",
-            f"token_hi = tl.load({t['tiles']} + item * {cols} + 4)",
+            f"expert = tl.load({tab['tiles']} + item * {cols}).to(tl.int64)",
+            f"row0 = tl.load({tab['tiles']} + item * {cols} + 1)",
+            f"rows = tl.load({tab['tiles']} + item * {cols} + 2)",
+            f"token_lo = tl.load({tab['tiles']} + item * {cols} + 3)",
+            f"token_hi = tl.load({tab['tiles']} + item * {cols} + 4)",
             "col_lo = pid_n * BN",
             "col_hi = tl.minimum(col_lo + BN, N)",
         ] + waits + [
             "offs_r = tl.arange(0, BM)",
             "rmask = offs_r < rows",
             "# the tile's result rows t * TOPK + j, in expert order; row t of x for each",
-            f"dst = tl.load({t['order']} + row0 + offs_r, mask=rmask, other=0).to(tl.int64)",
+            f"dst = tl.load({tab['order']} + row0 + offs_r, mask=rmask, other=0).to(tl.int64)",
             f"src = {tok.format('dst // TOPK')}",
             "offs_n = " + ("tld.consume_token(col_lo, tok)" if op.args[1] in waited
                            else "col_lo") + " + tl.arange(0, BN)",
@@ -211,7 +211,7 @@ class GroupedGemmTriton(Lowering):
         first = f"pid - {step.first}" if step.first else "pid"
         return ["num_n = (N + BN - 1) // BN",
                 "# the tiles this call's routing takes (surplus programs have none)",
-                f"items = tl.load({t['ntiles']}) * num_n",
+                f"items = tl.load({tab['ntiles']}) * num_n",
                 f"for t in range({first}, items, {step.count}):"] + ["    " + x if x else x
                                                                        for x in body]
 
