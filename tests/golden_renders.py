@@ -7,8 +7,8 @@ re-renders every case listed here and compares its SHA-256 with `golden/renders.
 The set: the bench's design shapes (the defaults the bench and the Python API take, and the
 `gemm=ws` variants the next GPU runs name), the tuner's whole eager and CUDA-graph space at
 one AG and one GEMM-RS shape, every GPU case of `test_dist.py` at every world size it runs
-at, and the emulated world's tuner space for the shipped examples; on cuda:90, cuda:80,
-hip:gfx942, the NVSHMEM flavour and the interpreter.
+at, the emulated world's tuner space for the shipped examples, and AG-MoE's kernel on both
+comm resources; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and the interpreter.
 
     python -m tests.golden_renders --write            # record the current renders' hashes
                                                       # (and the readable renders' texts)
@@ -116,6 +116,15 @@ def _cases():
             yield from emit(*render(bp, "interp"))
             for cfg in candidates(bp, get_target("interp")):
                 yield from emit(*render(bp, "interp", base=cfg))
+    # AG-MoE (the grouped GEMM's kernel after an all_gather): both comm resources, in the
+    # emulated world at its default sizes and on the GPU targets at a GPU case's sizes
+    moe = load_pattern(str(ROOT / "examples" / "ag_moe.tl"))
+    for comm in ("sm", "copy_engine"):
+        for w in (1, 2, 4):
+            yield from emit(*render(moe.bind({}, w), "interp", {"comm": comm}))
+        bp = moe.bind({"T": 1200, "K": 1000, "N": 1200}, 2)
+        for target in GPU_TARGETS:
+            yield from emit(*render(bp, target, {"comm": comm}))
 
 
 # a user tile function's module is named after a hash of its file's absolute path

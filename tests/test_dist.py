@@ -180,6 +180,22 @@ CAPTURED_KERNEL = ("ag_default_even_graph", "ag_default_ragged_graph_mixed")
 # Added after the last GPU run: run in a world of their own, so a failure cannot take the
 # verified cases with it. Move them into CASES once they have passed on GPUs.
 NOT_YET_RUN: dict = {}
+# AG-MoE: the grouped GEMM's kernel after an all_gather of the token shards; every call draws
+# new expert choices (0 .. 3 of 8: four experts stay empty), so the device-side routing
+# tables change under back-to-back calls. T and N divide by 2, 3, 4 and 8; K = 1000 and
+# N / W are not multiples of the 128-wide tiles.
+AG_MOE = str(EXAMPLES / "ag_moe.tl")
+MOE = {"T": "1200", "K": "1000", "N": "1200", "E": "8", "TOPK": "2"}
+MOE_TOP4 = MOE | {"TOPK": "4"}
+NOT_YET_RUN |= {
+    "ag_moe_sm_1000": RunSpec(AG_MOE, MOE, {"comm": "sm"}, calls=1000),
+    "ag_moe_ce_top4_1000": RunSpec(AG_MOE, MOE_TOP4, {"comm": "copy_engine"}, calls=1000),
+    "ag_moe_sm_top4_delays": RunSpec(AG_MOE, MOE_TOP4, {"comm": "sm"}, calls=100,
+                                     delays=True, seed=50),
+    "ag_moe_sm_graph_mixed": RunSpec(AG_MOE, MOE, {"comm": "sm"},
+                                     calls=20, graph=True, mixed=True),
+    "ag_moe_default": RunSpec(AG_MOE, MOE, {}, calls=5),
+}
 # gemm=ws (dba0d87): the warp-specialised Gluon GEMM; its loader warp waits for the chunks.
 # Ragged: 1000 / W rows per rank, N / W = 1088 / W columns and K = 1000 (rows a multiple of 16
 # bytes, so TMA still applies): no tile divides evenly, and each rank's own rows are copied

@@ -224,7 +224,7 @@ def _routes_to_the_next_expert(op, ctx, args):
 @pytest.mark.parametrize("name,kind,wrong", [
     ("ep_moe", "all_to_all", _keeps_its_own_rows),
     ("sp_attention", "attention", _swaps_keys_and_values),
-    ("ag_moe", "grouped_gemm", _routes_to_the_next_expert)])
+    ("moe_rs", "grouped_gemm", _routes_to_the_next_expert)])
 def test_a_wrong_non_overlapped_plan_is_caught_by_the_check(name, kind, wrong, monkeypatch):
     # The emulated plan was the reference itself (`evaluate` in the pattern's dtype), so
     # `--check` compared the reference with itself (error exactly 0, whatever the plan's

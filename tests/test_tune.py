@@ -353,7 +353,7 @@ def test_emulated_budget_limits_the_run(capsys, cache_root):
     (["tune", AG, "--budget", "0", "--emulate"], "--budget must be >= 1"),
     (["tune", AG, "--time", "-1", "--emulate"], "--time must be > 0"),
     (["tune", AG, "--config", "blockm=3", "--emulate"], "unknown config key"),
-    (["tune", str(EXAMPLES / "ag_moe.tl"), "--emulate"], "no kernel to tune"),
+    (["tune", str(EXAMPLES / "ep_moe.tl"), "--emulate"], "no kernel to tune"),
     (["tune", AG, "--graph", "--emulate"], "--graph times CUDA-graph replays"),
     (["tune", AG, "--graph"], "which need GPUs"),
 ])

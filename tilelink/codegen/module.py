@@ -155,6 +155,9 @@ class ModuleBuilder:
         self.ce_lines: list[str] = []
         self.describe_lines: list[str] = []
         self.module_lines: list[str] = []  # extra module-level code of lowerings
+        # module-level code after the composed kernels (a prepare step's kernel: the first
+        # kernel stays the pattern's)
+        self.after_kernels: list[str] = []
         self.imports: list[str] = []
         self.flags: dict[str, int] = {"TMA": 0, "CAPTURABLE": 0}
         self.copy_engine = False
@@ -325,6 +328,7 @@ class ModuleBuilder:
             self.kernels.append(kb)
         for kb in self.kernels:
             kb.render()
+            kb.host_before[:0] = self._prepare_lines(kb)
         if self.fault == "drop_notify" and not self.dropped:
             from ..errors import ConfigError
 
@@ -334,6 +338,23 @@ class ModuleBuilder:
         check_module(text, self.names, {k: v[0] for k, v in self.arguments.items()},
                      {kb.name: list(kb.buffers) for kb in self.kernels})
         return text
+
+    def prepares(self, kb: KernelBuilder) -> list[tuple[object, str]]:
+        """(site, what) of the prepare steps launch() runs right before kernel `kb`: those of
+        the ops with a role in it (`Lowering.prepare`)."""
+        out = []
+        for op in dict.fromkeys(r.op for r in kb.roles):
+            prep = self.lowering(op.result).prepare(self.site_of(op.result))
+            if prep is not None:
+                out.append((self.site_of(op.result), prep.what))
+        return out
+
+    def _prepare_lines(self, kb: KernelBuilder) -> list[str]:
+        lines = []
+        for site, what in self.prepares(kb):
+            lines += [f"    # prepare {site.op.result}: {comment_text(what)}"]
+            lines += self.lowering(site.op.result).render_prepare(kb, site)
+        return lines
 
     def _assign_homes(self) -> None:
         bp = self.bp
@@ -417,6 +438,8 @@ class ModuleBuilder:
         lines += self.module_lines
         for kb in devices:
             lines += ["", ""] + kb.lines
+        if self.after_kernels:
+            lines += ["", ""] + self.after_kernels
         lines += ["", ""] + self._init_signals()
         lines += ["", ""] + self._copy_engine_ops()
         lines += ["", ""] + self._describe_slot()
@@ -440,6 +463,9 @@ class ModuleBuilder:
                 waits = f"; waits on {', '.join(st.waits_on)}" if st.waits_on else ""
                 span = f"{st.first}..{st.last}" if st.count else "host"
                 lines.append(f"    {st.name}: {span}  {st.what}{waits}")
+            for site, what in self.prepares(kb):
+                lines.append(f"    before it (device work launched from the host, no sync): "
+                             f"prepare {site.op.result}: {what}")
         lines.append("derived mappings:")
         for d in self.plan.deps:
             lines.append(f"  {d.consumer.op} <- {d.producer.op} via {d.tensor}: {d.kind}")

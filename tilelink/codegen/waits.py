@@ -23,12 +23,21 @@ def interval_exprs(dep: Dependency, names: dict[str, tuple[str, str]]) -> list[t
     """Per box dim of the read, source for the consumer tile's [lo, hi).
 
     `names` maps a consumer grid axis to the kernel variables holding its tile's interval.
+    A dim read at run time (`DimRule` mode "runtime") takes the variables `names` gives its
+    run-time axis: the consumer's kernel computes them (e.g. loads them from a table its
+    prepare step wrote) before the waits.
     """
     out = []
     for rule, ext in zip(dep.read.dims, dep.extents):
         if rule.axis is None:
             out.append(("0", str(ext)))
-        elif rule.mode != "tile":
+        elif rule.mode == "runtime" and rule.axis not in names:
+            raise NotSupportedError(
+                f"{dep.consumer.op} reads {dep.tensor} over an interval known at run time "
+                f"({rule.axis}) but its kernel gives no variables for it", dep.consumer_loc,
+                "the consumer's lowering passes the interval's kernel variables to "
+                "render_waits (names)")
+        elif rule.mode not in ("tile", "runtime"):
             raise NotSupportedError(f"kernel lowering of a '{rule.mode}' read is not implemented")
         else:
             out.append(names[rule.axis])
@@ -46,7 +55,7 @@ def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str
     `tld.wait_flat` on the range instead of a loop of waits, so no loop is left in the tile
     body (a flattened, software-pipelined tile loop needs that).
     """
-    if dep.dynamic or dep.closed is None:
+    if dep.closed is None:  # (a dynamic range has one: over the tile's run-time interval)
         raise NotSupportedError(
             f"{dep.consumer.op} depends on {dep.producer.op} through a "
             f"{'run-time' if dep.dynamic else 'table'} mapping; kernels for it are not "

@@ -8,7 +8,10 @@ wait set is the product of what is left. When every producer axis is narrowed by
 most one dim in "tile" or "segment" mode, the narrowed range is contiguous and has a
 closed form in the consumer's own interval (`AxisTiling.index_of` of its ends); the
 kernel then computes its waits with affine arithmetic. Otherwise the plan stores a
-lookup table; regions known only at run time give a dynamic dependency.
+lookup table; regions known only at run time give a dynamic dependency. A dynamic read
+whose unknown part is an interval of some dims (`DimRule` mode "runtime": the consumer's
+kernel computes it, e.g. from a table its prepare step wrote) keeps the producer's closed
+form: the kernel evaluates it on the run-time interval.
 """
 
 from __future__ import annotations
@@ -62,7 +65,14 @@ class Dependency:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def runtime_dims(self) -> dict[int, str]:
+        """Box dims of the read whose interval is known only at run time -> its name."""
+        return {d: r.axis for d, r in enumerate(self.read.dims) if r.mode == "runtime"}
+
+    @property
     def kind(self) -> str:
+        if self.dynamic and self.closed is not None:
+            return "dynamic range (closed form over an interval read at run time)"
         if self.dynamic:
             return "dynamic (lookup table built at run time)"
         return "closed form (affine)" if self.closed is not None else "lookup table"
@@ -73,10 +83,21 @@ class Dependency:
             raise ValueError("a dynamic dependency's wait set is known only at run time")
         if self.table is not None:
             return self.table[cidx]
-        box = self.consumer.box(self.read, cidx, self.extents)
-        ranges = [w.range_for(*box[w.dim]) if w.dim is not None else w.range_for(0, 0)
-                  for w in self.closed]
-        return sorted(self.producer.linear(p) for p in itertools.product(*ranges))
+        return _closed_set(self.producer, self.closed,
+                           self.consumer.box(self.read, cidx, self.extents))
+
+    def runtime_wait_set(self, cidx: tuple[int, ...], runtime: dict[int, tuple[int, int]]):
+        """Of a dynamic range: the slots consumer tile `cidx` waits on when its run-time dims
+        hold `runtime` (box dim -> [lo, hi))."""
+        return _closed_set(self.producer, self.closed,
+                           self.consumer.box(self.read, cidx, self.extents, runtime))
+
+
+def _closed_set(producer: TileGrid, closed, box) -> list[int]:
+    """The producer slots the closed form `closed` selects for a consumer's `box`."""
+    ranges = [w.range_for(*box[w.dim]) if w.dim is not None else w.range_for(0, 0)
+              for w in closed]
+    return sorted(producer.linear(p) for p in itertools.product(*ranges))
 
 
 def overlapping_producers(producer: TileGrid, write: Access, box, extents) -> list[int]:
@@ -127,6 +148,28 @@ def _closed_form(producer: TileGrid, write: Access) -> tuple[AxisWait, ...] | No
     return tuple(waits)
 
 
+def _runtime_closed_form(dep: Dependency) -> tuple[AxisWait, ...] | None:
+    """The producer's closed form for a read with run-time dims, where it reproduces the
+    general derivation on every consumer tile for the run-time intervals checked here: the
+    whole dim, its first and its last coordinate (an interval between them selects the
+    tiles between theirs: the closed form is monotone in both ends). None: no closed form
+    (the dependency stays a run-time table, which codegen refuses)."""
+    closed = _closed_form(dep.producer, dep.write)
+    if closed is None:
+        return None
+    dims = dep.runtime_dims
+    samples = [{d: (0, dep.extents[d]) for d in dims},
+               {d: (0, 1) for d in dims},
+               {d: (dep.extents[d] - 1, dep.extents[d]) for d in dims}]
+    for cidx in itertools.product(*(range(n) for n in dep.consumer.shape)):
+        for rt in samples:
+            box = dep.consumer.box(dep.read, cidx, dep.extents, rt)
+            want = overlapping_producers(dep.producer, dep.write, box, dep.extents)
+            if _closed_set(dep.producer, closed, box) != want:
+                return None
+    return closed
+
+
 def derive(tensor: str, producer: TileGrid, consumer: TileGrid, extents) -> list[Dependency]:
     """Every dependency of `consumer` on `producer` through `tensor` (one per access pair)."""
     deps = []
@@ -139,6 +182,8 @@ def derive(tensor: str, producer: TileGrid, consumer: TileGrid, extents) -> list
             dep = Dependency(tensor, producer, consumer, write, read, tuple(extents))
             if read.dynamic or write.dynamic:
                 dep.dynamic = read.dynamic or write.dynamic
+                if not write.dynamic and dep.runtime_dims:
+                    dep.closed = _runtime_closed_form(dep)
                 deps.append(dep)
                 continue
             table = {}

@@ -63,19 +63,29 @@ def _render_dep(plan: Plan, dep: Dependency, max_tiles: int) -> list[str]:
              f"(copy, then global dims)"]
     if dep.dynamic:
         lines.append(f"  why:     {dep.dynamic}")
-        lines.append(f"  channel: slot = producer tile in {dep.signal}; the runtime fills the "
-                     f"consumer -> slots table before launch")
+        if dep.closed is None:
+            lines.append(f"  channel: slot = producer tile in {dep.signal}; the runtime fills "
+                         f"the consumer -> slots table before launch")
+            return lines
+    runtime = dep.runtime_dims if dep.dynamic else {}
+    for dim, name in runtime.items():
+        lines.append(f"  run-time: [lo, hi) of read dim {dim} is {name}, computed by the "
+                     f"consumer's kernel when it runs (see why)")
+    for w in dep.closed or ():
+        if w.dim is None:
+            lines.append(f"  waits:   {w.axis} in all {w.tiling.count}")
+        elif w.mode == "segment":
+            lines.append(f"  waits:   {w.axis} in lo*{w.tiling.per_segment} .. "
+                         f"hi*{w.tiling.per_segment}-1 of read dim {w.dim}")
+        else:
+            lines.append(f"  waits:   {w.axis} in f(lo) .. f(hi - 1) of read dim {w.dim}, "
+                         f"f(x) = {w.tiling.closed_form('x')}")
+    if runtime:
+        lines.append(f"  rank:    producer tile -> rank {p.rank_of[1]}({p.rank_of[0]}): the "
+                     "source ranks of the rows in [lo, hi)")
+        lines.append(f"  channel: slot = linear({', '.join(a.name for a in p.axes)}) in "
+                     f"{dep.signal}, on the rank that holds the data")
         return lines
-    if dep.closed is not None:
-        for w in dep.closed:
-            if w.dim is None:
-                lines.append(f"  waits:   {w.axis} in all {w.tiling.count}")
-            elif w.mode == "segment":
-                lines.append(f"  waits:   {w.axis} in lo*{w.tiling.per_segment} .. "
-                             f"hi*{w.tiling.per_segment}-1 of read dim {w.dim}")
-            else:
-                lines.append(f"  waits:   {w.axis} in f(lo) .. f(hi - 1) of read dim {w.dim}, "
-                             f"f(x) = {w.tiling.closed_form('x')}")
     lines.append(f"  rank:    producer tile -> rank {p.rank_of[1]}({p.rank_of[0]})")
     lines.append(f"  channel: slot = linear({', '.join(a.name for a in p.axes)}) in "
                  f"{dep.signal}, on the rank that holds the data")

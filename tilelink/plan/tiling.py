@@ -88,7 +88,11 @@ class DimRule:
     mode "segment": [s, s + 1) for the segment s holding the axis tile (e.g. the rank
                     whose slice a chunk belongs to, used on a box's copy dim);
     mode "within":  the axis tile's interval relative to the start of its segment
-                    (the rows of a per-rank tensor a chunk corresponds to).
+                    (the rows of a per-rank tensor a chunk corresponds to);
+    mode "runtime": an interval known only when the kernel runs (global coordinates):
+                    `axis` names it, not a grid axis; the consumer's lowering computes it
+                    into kernel variables (e.g. from a table its prepare step wrote) and
+                    the waits are the producer's closed form over it.
     axis None: the whole dim.
     """
 
@@ -96,6 +100,9 @@ class DimRule:
     mode: str = "tile"
 
     def interval(self, tiling: AxisTiling, i: int) -> tuple[int, int]:
+        if self.mode == "runtime":
+            raise ValueError(f"the interval of run-time axis {self.axis!r} is known only when "
+                             "the kernel runs")
         lo, hi = tiling.interval(i)
         seg = lo // tiling.segment
         if self.mode == "segment":
@@ -189,12 +196,19 @@ class TileGrid:
             idx.append(i)
         return tuple(reversed(idx))
 
-    def box(self, access: Access, idx: tuple[int, ...], extents: tuple[int, ...]):
-        """The [lo, hi) per box dim that tile `idx` touches through `access`."""
+    def box(self, access: Access, idx: tuple[int, ...], extents: tuple[int, ...],
+            runtime: dict[int, tuple[int, int]] | None = None):
+        """The [lo, hi) per box dim that tile `idx` touches through `access` (`runtime`: the
+        interval to take for each dim whose rule is a run-time one)."""
         out = []
-        for rule, ext in zip(access.dims, extents):
+        for dim, (rule, ext) in enumerate(zip(access.dims, extents)):
             if rule.axis is None:
                 out.append((0, ext))
+            elif rule.mode == "runtime":
+                if runtime is None or dim not in runtime:
+                    raise ValueError(f"dim {dim} of {access.tensor} is read at run time "
+                                     f"({rule.axis}): give its interval")
+                out.append(runtime[dim])
             else:
                 k = self.axis_index(rule.axis)
                 out.append(rule.interval(self.axes[k].tiling, idx[k]))

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import NotSupportedError
 from ..ir import BoundPattern
-from .reference import TORCH_DTYPES, RefContext
+from .reference import TORCH_DTYPES, RefContext, random_int_high
 
 # op kind -> fn(op, ctx, args) -> this rank's result, where args are this rank's operands
 # and ctx a RefContext with the process group (ctx.exact: fp32 arithmetic, the checking
@@ -115,8 +115,8 @@ def make_local_inputs(bp: BoundPattern, rank: int, seed: int, device) -> dict[st
         if dtype.is_floating_point:
             out[decl.name] = torch.randn(t.local_shape, generator=gen, device=device).to(dtype)
         else:
-            out[decl.name] = torch.randint(0, 4, t.local_shape, generator=gen,
-                                           device=device).to(dtype)
+            out[decl.name] = torch.randint(0, random_int_high(bp, decl.name), t.local_shape,
+                                           generator=gen, device=device).to(dtype)
     return out
 
 

@@ -58,18 +58,49 @@ def reference(kind: str):
     return wrap
 
 
+# op kind -> fn(bp, op, i) -> the number of valid values (0 .. n - 1) of its integer operand
+# i, or None for any (grouped_gemm's expert numbers: 0 .. E - 1); filled by tilelink.ops
+INT_RANGES: dict[str, Callable] = {}
+#: random integer inputs lie in 0 .. RANDOM_INTS - 1 where no op reading them says less
+RANDOM_INTS = 4
+
+
+def int_range(kind: str):
+    """Decorator: register `fn(bp, op, i)` for op `kind` (see INT_RANGES)."""
+
+    def wrap(fn: Callable) -> Callable:
+        INT_RANGES[kind] = fn
+        return fn
+
+    return wrap
+
+
+def random_int_high(bp: BoundPattern, name: str) -> int:
+    """The exclusive upper bound of random values for integer input `name`: RANDOM_INTS, or
+    less where an op reading it takes fewer values (every op's range holds)."""
+    high = RANDOM_INTS
+    for op in bp.ops:
+        fn = INT_RANGES.get(op.kind)
+        for i, a in enumerate(op.args):
+            n = fn(bp, op, i) if fn is not None and a == name else None
+            if n is not None:
+                high = min(high, n)
+    return max(1, high)
+
+
 def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
-    """Random inputs, per rank, with the pattern's local shapes (replicated: one value)."""
+    """Random inputs, per rank, with the pattern's local shapes (replicated: one value;
+    integers in the range the ops reading them take: `random_int_high`)."""
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, list[torch.Tensor]] = {}
     for decl in bp.pattern.inputs:
         t = bp.tensors[decl.name]
         dtype = TORCH_DTYPES[t.dtype]
 
-        def one(shape=t.local_shape, dtype=dtype):
+        def one(shape=t.local_shape, dtype=dtype, high=random_int_high(bp, decl.name)):
             if dtype.is_floating_point:
                 return torch.randn(shape, generator=gen).to(dtype)
-            return torch.randint(0, 4, shape, generator=gen).to(dtype)
+            return torch.randint(0, high, shape, generator=gen).to(dtype)
 
         if t.placement.kind == "replicated":
             v = one()

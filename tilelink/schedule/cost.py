@@ -477,6 +477,9 @@ def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
                 us += dev.host_call_us
             elif st.kind == "tiles" or st.own_kernel:
                 us += dev.host_kernel_us
+        prep = lw.prepare(site)
+        if prep is not None:  # its torch ops, each a host call
+            us += prep.calls * dev.host_call_us
         if lw.resource == "copy_engine":
             us += dev.host_ce_us
     return us * 1e-3
@@ -583,6 +586,9 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         work = lw.work(site) if lw is not None else None
         comp += (_work_ms(dev, work, work.programs, work.program_gbs) if work is not None
                  else _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op)))
+        prep = lw.prepare(site) if lw is not None else None
+        if prep is not None:  # its device calls before the kernel: a launch each, and work
+            comp += (prep.calls * dev.launch_us + prep.device_us) * 1e-3
     nbytes = moved_bytes(bp, cfg)
     if cfg.comm == "copy_engine":
         bw = _interp(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", bp.world - 1)

@@ -13,6 +13,8 @@ vendor library). It answers, for one op of a bound pattern under one config:
 - `steps`: the pieces of device work it contributes (`Step`s: a tile loop, a push of chunks
   to the peers, a reduction, a copy into an output), where the composer should put each
   one, and the epilogue it needs from the op producing its input;
+- `prepare`: device work run from the host before its kernel every call, without a host
+  sync (a routing table built from a run-time input), placed right before that kernel;
 - `notes`: what `--emit schedule` says about it.
 
 The same object renders its pieces (`tilelink.codegen` calls its `render_*` methods): one
@@ -188,6 +190,18 @@ class OpSite:
                                                              if loc else "")
 
 
+@dataclass(frozen=True)
+class Prepare:
+    """A lowering's prepare step (`Lowering.prepare`): `what` it does, in one line;
+    `calls`: the device calls it launches per call (kernels, torch ops), which the cost model
+    charges as host calls of an eager call and as launches of the GPU's time; `device_us`:
+    its GPU time beyond the launches."""
+
+    what: str
+    calls: int = 1
+    device_us: float = 0.0
+
+
 @dataclass
 class Step:
     """One piece of device work of one op: a role of a kernel (a range of program ids).
@@ -240,6 +254,7 @@ class Lowering:
       alternatives), and what the cost model charges for it;
     - what codegen asks of every lowering (its result's home, module-level declarations, the
       body of each of its roles);
+    - its prepare step (device work launch() starts before its kernel: `prepare`);
     - compute-lowering hooks: what the schedule, the gather producing its operand and the
       reduction taking its tiles ask of a compute op's lowering;
     - collective-lowering hooks: what the compute lowering reading a collective's result asks
@@ -352,6 +367,27 @@ class Lowering:
         lines), e.g. the library GEMM's host calls around one-program kernels. None (the
         default): the builder lays the kernel out around `render_step`'s body."""
         return None
+
+    # ---- prepare steps: every lowering (the module builder places them) ------------------
+
+    def prepare(self, site: OpSite) -> Prepare | None:
+        """Its prepare step (`Prepare`: what it does, for --emit schedule and the module's
+        header, and how many device calls it makes), or None (the default): it has none. A
+        prepare step is device work that launch() starts every call right before the kernel
+        running this op's steps (after every earlier kernel of the call, so it may read any
+        pattern input or earlier kernel's result), in lines that never wait for the device
+        (a kernel of its own, or torch ops, on the caller's stream: no `.item()`, no sync,
+        so a CUDA graph captures it), e.g. the grouped GEMM's routing tables built from the
+        call's expert choices. The lowering declares the memory it writes and its kernel in
+        `declare` (`mb.after_kernels`: module code after the composed kernels) and renders
+        its launch() lines in `render_prepare`."""
+        return None
+
+    def render_prepare(self, kb, site: OpSite) -> list[str]:
+        """launch() lines of its prepare step (see `prepare`), run right before kernel `kb`'s
+        launch; addressing tensors through `kb.mb.host_ref`. Every lowering whose `prepare`
+        says it has one renders it; none by default."""
+        return []
 
     # ---- compute-lowering hooks ----------------------------------------------------------
 

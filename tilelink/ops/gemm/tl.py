@@ -323,7 +323,7 @@ class GemmTriton(Lowering):
             lines += ["acc = tl.zeros((BM, BN), dtype=tl.float32)",
                       "for k0 in tl.range(0, K, BK, num_stages=STAGES):",
                       "    a_tile = tile_desc.load([src_row, k0])",
-                      f"    b_tile = b_desc.load([k0, {b_col}])", "    " + _dot(mb, dtype)]
+                      f"    b_tile = b_desc.load([k0, {b_col}])", "    " + dot_step(mb, dtype)]
         else:
             src_note = []
             if own:
@@ -347,7 +347,7 @@ class GemmTriton(Lowering):
                       "other=0.0)",
                       f"    b_tile = tl.load({bv.base} + offs_k[:, None] * N + offs_n[None, :],",
                       "                     mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), "
-                      "other=0.0)", "    " + _dot(mb, dtype)]
+                      "other=0.0)", "    " + dot_step(mb, dtype)]
             del src_note
         tl_dtype = TL_DTYPES[dtype]
         if fused is not None:
@@ -377,7 +377,7 @@ class GemmTriton(Lowering):
                        {"rank": "me", "m": "pid_m", "n": "pid_n"}, ("BM", "BN"))
 
 
-def _dot(mb, dtype: str) -> str:
+def dot_step(mb, dtype: str) -> str:
     """The K loop's multiply-accumulate for operands of `dtype` on the module's target."""
     if mb.target.dot_fp32:
         return "acc = tl.dot(a_tile.to(tl.float32), b_tile.to(tl.float32), acc)"

@@ -1,0 +1,254 @@
+"""The grouped GEMM's lowering: its routing tables, its plan (waits on a run-time range of the
+gathered rows) and AG-MoE on the emulated world under skewed routings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilelink.codegen import render_triton
+from tilelink.frontend import load_text
+from tilelink.ops.grouped_gemm.routing import max_tiles, reference_tables, route_tables
+from tilelink.runtime import check, emulate
+from tilelink.runtime.reference import make_inputs
+from tilelink.runtime.api import schedule_for as make_schedule
+
+from .conftest import EXAMPLES
+
+AG_MOE = load_text(EXAMPLES / "ag_moe.tl")
+MOE_RS = load_text(EXAMPLES / "moe_rs.tl")
+# small tiles, so a few tokens make several tiles per expert and several chunks per rank
+TILES = {"comm": "sm", "block_m": "16", "block_n": "16", "block_k": "16", "comm_block_m": "16"}
+
+
+def _tables(ids, experts, block_m):
+    copies = ids.numel()
+    slots = max_tiles(copies, experts, block_m)
+    order = torch.full((copies,), -1, dtype=torch.int32)
+    counts = torch.full((3, experts), -1, dtype=torch.int32)
+    tiles = torch.full((slots, 5), -1, dtype=torch.int32)
+    ntiles = torch.full((1,), -1, dtype=torch.int32)
+    route_tables(ids, experts, block_m, order, counts, tiles, ntiles)
+    return order, counts, tiles, ntiles
+
+
+def _routing(kind: str, tokens: int, topk: int, experts: int, world: int, gen):
+    """Expert choices [tokens, topk] int32 of one skew `kind`."""
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen)
+    if kind == "hot":  # every token's first choice is expert 0, the rest random
+        ids[:, 0] = 0
+    elif kind == "sparse":  # only experts 1 and E - 1: the others are empty
+        ids = torch.where(ids % 2 == 0, 1, experts - 1)
+    elif kind == "one_source":  # a token's choices follow its source rank only: where
+        # experts >= world * topk, every expert takes tokens of one source rank
+        rank = torch.arange(tokens) // (tokens // world)
+        ids = (rank[:, None] * topk + torch.arange(topk)[None, :]) % experts
+    elif kind == "all_one":  # every choice is the last expert
+        ids = torch.full((tokens, topk), experts - 1)
+    return ids.to(torch.int32)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_route_tables_match_a_row_by_row_computation(seed):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = int(torch.randint(1, 50, (1,), generator=gen))
+    topk = int(torch.randint(1, 9, (1,), generator=gen))
+    experts = int(torch.randint(1, 12, (1,), generator=gen))
+    block_m = int(torch.randint(1, 17, (1,), generator=gen))
+    kind = ["random", "hot", "sparse", "all_one"][seed % 4]
+    ids = _routing(kind, tokens, topk, experts, 1, gen)
+    order, counts, tiles, ntiles = _tables(ids, experts, block_m)
+    want = reference_tables(ids, experts, block_m)
+    assert order.tolist() == want["order"]
+    assert [tuple(c) for c in counts.t().tolist()] == want["counts"]
+    n = int(ntiles)
+    assert n == len(want["tiles"]) <= tiles.shape[0]
+    assert [tuple(t) for t in tiles[:n].tolist()] == want["tiles"]
+    assert (tiles[n:] == 0).all()  # surplus slots: no rows
+
+
+def test_route_tables_hold_the_worst_case_tile_count():
+    # one row for each of E - 1 experts and the rest on one: ceil(C / BM) + E - 1 tiles
+    experts, block_m, tokens = 6, 4, 21
+    ids = torch.tensor([[e] for e in range(experts - 1)] + [[experts - 1]] * (tokens - 5),
+                       dtype=torch.int32)
+    order, counts, tiles, ntiles = _tables(ids, experts, block_m)
+    assert int(ntiles) == 5 + 4 == len(reference_tables(ids, experts, block_m)["tiles"])
+    assert int(ntiles) <= tiles.shape[0] == max_tiles(tokens, experts, block_m)
+
+
+def test_route_tables_skip_out_of_range_experts():
+    ids = torch.tensor([[0, 7], [2, -1], [2, 0]], dtype=torch.int32)
+    order, counts, tiles, ntiles = _tables(ids, 3, 2)
+    assert counts[0].tolist() == [2, 0, 2]
+    assert sorted(order[:4].tolist()) == [0, 2, 4, 5] and sorted(order[4:].tolist()) == [1, 3]
+    assert sum(tiles[:int(ntiles), 2].tolist()) == 4
+
+
+def test_route_tables_are_capturable_torch_ops():
+    # no host sync: the tables follow new ids in the same buffers without reallocation
+    ids = torch.tensor([[1], [0], [1]], dtype=torch.int32)
+    bufs = _tables(ids, 2, 2)
+    ptrs = [b.data_ptr() for b in bufs]
+    route_tables(torch.tensor([[0], [0], [0]], dtype=torch.int32), 2, 2, *bufs)
+    assert [b.data_ptr() for b in bufs] == ptrs
+    assert bufs[1][0].tolist() == [3, 0] and int(bufs[3]) == 2
+
+
+def test_the_plan_waits_on_the_gathered_chunks_of_a_run_time_token_range():
+    s = make_schedule(AG_MOE, 4, {"T": 128}, TILES, "interp")
+    (dep,) = s.plan.deps
+    assert dep.dynamic and dep.closed is not None and dep.runtime_dims == {1: "token_rows"}
+    # tokens 33 .. 50 are rank 1's rows 1 .. 18 (32 a rank): its chunks 0 and 1 (16 rows each)
+    slots = dep.runtime_wait_set((0, 0, 0), {1: (33, 51)})
+    assert slots == [2, 3]
+    assert dep.runtime_wait_set((0, 0, 0), {1: (33, 40)}) == [2]
+    assert {dep.producer.rank(dep.producer.unlinear(x)) for x in slots} == {1}
+    text = s.plan.render()
+    assert "dynamic range" in text and "run-time: [lo, hi) of read dim 1 is token_rows" in text
+    assert "prepare step" in text
+
+
+def test_the_kernel_loads_the_range_and_waits_only_on_it():
+    s = make_schedule(AG_MOE, 2, {"T": 64}, TILES, "interp")
+    src = render_triton(s)
+    # the prepare step: its kernel, one program, launched before the pattern's kernel
+    launch = "rt.launch_kernel(ag_moe_route_y_kernel, (1,), (inputs['ids'], sym['y_route_order']"
+    assert launch in src
+    assert src.index(launch) < src.index("rt.launch_kernel(ag_moe_kernel,")
+    assert "'ag_moe_route_y_kernel': dict(C=128, E=8, EP=8, TOPK=2, BM=16, SLOTS=16" in src
+    body = src[src.index("token_lo = tl.load"):]
+    assert body.index("w_chunk_first = ") < body.index("a_tile = tl.load")
+    # rows of rank r are chunks 2r, 2r + 1 (32 a rank, 16 a chunk)
+    assert "w_chunk_first = ((token_lo) // 32) * 2 + ((token_lo) % 32) // 16" in body
+
+
+def test_moe_rs_keeps_the_non_overlapped_plan_and_says_why():
+    s = make_schedule(MOE_RS, 2, None, {}, "interp")
+    assert s.config.comm == "none"
+
+
+def _inputs(bp, kinds, seed):
+    """One call's inputs per routing kind in `kinds` (random x and w each call)."""
+    x = bp.tensors["x"]
+    tokens = x.shape[0]
+    topk = bp.tensors["ids"].local_shape[1]
+    experts = bp.tensors["w"].local_shape[0]
+    calls = []
+    for i, kind in enumerate(kinds):
+        call = make_inputs(bp, seed + i)
+        gen = torch.Generator().manual_seed(seed + 100 + i)
+        ids = _routing(kind, tokens, topk, experts, bp.world, gen)
+        call["ids"] = [ids.clone() for _ in range(bp.world)]
+        calls.append(call)
+    return calls
+
+
+def _run_moe(world, sizes, kinds, cfg=TILES, seed=0):
+    s = make_schedule(AG_MOE, world, sizes, cfg, "interp")
+    calls = _inputs(s.bound, kinds, seed)
+    s, res = emulate(AG_MOE, world, sizes, cfg, inputs=calls, delays=True, seed=seed)
+    assert s.composition.lowerings["y"].name == "grouped_gemm/triton"
+    rep = check(s.bound, res)
+    assert rep.ok, rep.lines
+    return res
+
+
+# T = 20 W tokens: not a multiple of block_m (16); back-to-back calls route differently
+@pytest.mark.parametrize("world,topk", [(1, 1), (2, 2), (3, 4)])
+def test_ag_moe_matches_reference_under_skewed_routings(world, topk):
+    sizes = {"T": 20 * world, "K": 16, "N": 16 * world, "E": 4, "TOPK": topk}
+    _run_moe(world, sizes, ["hot", "sparse", "one_source", "random"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,topk", [(2, 8), (4, 2)])
+def test_ag_moe_matches_reference_at_more_ranks_and_top_8(world, topk):
+    sizes = {"T": 12 * world, "K": 24, "N": 16 * world, "E": 8, "TOPK": topk}
+    _run_moe(world, sizes, ["one_source", "all_one", "hot"], seed=3)
+
+
+def test_ag_moe_default_is_decided_by_the_cost_model():
+    from tilelink.schedule.cost import modelled
+
+    s = make_schedule(AG_MOE, 2, None, {}, "cuda:90")
+    assert modelled(s.bound) is None  # grouped_gemm declares its work: the model decides
+
+
+@pytest.mark.parametrize("experts", [1, 2, 3])
+def test_random_expert_choices_are_valid_expert_numbers(experts):
+    # random integer inputs were drawn from 0 .. 3 whatever E was: E < 4 made the reference
+    # refuse the pattern's own random inputs
+    from tilelink.runtime.dist_reference import make_local_inputs
+
+    bp = AG_MOE.bind({"T": 64, "E": experts}, 2)
+    for seed in range(3):
+        assert int(make_inputs(bp, seed)["ids"][0].max()) < experts
+        assert int(make_local_inputs(bp, 1, seed, "cpu")["ids"].max()) < experts
+
+
+def test_out_of_range_expert_choices_are_refused_with_a_message():
+    from tilelink.errors import RuntimeCheckError
+    from tilelink.ops.grouped_gemm import _experts
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8, 8)
+    with pytest.raises(RuntimeCheckError, match=r"must lie in \[0, 3\)") as e:
+        _experts(x, w, torch.tensor([[0], [1], [3], [2]]), torch.float32)
+    assert "0 .. 2" in e.value.hint
+
+
+@pytest.mark.parametrize("grouped_mm", [True, False])
+def test_the_plans_grouped_gemm_matches_the_checking_reference(grouped_mm, monkeypatch):
+    # the non-overlapped plan: one torch._grouped_mm over the rows sorted by expert, or a
+    # loop over experts where it does not apply; empty experts and repeated choices
+    import tilelink.ops.grouped_gemm as gg
+
+    monkeypatch.setattr(gg, "grouped_mm_applies", lambda x, w: grouped_mm)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(24, 32, generator=gen).bfloat16()
+    w = torch.randn(6, 32, 16, generator=gen).bfloat16()
+    ids = torch.randint(0, 3, (24, 4), generator=gen).int()  # experts 3 .. 5 empty
+    want = torch.stack([x[t].float() @ w[int(ids[t, j])].float()
+                        for t in range(24) for j in range(4)])
+    exact = gg._experts(x, w, ids, torch.bfloat16, exact=True)
+    plan = gg._experts(x, w, ids, torch.bfloat16, exact=False)
+    assert torch.equal(exact, want.bfloat16())
+    assert plan.dtype == torch.bfloat16
+    assert (plan.float() - want).abs().max() <= 0.02 * want.abs().max()
+
+
+def test_a_run_time_read_without_kernel_variables_is_refused_naming_it():
+    from tilelink.codegen.waits import interval_exprs
+    from tilelink.errors import NotSupportedError
+
+    s = make_schedule(AG_MOE, 2, {"T": 64}, TILES, "interp")
+    (dep,) = s.plan.deps
+    names = {"rank": ("me", "me + 1"), "n": ("col_lo", "col_hi")}
+    with pytest.raises(NotSupportedError, match="known at run time .token_rows."):
+        interval_exprs(dep, names)
+    assert interval_exprs(dep, names | {"token_rows": ("a", "b")})[1] == ("a", "b")
+
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])
+def test_the_routing_kernel_compiles_for_gpus(target):
+    # (the compile matrix compiles a module's first kernel and its others through the test
+    # of test_codegen_compile; this one names the prepare step's kernel)
+    from tilelink.codegen.compile import compile_module
+    from tilelink.schedule import get_target
+
+    s = make_schedule(AG_MOE, 2, {"T": 1200, "K": 1000, "N": 1200}, {"comm": "sm"}, target)
+    compiled = compile_module(render_triton(s), get_target(target), "ag_moe_route_y_kernel")
+    assert compiled.asm.get("ptx" if target.startswith("cuda") else "amdgcn")
+
+
+def test_the_cost_model_charges_the_prepare_steps_launches(monkeypatch):
+    from tilelink.ops.grouped_gemm.tl import GroupedGemmTriton
+    from tilelink.schedule.cost import device_spec, host_ms
+    from tilelink.schedule.lowering import Prepare
+
+    s = make_schedule(AG_MOE, 2, {"T": 1200, "K": 1000, "N": 1200}, {"comm": "sm"}, "cuda:90")
+    dev = device_spec("cuda:90")
+    one = host_ms(s.bound, s.config, dev)
+    monkeypatch.setattr(GroupedGemmTriton, "prepare", lambda self, site: Prepare("x", 11))
+    assert host_ms(s.bound, s.config, dev) - one == pytest.approx(10 * dev.host_call_us * 1e-3)

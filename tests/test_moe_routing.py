@@ -1,0 +1,86 @@
+"""The grouped GEMM's routing kernel (its prepare step) in Triton's interpreter: the tables
+it writes against a row-by-row computation, under random and skewed routings.
+
+The cases run in a child process with TRITON_INTERPRET=1 (`_interp_worker`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _interp_worker import get, run_worker, worker_main  # noqa: E402
+
+from tilelink.ops.grouped_gemm.routing import reference_tables  # noqa: E402
+
+
+def _routing(kind: str, tokens: int, topk: int, experts: int, gen):
+    """Expert choices [tokens, topk] int32 of one skew `kind` (as tests/test_moe.py's)."""
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen)
+    if kind == "hot":
+        ids[:, 0] = 0
+    elif kind == "sparse":
+        ids = torch.where(ids % 2 == 0, 1 % experts, experts - 1)
+    elif kind == "all_one":
+        ids = torch.full((tokens, topk), experts - 1)
+    return ids.to(torch.int32)
+
+
+def _kernel_cases():
+    """Interpreter cases: the routing kernel's tables against `reference_tables` (random and
+    skewed routings; sizes that need several steps of CB copies and TB tiles)."""
+    import triton  # noqa: F401  (the kernel source's names)
+    import triton.language as tl  # noqa: F401
+
+    from tilelink.ops.grouped_gemm.routing import route_kernel_consts, route_kernel_source
+
+    space: dict = {}
+    exec("import triton\nimport triton.language as tl\n"
+         + "\n".join(route_kernel_source("route_kernel")), space)
+    kernel = space["route_kernel"]
+
+    def case(seed):
+        gen = torch.Generator().manual_seed(seed)
+        tokens = int(torch.randint(1, 200, (1,), generator=gen))  # up to 1,600 copies
+        topk = int(torch.randint(1, 9, (1,), generator=gen))
+        experts = int(torch.randint(1, 20, (1,), generator=gen))
+        block_m = [16, 32, 64, 128][seed % 4]
+        kind = ["random", "hot", "sparse", "all_one", "bad"][seed % 5]
+        ids = _routing("random" if kind == "bad" else kind, tokens, topk, experts, gen)
+        if kind == "bad":  # a few out-of-range choices: sorted last, in no tile
+            ids[::7, 0] = experts + 3
+            ids[1::9, -1] = -1
+        k = route_kernel_consts(ids.numel(), experts, topk, block_m)
+        order = torch.full((ids.numel(),), -1, dtype=torch.int32)
+        counts = torch.full((3, experts), -1, dtype=torch.int32)
+        tiles = torch.full((k["SLOTS"], 5), -1, dtype=torch.int32)
+        ntiles = torch.full((1,), -1, dtype=torch.int32)
+        kernel[(1,)](ids, order, counts, tiles, ntiles, **k)
+        want = reference_tables(ids, experts, block_m)
+        n = int(ntiles)
+        return {"order": order.tolist() == want["order"],
+                "counts": [tuple(c) for c in counts.t().tolist()] == want["counts"],
+                "tiles": [tuple(t) for t in tiles[:n].tolist()] == want["tiles"],
+                "rest": bool((tiles[n:] == 0).all())}
+
+    return {f"kernel_{seed}": (lambda seed=seed: case(seed)) for seed in range(25)}
+
+
+@pytest.fixture(scope="module")
+def kernel_results():
+    return run_worker(__file__)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_the_routing_kernel_writes_the_reference_tables(kernel_results, seed):
+    assert get(kernel_results, f"kernel_{seed}") == {"order": True, "counts": True,
+                                                     "tiles": True, "rest": True}
+
+
+if __name__ == "__main__":
+    worker_main(_kernel_cases())

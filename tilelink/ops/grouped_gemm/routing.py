@@ -1,0 +1,172 @@
+"""The grouped GEMM's routing tables, built on the device every call from the expert choices.
+
+The lowering's prepare step launches one single-program Triton kernel
+(`route_kernel_source`: its text goes into the generated module) right before the grouped
+GEMM's kernel; nothing is read back to the host, so a CUDA graph captures it and a call never
+waits for the device. `route_tables` computes the same tables with torch ops (a second,
+independent implementation the tests hold the kernel to). Both fill, in place:
+
+- `order` [C] (C = T * topk): the result rows t * topk + j sorted by expert, stably (rows of
+  one expert in increasing order, so in increasing token order);
+- `counts` [3, E]: per expert its rows, its rows padded to a multiple of block_m, and its
+  first position in `order`;
+- `tiles` [MAX_TILES, 5]: per tile of block_m rows of one expert, (expert, first position
+  in `order`, rows, first token, last token + 1); tiles past the last are all zero;
+- `ntiles` [1]: how many tiles there are (at most `max_tiles(C, E, block_m)`).
+
+An expert with no rows has no tile; a tile never mixes experts. Copies whose expert is out of
+range belong to no expert and no tile (their result rows are not written; the references
+refuse such ids).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: columns of a row of the tile table
+TILE_COLUMNS = ("expert", "first", "rows", "token_lo", "token_hi")
+
+
+def max_tiles(copies: int, experts: int, block_m: int) -> int:
+    """The most tiles `copies` rows over `experts` experts can take in tiles of `block_m`
+    rows of one expert: sum over experts of ceil(count / block_m) is at most
+    ceil(copies / block_m) + experts, and never more than one tile per row."""
+    return max(1, min(-(-copies // block_m) + experts, copies))
+
+
+def route_tables(ids: torch.Tensor, experts: int, block_m: int, order: torch.Tensor,
+                 counts: torch.Tensor, tiles: torch.Tensor, ntiles: torch.Tensor) -> None:
+    """Fill the routing tables of expert choices `ids` [T, topk] in place (int32 tables on
+    ids' device; see the module docstring) with torch ops, without a host sync: the kernel's
+    second implementation (about 60 small device calls, where the kernel is one)."""
+    topk = ids.shape[1]
+    flat = ids.reshape(-1).long()
+    dev = flat.device
+    # an out-of-range expert sorts after every expert and is counted in none
+    key = torch.where((flat >= 0) & (flat < experts), flat, torch.full_like(flat, experts))
+    perm = torch.sort(key, stable=True).indices
+    cnt = torch.zeros(experts + 1, dtype=torch.long, device=dev)
+    cnt.scatter_add_(0, key, torch.ones_like(key))
+    cnt = cnt[:experts]
+    first = torch.cumsum(cnt, 0) - cnt
+    per = (cnt + block_m - 1) // block_m  # tiles of each expert
+    tile_end = torch.cumsum(per, 0)
+    total = tile_end[-1:]
+    slots = tiles.shape[0]
+    i = torch.arange(slots, device=dev)
+    e = torch.searchsorted(tile_end, i, right=True).clamp(max=experts - 1)
+    j = i - (tile_end[e] - per[e])  # the tile's index within its expert
+    live = i < total
+    row0 = torch.where(live, first[e] + j * block_m, torch.zeros_like(i))
+    rows = torch.where(live, (cnt[e] - j * block_m).clamp(0, block_m), torch.zeros_like(i))
+    # (a dead tile's positions are clamped into the table, then its tokens zeroed)
+    head = row0.clamp(max=flat.numel() - 1)
+    last = (row0 + rows - 1).clamp(min=0, max=flat.numel() - 1)
+    lo = torch.where(live, perm[head] // topk, torch.zeros_like(i))
+    hi = torch.where(live, perm[last] // topk + 1, torch.zeros_like(i))
+    order.copy_(perm)
+    counts[0].copy_(cnt)
+    counts[1].copy_(per * block_m)
+    counts[2].copy_(first)
+    tiles.copy_(torch.stack([torch.where(live, e, torch.zeros_like(e)), row0, rows, lo, hi], 1))
+    ntiles.copy_(total)
+
+
+def reference_tables(ids: torch.Tensor, experts: int, block_m: int) -> dict:
+    """The same tables computed row by row in Python (what the tests hold `route_tables` to):
+    lists, not tensors, and only the live tiles."""
+    topk = ids.shape[1]
+    flat = [int(v) for v in ids.reshape(-1)]
+    rows_of = [[c for c, v in enumerate(flat) if v == x] for x in range(experts)]
+    order = [c for rs in rows_of for c in rs] + [c for c, v in enumerate(flat)
+                                                  if not 0 <= v < experts]
+    counts, pos, tiles = [], 0, []
+    for x, rs in enumerate(rows_of):
+        counts.append((len(rs), -(-len(rs) // block_m) * block_m, pos))
+        for s in range(0, len(rs), block_m):
+            part = rs[s:s + block_m]
+            tiles.append((x, pos + s, len(part), part[0] // topk, part[-1] // topk + 1))
+        pos += len(rs)
+    return {"order": order, "counts": counts, "tiles": tiles}
+
+
+def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int) -> dict:
+    """The constexpr arguments of the routing kernel for these sizes."""
+    ep = 1 << max(0, experts - 1).bit_length()  # experts, padded to a power of two
+    # copies a step: its [CB, EP] comparisons stay at 4K elements (16 .. 512 copies)
+    cb = max(16, min(512, 4096 // ep))
+    return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m,
+                SLOTS=max_tiles(copies, experts, block_m), CB=cb, TB=cb)
+
+
+def route_kernel_source(name: str) -> list[str]:
+    """The lines of the routing kernel `name` (one program: launch it on a grid of 1). Its
+    arguments: route_ids_ptr (the [T, topk] choices, int32, read flat: copy c = t * topk + j),
+    the four tables (int32) and `route_kernel_consts`."""
+    return f'''@triton.jit
+def {name}(route_ids_ptr, route_order_ptr, route_counts_ptr, route_tiles_ptr,
+        route_ntiles_ptr, C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
+        TOPK: tl.constexpr, BM: tl.constexpr, SLOTS: tl.constexpr, CB: tl.constexpr,
+        TB: tl.constexpr):
+    """The grouped GEMM's routing tables from the expert choices (see
+    tilelink.ops.grouped_gemm.routing): one program, copies in steps of CB."""
+    e_offs = tl.arange(0, EP)
+    emask = e_offs < E
+    steps = tl.arange(0, CB)
+    # per-expert counts (an out-of-range choice counts for no expert)
+    cnt = tl.zeros((EP,), dtype=tl.int32)
+    for c0 in range(0, C, CB):
+        v = tl.load(route_ids_ptr + c0 + steps, mask=c0 + steps < C, other=-1)
+        cnt += tl.sum(((v[:, None] == e_offs[None, :]) & emask[None, :]).to(tl.int32), axis=0)
+    first = tl.cumsum(cnt, 0) - cnt
+    per = (cnt + BM - 1) // BM
+    tile_end = tl.cumsum(per, 0)
+    tl.store(route_counts_ptr + e_offs, cnt, mask=emask)
+    tl.store(route_counts_ptr + E + e_offs, per * BM, mask=emask)
+    tl.store(route_counts_ptr + 2 * E + e_offs, first, mask=emask)
+    # the stable order: a copy goes to its expert's next free row; out-of-range ones last
+    seen = first
+    bad_next = tl.sum(cnt, 0)
+    for c0 in range(0, C, CB):
+        offs = c0 + steps
+        inside = offs < C
+        v = tl.load(route_ids_ptr + offs, mask=inside, other=-1)
+        ok = inside & (v >= 0) & (v < E)
+        hit = (v[:, None] == e_offs[None, :]) & ok[:, None]
+        # copies of its expert before it in this step: a running count per expert
+        before = tl.sum(tl.where(hit, tl.cumsum(hit.to(tl.int32), 0) - 1, 0), axis=1)
+        base = tl.sum(tl.where(hit, seen[None, :], 0), axis=1)
+        bad = (inside & ~ok).to(tl.int32)
+        pos = tl.where(ok, base + before, bad_next + tl.cumsum(bad, 0) - bad)
+        tl.store(route_order_ptr + pos, offs, mask=inside)
+        seen += tl.sum(hit.to(tl.int32), axis=0)
+        bad_next += tl.sum(bad, 0)
+    # (a CTA barrier: the order's stores above are visible to the loads below)
+    tl.debug_barrier()
+    total = tl.sum(tl.where(emask, per, 0), 0)
+    t_offs = tl.arange(0, TB)
+    for t0 in range(0, SLOTS, TB):
+        i = t0 + t_offs
+        # the tile's expert: how many experts' tiles end at or before it
+        e = tl.sum(((tile_end[None, :] <= i[:, None]) & emask[None, :]).to(tl.int32), axis=1)
+        sel = e_offs[None, :] == tl.minimum(e, E - 1)[:, None]
+        e_end = tl.sum(tl.where(sel, tile_end[None, :], 0), axis=1)
+        e_per = tl.sum(tl.where(sel, per[None, :], 0), axis=1)
+        e_cnt = tl.sum(tl.where(sel, cnt[None, :], 0), axis=1)
+        e_first = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
+        j = i - (e_end - e_per)
+        live = i < total
+        row0 = tl.where(live, e_first + j * BM, 0)
+        rows = tl.where(live, tl.minimum(tl.maximum(e_cnt - j * BM, 0), BM), 0)
+        head = tl.minimum(row0, C - 1)
+        last = tl.minimum(tl.maximum(row0 + rows - 1, 0), C - 1)
+        lo = tl.where(live, tl.load(route_order_ptr + head) // TOPK, 0)
+        hi = tl.where(live, tl.load(route_order_ptr + last) // TOPK + 1, 0)
+        slot = i < SLOTS
+        tl.store(route_tiles_ptr + i * 5, tl.where(live, e, 0), mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 1, row0, mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 2, rows, mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 3, lo, mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 4, hi, mask=slot)
+    tl.store(route_ntiles_ptr, total)
+'''.splitlines()

@@ -1,0 +1,230 @@
+"""The grouped GEMM on TileLink's persistent Triton kernel (`grouped_gemm/triton`).
+
+Every call, a prepare step (`routing.route_tables`, device work launched from the host with
+no sync) sorts the result rows t * topk + j by expert and cuts each expert's rows into tiles
+of block_m rows; the kernel's programs then walk (tile, column block) items: a tile loads its
+expert, first row and row count from the table, gathers its rows of x through the sorted
+order, runs the K loop against its expert's weights (the GEMM lowering's multiply-accumulate)
+and scatters each result row to position t * topk + j. The grid is sized for the most tiles
+any routing can take (`routing.max_tiles`); the loop's end is the table's tile count, so
+surplus programs have nothing to do.
+
+Where a collective delivers x (AG-MoE: all_gather of the token shards), a tile waits only on
+the chunks holding its rows: the table also holds each tile's first and last token, and the
+plan's dependency on x is the gather's closed form over that run-time interval (`--emit plan`).
+"""
+
+from __future__ import annotations
+
+from ...codegen.module import TL_DTYPES, ident
+from ...codegen.tiles import operand_waits
+from ...ir import spec
+from ...ir.tensor import DTYPE_BYTES
+from ...schedule.lowering import Lowering, Prepare, Step, Work, register_lowering
+from ..gemm.tl import GemmTriton, dot_step
+from .routing import TILE_COLUMNS, max_tiles, route_kernel_consts, route_kernel_source
+
+#: the run-time axis of the rows of x a tile reads (the region rule's and the kernel's name)
+ROWS_AXIS = "token_rows"
+
+
+def sizes(bp, op) -> dict:
+    """T, K, N, E, TOPK (per rank) of grouped_gemm `op`, and C = T * TOPK result rows."""
+    x, w, ids = (bp.tensors[a] for a in op.args)
+    t, k = x.local_shape
+    e, _, n = w.local_shape
+    topk = ids.local_shape[1]
+    return {"T": t, "K": k, "N": n, "E": e, "TOPK": topk, "C": t * topk}
+
+
+def tables(op) -> dict[str, str]:
+    """The heap buffers the prepare step fills for `op` (role -> buffer name)."""
+    return {r: f"{op.result}_route_{r}" for r in ("order", "counts", "tiles", "ntiles")}
+
+
+def route_kernel(site) -> str:
+    """The name of the prepare step's kernel of grouped_gemm `site` in its module."""
+    return f"{site.bp.name}_route_{site.op.result}_kernel"
+
+
+#: GPU time of one step of the routing kernel's loops (CB copies or TB tiles, one program):
+#: an estimate, not yet measured
+ROUTE_STEP_US = 1.0
+
+
+def route_us(site) -> float:
+    """The routing kernel's GPU time beyond its launch: its steps (two passes over the
+    copies, one over the tile slots) at ROUTE_STEP_US each."""
+    s = sizes(site.bp, site.op)
+    k = route_kernel_consts(s["C"], s["E"], s["TOPK"], site.config.block_m)
+    return ROUTE_STEP_US * (2 * -(-k["C"] // k["CB"]) + -(-k["SLOTS"] // k["TB"]))
+
+
+class GroupedGemmTriton(Lowering):
+    """See the module docstring."""
+
+    kind = "grouped_gemm"
+    name = "grouped_gemm/triton"
+    knobs = ("num_programs", "block_m", "block_n", "block_k", "stages", "warps")
+    names = {"rank": ("me", "me + 1"), ROWS_AXIS: ("token_lo", "token_hi"),
+             "n": ("col_lo", "col_hi")}
+
+    def reasons(self, site) -> list[str]:
+        out = []
+        dtype = site.result.dtype
+        if dtype not in TL_DTYPES:
+            out.append(f"its operands are {dtype}: the grouped GEMM kernel multiplies bf16, "
+                       "fp16 or fp32")
+        cfg, limit = site.config, site.target.smem_bytes
+        need = GemmTriton().smem_needed(cfg, DTYPE_BYTES.get(dtype, 2))
+        if limit is not None and need > limit:
+            out.append(f"{cfg.stages} stages of {cfg.block_m}x{cfg.block_k} and "
+                       f"{cfg.block_k}x{cfg.block_n} tiles need {need} B of shared memory, "
+                       f"more than a CTA has on {site.target.name} ({limit} B): use fewer "
+                       "stages or smaller tiles")
+        ids = site.op.args[2]
+        src = next((o for o in site.bp.ops if o.result == ids), None)
+        if src is not None and spec(src.kind).category == "comm":
+            out.append(f"{ids} comes from a collective ({src.kind}) of the kernel its tiles "
+                       "run in, but the prepare step reads it before that kernel starts: "
+                       "pass the expert choices in replicated")
+        takers = [c for c in site.consumers if spec(c.kind).category == "comm"]
+        if takers:
+            out.append(f"{takers[0].kind} reads {site.op.result}, whose rows a tile scatters "
+                       "(t * topk + j): no kernel feeds a collective from the grouped GEMM "
+                       "yet (the non-overlapped plan runs it)")
+        return out
+
+    def steps(self, site) -> list[Step]:
+        x = site.op.args[0]
+        gathered = any(o.result == x and spec(o.kind).category == "comm" for o in site.bp.ops)
+        return [Step("tiles", site.op, self, "grouped GEMM tiles (block_m rows of one expert, "
+                     "gathered through the routing order, scattered to t * topk + j)" + (
+                         f"; each waits on the chunks of {x} holding its tokens"
+                         if gathered else ""))]
+
+    def prepare(self, site) -> Prepare:
+        s = sizes(site.bp, site.op)
+        return Prepare(f"routing tables from {site.op.args[2]} (one program of "
+                       f"{route_kernel(site)}): rows sorted by expert, per-expert counts, up to "
+                       f"{max_tiles(s['C'], s['E'], site.config.block_m)} tiles (expert, first "
+                       "row, rows, token range)", calls=1, device_us=route_us(site))
+
+    def notes(self, site) -> list[str]:
+        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
+
+    def result_home(self, site):
+        return None  # written by this rank only
+
+    def declare(self, mb, site) -> None:
+        s = sizes(mb.bp, site.op)
+        cfg = mb.config
+        for name, value in (("BM", cfg.block_m), ("BN", cfg.block_n), ("BK", cfg.block_k),
+                            ("STAGES", cfg.stages)):
+            mb.const(name, value, "GEMM tiles (the schedule's config)")
+        t = tables(site.op)
+        slots = max_tiles(s["C"], s["E"], cfg.block_m)
+        mb.heap_tensor(t["order"], (s["C"],), "int32")
+        mb.heap_tensor(t["counts"], (3, s["E"]), "int32")
+        mb.heap_tensor(t["tiles"], (slots, len(TILE_COLUMNS)), "int32")
+        mb.heap_tensor(t["ntiles"], (1,), "int32")
+        # the prepare step's kernel, after the composed ones, compiled as they are
+        name = route_kernel(site)
+        consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m)
+        ids = mb.bp.tensors[site.op.args[2]]
+        mb.after_kernels += route_kernel_source(name) + [
+            "", "",
+            f"# {name}: one program, its constexprs and argument types",
+            f"KERNEL_CONSTS.update({{{name!r}: dict("
+            f"{', '.join(f'{k}={v}' for k, v in consts.items())})}})",
+            f"KERNEL_WARPS.update({{{name!r}: 4}})",
+            f"SIGNATURE.update(route_ids_ptr={'*i64' if ids.dtype == 'int64' else '*i32'!r}, "
+            "route_order_ptr='*i32', route_counts_ptr='*i32',",
+            "                 route_tiles_ptr='*i32', route_ntiles_ptr='*i32')"]
+
+    def render_prepare(self, kb, site) -> list[str]:
+        mb = kb.mb
+        name = route_kernel(site)
+        args = ", ".join([mb.host_ref(site.op.args[2])] + [mb.host_ref(b) for b in
+                                                           tables(site.op).values()])
+        return [f"    rt.launch_kernel({name}, (1,), ({args},), dict(",
+                f"        **KERNEL_CONSTS[{name!r}], num_warps=4, **tld.launch_options()))"]
+
+    def work(self, site) -> Work:
+        """FLOPs and bytes of the kernel (`grouped_work`); as many programs as the tiles of
+        an even routing (a skewed one has fewer, longer tiles: the model does not see it)."""
+        s = sizes(site.bp, site.op)
+        cfg = site.config
+        tiles = -(-s["C"] // cfg.block_m) * -(-s["N"] // cfg.block_n)
+        return Work(*grouped_work(site.bp, site.op), programs=tiles)
+
+    def render_step(self, step, kb) -> list[str]:
+        mb, op = kb.mb, step.op
+        site = mb.site_of(op.result)
+        s = sizes(mb.bp, op)
+        x, w = kb.view(op.args[0]), kb.view(op.args[1])
+        y = kb.view(op.result)
+        tab = {r: kb.view(b).base for r, b in tables(op).items()}
+        p = ident(op.result)
+        for local in ("N", "K", "TOPK"):
+            kb.const(local, f"{p}_{local}", s[local], f"grouped_gemm {op.result}: "
+                     f"[T, K] x [E, K, N] -> [T * TOPK, N] on this rank")
+        for c in ("BM", "BN", "BK", "STAGES"):
+            kb.const(c)
+        kb.warps = mb.config.warps
+        dtype = site.result.dtype
+        interp = mb.target.backend == "interp"
+        waits, waited = operand_waits(kb, step, self.names, flat=bool(mb.config.flatten))
+        tok = "tld.consume_token({}, tok)" if waits else "{}"
+        cols = len(TILE_COLUMNS)
+        k_loop = ("range(0, K, BK)" if interp else "tl.range(0, K, BK, num_stages=STAGES)")
+        body = [
+            "item = t // num_n",
+            "pid_n = t % num_n",
+            f"expert = tl.load({tab['tiles']} + item * {cols}).to(tl.int64)",
+            f"row0 = tl.load({tab['tiles']} + item * {cols} + 1)",
+            f"rows = tl.load({tab['tiles']} + item * {cols} + 2)",
+            f"token_lo = tl.load({tab['tiles']} + item * {cols} + 3)",
+            f"token_hi = tl.load({tab['tiles']} + item * {cols} + 4)",
+            "col_lo = pid_n * BN",
+            "col_hi = tl.minimum(col_lo + BN, N)",
+        ] + waits + [
+            "offs_r = tl.arange(0, BM)",
+            "rmask = offs_r < rows",
+            "# the tile's result rows t * TOPK + j, in expert order; row t of x for each",
+            f"dst = tl.load({tab['order']} + row0 + offs_r, mask=rmask, other=0).to(tl.int64)",
+            f"src = {tok.format('dst // TOPK')}",
+            "offs_n = " + ("tld.consume_token(col_lo, tok)" if op.args[1] in waited
+                           else "col_lo") + " + tl.arange(0, BN)",
+            f"w_e = {w.base} + expert * (K * N)",
+            "acc = tl.zeros((BM, BN), dtype=tl.float32)",
+            f"for k0 in {k_loop}:",
+            "    offs_k = k0 + tl.arange(0, BK)",
+            f"    a_tile = tl.load({x.base} + src[:, None] * K + offs_k[None, :],",
+            "                     mask=rmask[:, None] & (offs_k[None, :] < K), other=0.0)",
+            "    b_tile = tl.load(w_e + offs_k[:, None] * N + offs_n[None, :],",
+            "                     mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), other=0.0)",
+            "    " + dot_step(mb, dtype),
+            f"tl.store({y.base} + dst[:, None] * N + offs_n[None, :], acc.to({TL_DTYPES[dtype]}),",
+            "         mask=rmask[:, None] & (offs_n[None, :] < N))",
+        ]
+        first = f"pid - {step.first}" if step.first else "pid"
+        return ["num_n = (N + BN - 1) // BN",
+                "# the tiles this call's routing takes (surplus programs have none)",
+                f"items = tl.load({tab['ntiles']}) * num_n",
+                f"for t in range({first}, items, {step.count}):"] + ["    " + x if x else x
+                                                                       for x in body]
+
+
+def grouped_work(bp, op) -> tuple[float, float]:
+    """(FLOPs, HBM bytes) of one rank's grouped GEMM per call: 2 K N per result row; x's
+    rows read once per choice, every expert's weights once (a routing that leaves an expert
+    empty reads less), the result written."""
+    s = sizes(bp, op)
+    elem = DTYPE_BYTES.get(bp.tensors[op.result].dtype, 2)
+    flops = 2.0 * s["C"] * s["K"] * s["N"]
+    hbm = elem * (s["C"] * s["K"] + s["E"] * s["K"] * s["N"] + s["C"] * s["N"])
+    return flops, float(hbm)
+
+
+register_lowering(GroupedGemmTriton())
