@@ -204,6 +204,40 @@ def test_the_split_shows_in_the_schedule(capsys):
     assert "4 query heads a key head, on the tensor cores" in out
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("path,sizes,config", [
+    (MHA, {"B": 2, "H": 32, "S": 20001, "D": 128}, {}),
+    (GQA, {"B": 3, "H": 32, "HKV": 8, "S": 20001, "D": 128}, {"kv_splits": "7"}),
+    (GQA, {"B": 1, "H": 16, "HKV": 2, "S": 4099, "D": 64, "dtype": "fp16"}, {}),
+])
+def test_split_kv_decode_checks_on_a_gpu(path, sizes, config, capsys):
+    # the last split reads the partials the other programs stored (their release and its
+    # acquire on the counter), over many calls and ragged 64-key blocks, W = 1
+    args = ["run", str(path), "-W", "1", "--check", "--calls", "20", "--config", "comm=sm"]
+    for k, v in sizes.items():
+        args += ["-D", f"{k}={v}"]
+    for k, v in config.items():
+        args += ["--config", f"{k}={v}"]
+    assert main(args) == 0
+    assert "check: OK" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_the_plans_fused_sdpa_reads_grouped_key_heads_on_a_gpu(group):
+    # the non-overlapped plan's SDPA takes a key head's G query heads as G query rows
+    from tilelink.ops.attention import _partial_sdpa
+
+    g = torch.Generator(device="cuda").manual_seed(group)
+    q = torch.randn(2, 8, 128, generator=g, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(2, 1000, 8 // group, 128, generator=g, device="cuda")
+            .to(torch.bfloat16) for _ in range(2))
+    got, want = _partial_sdpa(q, k, v), _partial(q, k, v)
+    assert got is not None and got.shape == want.shape
+    torch.testing.assert_close(got[..., -1], want[..., -1], atol=1e-3, rtol=1e-3)  # lse
+    torch.testing.assert_close(got[..., :-1], want[..., :-1], atol=2e-2, rtol=2e-2)
+
+
 # ---- tools/decode_bw.py: arguments without a GPU -------------------------------------------
 
 def _tool():

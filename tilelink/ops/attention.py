@@ -240,7 +240,7 @@ def _partial_sdpa(q, k, v) -> torch.Tensor | None:
     bsz, heads, d = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
-    q4, k4, v4 = q.view(bsz, kv_heads, group, d), k.transpose(1, 2), v.transpose(1, 2)
+    q4, k4, v4 = q.reshape(bsz, kv_heads, group, d), k.transpose(1, 2), v.transpose(1, 2)
     calls = (lambda: torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4)[:2],
              lambda: torch.ops.aten._scaled_dot_product_efficient_attention(
                  q4, k4, v4, None, True)[:2])
