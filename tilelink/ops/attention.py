@@ -407,6 +407,8 @@ class _DecodeTiles(Lowering):
 #: on GPU targets: keys a block of the KV loop, and warps a program (measured: 16 splits a
 #: head of 64-key blocks on 4 warps streamed 1 GiB of keys and values in 0.401 ms on one H100)
 DECODE_BLOCK, DECODE_WARPS = 64, 4
+
+
 @dataclass(frozen=True)
 class _Split:
     """How attention_partial's kernel cuts its work on a rank: `block` keys a KV-loop block
