@@ -197,3 +197,14 @@ def gemm_rs_rmsnorm(M=128, K=128, D=128, dtype="bf16"):
     s = tk.reduce_scatter(c, dim=0)
     y = tk.map(rmsnorm_rows, s, w)
     return y
+
+
+@tk.pattern
+def flash_decode_gqa(B=4, H=8, HKV=2, S=512, D=64, dtype="bf16"):
+    q = tk.input((B, H, D), dtype, placement="replicated")
+    k = tk.input((B, S / W, HKV, D), dtype)
+    v = tk.input((B, S / W, HKV, D), dtype)
+    part = tk.attention_partial(q, k, v)
+    parts = tk.all_gather(part, dim=0)
+    o = tk.lse_combine(parts)
+    return o

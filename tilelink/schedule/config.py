@@ -25,7 +25,7 @@ ORDERS = ("own_first", "natural")
 GEMMS = ("triton", "library", "ws")
 # knobs that turn a feature on: set to another value than Config's default while no lowering
 # of the pattern reads it, they are refused (they would change nothing)
-FEATURE_KNOBS = ("gemm", "reduce_after", "fuse_reduce", "capturable", "allreduce")
+FEATURE_KNOBS = ("gemm", "reduce_after", "fuse_reduce", "capturable", "allreduce", "kv_splits")
 # all_reduce on SMs: "one_shot", every rank gets every partial and sums every row; "two_shot",
 # each chunk's owner sums it and sends the sum to every rank (each rank sends its partial
 # once instead of W - 1 times, at the price of a second hop)
@@ -72,6 +72,9 @@ class Config:
     # variant that op families register (`lowering.register_library_comm`), e.g. torch
     # symmetric memory's all-reduce kernels
     library_comm: str = "nccl"
+    # decode attention: programs each (batch, KV head) is split into over the KV sequence,
+    # their partials combined in a second kernel; 0: the lowering's choice (from occupancy)
+    kv_splits: int = 0
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -103,12 +106,11 @@ class Config:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items() if self.shown(k))
 
     def shown(self, knob: str) -> bool:
-        """Whether `knob` is written out: debug knobs, capturable, allreduce and library_comm
-        only when
-        set to another value than their default (so the configs, and the generated modules'
+        """Whether `knob` is written out: debug knobs, capturable, allreduce, library_comm and
+        kv_splits only when set to another value than their default (so the configs, and the generated modules'
         headers, of everything before them read as they did)."""
         quiet = knob.startswith("debug_") or knob in ("capturable", "allreduce",
-                                                      "library_comm")
+                                                      "library_comm", "kv_splits")
         return not quiet or getattr(self, knob) != getattr(_DEFAULT, knob)
 
 

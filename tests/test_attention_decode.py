@@ -1,0 +1,275 @@
+"""attention_partial's split-KV kernel: splits of each (batch, key head)'s keys combined in
+the kernel by the last split, grouped-query attention on the tensor cores; checked against
+the torch reference in the emulated world (ragged slices, W = 1..3, G = 1, 4, 8, one split
+and several, D = 64 and 128), compiled for every GPU target, and the timing tool's
+arguments (tools/decode_bw.py) without a GPU."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilelink.cli.main import main
+from tilelink.codegen import render_triton
+from tilelink.codegen.compile import compile_module
+from tilelink.errors import ConfigError, PatternError
+from tilelink.frontend import load_text
+from tilelink.frontend.text import parse_text
+from tilelink.ops.attention import _partial, _split
+from tilelink.schedule import get_target, make_schedule
+from tilelink.schedule.config import Config
+
+from .conftest import EXAMPLES, ROOT
+
+MHA, GQA = EXAMPLES / "flash_decode.tl", EXAMPLES / "flash_decode_gqa.tl"
+
+# (pattern, W, sizes, config): S / W keys a rank, never a multiple of the 16-key blocks,
+# and kv_splits that do not divide a rank's blocks either
+RUNS = [
+    # G = 1, the default split count (HKV = 1 leaves the interpreter's 4 programs idle
+    # without splits: 3 of them), W = 3
+    (MHA, 3, {"B": 1, "H": 1, "S": 3 * 37, "D": 64}, {}),
+    # G = 4, 3 splits of 2 blocks over 5 (the last split one block), W = 2, D = 128
+    (GQA, 2, {"B": 2, "H": 8, "HKV": 2, "S": 2 * 75, "D": 128}, {"kv_splits": "3"}),
+    # G = 8, one split, W = 1
+    (GQA, 1, {"B": 1, "H": 8, "HKV": 1, "S": 70, "D": 64}, {"kv_splits": "1"}),
+    # G = 8, 4 splits, W = 3, D = 128, fp16
+    (GQA, 3, {"B": 1, "H": 8, "HKV": 1, "S": 3 * 50, "D": 128, "dtype": "fp16"},
+     {"kv_splits": "4"}),
+    # G = 1, one split, W = 2, D = 128
+    (MHA, 2, {"B": 2, "H": 2, "S": 2 * 41, "D": 128}, {"kv_splits": "1"}),
+    # G = 4, more splits asked for than a rank has blocks (capped: one split a block)
+    (GQA, 1, {"B": 1, "H": 4, "HKV": 1, "S": 40, "D": 64}, {"kv_splits": "9"}),
+]
+
+
+def _args(path, world, sizes, config, calls=2):
+    args = ["run", str(path), "-W", str(world), "--check", "--calls", str(calls),
+            "--config", "comm=sm", "--config", "block_n=16"]
+    for k, v in sizes.items():
+        args += ["-D", f"{k}={v}"]
+    for k, v in config.items():
+        args += ["--config", f"{k}={v}"]
+    return args
+
+
+@pytest.mark.parametrize("case", [pytest.param(i, marks=() if i == 1 else pytest.mark.slow)
+                                  for i in range(len(RUNS))])
+def test_split_kv_decode_checks_against_the_reference(case, capsys):
+    # two calls: the counters the last split resets must be zero again for the second
+    path, world, sizes, config = RUNS[case]
+    assert main(_args(path, world, sizes, config)) == 0
+    out = capsys.readouterr().out
+    assert "check: OK" in out
+
+
+def _bp(path, sizes, world):
+    return load_text(path).bind({k: str(v) for k, v in sizes.items()}, world)
+
+
+def test_the_emulated_runs_split_as_their_cases_say():
+    # (the matrix above exercises what it claims: splits, ragged last blocks and groups)
+    target = get_target("interp")
+    seen = set()
+    for path, world, sizes, config in RUNS:
+        s = make_schedule(_bp(path, sizes, world), target,
+                          {"comm": "sm", "block_n": "16", **config})
+        op = s.bound.ops[0]
+        sp = _split(s.bound, op, s.config)
+        keys = s.bound.tensors[op.args[1]].local_shape[1]
+        assert keys % sp.block, "a rank's keys should end in a ragged block"
+        assert (sp.splits - 1) * sp.per_split < sp.blocks <= sp.splits * sp.per_split
+        seen.add((sp.group, sp.splits > 1, sizes["D"]))
+    assert {g for g, _, _ in seen} == {1, 4, 8}
+    assert {many for _, many, _ in seen} == {True, False}
+    assert {d for _, _, d in seen} == {64, 128}
+
+
+def _emulate(path, world, sizes, config, mutate=None):
+    """(bound pattern, the check's report) of one call of the kernel in the emulated world,
+    its source changed by `mutate` first."""
+    from tilelink.runtime import check
+    from tilelink.runtime.emulated import run_emulated
+    from tilelink.runtime.reference import make_inputs
+
+    s = make_schedule(_bp(path, sizes, world), get_target("interp"),
+                      {"comm": "sm", "block_n": "16", **config})
+    source = render_triton(s)
+    if mutate is not None:
+        changed = mutate(source)
+        assert changed != source
+        source = changed
+    res = run_emulated(source, world, [make_inputs(s.bound, 0)], timeout=120)
+    return check(s.bound, res)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what,mutate", [
+    # a group reads its neighbour's key head
+    ("key head", lambda src: src.replace("* HKV + g) * D", "* HKV + (g + 1) % HKV) * D")),
+    # the combine drops the last split (its keys' weight lost)
+    ("last split", lambda src: src.replace("kmask = offs_k < SPLITS", "kmask = offs_k < SPLITS - 1")),
+    # the ragged last block's keys past the slice count as keys
+    ("ragged block", lambda src: src.replace("smask = offs_s < S ", "smask = offs_s < S + 8 ")),
+])
+def test_a_broken_kernel_fails_the_check(what, mutate):
+    # the check's bound sees each of these (the unbroken kernel passes it)
+    path, world, sizes, config = RUNS[1]
+    assert _emulate(path, world, sizes, config).ok
+    assert not _emulate(path, world, sizes, config, mutate).ok, what
+
+
+def test_the_reference_reads_key_head_h_over_g():
+    # against an explicit per-head softmax (not the einsum the reference uses)
+    torch.manual_seed(0)
+    b, h, hkv, s, d = 2, 8, 2, 13, 16
+    q, k, v = torch.randn(b, h, d), torch.randn(b, s, hkv, d), torch.randn(b, s, hkv, d)
+    got = _partial(q, k, v)
+    for bi in range(b):
+        for hi in range(h):
+            kh, vh = k[bi, :, hi // (h // hkv)], v[bi, :, hi // (h // hkv)]
+            scores = (kh @ q[bi, hi]) / math.sqrt(d)
+            w = torch.exp(scores - scores.max())
+            assert torch.allclose(got[bi, hi, :d], (w / w.sum()) @ vh, atol=1e-5)
+            assert torch.allclose(got[bi, hi, d], scores.logsumexp(0), atol=1e-5)
+
+
+def test_key_heads_that_do_not_divide_the_query_heads_are_refused():
+    with pytest.raises(PatternError) as e:
+        _bp(GQA, {"H": 8, "HKV": 3}, 2)
+    assert "key heads (HKV = 3) to divide the query heads (H = 8)" in str(e.value)
+    assert "flash_decode_gqa.tl:8" in str(e.value)
+
+
+def test_kv_splits_is_refused_where_nothing_reads_it():
+    bp = load_text(EXAMPLES / "ag_gemm.tl").bind({}, 2)
+    with pytest.raises(ConfigError, match="kv_splits=4 does nothing with these lowerings"):
+        make_schedule(bp, get_target("cuda:90"), {"kv_splits": "4"})
+    with pytest.raises(ConfigError, match="kv_splits=-1 must be a count of splits"):
+        make_schedule(_bp(MHA, {}, 2), get_target("cuda:90"),
+                      {"comm": "sm", "kv_splits": "-1"})
+    assert "kv_splits" not in str(Config())  # quiet at its default
+
+
+@pytest.mark.parametrize("b,h,hkv,busy", [(1, 32, 32, 128), (1, 32, 8, 128), (8, 32, 8, 128),
+                                          (2, 32, 32, 128), (16, 8, 2, 128)])
+def test_the_default_split_keeps_the_gpu_busy(b, h, hkv, busy):
+    # one H100 / H200 (132 programs), 65536 keys a rank (below the kernels' 2**30 elements a
+    # tensor; B = 16 with 2 key heads: 256 items without splits): the one-program-per-head kernel kept
+    # 32 of 132 busy at B = 1; the split keeps at least `busy` programs streaming, one
+    # program's items never more than 4, and the cost model is told so
+    bp = _bp(GQA, {"B": b, "H": h, "HKV": hkv, "S": 131072, "D": 128}, 2)
+    s = make_schedule(bp, get_target("cuda:90"), {"comm": "sm"})
+    op = bp.ops[0]
+    sp = _split(bp, op, s.config)
+    rounds = -(-sp.items // s.config.num_programs)
+    assert sp.items // rounds >= busy and (sp.splits == 1 or rounds <= 4)
+    assert (sp.block, s.config.warps, s.config.stages) == (64, 4, 3)
+    work = s.composition.lowerings[op.result].work(s.composition.sites[op.result])
+    assert work.programs == sp.items // rounds and work.program_gbs is None
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])
+@pytest.mark.parametrize("path,sizes,config", [
+    (MHA, {"B": 1, "H": 32, "S": 8192, "D": 128}, {}),
+    (GQA, {"B": 2, "H": 32, "HKV": 4, "S": 2 * 1000, "D": 64}, {"kv_splits": "3"}),
+    (GQA, {"B": 1, "H": 16, "HKV": 2, "S": 4096, "D": 128, "dtype": "fp16"}, {"kv_splits": "1"}),
+])
+def test_the_decode_kernel_compiles(target, path, sizes, config):
+    s = make_schedule(_bp(path, sizes, 2), get_target(target), {"comm": "sm", **config})
+    src = render_triton(s)
+    name = f"{s.bound.name}_kernel"
+    compiled = compile_module(src, get_target(target), name)
+    if target.startswith("cuda"):
+        ptx = compiled.asm["ptx"]
+        assert "cp.async" in ptx  # the KV loop is software-pipelined
+        if "HKV" in sizes:
+            assert "mma" in ptx  # a key head's query group on the tensor cores
+    else:
+        assert compiled.asm["amdgcn"]
+    sp = _split(s.bound, s.bound.ops[0], s.config)
+    assert ("_kv_done_ptr + b * HKV + g, 1" in src) == (sp.splits > 1)  # the splits' count
+
+
+def test_the_split_shows_in_the_schedule(capsys):
+    assert main(["compile", str(GQA), "-W", "2", "-D", "B=1", "-D", "H=32", "-D", "HKV=8",
+                 "-D", "S=131072", "-D", "D=128", "--config", "comm=sm",
+                 "--emit", "schedule"]) == 0
+    out = capsys.readouterr().out
+    assert "16 KV split(s) of 64 block(s) of 64 keys per (batch, key head): 128 items" in out
+    assert "4 query heads a key head, on the tensor cores" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path,sizes,config", [
+    (MHA, {"B": 2, "H": 32, "S": 20001, "D": 128}, {}),
+    (GQA, {"B": 3, "H": 32, "HKV": 8, "S": 20001, "D": 128}, {"kv_splits": "7"}),
+    (GQA, {"B": 1, "H": 16, "HKV": 2, "S": 4099, "D": 64, "dtype": "fp16"}, {}),
+])
+def test_split_kv_decode_checks_on_a_gpu(path, sizes, config, capsys):
+    # the last split reads the partials the other programs stored (their release and its
+    # acquire on the counter), over many calls and ragged 64-key blocks, W = 1
+    args = ["run", str(path), "-W", "1", "--check", "--calls", "20", "--config", "comm=sm"]
+    for k, v in sizes.items():
+        args += ["-D", f"{k}={v}"]
+    for k, v in config.items():
+        args += ["--config", f"{k}={v}"]
+    assert main(args) == 0
+    assert "check: OK" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_the_plans_fused_sdpa_reads_grouped_key_heads_on_a_gpu(group):
+    # the non-overlapped plan's SDPA takes a key head's G query heads as G query rows
+    from tilelink.ops.attention import _partial_sdpa
+
+    g = torch.Generator(device="cuda").manual_seed(group)
+    q = torch.randn(2, 8, 128, generator=g, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(2, 1000, 8 // group, 128, generator=g, device="cuda")
+            .to(torch.bfloat16) for _ in range(2))
+    got, want = _partial_sdpa(q, k, v), _partial(q, k, v)
+    assert got is not None and got.shape == want.shape
+    torch.testing.assert_close(got[..., -1], want[..., -1], atol=1e-3, rtol=1e-3)  # lse
+    torch.testing.assert_close(got[..., :-1], want[..., :-1], atol=2e-2, rtol=2e-2)
+
+
+# ---- tools/decode_bw.py: arguments without a GPU -------------------------------------------
+
+def _tool():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import decode_bw
+    finally:
+        sys.path.pop(0)
+    return decode_bw
+
+
+def test_decode_bw_parses_its_arguments_without_a_gpu():
+    tool = _tool()
+    args = tool.parser().parse_args(["--batch", "1", "8", "--heads", "32/8", "64/64",
+                                     "--kv", "4096", "--configs", "", "kv_splits=8"])
+    assert args.batch == [1, 8] and args.heads == [(32, 8), (64, 64)] and args.kv == [4096]
+    assert args.configs == ["", "kv_splits=8"]
+    defaults = tool.parser().parse_args([])
+    assert defaults.batch == [1, 8, 32] and defaults.kv == [32768, 131072]
+    assert defaults.heads == [(32, 32), (32, 8)] and defaults.dim == 128
+    assert tool.kv_bytes(1, 131072, 32, 128) == 2**31  # 2 GiB: K and V of one sequence
+    # the pattern it times is attention_partial alone at W = 1
+    bp = parse_text(tool.PATTERN).bind({"B": 2, "H": 32, "HKV": 8, "S": 100, "D": 128}, 1)
+    assert [op.kind for op in bp.ops] == ["attention_partial"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_decode_bw_refuses_cleanly_without_a_gpu():
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "decode_bw.py"), "--batch", "1"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 2
+    assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "decode_bw.py"), "--heads",
+                          "32/5"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "HKV must divide H" in bad.stderr
