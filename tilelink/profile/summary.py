@@ -160,7 +160,7 @@ def _us(ns) -> str:
 
 def format_summary(d: dict) -> list[str]:
     """The summary as lines for the terminal."""
-    lines = [f"{d['pattern']}: {d['sizes']}; W = {d['world']}; {d['calls']} call(s); "
+    lines = [f"{d['pattern']}: {d['sizes']}; {d['calls']} call(s); "
              f"config {d['config']}", f"clock: {d['clock']}"]
     comp, wait = d["compute_ns"], d["compute_wait_ns"]
     share = f" ({wait / comp:.0%} of compute time)" if comp else ""

@@ -56,7 +56,7 @@ def write_pngs(prof: Profile, out: Path) -> list[Path]:
         ax.set_yticks([y[k] for k in keys])
         ax.set_yticklabels([f"{prof.roles[r].name} p{p}" for r, p in keys], fontsize=7)
         ax.set_xlabel(f"time (us from the run's first event; {prof.clock})")
-        ax.set_title(f"{prof.pattern} ({prof.sizes}, W = {prof.world}): rank {rank}, "
+        ax.set_title(f"{prof.pattern} ({prof.sizes}): rank {rank}, "
                      f"{prof.calls} call(s)", fontsize=10)
         ax.legend(handles=[Patch(color=COMM, label="communication"),
                            Patch(color=COMPUTE, label="compute"),

@@ -181,6 +181,9 @@ class ConfigSpace:
         elif cfg.profile and cfg.comm == "none":
             bad.append("profile=1 times the generated kernels, and the non-overlapped plan "
                        "(comm=none) has none: use comm=sm or comm=copy_engine")
+        elif cfg.profile and cfg.flatten:
+            bad.append("profile=1 with flatten=1: the timers in the tile loop keep Triton from "
+                       "flattening it (its nested-loop fusion fails); profile with flatten=0")
         if cfg.comm == "none":  # the non-overlapped plan runs every pattern, no lowering
             default = Config()
             bad += [f"{k}={getattr(cfg, k)} does nothing with the non-overlapped plan "
