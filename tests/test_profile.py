@@ -15,7 +15,8 @@ from tilelink.cli.main import main
 from tilelink.codegen import render_triton
 from tilelink.codegen.profile import instrument_role
 from tilelink.frontend import load_text
-from tilelink.profile.events import Event, Profile, Role
+from tilelink.errors import RuntimeCheckError
+from tilelink.profile.events import Event, Profile, Role, decode, rows_of
 from tilelink.profile.summary import summarize_call
 from tilelink.profile.timeline import have_matplotlib
 from tilelink.schedule import get_target, make_schedule
@@ -176,18 +177,39 @@ def test_summary_without_communication_role():
     assert summarize_call(prof, 0, 0).hidden_share is None
 
 
+def test_rows_past_the_buffer_are_counted_not_read():
+    from tilelink.lang.core import PROFILE_FIELDS, PROFILE_HEADER
+
+    words = [5] + [0] * (PROFILE_HEADER - 1) + list(range(3 * PROFILE_FIELDS))
+    rows, dropped = rows_of(words)  # room for 3 rows, 5 claimed
+    assert len(rows) == 3 and dropped == 2
+    assert rows[1] == list(range(PROFILE_FIELDS, 2 * PROFILE_FIELDS))
+
+
+def test_calls_without_epochs_are_told_apart_by_time():
+    # a module whose calls never leave the rank counts no epoch: calls run one after another
+    row = lambda item, t0, t1: [0, 0, 0, item, 1, 0, t0, t1]  # noqa: E731
+    rows = [row(1, 30, 40), row(0, 0, 10), row(0, 20, 25), row(1, 12, 18)]
+    events = decode(0, rows, 2)
+    assert [(e.call, e.t0) for e in sorted(events, key=lambda e: e.t0)] == \
+        [(0, 0), (0, 12), (1, 20), (1, 30)]
+    with pytest.raises(RuntimeCheckError, match="not a multiple"):
+        decode(0, rows[:3], 2)
+
+
 # ---- instrumentation -----------------------------------------------------------------------
 
 
 def test_instrument_role_marks_loop_items_and_waits():
-    code = ["x = 1", "for t in range(pid, 8, 2):", "    a = t",
+    code = ["for d in range(WORLD):", "    tld.wait(c + d, epoch, spin_limit, abort_ptr, "
+            "diag_ptr, 1, d, me)", "x = 1", "for t in range(pid, 8, 2):", "    a = t",
             "    tok = tld.wait(sig + t, epoch, spin_limit, abort_ptr, diag_ptr, 3, t, me)",
             "    b = a", "y = 2"]
-    out = instrument_role(code, 5, "epoch")
+    out = instrument_role(code, 5, "epoch", 2)
     text = "\n".join(out)
     assert out[0] == "prof_role_t0 = tld.clock()"
     # the wait: a timer before it, its event (role 5, item t, kind 2, site 3) after it
-    i = out.index(code[3])
+    i = out.index(code[5])
     assert out[i - 1] == "    prof_wait_t0 = tld.clock()"
     assert "epoch, 5, pid, t, 2, 3, prof_wait_t0" in out[i + 1]
     # the item: its event closes the loop body, before the role's next top-level line
@@ -195,6 +217,10 @@ def test_instrument_role_marks_loop_items_and_waits():
     assert "epoch, 5, pid, t, 1, 0, prof_item_t0" in out[j - 1]
     assert out[j - 1].startswith("    ")
     assert "epoch, 5, pid, -1, 0, -1, prof_role_t0" in out[-1]
+    # the loop over ranks that every program runs whole is no item loop; its wait has no item
+    assert out[1:3] == code[:1] + ["    prof_wait_t0 = tld.clock()"]
+    assert "epoch, 5, pid, -1, 2, 1, prof_wait_t0" in out[4]
+    assert sum("prof_item_t0 = tld.clock()" in x for x in out) == 1
     compile(text.replace("tld.", "_tld_"), "<role>", "exec")  # (still Python)
 
 

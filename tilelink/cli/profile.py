@@ -92,7 +92,7 @@ def run(args) -> int:
     from ..profile.collect import profile_config
     from ..profile.timeline import INSTALL_HINT, have_matplotlib
     from ..runtime.launcher import gpu_count, under_torchrun
-    from .main import _defines, _emulated_world_checks, choose_world
+    from .main import _defines, _emulated_world_checks, _processes, choose_world
 
     out = check_out(args.out)
     values = _defines(args.defines, "-D")
@@ -108,7 +108,7 @@ def run(args) -> int:
         from ..profile.collect import profile_emulated
 
         _emulated_world_checks(args, bp.world)
-        say(f"profiling {bp.name} on the emulated world ({bp.world} CPU processes, Triton's "
+        say(f"profiling {bp.name} on the emulated world ({_processes(bp.world)}, Triton's "
             f"interpreter; {args.calls} call(s))")
         prof, seconds = profile_emulated(bp, config, args.calls, args.seed, args.timeout)
         if args.overhead:

@@ -624,7 +624,7 @@ class KernelBuilder:
             if self.gluon:
                 profile.refuse_gluon(self)
             codes = [profile.instrument_role(code, profile.role_index(mb, role),
-                                             "0" if local else "epoch")
+                                             "0" if local else "epoch", role.count)
                      for role, code in zip(self.roles, codes)]
             self.param(f"{profile.BUFFER}_ptr", "*i64", f"sym[{profile.BUFFER!r}]")
             self.const("PROFILE_ROWS")

@@ -6,9 +6,10 @@ one row per event to the profile buffer (`tl_profile`, int64, in the symmetric h
 layout `tilelink.lang.core.PROFILE_LAYOUT`, written by `tld.profile_event`):
 
 - a *role* event: the role's whole body in one program (kind 0);
-- an *item* event: one iteration of a loop at the role's top level, the role's loop over its
-  items (tiles, chunks: `tiles.item_loop` renders them so; kind 1, the loop variable's value
-  as the item, the loop's ordinal in the role as the site field);
+- an *item* event: one iteration of the role's loop over its items (tiles, chunks): a loop at
+  the role's top level that strides by the role's program count, so that each item runs on
+  one program (`tiles.item_loop` renders them so; kind 1, the loop variable's value as the
+  item, the loop's ordinal among the role's item loops as the site field);
 - a *wait* event: one `tld.wait` / `tld.wait_flat` statement (kind 2, its wait site, the
   enclosing item or -1).
 
@@ -95,9 +96,10 @@ def refuse_gluon(kb) -> None:
         hint="profile with gemm=triton (--config gemm=triton)")
 
 
-def instrument_role(code: list[str], role: int, epoch: str) -> list[str]:
+def instrument_role(code: list[str], role: int, epoch: str, programs: int) -> list[str]:
     """`code` (a role's lines, unindented) with its profile events: the role's span, each
-    iteration of its top-level loops, each wait statement."""
+    iteration of its item loops (top-level loops striding by `programs`, the role's program
+    count), each wait statement."""
     out = ["prof_role_t0 = tld.clock()"]
     loop_var, loop_n, loops = None, -1, 0
     i = 0
@@ -109,7 +111,7 @@ def instrument_role(code: list[str], role: int, epoch: str) -> list[str]:
                                        "prof_item_t0", epoch))
             loop_var = None
         m = _LOOP.match(line) if top else None
-        if m:
+        if m and _strides_by(line, programs):
             out += [line, "    prof_item_t0 = tld.clock()"]
             loop_var, loop_n = m.group(1), loops
             loops += 1
@@ -134,6 +136,14 @@ def instrument_role(code: list[str], role: int, epoch: str) -> list[str]:
                                    "prof_item_t0", epoch))
     out.append(_event(role, "pid", "-1", KIND_ROLE, "-1", "prof_role_t0", epoch))
     return out
+
+
+def _strides_by(line: str, programs: int) -> bool:
+    """Whether the `for` statement `line` steps by the role's program count (its persistent
+    loop over items), not a loop every program runs whole (over ranks, say)."""
+    node = ast.parse(line + "\n    pass").body[0]
+    args = node.iter.args if isinstance(node.iter, ast.Call) else []
+    return len(args) == 3 and ast.unparse(args[2]) in (str(programs), "NUM_PROGRAMS")
 
 
 def _event(role: int, pid: str, item: str, kind: int, site: str, t0: str, epoch: str) -> str:

@@ -167,8 +167,9 @@ def format_summary(d: dict) -> list[str]:
     lines.append(f"compute waited: {_us(wait)} of {_us(comp)} compute time, summed over "
                  f"programs, ranks and calls{share}")
     if d["hidden_share"] is None:
-        lines.append("communication hidden under compute: no communication role in the "
-                     "kernels (the copy engine's copies and library calls are not timed)")
+        lines.append("communication hidden under compute: no communication role ran in the "
+                     "kernels (nothing to hide, or the copy engine or a library call moved the "
+                     "data: those are not timed)")
     else:
         lines.append(f"communication hidden under compute: {d['hidden_share']:.0%} "
                      f"({_us(d['hidden_ns'])} of {_us(d['comm_ns'])} with a compute program "
