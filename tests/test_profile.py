@@ -14,8 +14,8 @@ import pytest
 from tilelink.cli.main import main
 from tilelink.codegen import render_triton
 from tilelink.codegen.profile import instrument_role
-from tilelink.frontend import load_text
 from tilelink.errors import RuntimeCheckError
+from tilelink.frontend import load_text
 from tilelink.profile.events import Event, Profile, Role, decode, rows_of
 from tilelink.profile.summary import summarize_call
 from tilelink.profile.timeline import have_matplotlib
@@ -188,7 +188,7 @@ def test_rows_past_the_buffer_are_counted_not_read():
 
 def test_calls_without_epochs_are_told_apart_by_time():
     # a module whose calls never leave the rank counts no epoch: calls run one after another
-    row = lambda item, t0, t1: [0, 0, 0, item, 1, 0, t0, t1]  # noqa: E731
+    row = lambda item, t0, t1: [0, 0, 0, item, 1, 0, t0, t1]
     rows = [row(1, 30, 40), row(0, 0, 10), row(0, 20, 25), row(1, 12, 18)]
     events = decode(0, rows, 2)
     assert [(e.call, e.t0) for e in sorted(events, key=lambda e: e.t0)] == \
@@ -197,12 +197,36 @@ def test_calls_without_epochs_are_told_apart_by_time():
         decode(0, rows[:3], 2)
 
 
+def test_gpu_rows_are_assembled_call_by_call(monkeypatch):
+    # what the GPU ranks send back (rows read and cleared after each call), assembled on CPU
+    from tilelink.profile import collect
+
+    roles = [dict(kernel="k", name="compute", kind="tiles", op="c", first=0, count=1,
+                  instrumented=True)]
+    per_call = [([[7, 0, 0, -1, 0, -1, 100, 200]], 0), ([[8, 0, 0, -1, 0, -1, 300, 450]], 3)]
+    res = {"rows": [per_call, per_call], "config": "comm=sm profile=1", "roles": roles,
+           "sites": {0: "a chunk"}}
+    seen = {}
+
+    def fake_launch(fn, world, spec):
+        seen.update(fn=fn.__name__, world=world, config=spec["config"])
+        return res
+
+    monkeypatch.setattr("tilelink.runtime.launcher.launch_world", fake_launch)
+    bp = load_text(AG).bind({}, 2)
+    prof = collect.profile_gpus(bp, AG, {}, {"comm": "sm"}, 2, 0, one_gpu=False)
+    assert seen == {"fn": "profile_rank", "world": 2, "config": {"comm": "sm", "profile": "1"}}
+    assert [(e.rank, e.call, e.ns) for e in prof.events] == \
+        [(0, 0, 100), (0, 1, 150), (1, 0, 100), (1, 1, 150)]
+    assert prof.dropped == {0: 3, 1: 3} and prof.roles[0].name == "compute"
+
+
 # ---- instrumentation -----------------------------------------------------------------------
 
 
 def test_instrument_role_marks_loop_items_and_waits():
-    code = ["for d in range(WORLD):", "    tld.wait(c + d, epoch, spin_limit, abort_ptr, "
-            "diag_ptr, 1, d, me)", "x = 1", "for t in range(pid, 8, 2):", "    a = t",
+    release = "    tld.wait(c + d, epoch, spin_limit, abort_ptr, diag_ptr, 1, d, me)"
+    code = ["for d in range(WORLD):", release, "x = 1", "for t in range(pid, 8, 2):", "    a = t",
             "    tok = tld.wait(sig + t, epoch, spin_limit, abort_ptr, diag_ptr, 3, t, me)",
             "    b = a", "y = 2"]
     out = instrument_role(code, 5, "epoch", 2)

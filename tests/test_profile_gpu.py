@@ -40,7 +40,7 @@ def _check(trace: dict, world: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", [AG, RS])
 def test_profile_on_one_gpu_with_overhead(tmp_path, pattern):
-    stdout, trace = _profile(tmp_path, pattern, "-W", "2", *SIZES, "--world", "one-gpu",
+    _, trace = _profile(tmp_path, pattern, "-W", "2", *SIZES, "--world", "one-gpu",
                              "--config", "comm=sm", "comm_programs=16", "--overhead")
     _check(trace, 2)
     over = trace["otherData"]["summary"]["overhead"]
@@ -51,7 +51,7 @@ def test_profile_on_one_gpu_with_overhead(tmp_path, pattern):
 @pytest.mark.dist
 @pytest.mark.parametrize("pattern", [AG, RS])
 def test_profile_on_two_gpus_with_overhead(tmp_path, pattern):
-    stdout, trace = _profile(tmp_path, pattern, "-W", "2", *SIZES, "--world", "gpus",
+    _, trace = _profile(tmp_path, pattern, "-W", "2", *SIZES, "--world", "gpus",
                              "--config", "comm=sm", "comm_programs=16", "--overhead")
     _check(trace, 2)
     over = trace["otherData"]["summary"]["overhead"]

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import env
 from ..errors import TileLinkError
 from . import argtypes
 
@@ -102,7 +103,7 @@ def run(args) -> int:
     bp = pat.bind(values, args.world_size)
     pat.require_ops()
     where = choose_world(args.world, args.world_size, gpu_count(), under_torchrun())
-    say = lambda text: print(f"tilelink: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    say = lambda text: print(f"tilelink: {text}", file=sys.stderr, flush=True)
     overhead = None
     if where == "emulated":
         from ..profile.collect import profile_emulated
@@ -120,9 +121,13 @@ def run(args) -> int:
             f" ({args.calls} call(s); the host reads the timers after each call)")
         prof = profile_gpus(bp, args.pattern, values, config, args.calls, args.seed,
                             where == "one-gpu")
+        launch = env.torchrun_rank()
+        if launch is not None and launch[0] != 0:  # rank 0 writes for everyone
+            return 0
         if args.overhead:
             from ..profile.collect import gpu_overhead
 
+            say("timing calls without and with profiling (--overhead)")
             overhead = gpu_overhead(bp, args.pattern, values, config, args.seed,
                                     where == "one-gpu")
     if not prof.events:

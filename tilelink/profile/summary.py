@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import Event, Profile
+from .events import Profile
 
 
 @dataclass
@@ -160,8 +160,8 @@ def _us(ns) -> str:
 
 def format_summary(d: dict) -> list[str]:
     """The summary as lines for the terminal."""
-    lines = [f"{d['pattern']}: {d['sizes']}; {d['calls']} call(s); "
-             f"config {d['config']}", f"clock: {d['clock']}"]
+    head = f"{d['pattern']}: {d['sizes']}; {d['calls']} call(s); config {d['config']}"
+    lines = [head, f"clock: {d['clock']}"]
     comp, wait = d["compute_ns"], d["compute_wait_ns"]
     share = f" ({wait / comp:.0%} of compute time)" if comp else ""
     lines.append(f"compute waited: {_us(wait)} of {_us(comp)} compute time, summed over "

@@ -39,7 +39,7 @@ def name_of(prof: Profile, e: Event) -> str:
 def to_trace(prof: Profile, summary: dict | None = None) -> dict:
     """The trace of `prof` (a dict ready for json.dump); `summary` goes into its metadata."""
     t0 = origin(prof)
-    us = lambda ns: round((ns - t0) / 1000.0, 3)  # noqa: E731
+    us = lambda ns: round((ns - t0) / 1000.0, 3)
     tids = lanes(prof)
     out = []
     for rank in range(prof.world):
