@@ -149,6 +149,23 @@ def test_other_patterns_trace_and_summary(other_run):
     check_summary(other_run)
 
 
+@pytest.mark.slow
+def test_without_matplotlib_and_with_overhead(tmp_path, monkeypatch, capsys):
+    # matplotlib is optional: without it the JSON files are written and the PNG is explained
+    monkeypatch.setattr("tilelink.profile.timeline.have_matplotlib", lambda: False)
+    path, sizes = CASES["ag_gemm"]
+    assert main(["profile", path, *sizes, "--calls", "1", "--overhead", "--out",
+                 str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no PNG: the timeline needs matplotlib (pip install matplotlib)" in out
+    assert not list(tmp_path.glob("*.png"))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    over = summary["overhead"]
+    assert over["plain_s"] > 0 and over["profiled_s"] > 0
+    assert over["ratio"] == over["profiled_s"] / over["plain_s"]
+    assert "profiling overhead (emulated world, 1 call(s)" in out
+
+
 # ---- the summary's numbers on hand-made events -------------------------------------------
 
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from .. import env
@@ -31,7 +32,7 @@ def add_parser(sub) -> None:
         "profile", help="run a pattern with timers in its kernels: a Perfetto trace, a "
         "timeline PNG per rank and how much communication hid under compute",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Render the pattern's kernels with profile=1 (each role, each item of a "
+        description=_paragraphs("Render the pattern's kernels with profile=1 (each role, each item of a "
         "role's loop -- a tile, a chunk -- and each wait records its start and end time), run "
         "them, and write DIR/trace.json (open it in ui.perfetto.dev: one process per rank, one "
         "thread per role and program), DIR/rank<R>.png (needs matplotlib) and "
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
         "computing, not waiting), and the critical path, defined here as the role and "
         "program that finished last in the longest call (it ended the call) and the waits it "
         "spent its time in: the last link of the longest chain, not the whole chain. "
-        "docs/profile.md says more.")
+        "docs/profile.md says more."))
     _common(p)
     p.add_argument("--out", required=True, metavar="DIR",
                    help="folder for trace.json, rank<R>.png and summary.json (created if "
@@ -64,6 +65,11 @@ def add_parser(sub) -> None:
     p.add_argument("--overhead", action="store_true",
                    help="also run the pattern without profiling and print what profiling "
                    "cost (emulated world: the run's wall time; GPUs: ms per call)")
+
+
+def _paragraphs(text: str) -> str:
+    """`text`'s paragraphs (separated by a blank line) wrapped for a terminal."""
+    return "\n\n".join(textwrap.fill(p, 88) for p in text.split("\n\n"))
 
 
 def check_out(path: str) -> Path:
