@@ -332,6 +332,12 @@ def test_configs_that_cannot_be_profiled(tmp_path, cfg, words, capsys):
     assert words in err and "Traceback" not in err
 
 
+def test_profiled_kernels_are_not_tuned(capsys):
+    # a tuned config with profile=1 would be cached and time every later run that takes it
+    err = _err(["tune", AG, "--emulate", "--config", "profile=1"], capsys)
+    assert "profiled kernels are not tuned" in err and "Traceback" not in err
+
+
 def test_calls_beyond_the_buffer_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["profile", AG, "--out", str(tmp_path), "--calls", "9"])
