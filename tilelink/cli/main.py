@@ -165,7 +165,7 @@ def _world_choices(world_size: int, gpus: int) -> str:
 
 # Commands that live in their own module (tilelink/cli/<name>.py) with
 # `add_parser(subparsers)` and `run(args) -> int`.
-SUBCOMMANDS = ("bench", "tune", "ops")
+SUBCOMMANDS = ("bench", "tune", "ops", "profile")
 
 
 def _subcommand(name: str):
@@ -401,7 +401,7 @@ def _check_pattern_path(spec: str) -> None:
 
 def _check_environment(args) -> None:
     """Environment variables the command will use, validated before any work (tilelink.env)."""
-    if args.command not in ("run", "tune", "bench"):
+    if args.command not in ("run", "tune", "bench", "profile"):
         return
     env.spin_limit()  # a malformed TILELINK_SPIN_LIMIT: EnvError
     launch = env.torchrun_rank()  # malformed RANK / WORLD_SIZE: EnvError

@@ -143,6 +143,12 @@ def _refuse_debug_knobs(pins: dict) -> None:
                           hint=f"drop --config {debug[0]}; to see what it does, run one config: "
                           f"tilelink run PATTERN --world emulated --config {debug[0]}="
                           f"{pins[debug[0]]}")
+    if pins.get("profile", "0").strip() != "0":
+        raise ConfigError(f"--config profile={pins['profile']}: profiled kernels are not tuned "
+                          "(the timers cost time, and the cached config would keep them in "
+                          "every later run that takes it)",
+                          hint="drop --config profile; to profile a config: tilelink profile "
+                          "PATTERN --config ... --out DIR")
 
 
 # ---------------------------------------------------------------- emulated world

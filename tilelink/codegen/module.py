@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..errors import NotSupportedError
 from ..ir import spec
 from ..lang.core import DIAG_WORDS  # noqa: F401  (documentation: diag_ptr's size)
-from . import protocol
+from . import profile, protocol
 from .escape import comment_text, doc_text
 from .names import Names, check_module
 
@@ -323,6 +323,8 @@ class ModuleBuilder:
         self._assign_homes()
         for op in self.bp.ops:
             self.lowering(op.result).declare(self, self.site_of(op.result))
+        if self.config.profile:
+            profile.declare(self)
         for i, roles in enumerate(self.comp.kernels):
             kb = KernelBuilder(self, i, roles)
             self.kernels.append(kb)
@@ -419,6 +421,7 @@ class ModuleBuilder:
                   "in the plan)", f"WAIT_SITE_DEPS = {dict(sorted(self.site_deps.items()))}",
                   "# sites by (kernel, role) that waits there",
                   f"WAIT_SITE_ROLES = {dict(sorted(self.site_roles.items()))}", "",
+                  *(profile.role_table(self) + [""] if self.config.profile else []),
                   "# Argument types of the kernels, for compiling them ahead of time "
                   "(tilelink compile --emit ptx).", "SIGNATURE = {"]
         sig = {}
@@ -583,6 +586,7 @@ class KernelBuilder:
         self.host_before: list[str] = []
         self.also: list[str] = []  # more kernels its lowering laid out (same consts, warps)
         self.docstring = ""
+        self.profiled = False  # its roles record profile events (profile=1)
 
     # ---- what lowerings call ------------------------------------------------------------
 
@@ -641,6 +645,16 @@ class KernelBuilder:
             self.lines, self.launch = laid
             return
         codes = [role.lowering.render_step(role, self) for role in self.roles]
+        local = mb.stays_local()
+        if mb.config.profile:
+            if self.gluon:
+                profile.refuse_gluon(self)
+            codes = [profile.instrument_role(code, profile.role_index(mb, role),
+                                             "0" if local else "epoch", role.count)
+                     for role, code in zip(self.roles, codes)]
+            self.param(f"{profile.BUFFER}_ptr", "*i64", f"sym[{profile.BUFFER!r}]")
+            self.const("PROFILE_ROWS")
+            self.profiled = True
         self.const("WORLD", "WORLD")
         self.const("NUM_PROGRAMS", self.programs_const, self.programs,
                    "programs of each kernel (its persistent grid)")
@@ -665,7 +679,6 @@ class KernelBuilder:
                    "# ids, so they wait on higher-id producers of their own rank. This breaks",
                    "# the program-order rule on purpose; it can hang (the emulated world must",
                    "# report it). Never run on a GPU.", "pid = tl.program_id(0)"]
-        local = mb.stays_local()
         if not local:
             pre += protocol.epoch_begin()
         if self.index == 0 and mb.gates and not mb.gates_at_end:

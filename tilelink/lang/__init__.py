@@ -26,7 +26,8 @@ Public functions (all ``@triton.jit``; see :mod:`tilelink.lang.core` for the mem
 ``notify(sig_ptr, value)``, ``notify_add(sig_ptr, value)``,
 ``wait(sig_ptr, expected, limit, abort_ptr, diag_ptr, site, slot, me)``,
 ``consume_token(value, token)``, ``push_tile(ptrs, values, mask, peer, me, heap_bases)``,
-``pull_tile(ptrs, mask, peer, me, heap_bases, other=0)``, ``fence_proxy_async(HOPPER)``.
+``pull_tile(ptrs, mask, peer, me, heap_bases, other=0)``, ``fence_proxy_async(HOPPER)``,
+``clock()`` (nanoseconds, for kernels rendered with ``profile=1``).
 """
 
 from . import amd, core, interp, nvidia, nvshmem
@@ -44,7 +45,7 @@ from .core import (
 #: the public primitives every flavour module defines, with these exact signatures
 PRIMITIVES = (
     "rank", "num_ranks", "symm_at", "notify", "notify_add", "notify_peer", "wait", "wait_flat",
-    "consume_token", "push_tile", "pull_tile", "put", "put_signal", "fence_proxy_async",
+    "consume_token", "push_tile", "pull_tile", "put", "put_signal", "fence_proxy_async", "clock",
 )
 
 _BY_NAME = {m.FLAVOUR: m for m in (nvidia, nvshmem, amd, interp)}

@@ -42,3 +42,12 @@ def consume_token(value, token):
 def fence_proxy_async(HOPPER: tl.constexpr):
     """No-op on AMD (there is no separate async proxy to order against); ``HOPPER`` is ignored.
     Kept so generated kernels are the same text on every target."""
+
+
+@triton.jit
+def clock():
+    """A constant-rate timestamp in nanoseconds (int64), for profiling: ``s_memrealtime``
+    (the 100 MHz real-time counter shared by the GPU, not the shader clock) times 10."""
+    t = tl.inline_asm_elementwise("s_memrealtime $0\ns_waitcnt lgkmcnt(0)", "=s", [],
+                                  dtype=tl.int64, is_pure=False, pack=1)
+    return t * 10

@@ -46,6 +46,13 @@ REASON_ABORTED = 2
 #: the spin reads the abort flag once every this many iterations.
 ABORT_POLL_INTERVAL = 256
 
+#: int64 words of one profile row (``profile=1`` kernels, :func:`profile_event`)
+PROFILE_FIELDS = 8
+#: int64 words before the first profile row (word 0 counts the rows the kernels claimed)
+PROFILE_HEADER = 8
+#: names of a profile row's fields, in order (kind: 0 role, 1 item of its loop, 2 wait)
+PROFILE_LAYOUT = ("epoch", "role", "program", "item", "kind", "site", "t_start", "t_end")
+
 #: what every flavour module (nvidia, amd, interp) re-exports with ``from .core import *``:
 #: the layout constants and the target-independent primitives
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "DIAG_WORDS", "REASON_ABORTED", "REASON_TIMEOUT",
     "add_token_zero", "launch_options", "notify", "notify_add", "notify_peer", "num_ranks",
     "pull_tile", "push_tile", "put", "put_signal", "rank", "symm_at", "wait", "wait_flat",
+    "PROFILE_FIELDS", "PROFILE_HEADER", "PROFILE_LAYOUT", "profile_event",
 ]
 
 def launch_options(arch=None) -> dict:
@@ -71,6 +79,8 @@ _POLL = tl.constexpr(ABORT_POLL_INTERVAL)
 _TIMEOUT = tl.constexpr(REASON_TIMEOUT)
 _ABORTED = tl.constexpr(REASON_ABORTED)
 _INT32_MAX = tl.constexpr(2**31 - 1)
+_PH = tl.constexpr(PROFILE_HEADER)
+_PF = tl.constexpr(PROFILE_FIELDS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -378,3 +388,29 @@ def add_token_zero(value, zero):
         return value + zero
     else:
         return (value + zero).to(value.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# profiling (kernels rendered with profile=1 only)
+
+
+@triton.jit
+def profile_event(prof_ptr, rows, epoch, role, program, item, kind, site, t_start, t_end):
+    """Append one row to the profile buffer ``prof_ptr`` (int64, see :data:`PROFILE_LAYOUT`).
+
+    ``prof_ptr[0]`` counts claimed rows (one relaxed atomic per event: events of all the
+    programs of every kernel of a rank land in one buffer, in no particular order); a row
+    past ``rows`` is only counted, so the host can tell that the buffer was too small.
+    Times are whatever the flavour's ``clock`` returns (nanoseconds).
+    """
+    row = tl.atomic_add(prof_ptr, 1, sem="relaxed", scope="gpu")
+    if row < rows:
+        base = prof_ptr + _PH + row * _PF
+        tl.store(base + 0, tl.cast(epoch, tl.int64))
+        tl.store(base + 1, tl.cast(role, tl.int64))
+        tl.store(base + 2, tl.cast(program, tl.int64))
+        tl.store(base + 3, tl.cast(item, tl.int64))
+        tl.store(base + 4, tl.cast(kind, tl.int64))
+        tl.store(base + 5, tl.cast(site, tl.int64))
+        tl.store(base + 6, tl.cast(t_start, tl.int64))
+        tl.store(base + 7, tl.cast(t_end, tl.int64))

@@ -12,6 +12,8 @@ rank (process) or by a lower program id that already ran — the schedule's inva
 loop-free as NVIDIA's inline-PTX one is); same semantics and results.
 """
 
+import time
+
 import triton
 import triton.language as tl
 
@@ -35,3 +37,11 @@ def consume_token(value, token):
 def fence_proxy_async(HOPPER: tl.constexpr):
     """No-op in the interpreter (its TMA emulation reads memory directly); ``HOPPER`` is
     ignored."""
+
+
+@triton.jit
+def clock():
+    """The host's wall clock in nanoseconds (``time.perf_counter_ns``), for profiling: the
+    interpreter runs the kernel as Python, so this is ordinary Python, and every rank process
+    of the emulated world reads the same monotonic clock."""
+    return tl.full((), time.perf_counter_ns(), tl.int64)

@@ -61,6 +61,18 @@ def fence_proxy_async(HOPPER: tl.constexpr):
                                   dtype=tl.int32, is_pure=False, pack=1)
 
 
+@triton.jit
+def clock():
+    """This GPU's global timer in nanoseconds (``%globaltimer``, int64), for profiling.
+
+    The timer is shared by every SM of the GPU (not comparable across GPUs beyond what the
+    driver keeps them in step); its resolution is about 1 us on some parts (the driver
+    updates it in steps), so shorter events may read 0.
+    """
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
 # The spin of wait_flat: ONE inline-asm op. Operands: $0 observed (int32), $1 iterations (int64),
 # $2 index of the word it stopped at (int32; count when all were set), $3 gave up (int32 0/1,
 # CTA-uniform); inputs $4 sig_ptr, $5 count, $6 expected, $7 limit (int64), $8 abort_ptr.

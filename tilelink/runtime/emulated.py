@@ -245,6 +245,8 @@ class EmulationResult:
     outputs: list[dict[str, list[torch.Tensor]]]
     seconds: float
     plan: bool = False
+    # per rank, the profile buffer after the last call (modules rendered with profile=1)
+    profile: list[torch.Tensor] | None = None
 
 
 def _purge_triton_modules():
@@ -522,7 +524,10 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     for p in procs:
         p.join()
     clones = [{k: [t.clone() for t in v] for k, v in o.items()} for o in outputs]
-    return EmulationResult(per_call_inputs, clones, elapsed)
+    from ..codegen.profile import BUFFER
+
+    profile = [h[BUFFER].clone() for h in heaps] if BUFFER in sym_shapes else None
+    return EmulationResult(per_call_inputs, clones, elapsed, profile=profile)
 
 
 # what run_emulated reads of a generated module (tilelink.codegen renders every one of them)

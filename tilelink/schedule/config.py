@@ -79,6 +79,9 @@ class Config:
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
     debug_reverse_roles: int = 0
+    # 1: the generated kernels time every role, every item of a role's loop and every wait
+    # into a profile buffer (`tilelink profile`, docs/profile.md); 0 compiles it all out
+    profile: int = 0
 
     def with_values(self, values: dict[str, str]) -> Config:
         """A copy with `KEY=VALUE` strings applied (from `--config`); unknown keys fail."""
@@ -110,7 +113,7 @@ class Config:
         kv_splits only when set to another value than their default (so the configs, and the generated modules'
         headers, of everything before them read as they did)."""
         quiet = knob.startswith("debug_") or knob in ("capturable", "allreduce",
-                                                      "library_comm", "kv_splits")
+                                                      "library_comm", "kv_splits", "profile")
         return not quiet or getattr(self, knob) != getattr(_DEFAULT, knob)
 
 
@@ -175,6 +178,14 @@ class ConfigSpace:
                        "lower program ids than their producers): on a GPU the kernel can "
                        "deadlock, so it is refused here; it is allowed only on the emulated "
                        "target (interp), to test hang reports")
+        if cfg.profile not in (0, 1):
+            bad.append(f"profile={cfg.profile} is not one of 0, 1")
+        elif cfg.profile and cfg.comm == "none":
+            bad.append("profile=1 times the generated kernels, and the non-overlapped plan "
+                       "(comm=none) has none: use comm=sm or comm=copy_engine")
+        elif cfg.profile and cfg.flatten:
+            bad.append("profile=1 with flatten=1: the timers in the tile loop keep Triton from "
+                       "flattening it (its nested-loop fusion fails); profile with flatten=0")
         if cfg.comm == "none":  # the non-overlapped plan runs every pattern, no lowering
             default = Config()
             bad += [f"{k}={getattr(cfg, k)} does nothing with the non-overlapped plan "

@@ -104,6 +104,8 @@ class Schedule:
             read.update(lw.knobs)
         if self.config.debug_reverse_roles:
             read.add("debug_reverse_roles")
+        if self.config.profile:
+            read.add("profile")
         return tuple(f.name for f in fields(Config) if f.name in read)
 
     @property
