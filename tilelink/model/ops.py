@@ -1,6 +1,6 @@
 """TileLink's fused GEMM + collective ops as torch operators (`torch.ops.tilelink.*`).
 
-    torch.ops.tilelink.ag_gemm(A_shard, [B], 0, group_name, return_A=False)
+    torch.ops.tilelink.ag_gemm(A_shard, [B], 0, group_name, return_A=False)  # A: this rank's rows
     torch.ops.tilelink.gemm_rs(A, B, "sum", 0, group_name)
     torch.ops.tilelink.gemm_ar(A, B, "sum", group_name)
 
@@ -109,26 +109,26 @@ def _unpad_blocks(c: torch.Tensor, blocks: int, rows: int) -> torch.Tensor:
 
 # ---- ag_gemm ------------------------------------------------------------------------------
 
-AG_SCHEMA = ("(Tensor A_shard, Tensor[] Bs, int gather_dim, str group_name, *, "
+AG_SCHEMA = ("(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, "
              "bool return_A=True) -> (Tensor?, Tensor[])")
 
 
-def _check_ag(A_shard, Bs, gather_dim, group_name) -> int:
+def _check_ag(A, Bs, gather_dim, group_name) -> int:
     if not Bs:
         raise UsageError("tilelink.ag_gemm: Bs is empty; pass at least one [K, N] weight")
-    _check_operands("ag_gemm", A_shard, list(Bs), ("A_shard", "Bs"))
-    _dim_zero(gather_dim, A_shard.dim(), "gather_dim", "ag_gemm")
+    _check_operands("ag_gemm", A, list(Bs), ("A", "Bs"))
+    _dim_zero(gather_dim, A.dim(), "gather_dim", "ag_gemm")
     return world_size(group_name)
 
 
 @torch.library.custom_op("tilelink::ag_gemm", mutates_args=(), schema=AG_SCHEMA)
-def ag_gemm(A_shard, Bs, gather_dim, group_name, *, return_A=True):
-    """all_gather(A_shard, dim 0) @ B for each B of Bs: (the gathered A or None, [products]).
+def ag_gemm(A, Bs, gather_dim, group_name, *, return_A=True):
+    """all_gather(A, dim 0) @ B for each B of Bs: (the gathered A or None, [products]).
     The first B runs TileLink's AG-GEMM (overlapped where the scheduler chooses, and
     return_A=False); further Bs multiply the gathered A that the first call returned."""
-    w = _check_ag(A_shard, Bs, gather_dim, group_name)
-    lead, k = A_shard.shape[:-1], A_shard.shape[-1]
-    a2 = _dense(A_shard.reshape(-1, k))
+    w = _check_ag(A, Bs, gather_dim, group_name)
+    lead, k = A.shape[:-1], A.shape[-1]
+    a2 = _dense(A.reshape(-1, k))
     m = a2.shape[0]
     gathered = return_A or len(Bs) > 1
     b0 = _dense(Bs[0])
@@ -150,11 +150,11 @@ def ag_gemm(A_shard, Bs, gather_dim, group_name, *, return_A=True):
 
 
 @ag_gemm.register_fake
-def _ag_gemm_fake(A_shard, Bs, gather_dim, group_name, *, return_A=True):
-    w = _check_ag(A_shard, Bs, gather_dim, group_name)
-    full = (A_shard.shape[0] * w, *A_shard.shape[1:-1])
-    a_full = A_shard.new_empty((*full, A_shard.shape[-1])) if return_A else None
-    return a_full, [A_shard.new_empty((*full, b.shape[1])) for b in Bs]
+def _ag_gemm_fake(A, Bs, gather_dim, group_name, *, return_A=True):
+    w = _check_ag(A, Bs, gather_dim, group_name)
+    full = (A.shape[0] * w, *A.shape[1:-1])
+    a_full = A.new_empty((*full, A.shape[-1])) if return_A else None
+    return a_full, [A.new_empty((*full, b.shape[1])) for b in Bs]
 
 
 # ---- gemm_rs ------------------------------------------------------------------------------
