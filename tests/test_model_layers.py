@@ -21,10 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilelink.errors import TileLinkError, UsageError
-from tilelink.model import (ColumnParallelLinear, RowParallelLinear, TPMLP, cpu_world, plans,
-                            prepare)
-from tilelink.model.llama import (LlamaConfig, LlamaDecoderLayer, shard_tokens,
-                                  tensor_parallel)
+from tilelink.model import TPMLP, ColumnParallelLinear, RowParallelLinear, cpu_world, plans, prepare
+from tilelink.model.llama import LlamaConfig, LlamaDecoderLayer, shard_tokens, tensor_parallel
 
 from .test_model_ops import U32, sum_bound, within
 
@@ -183,3 +181,37 @@ def test_the_unsharded_decoder_layer_is_causal_and_uses_grouped_heads():
     assert torch.equal(a[0, :4], b[0, :4]) and not torch.equal(a[0, 4], b[0, 4])
     with pytest.raises(UsageError, match="divisible"):
         LlamaDecoderLayer(LlamaConfig(hidden=30, heads=4, kv_heads=2))
+
+
+def _documented_example_commands() -> list[str]:
+    """The `python3 examples/model/...` lines of README.md and docs/model.md (the docs test
+    runs `tilelink` commands only)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for doc in (root / "README.md", root / "docs" / "model.md"):
+        found += re.findall(r"^(python3 examples/model/\S+[^#\n]*)", doc.read_text(), re.M)
+    return list(dict.fromkeys(c.strip() for c in found))
+
+
+def test_the_docs_show_the_example_commands():
+    cmds = _documented_example_commands()
+    assert "python3 examples/model/tp_decoder.py --world-size 2" in cmds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", _documented_example_commands())
+def test_documented_example_command_runs(command):
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    argv = shlex.split(command)
+    out = subprocess.run([sys.executable, *argv[1:]], cwd=root, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "max |TP - unsharded|" in out.stdout and "Traceback" not in out.stderr

@@ -115,7 +115,7 @@ def _ops_checks(rank: int, world: int) -> dict:
         real = getattr(torch.ops.tilelink, name)(*args, **kw)
         with FakeTensorMode(allow_non_fake_inputs=True):
             fake = getattr(torch.ops.tilelink, name)(*args, **kw)
-        flat = lambda v: [x for y in (v if isinstance(v, tuple) else (v,))  # noqa: E731
+        flat = lambda v: [x for y in (v if isinstance(v, tuple) else (v,))
                           for x in (y if isinstance(y, list) else [y])]
         for r, f in zip(flat(real), flat(fake), strict=True):
             assert (r is None) == (f is None), name
@@ -220,7 +220,7 @@ def test_ops_on_a_gloo_world_of_three():
 def test_the_ops_take_torch_fused_symm_mem_arguments():
     # a graph pass that emits torch.ops.symm_mem.fused_* can emit torch.ops.tilelink.* with
     # the same arguments
-    import torch.distributed._symmetric_memory  # noqa: F401  (registers symm_mem ops)
+    import torch.distributed._symmetric_memory  # (registers the symm_mem ops)
 
     def args(op):
         s = op.default._schema

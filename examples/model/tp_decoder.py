@@ -20,9 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # this checkout
 
-from tilelink.model import cpu_world  # noqa: E402
-from tilelink.model.llama import (LlamaConfig, LlamaDecoderLayer, shard_tokens,  # noqa: E402
-                                  tensor_parallel)
+from tilelink.model import cpu_world
+from tilelink.model.llama import LlamaConfig, LlamaDecoderLayer, shard_tokens, tensor_parallel
 
 
 def rank_main(rank: int, world: int, batch: int, seq: int, compiled: bool) -> dict:

@@ -12,7 +12,7 @@ torch's fused symmetric-memory ops; on GPUs they run TileLink's compiled ops, on
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.tilelink.*)
-from .layers import ColumnParallelLinear, RowParallelLinear, TPMLP, prepare
+from .layers import TPMLP, ColumnParallelLinear, RowParallelLinear, prepare
 from .ops import prepare_op
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TPMLP", "prepare", "prepare_op"]
+__all__ = ["TPMLP", "ColumnParallelLinear", "RowParallelLinear", "prepare", "prepare_op"]

@@ -43,7 +43,7 @@ def _rank_main(rank: int, world: int, port: int, fn, args, results, timeout_s: f
                                 timeout=timedelta(seconds=timeout_s))
         value = fn(rank, world, *args)
         results.put((rank, "ok", value))
-    except BaseException:
+    except BaseException:  # noqa: BLE001  (every failure goes to the parent, with its traceback)
         results.put((rank, "error", traceback.format_exc()))
     finally:
         if dist.is_initialized():

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import UsageError
 from . import ops as _ops  # noqa: F401  (registers torch.ops.tilelink)

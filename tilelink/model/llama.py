@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import UsageError
-from .layers import ColumnParallelLinear, RowParallelLinear, TPMLP
+from .layers import TPMLP, ColumnParallelLinear, RowParallelLinear
 
 
 @dataclass(frozen=True)

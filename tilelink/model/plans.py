@@ -68,7 +68,7 @@ def resolve_group(group_name: str):
                             "('gloo' on the CPU, 'nccl' on GPUs)")
     try:
         return c10d._resolve_process_group(group_name)
-    except Exception:
+    except (ValueError, RuntimeError, KeyError):
         raise TileLinkError(f"no process group is registered under the name {group_name!r}",
                             hint="pass group.group_name of a live group (the default "
                             "group: torch.distributed.group.WORLD.group_name)") from None
@@ -128,7 +128,7 @@ def prepare_rows(shape: Shape, rows) -> None:
         raise TileLinkError("prepare builds ops with collectives and allocations, which a "
                             "CUDA graph capture cannot take",
                             hint="call prepare (tilelink.model.prepare) before capturing")
-    for r in sorted(set(int(x) for x in rows)):
+    for r in sorted({int(x) for x in rows}):
         _get(shape, r, build=True)
         with _LOCK:
             known = _ROWS.setdefault(shape, [])
