@@ -192,7 +192,7 @@ def _documented_example_commands() -> list[str]:
     root = Path(__file__).resolve().parent.parent
     found = []
     for doc in (root / "README.md", root / "docs" / "model.md"):
-        found += re.findall(r"^(python3 examples/model/\S+[^#\n]*)", doc.read_text(), re.M)
+        found += re.findall(r"^(python3 examples/model/\S+[^#\n]*)", doc.read_text(), re.MULTILINE)
     return list(dict.fromkeys(c.strip() for c in found))
 
 
@@ -212,6 +212,6 @@ def test_documented_example_command_runs(command):
     root = Path(__file__).resolve().parent.parent
     argv = shlex.split(command)
     out = subprocess.run([sys.executable, *argv[1:]], cwd=root, capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, check=False)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "max |TP - unsharded|" in out.stdout and "Traceback" not in out.stderr

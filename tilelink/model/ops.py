@@ -23,8 +23,6 @@ divisible by the world size.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..errors import NotSupportedError, TileLinkError, UsageError
@@ -79,10 +77,6 @@ def _check_reduce(reduce_op: str, op: str) -> None:
     if reduce_op not in REDUCE_OPS:
         raise NotSupportedError(f"tilelink.{op}: reduce_op {reduce_op!r} is not supported",
                                 hint="reduce_op: " + " or ".join(map(repr, REDUCE_OPS)))
-
-
-def _rows(a) -> int:
-    return math.prod(a.shape[:-1])
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
