@@ -268,3 +268,18 @@ def test_row_padding_keeps_every_rank_block_in_place():
     assert torch.equal(padded.view(3, 4, 2)[:, :2], a.view(3, 2, 2))
     assert not padded.view(3, 4, 2)[:, 2:].any()
     assert torch.equal(ops._unpad_blocks(padded, 3, 2), a)
+
+
+def test_the_cpu_plan_checks_inputs_as_a_gpu_op_does():
+    # TileLinkOp refuses an input whose shape, dtype or layout differs from the bound
+    # pattern's shard; the CPU plan does too, so a wrong binding fails in CI, not first on GPUs
+    from tilelink.model.patterns import PATTERNS
+
+    bp = PATTERNS["gemm_rs"].bind({"M": 8, "N": 6, "K": 4, "dtype": "fp32"}, 2)
+    plan = plans.CpuPlan(bp, None)
+    a, b = torch.zeros(8, 2), torch.zeros(2, 6)
+    _raises(TileLinkError, r"input 'a' .* \(8, 4\) .*; this rank's shard is torch.float32 "
+            r"\(8, 2\)", lambda: plan(torch.zeros(8, 4), b))
+    _raises(TileLinkError, "input 'b' of gemm_rs is torch.bfloat16",
+            lambda: plan(a, b.bfloat16()))
+    _raises(TileLinkError, "contiguous: False", lambda: plan(a, torch.zeros(6, 2).t()))

@@ -178,9 +178,19 @@ class CpuPlan:
 
         self.bound, self.group = bp, group
         self.input_names = tuple(d.name for d in bp.pattern.inputs)
+        # what a GPU op's input check compares (TileLinkOp._bind): the CPU path checks the
+        # same, so a call that binds the pattern wrongly fails here too, not first on GPUs
+        self._expect = tuple((tuple(bp.tensors[n].local_shape), TORCH_DTYPES[bp.tensors[n].dtype])
+                             for n in self.input_names)
         self._program = local_program(bp, group, exact=False)
 
     def __call__(self, *args):
+        for name, t, (shape, dtype) in zip(self.input_names, args, self._expect, strict=True):
+            if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+                raise TileLinkError(f"input '{name}' of {self.bound.name} is {t.dtype} "
+                                    f"{tuple(t.shape)} (contiguous: {t.is_contiguous()}); "
+                                    f"this rank's shard is {dtype} {shape}, contiguous "
+                                    f"({self.bound.sizes_str()})")
         outs = self._program(dict(zip(self.input_names, args)))
         return outs[0] if len(outs) == 1 else outs
 
