@@ -286,3 +286,19 @@ def test_the_cpu_plan_checks_inputs_as_a_gpu_op_does():
     _raises(TileLinkError, "input 'b' of gemm_rs is torch.bfloat16",
             lambda: plan(a, b.bfloat16()))
     _raises(TileLinkError, "contiguous: False", lambda: plan(a, torch.zeros(6, 2).t()))
+
+
+def test_a_gloo_without_a_collective_is_named(monkeypatch):
+    # what an older torch's gloo raises for a collective it lacks becomes a clear refusal
+    from tilelink.model.patterns import PATTERNS
+
+    bp = PATTERNS["gemm_ar"].bind({"M": 4, "N": 2, "K": 4, "dtype": "fp32"}, 2)
+    plan = plans.CpuPlan(bp, None)
+
+    def lacking(inputs):
+        raise RuntimeError("ProcessGroupGloo does not support allreduce_coalesced")
+
+    monkeypatch.setattr(plan, "_program", lacking)
+    msg = _raises(NotSupportedError, "gloo backend lacks a collective",
+                  lambda: plan(torch.zeros(4, 2), torch.zeros(2, 2)))
+    assert "torch 2.13" in msg

@@ -191,7 +191,17 @@ class CpuPlan:
                                     f"{tuple(t.shape)} (contiguous: {t.is_contiguous()}); "
                                     f"this rank's shard is {dtype} {shape}, contiguous "
                                     f"({self.bound.sizes_str()})")
-        outs = self._program(dict(zip(self.input_names, args)))
+        try:
+            outs = self._program(dict(zip(self.input_names, args)))
+        except RuntimeError as e:
+            # torch 2.13's gloo has every collective the plans use (all_gather_into_tensor,
+            # reduce_scatter_tensor, all_reduce); an older gloo may lack one
+            text = str(e)
+            if "gloo" in text.lower() and "support" in text.lower():
+                raise NotSupportedError(f"{self.bound.name} on the CPU: this torch's gloo "
+                                        f"backend lacks a collective the plan needs ({text})",
+                                        hint="use torch 2.13 or newer for the CPU world") from e
+            raise
         return outs[0] if len(outs) == 1 else outs
 
 
