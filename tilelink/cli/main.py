@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="tilelink", description="Tile-centric compute-communication overlap kernels on "
-        "stock Triton: describe a pattern, get (and run) the overlapped kernel.")
+        "stock Triton: describe a pattern, get (and run) the overlapped kernel.",
+        epilog="Inside a torch model (torch.ops.tilelink.*, tensor-parallel layers, "
+        "torch.compile, CUDA graphs): the Python package tilelink.model, docs/model.md.")
     parser.add_argument("--version", action="version", version=f"tilelink {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="print any stage of a pattern's compilation",

@@ -1,0 +1,168 @@
+"""torch.ops.tilelink.* and the tensor-parallel layers on GPUs (NCCL world, W = 2 and 4;
+skipped without them): `pytest -m dist tests/test_model_gpu.py`.
+
+One world per world size runs every check (`_gpu_rank`, asserted inside the ranks): the ops
+against an fp32 reference, a TP MLP eager, through torch.compile(fullgraph=True) (inductor)
+and captured in a CUDA graph (eager and compiled) after `prepare`, replayed on fresh inputs;
+a capture of a shape nothing prepared raises the TileLinkError that says to prepare; the
+decoder layer eager and captured.
+
+Bounds (bf16, u = 2^-8): a TileLink op's product of K terms is rounded to bf16 at most once
+per rank's partial and once per partial sum (W - 1), and a library GEMM may round its
+split-K partials once more: (W + 2) u (|A| @ |B|) elementwise, plus fp32's 2 gamma_K
+(`sum_bound` at `dtype=bf16` takes (W + 1) u: one more u here). The decoder layer, a chain
+of about ten bf16 roundings through softmax and RMSNorm, is held to 5e-2 of its largest
+output.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tilelink.runtime.launcher import gpu_count
+
+pytestmark = pytest.mark.dist
+
+U16 = 2.0**-8
+DECODER_TOL = 5e-2
+
+
+def _bound(a, b, world):
+    import torch
+
+    from .test_model_ops import sum_bound
+
+    return sum_bound(a, b, world, torch.bfloat16) + U16 * (a.float().abs() @ b.float().abs())
+
+
+def _check(name, got, want, bound, out):
+    r = ((got.float() - want.float()).abs() / bound).max().item()
+    assert r <= 1, f"{name}: {r:.3g} x the error bound"
+    out[name] = r
+
+
+def _gpu_rank(rank: int, world: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    from tilelink.errors import TileLinkError
+    from tilelink.model import TPMLP, plans, prepare
+    from tilelink.model.llama import LlamaConfig, LlamaDecoderLayer, shard_tokens, tensor_parallel
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = dist.group.WORLD.group_name
+    torch.manual_seed(11)  # the same full tensors on every rank
+    out: dict = {}
+    bf = torch.bfloat16
+
+    def rnd(*shape):
+        return torch.randn(*shape).to(bf).to(dev)
+
+    # ---- the ops ----------------------------------------------------------------------------
+    m, k, n = 256, 1024, 512
+    A, B = rnd(m * world, k), rnd(k, n * world)
+    a, b = A.chunk(world)[rank].contiguous(), B.chunk(world, 1)[rank].contiguous()
+    for return_a in (False, True):
+        full, (c,) = torch.ops.tilelink.ag_gemm(a, [b], 0, g, return_A=return_a)
+        assert (full is None) != return_a and (full is None or torch.equal(full, A))
+        _check(f"ag return_A={return_a}", c, A.float() @ b.float(), _bound(A, b, world), out)
+    A, B = rnd(m * world, k), rnd(k, n)
+    a, b = A.chunk(world, 1)[rank].contiguous(), B.chunk(world)[rank].contiguous()
+    ref, bound = A.float() @ B.float(), _bound(A, B, world)
+    _check("rs", torch.ops.tilelink.gemm_rs(a, b, "sum", 0, g), ref.chunk(world)[rank],
+           bound.chunk(world)[rank], out)
+    _check("ar", torch.ops.tilelink.gemm_ar(a, b, "sum", g), ref, bound, out)
+
+    # ---- a TP MLP: eager, compiled, captured ---------------------------------------------
+    hidden, inter, tokens = 1024, 512 * world, 256 * world
+    gate, up = nn.Linear(hidden, inter, bias=False), nn.Linear(hidden, inter, bias=False)
+    down = nn.Linear(inter, hidden, bias=False)
+    for lin in (gate, up, down):
+        lin.to(dev, bf)
+    mlp = TPMLP.from_full(gate, up, down)
+    prepare(mlp, tokens=[tokens])
+    built = len(plans._OPS)
+
+    def reference(x):
+        xf = x.float()
+        h = F.silu(xf @ gate.weight.float().t()) * (xf @ up.weight.float().t())
+        return (h @ down.weight.float().t()).chunk(world)[rank]
+
+    def mlp_bound(x):
+        # the hidden activations' rounding to bf16 (u |h|) and their products' bound
+        xf = x.float()
+        g_, u_ = xf @ gate.weight.float().t(), xf @ up.weight.float().t()
+        eg, eu = _bound(x, gate.weight.t(), world), _bound(x, up.weight.t(), world)
+        h = F.silu(g_) * u_
+        dh = 1.1 * eg * u_.abs() + g_.abs() * eu + 1.1 * eg * eu + 3 * U16 * h.abs()
+        dwn = down.weight.float().t()
+        return (dh @ dwn.abs() + _bound(h, down.weight.t(), world)).chunk(world)[rank]
+
+    x = rnd(tokens, hidden)
+    with torch.no_grad():
+        _check("mlp eager", mlp(x.chunk(world)[rank]), reference(x), mlp_bound(x), out)
+        compiled = torch.compile(mlp, fullgraph=True)
+        _check("mlp compiled", compiled(x.chunk(world)[rank]), reference(x), mlp_bound(x), out)
+        for name, fn in (("eager", mlp), ("compiled", compiled)):
+            static = x.chunk(world)[rank].clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn(static)  # warm-up outside the capture (torch's rule for graphs)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = fn(static)
+            for i in range(3):
+                xi = rnd(tokens, hidden)
+                static.copy_(xi.chunk(world)[rank])
+                graph.replay()
+                _check(f"mlp graph {name} {i}", y, reference(xi), mlp_bound(xi), out)
+    torch.cuda.synchronize()
+    out["built_by_calls"] = len(plans._OPS) - built
+
+    # ---- the decoder layer (bf16), eager and captured -------------------------------------
+    cfg = LlamaConfig(hidden=512, heads=8, kv_heads=4, intermediate=768)
+    layer = LlamaDecoderLayer(cfg).to(dev).eval()
+    batch, seq = 2, 64 * world
+    xs = torch.randn(batch, seq, cfg.hidden, device=dev)
+    with torch.no_grad():
+        want = shard_tokens(layer(xs))  # fp32, unsharded
+        tp = tensor_parallel(layer.to(bf))
+        prepare(tp, tokens=[batch * seq])
+        xin = shard_tokens(xs.to(bf))
+        got = tp(xin, batch=batch)
+        out["decoder eager"] = (got.float() - want).abs().max().item() / want.abs().max().item()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = tp(xin, batch=batch)
+        graph.replay()
+        torch.cuda.synchronize()
+        out["decoder graph"] = (y.float() - want).abs().max().item() / want.abs().max().item()
+    assert max(out["decoder eager"], out["decoder graph"]) <= DECODER_TOL, out
+
+    # ---- a capture of a shape nothing prepared: the error says to prepare ------------------
+    small = x[: 2 * world].chunk(world)[rank].clone()
+    plans.clear()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.no_grad(), torch.cuda.graph(graph):
+            mlp(small)
+        out["unprepared"] = "no error"
+    except TileLinkError as e:
+        out["unprepared"] = str(e)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_model_ops_compile_and_capture_on_gpus(world):
+    if gpu_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    from tilelink.runtime.launcher import launch_world
+
+    out = launch_world(_gpu_rank, world)
+    assert out["built_by_calls"] == 0  # prepare built what the calls and captures ran
+    assert "nothing prepared" in out["unprepared"] and "prepare" in out["unprepared"]
+    assert len([k for k in out if k.startswith("mlp graph")]) == 6

@@ -1,0 +1,18 @@
+"""TileLink inside a torch model: fused GEMM + collective torch operators and
+tensor-parallel layers (docs/model.md).
+
+    import tilelink.model as tkm
+    mlp = tkm.TPMLP.from_full(gate, up, down)     # every rank, inside torch.distributed
+    tkm.prepare(mlp, tokens=[4096])               # the ops built once, before graph capture
+    y_shard = torch.compile(mlp, fullgraph=True)(x_shard)
+
+`torch.ops.tilelink.ag_gemm / gemm_rs / gemm_ar` (tilelink.model.ops) take the arguments of
+torch's fused symmetric-memory ops; on GPUs they run TileLink's compiled ops, on the CPU
+(a gloo world) the non-overlapped plan.
+"""
+
+from . import ops  # noqa: F401  (registers torch.ops.tilelink.*)
+from .layers import TPMLP, ColumnParallelLinear, RowParallelLinear, prepare
+from .ops import prepare_op
+
+__all__ = ["TPMLP", "ColumnParallelLinear", "RowParallelLinear", "prepare", "prepare_op"]

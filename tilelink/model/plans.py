@@ -1,0 +1,219 @@
+"""The compiled op behind each model-op call, built once per (kind, group, shape bucket,
+dtype, device) and kept.
+
+On a CUDA device a call runs `tilelink.runtime.gpu.compile_op`'s op (the overlapped kernel,
+or the non-overlapped plan where the scheduler takes it). On the CPU (a gloo world: CI and
+laptops) it runs the non-overlapped plan itself, `dist_reference.local_program`: the
+collectives, then the GEMM, the same program `FallbackOp` runs on GPUs with NCCL and cuBLAS.
+
+Building an op is a collective call (the heap's rendezvous, the ranks' agreement on the
+schedule), and it allocates: so it must happen on every rank, in the same order, and never
+while a CUDA graph is being captured. `prepare` builds the ops of the shapes a model will
+run before any capture; an eager call of an unprepared shape builds its op at once (every
+rank reaches the same call with the same shape), and a captured one raises.
+
+Shape buckets: rows are the dimension that varies between calls (tokens). A call whose rows
+were not prepared, but a larger row count of the same op was, runs the larger op on inputs
+padded with zero rows (per rank's block, so every rank's rows keep their place) and drops
+the padding's rows from the result.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError, NotSupportedError, TileLinkError
+from ..runtime.reference import TORCH_DTYPES
+from .patterns import PATTERNS
+
+# torch dtype -> pattern dtype name (the dtypes the GEMM patterns take)
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items() if v.is_floating_point}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What selects one compiled op besides its rows: the pattern (`kind`), the process
+    group's name, the columns and reduction length of the whole (unsharded) product
+    (`n`, `k`), the dtype and the device."""
+
+    kind: str
+    group_name: str
+    n: int
+    k: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def values(self, rows: int, world: int) -> dict:
+        """The pattern's sizes for `rows` (the gathered / whole product's rows M)."""
+        return {"M": rows, "N": self.n, "K": self.k, "dtype": DTYPE_NAMES[self.dtype]}
+
+
+_OPS: dict[tuple[Shape, int], object] = {}
+_ROWS: dict[Shape, list[int]] = {}  # prepared row counts per shape, sorted
+_LOCK = threading.Lock()
+
+
+def resolve_group(group_name: str):
+    """The process group registered under `group_name` (TileLinkError if none)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise TileLinkError("the tilelink model ops need torch.distributed to be initialised",
+                            hint="call torch.distributed.init_process_group(...) first "
+                            "('gloo' on the CPU, 'nccl' on GPUs)")
+    try:
+        return c10d._resolve_process_group(group_name)
+    except (ValueError, RuntimeError, KeyError):
+        raise TileLinkError(f"no process group is registered under the name {group_name!r}",
+                            hint="pass group.group_name of a live group (the default "
+                            "group: torch.distributed.group.WORLD.group_name)") from None
+
+
+def group_name_of(group) -> str:
+    """The registered name of `group` (None: the default group), what the ops take."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise TileLinkError("tensor-parallel layers need torch.distributed to be initialised",
+                            hint="call torch.distributed.init_process_group(...) first")
+    return (group or dist.group.WORLD).group_name
+
+
+def world_size(group_name: str) -> int:
+    """The number of ranks of the group named `group_name`."""
+    import torch.distributed as dist
+
+    return dist.get_world_size(resolve_group(group_name))
+
+
+def norm_device(device) -> torch.device:
+    """`device` with its index (a bare "cuda" is the current device), as tensors carry it."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _build(shape: Shape, rows: int):
+    """A new op for `shape` at `rows` rows (collective on the group)."""
+    group = resolve_group(shape.group_name)
+    import torch.distributed as dist
+
+    w = dist.get_world_size(group)
+    bp = PATTERNS[shape.kind].bind(shape.values(rows, w), w)
+    if shape.device.type == "cuda":
+        from ..runtime.gpu import compile_op
+
+        with torch.cuda.device(shape.device):
+            return compile_op(bp, group=group)
+    if shape.device.type == "cpu":
+        return CpuPlan(bp, group)
+    raise NotSupportedError(f"the tilelink model ops run on CUDA devices or the CPU, not on "
+                            f"{shape.device.type}", hint="move the tensors with .to('cuda')")
+
+
+def prepare_rows(shape: Shape, rows) -> None:
+    """Build (collectively, on every rank) the ops of `shape` at each row count of `rows`,
+    and record them as buckets for smaller calls. Call before any CUDA-graph capture."""
+    if _capturing():
+        raise TileLinkError("prepare builds ops with collectives and allocations, which a "
+                            "CUDA graph capture cannot take",
+                            hint="call prepare (tilelink.model.prepare) before capturing")
+    for r in sorted({int(x) for x in rows}):
+        _get(shape, r, build=True)
+        with _LOCK:
+            known = _ROWS.setdefault(shape, [])
+            if r not in known:
+                bisect.insort(known, r)
+
+
+def _get(shape: Shape, rows: int, build: bool):
+    key = (shape, rows)
+    op = _OPS.get(key)
+    if op is None and build:
+        op = _OPS[key] = _build(shape, rows)
+    return op
+
+
+def lookup(shape: Shape, rows: int, step: int = 1):
+    """(op, rows it was built for) for a call of `rows` rows: the op of exactly these rows,
+    else that of the smallest prepared bucket above them (rows padded to it; `step`: the
+    bucket's rows must be a multiple of it, W for a scatter), else a new op for these rows
+    (eager calls only: a capture finding nothing prepared raises)."""
+    op = _OPS.get((shape, rows))
+    if op is not None:
+        return op, rows
+    known = _ROWS.get(shape, ())
+    i = bisect.bisect_left(known, rows)
+    for bucket in known[i:]:
+        if bucket % step == 0:
+            return _OPS[(shape, bucket)], bucket
+    if _capturing():
+        have = ", ".join(str(r) for r in known) or "none"
+        raise TileLinkError(
+            f"tilelink.{shape.kind}: nothing prepared for {rows} rows (N = {shape.n}, K = "
+            f"{shape.k}, {DTYPE_NAMES[shape.dtype]}, group {shape.group_name!r}; prepared "
+            f"row counts: {have}) and a CUDA graph is being captured, where an op cannot be "
+            "built (collectives, allocations)",
+            hint="call tilelink.model.prepare(model, tokens=[...]) (or the op's prepare) "
+            "with these rows, or more, before the capture")
+    return _get(shape, rows, build=True), rows
+
+
+class CpuPlan:
+    """The non-overlapped plan of a bound pattern on CPU tensors (gloo): its collectives and
+    GEMM through torch, prepared once (`dist_reference.local_program`, as `FallbackOp`)."""
+
+    def __init__(self, bp, group):
+        from ..runtime.dist_reference import local_program
+
+        self.bound, self.group = bp, group
+        self.input_names = tuple(d.name for d in bp.pattern.inputs)
+        # what a GPU op's input check compares (TileLinkOp._bind): the CPU path checks the
+        # same, so a call that binds the pattern wrongly fails here too, not first on GPUs
+        self._expect = tuple((tuple(bp.tensors[n].local_shape), TORCH_DTYPES[bp.tensors[n].dtype])
+                             for n in self.input_names)
+        self._program = local_program(bp, group, exact=False)
+
+    def __call__(self, *args):
+        for name, t, (shape, dtype) in zip(self.input_names, args, self._expect, strict=True):
+            if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+                raise TileLinkError(f"input '{name}' of {self.bound.name} is {t.dtype} "
+                                    f"{tuple(t.shape)} (contiguous: {t.is_contiguous()}); "
+                                    f"this rank's shard is {dtype} {shape}, contiguous "
+                                    f"({self.bound.sizes_str()})")
+        try:
+            outs = self._program(dict(zip(self.input_names, args)))
+        except RuntimeError as e:
+            # torch 2.13's gloo has every collective the plans use (all_gather_into_tensor,
+            # reduce_scatter_tensor, all_reduce); an older gloo may lack one
+            text = str(e)
+            if "gloo" in text.lower() and "support" in text.lower():
+                raise NotSupportedError(f"{self.bound.name} on the CPU: this torch's gloo "
+                                        f"backend lacks a collective the plan needs ({text})",
+                                        hint="use torch 2.13 or newer for the CPU world") from e
+            raise
+        return outs[0] if len(outs) == 1 else outs
+
+
+def clear() -> None:
+    """Forget every built op (tests; ops in use keep working)."""
+    with _LOCK:
+        _OPS.clear()
+        _ROWS.clear()
+
+
+def check_dtype(dtype: torch.dtype, what: str) -> None:
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"{what} has dtype {dtype}; the tilelink model ops take "
+                          + ", ".join(str(d) for d in DTYPE_NAMES),
+                          hint="convert the tensors (e.g. .to(torch.bfloat16))")
