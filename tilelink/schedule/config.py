@@ -73,7 +73,8 @@ class Config:
     # symmetric memory's all-reduce kernels
     library_comm: str = "nccl"
     # decode attention: programs each (batch, KV head) is split into over the KV sequence,
-    # their partials combined in a second kernel; 0: the lowering's choice (from occupancy)
+    # their partials combined by the split that finishes last; 0: the lowering's choice
+    # (from occupancy)
     kv_splits: int = 0
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
@@ -109,9 +110,10 @@ class Config:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items() if self.shown(k))
 
     def shown(self, knob: str) -> bool:
-        """Whether `knob` is written out: debug knobs, capturable, allreduce, library_comm and
-        kv_splits only when set to another value than their default (so the configs, and the generated modules'
-        headers, of everything before them read as they did)."""
+        """Whether `knob` is written out: debug knobs, capturable, allreduce, library_comm,
+        kv_splits and profile only when set to another value than their default (so the
+        configs, and the generated modules' headers, of everything before them read as they
+        did)."""
         quiet = knob.startswith("debug_") or knob in ("capturable", "allreduce",
                                                       "library_comm", "kv_splits", "profile")
         return not quiet or getattr(self, knob) != getattr(_DEFAULT, knob)
