@@ -8,11 +8,14 @@ from .events import Profile, decode, roles_of, rows_of
 
 
 def profile_config(config: dict) -> dict:
-    """`config` with profile=1 (a contradicting profile=0 is refused)."""
+    """`config` with profile=1 (a contradicting profile=0 is refused) and, unless it names
+    flatten, flatten=0: the timed tile loop cannot be flattened (the GPU default of GEMM-RS
+    flattens it), so the profiled kernel, and the unprofiled one `--overhead` compares it
+    with, keep the loop as written."""
     if str(config.get("profile", "1")).strip() not in ("1",):
         raise ConfigError(f"--config profile={config['profile']} contradicts profiling",
                           hint="drop profile= from --config: tilelink profile sets profile=1")
-    return {**config, "profile": "1"}
+    return {"flatten": "0", **config, "profile": "1"}
 
 
 def _profile(bp, s, module, where: str, calls: int) -> Profile:
