@@ -191,6 +191,8 @@ def _ops_checks(rank: int, world: int) -> dict:
     errs["prepare"] = _raises(UsageError, "multiple of the world size", lambda: ops.prepare_op(
         "ag_gemm", n=8, k=4, rows=[world + 1], dtype=torch.float32, group_name=g,
         device="cpu"))
+    # a compiled graph's cache key holds the group's size (fake shapes depend on it)
+    out["cache_tag"] = (g, getattr(torch.compiler.config, "cache_key_tag", None))
     return out
 
 
@@ -204,6 +206,8 @@ def _check_world(world: int) -> None:
         assert out["built_by_padded_call"] == 0  # the prepared 4W-row bucket took 2W rows
         assert len(out["errors"]) == 10
     assert res[0]["errors"]["rows"] == res[-1]["errors"]["rows"]
+    for g, tag in (r["cache_tag"] for r in res):
+        assert f"tilelink:{g}={world}" in tag.split(";"), tag
 
 
 def test_ops_on_a_gloo_world_of_two():

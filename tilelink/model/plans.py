@@ -85,10 +85,31 @@ def group_name_of(group) -> str:
 
 
 def world_size(group_name: str) -> int:
-    """The number of ranks of the group named `group_name`."""
+    """The number of ranks of the group named `group_name` (also tagged onto torch.compile's
+    cache keys, `tag_compile_caches`)."""
     import torch.distributed as dist
 
-    return dist.get_world_size(resolve_group(group_name))
+    w = dist.get_world_size(resolve_group(group_name))
+    tag_compile_caches(group_name, w)
+    return w
+
+
+def tag_compile_caches(group_name: str, world: int) -> None:
+    """Put the group's size into torch.compile's cache key tag.
+
+    The ops' fake implementations read the size of the group they are given by name, which
+    a compiled graph's cache key (its code and input shapes) does not hold: a graph compiled
+    for W = 2 was taken from the on-disk cache by a W = 4 run with the same per-rank shapes
+    and failed inductor's size checks (2x/4x H100). Each (group, size) the ops see joins
+    `torch.compiler.config.cache_key_tag` (a torch without it: nothing to do)."""
+    from torch.compiler import config
+
+    tag = getattr(config, "cache_key_tag", None)
+    if tag is None:
+        return
+    part = f"tilelink:{group_name}={world}"
+    if part not in tag.split(";"):
+        config.cache_key_tag = ";".join(p for p in (tag, part) if p)
 
 
 def norm_device(device) -> torch.device:
