@@ -53,7 +53,7 @@ CONFIGS = [
     # AG-MoE: the grouped GEMM's tiles wait on the chunks of their run-time token range
     (AG_MOE, 2, {"T": "1200", "K": "1000", "N": "1200"}, {"comm": "sm"}),
     (AG_MOE, 4, {"T": "1200", "K": "1000", "N": "1200", "TOPK": "4"},
-     {"comm": "copy_engine", "block_m": "64", "block_n": "128"}),
+     {"comm": "sm", "block_m": "64", "block_n": "128"}),
 ]
 TARGETS = ("cuda:90", "cuda:80", "hip:gfx942")
 

@@ -252,3 +252,24 @@ def test_the_cost_model_charges_the_prepare_steps_launches(monkeypatch):
     one = host_ms(s.bound, s.config, dev)
     monkeypatch.setattr(GroupedGemmTriton, "prepare", lambda self, site: Prepare("x", 11))
     assert host_ms(s.bound, s.config, dev) - one == pytest.approx(10 * dev.host_call_us * 1e-3)
+
+
+def test_the_copy_engine_gather_is_refused_on_gpus_and_the_default_takes_sms():
+    # on 2x H100 the copy engine's first chunk never arrived while the grouped kernel held
+    # every SM (K = 4096): refused on GPU targets, with why; the default falls to SMs (not to
+    # the non-overlapped plan) where the model predicts the kernel faster
+    from dataclasses import replace
+
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target
+    from tilelink.schedule import make_schedule as schedule
+    from tilelink.schedule.schedule import default_config
+
+    bp = AG_MOE.bind({"T": 8192, "K": 4096, "N": 14336, "E": 8, "TOPK": 2}, 2)
+    target = replace(get_target("cuda:90"), device="NVIDIA H100")
+    with pytest.raises(ConfigError, match="never delivered its first chunk"):
+        schedule(bp, target, {"comm": "copy_engine"})
+    for graph in (False, True):
+        assert default_config(bp, target, graph=graph)[0].comm == "sm"
+    assert make_schedule(AG_MOE, 2, None, {"comm": "copy_engine"}, "interp").config.comm \
+        == "copy_engine"  # the emulated world runs it (every code path stays tested)

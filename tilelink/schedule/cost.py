@@ -560,7 +560,8 @@ def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
     programs it has, its bytes at HBM bandwidth or what its programs stream, whichever is
     less, plus a launch. `programs` None: a vendor kernel that fills the GPU."""
     share = 1.0 if programs is None else min(1.0, programs / dev.num_sms)
-    flops_ms = work.flops / (dev.peak_tflops * 1e12 * dev.gemm_eff * share) * 1e3
+    flops_ms = work.flops / (dev.peak_tflops * 1e12 * dev.gemm_eff * work.efficiency
+                             * share) * 1e3
     bw = dev.hbm_gbs
     if programs is not None:
         bw = min(bw, min(programs, dev.num_sms) * (program_gbs or dev.local_cta_gbs))

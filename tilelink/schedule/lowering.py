@@ -136,6 +136,9 @@ class Work:
     hbm_bytes: float
     programs: int | None = None
     program_gbs: float | None = None
+    # the share of the device's GEMM rate (DeviceSpec.gemm_eff) its FLOPs run at, measured
+    # (a grouped GEMM's experts are small GEMMs: below 1)
+    efficiency: float = 1.0
 
 
 # op kind -> fn(bp, op) -> Work: what the vendor library's call for a compute op does in the

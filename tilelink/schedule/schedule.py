@@ -234,7 +234,29 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         return replace(base, comm="none"), no_lowering_note(missing)
     if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
         return _or_fallback(base, space.reasons(base, bp), allow_fallback)
-    cfg = replace(base, comm=resource or _default_resource(bp, base, target))
+    if resource is not None:
+        resources = [resource]
+    else:
+        # the copy engine where the collectives can take it; SMs where a lowering of another
+        # op refuses the copy engine's config
+        resources = [_default_resource(bp, base, target)]
+        resources += ["sm"] if resources[0] != "sm" else []
+    first, first_bad = None, []
+    for comm in resources:
+        merged, bad = _merged_defaults(bp, target, space, replace(base, comm=comm))
+        if not bad:
+            if allow_fallback and resource is None and bp.world > 1:
+                return _decide(bp, target, merged, graph)
+            return merged, None
+        if first is None:
+            first, first_bad = merged, bad
+    return _or_fallback(first, first_bad, allow_fallback)
+
+
+def _merged_defaults(bp: BoundPattern, target: Target, space, cfg: Config
+                     ) -> tuple[Config, list[str]]:
+    """`cfg` with its lowerings' default knobs merged in, and why it cannot run (empty: it
+    can)."""
     sites = op_sites(bp, cfg, target)
     proposals = [lw.defaults(sites[op.result]) for op in bp.ops
                  if (lw := lowering_for(sites[op.result])) is not None]
@@ -254,12 +276,10 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         merged = _drop_invalid_features(merged, {}, bp, space, merged)
         bad = space.reasons(merged, bp)
         if not bad:
-            if allow_fallback and resource is None and bp.world > 1:
-                return _decide(bp, target, merged, graph)
-            return merged, None
+            return merged, []
         if first is None:
             first, first_bad = merged, bad
-    return _or_fallback(first, first_bad, allow_fallback)
+    return first, first_bad
 
 
 def unlowered_ops(bp: BoundPattern) -> list:
