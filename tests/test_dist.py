@@ -187,19 +187,17 @@ NOT_YET_RUN: dict = {}
 AG_MOE = str(EXAMPLES / "ag_moe.tl")
 MOE = {"T": "1200", "K": "1000", "N": "1200", "E": "8", "TOPK": "2"}
 MOE_TOP4 = MOE | {"TOPK": "4"}
-# Passed at W = 2 and 4 on 4x H100 (2026-11-27, 3356429). The copy engine's gather (1,000
-# calls at top-4 passed there) is refused on GPUs since: at K = 4096 its first chunk never
-# arrived while the grouped kernel held every SM (the grouped lowering's reasons say so).
+# Passed at W = 2 and 4 on 4x H100 (2026-11-27: 3356429, and the default and K = 4096 cases
+# at 77bcf53). The copy engine's gather (1,000 calls at top-4 passed) is refused on GPUs
+# since: at K = 4096 its first chunk never arrived while the grouped kernel held every SM (the
+# grouped lowering's reasons say so).
 CASES |= {
     "ag_moe_sm_1000": RunSpec(AG_MOE, MOE, {"comm": "sm"}, calls=1000),
     "ag_moe_sm_top4_delays": RunSpec(AG_MOE, MOE_TOP4, {"comm": "sm"}, calls=100,
                                      delays=True, seed=50),
     "ag_moe_sm_graph_mixed": RunSpec(AG_MOE, MOE, {"comm": "sm"},
                                      calls=20, graph=True, mixed=True),
-}
-NOT_YET_RUN |= {
-    # the default is comm=sm now (it was the copy engine when it passed)
-    "ag_moe_default": RunSpec(AG_MOE, MOE, {}, calls=5),
+    "ag_moe_default": RunSpec(AG_MOE, MOE, {}, calls=5),  # (comm=sm)
     # Mixtral's hidden size, where the copy engine's gather hung: on SMs, 100 calls
     "ag_moe_sm_k4096": RunSpec(AG_MOE, {"T": "2400", "K": "4096", "N": "2400", "E": "8",
                                         "TOPK": "2"}, {"comm": "sm"}, calls=100),

@@ -232,7 +232,8 @@ def test_gpu_rows_are_assembled_call_by_call(monkeypatch):
     monkeypatch.setattr("tilelink.runtime.launcher.launch_world", fake_launch)
     bp = load_text(AG).bind({}, 2)
     prof = collect.profile_gpus(bp, AG, {}, {"comm": "sm"}, 2, 0, one_gpu=False)
-    assert seen == {"fn": "profile_rank", "world": 2, "config": {"comm": "sm", "profile": "1"}}
+    assert seen == {"fn": "profile_rank", "world": 2,
+                    "config": {"comm": "sm", "flatten": "0", "profile": "1"}}
     assert [(e.rank, e.call, e.ns) for e in prof.events] == \
         [(0, 0, 100), (0, 1, 150), (1, 0, 100), (1, 1, 150)]
     assert prof.dropped == {0: 3, 1: 3} and prof.roles[0].name == "compute"
