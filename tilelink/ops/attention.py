@@ -178,8 +178,8 @@ PARTIAL_DTYPE = "fp32"
                     "items (default: the count whose busiest persistent program streams the "
                     "fewest key blocks, at most 4 items a program and one split a block of "
                     "`block_n` keys), each reading its keys once for the head's whole query "
-                    "group, and combines the splits' partials by their log-sum-exps in a "
-                    "second kernel."))
+                    "group; the split of a key head that finishes last combines the splits' "
+                    "partials by their log-sum-exps, in the same kernel."))
 def partial_shape(op, xs, attrs, world):
     q, k, v = xs
     sq, sk, sv = local_shape(q), local_shape(k), local_shape(v)
