@@ -22,6 +22,17 @@ pattern both(M = 1024, N = 8192, K = 8192, dtype = bf16)
 """
 
 
+def run_argv(path, world: int, sizes: dict, config: dict, calls: int) -> list[str]:
+    """`tilelink run PATH -W world --check --calls N`, each size a `-D` and each config knob a
+    `--config` (the arguments `tilelink.cli.main.main` takes)."""
+    args = ["run", str(path), "-W", str(world), "--check", "--calls", str(calls)]
+    for k, v in sizes.items():
+        args += ["-D", f"{k}={v}"]
+    for k, v in config.items():
+        args += ["--config", f"{k}={v}"]
+    return args
+
+
 def run_broken(s, src: str, timeout: float = 4.0) -> None:
     """Run module text `src` (schedule `s` rendered with a fault, e.g. drop_notify) for one
     call in the emulated world on seed-0 inputs, its stuck waits described through the module

@@ -23,7 +23,7 @@ from tilelink.ops.attention import _partial, _split
 from tilelink.schedule import get_target, make_schedule
 from tilelink.schedule.config import Config
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES, ROOT, run_argv
 
 MHA, GQA = EXAMPLES / "flash_decode.tl", EXAMPLES / "flash_decode_gqa.tl"
 
@@ -48,13 +48,7 @@ RUNS = [
 
 
 def _args(path, world, sizes, config, calls=2):
-    args = ["run", str(path), "-W", str(world), "--check", "--calls", str(calls),
-            "--config", "comm=sm", "--config", "block_n=16"]
-    for k, v in sizes.items():
-        args += ["-D", f"{k}={v}"]
-    for k, v in config.items():
-        args += ["--config", f"{k}={v}"]
-    return args
+    return run_argv(path, world, sizes, {"comm": "sm", "block_n": "16", **config}, calls)
 
 
 @pytest.mark.parametrize("case", [pytest.param(i, marks=() if i == 1 else pytest.mark.slow)
@@ -213,12 +207,7 @@ def test_the_split_shows_in_the_schedule(capsys):
 def test_split_kv_decode_checks_on_a_gpu(path, sizes, config, capsys):
     # the last split reads the partials the other programs stored (their release and its
     # acquire on the counter), over many calls and ragged 64-key blocks, W = 1
-    args = ["run", str(path), "-W", "1", "--check", "--calls", "20", "--config", "comm=sm"]
-    for k, v in sizes.items():
-        args += ["-D", f"{k}={v}"]
-    for k, v in config.items():
-        args += ["--config", f"{k}={v}"]
-    assert main(args) == 0
+    assert main(run_argv(path, 1, sizes, {"comm": "sm", **config}, 20)) == 0
     assert "check: OK" in capsys.readouterr().out
 
 

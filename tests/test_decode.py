@@ -14,7 +14,7 @@ from tilelink.ops.gemm.tl import DECODE_TILES
 from tilelink.schedule import get_target, make_schedule
 from tilelink.schedule.schedule import default_config
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, run_argv
 
 GEMM_AR, GEMM_RS, RS_COLS = (str(EXAMPLES / f) for f in ("gemm_ar.tl", "gemm_rs.tl",
                                                            "gemm_rs_cols.tl"))
@@ -49,12 +49,7 @@ def test_a_reduction_at_w1_is_stored_by_the_gemm_epilogue(path, sizes, config, t
 @pytest.mark.slow
 @pytest.mark.parametrize("path,sizes,config", REDUCTIONS)
 def test_a_reduction_at_w1_checks_in_the_emulated_world(path, sizes, config, capsys):
-    args = ["run", path, "-W", "1", "--check", "--calls", "3"]
-    for k, v in sizes.items():
-        args += ["-D", f"{k}={v}"]
-    for k, v in config.items():
-        args += ["--config", f"{k}={v}"]
-    assert main(args) == 0
+    assert main(run_argv(path, 1, sizes, config, 3)) == 0
     assert "check: OK" in capsys.readouterr().out
 
 

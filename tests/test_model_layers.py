@@ -44,6 +44,12 @@ def _layer_checks(rank: int, world: int, compiled_decoder: bool) -> dict:
         return [("eager", module),
                 ("compiled", torch.compile(module, fullgraph=True, backend="aot_eager"))]
 
+    def reduced(name, reduce, got, want, bound):
+        """`got` of a row-parallel reduce: this rank's token block (scatter) or every row."""
+        if reduce == "scatter":
+            want, bound = want.chunk(world)[rank], bound.chunk(world)[rank]
+        ratio(f"{name} {reduce}", got, want, bound)
+
     hidden, inter, tokens = 16, 12 * world, 6 * world
     x = torch.randn(tokens, hidden)
     mine = x.chunk(world)[rank]
@@ -67,12 +73,7 @@ def _layer_checks(rank: int, world: int, compiled_decoder: bool) -> dict:
         for reduce in ("scatter", "all"):
             row = RowParallelLinear.from_full(lin, reduce=reduce)
             for mode, m in both(row):
-                got = m(part)
-                if reduce == "scatter":
-                    ratio(f"row scatter {mode}", got, want.chunk(world)[rank],
-                          bound.chunk(world)[rank])
-                else:
-                    ratio(f"row all {mode}", got, want, bound)
+                reduced(f"row {mode}", reduce, m(part), want, bound)
 
         # the MLP: gate/up one AG-GEMM, SiLU-mul, down a GEMM-RS (or AR)
         gate, up = nn.Linear(hidden, inter, bias=False), nn.Linear(hidden, inter, bias=False)
@@ -89,12 +90,7 @@ def _layer_checks(rank: int, world: int, compiled_decoder: bool) -> dict:
         for reduce in ("scatter", "all"):
             mlp = TPMLP.from_full(gate, up, down, reduce=reduce)
             for mode, m in both(mlp):
-                got = m(mine)
-                if reduce == "scatter":
-                    ratio(f"mlp scatter {mode}", got, want.chunk(world)[rank],
-                          bound.chunk(world)[rank])
-                else:
-                    ratio(f"mlp all {mode}", got, want, bound)
+                reduced(f"mlp {mode}", reduce, m(mine), want, bound)
 
         # prepare builds every op up front: the calls build none
         plans.clear()

@@ -37,23 +37,14 @@ def _check(trace: dict, world: int) -> None:
     assert s["hidden_share"] is None or 0 <= s["hidden_share"] <= 1
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("world", [pytest.param("one-gpu", marks=pytest.mark.gpu),
+                                   pytest.param("gpus", marks=pytest.mark.dist)])
 @pytest.mark.parametrize("pattern", [AG, RS])
-def test_profile_on_one_gpu_with_overhead(tmp_path, pattern):
-    _, trace = _profile(tmp_path, pattern, "-W", "2", *SIZES, "--world", "one-gpu",
-                             "--config", "comm=sm", "comm_programs=16", "--overhead")
+def test_profile_with_overhead(tmp_path, pattern, world):
+    # the one-GPU world (one GPU) and 2 GPUs: a trace of both ranks, and the overhead
+    _, trace = _profile(tmp_path, pattern, "-W", "2", *SIZES, "--world", world,
+                        "--config", "comm=sm", "comm_programs=16", "--overhead")
     _check(trace, 2)
     over = trace["otherData"]["summary"]["overhead"]
     assert math.isfinite(over["ratio"]) and over["ratio"] > 0
-    print(f"\n{pattern}: {over['words']}")
-
-
-@pytest.mark.dist
-@pytest.mark.parametrize("pattern", [AG, RS])
-def test_profile_on_two_gpus_with_overhead(tmp_path, pattern):
-    _, trace = _profile(tmp_path, pattern, "-W", "2", *SIZES, "--world", "gpus",
-                             "--config", "comm=sm", "comm_programs=16", "--overhead")
-    _check(trace, 2)
-    over = trace["otherData"]["summary"]["overhead"]
-    assert math.isfinite(over["ratio"]) and over["ratio"] > 0
-    print(f"\n{pattern}: {over['words']}")
+    print(f"\n{pattern} ({world}): {over['words']}")
