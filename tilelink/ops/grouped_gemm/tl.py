@@ -67,6 +67,11 @@ def route_us(site) -> float:
     return ROUTE_STEP_US * (2 * -(-k["C"] // k["CB"]) + -(-k["SLOTS"] // k["TB"]))
 
 
+def _gathered(site) -> bool:
+    """Whether a collective produces the grouped GEMM's rows x (AG-MoE)."""
+    return site.producer is not None and spec(site.producer.kind).category == "comm"
+
+
 class GroupedGemmTriton(Lowering):
     """See the module docstring."""
 
@@ -96,8 +101,8 @@ class GroupedGemmTriton(Lowering):
                        "run in, but the prepare step reads it before that kernel starts: "
                        "pass the expert choices in replicated")
         x = site.op.args[0]
-        gathered = any(o.result == x and spec(o.kind).category == "comm" for o in site.bp.ops)
-        if gathered and site.config.comm == "copy_engine" and site.target.backend != "interp":
+        if _gathered(site) and site.config.comm == "copy_engine" and \
+                site.target.backend != "interp":
             # measured, cause not found: on 2x H100 (2026-11-27) no chunk signal of the copy
             # engine arrived while the grouped kernel held every SM (T = 2048 and 8192, K =
             # 4096); with num_programs = 66 it ran, and at K = 1000 it ran 1,000 calls
@@ -112,12 +117,10 @@ class GroupedGemmTriton(Lowering):
         return out
 
     def steps(self, site) -> list[Step]:
-        x = site.op.args[0]
-        gathered = any(o.result == x and spec(o.kind).category == "comm" for o in site.bp.ops)
         return [Step("tiles", site.op, self, "grouped GEMM tiles (block_m rows of one expert, "
                      "gathered through the routing order, scattered to t * topk + j)" + (
-                         f"; each waits on the chunks of {x} holding its tokens"
-                         if gathered else ""))]
+                         f"; each waits on the chunks of {site.op.args[0]} holding its tokens"
+                         if _gathered(site) else ""))]
 
     def prepare(self, site) -> Prepare:
         s = sizes(site.bp, site.op)
