@@ -153,11 +153,6 @@ def renders(progress: bool = False) -> tuple[dict[str, str], dict[str, str]]:
     return out, readable
 
 
-def digests(progress: bool = False) -> dict[str, str]:
-    """key -> SHA-256 of the render, for every case (independent of the checkout's path)."""
-    return renders(progress)[0]
-
-
 def readable_differences(now: dict[str, str]) -> list[str]:
     """What differs between the readable renders `now` and those checked in: a unified diff
     (its first lines) per changed file, a line per file added or gone."""
