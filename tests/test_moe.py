@@ -112,11 +112,15 @@ def test_the_plan_waits_on_the_gathered_chunks_of_a_run_time_token_range():
 def test_the_kernel_loads_the_range_and_waits_only_on_it():
     s = make_schedule(AG_MOE, 2, {"T": 64}, TILES, "interp")
     src = render_triton(s)
-    # the prepare step: its kernel, one program, launched before the pattern's kernel
-    launch = "rt.launch_kernel(ag_moe_route_y_kernel, (1,), (inputs['ids'], sym['y_route_order']"
-    assert launch in src
-    assert src.index(launch) < src.index("rt.launch_kernel(ag_moe_kernel,")
-    assert "'ag_moe_route_y_kernel': dict(C=128, E=8, EP=8, TOPK=2, BM=16, SLOTS=16" in src
+    # the prepare step: its two kernels, on programs of 512 choices each (one here),
+    # launched before the pattern's kernel
+    count = ("rt.launch_kernel(ag_moe_route_y_count_kernel, (1,), (inputs['ids'], "
+             "sym['y_route_hist'], sym['y_route_counts']")
+    place = ("rt.launch_kernel(ag_moe_route_y_place_kernel, (1,), (inputs['ids'], "
+             "sym['y_route_hist'], sym['y_route_order']")
+    assert count in src and place in src
+    assert src.index(count) < src.index(place) < src.index("rt.launch_kernel(ag_moe_kernel,")
+    assert "'ag_moe_route_y_count_kernel': dict(C=128, E=8, EP=8, TOPK=2, BM=16, SLOTS=16" in src
     body = src[src.index("token_lo = tl.load"):]
     assert body.index("w_chunk_first = ") < body.index("a_tile = tl.load")
     # rows of rank r are chunks 2r, 2r + 1 (32 a rank, 16 a chunk)
@@ -231,15 +235,17 @@ def test_a_run_time_read_without_kernel_variables_is_refused_naming_it():
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])
-def test_the_routing_kernel_compiles_for_gpus(target):
+def test_the_routing_kernels_compile_for_gpus(target):
     # (the compile matrix compiles a module's first kernel and its others through the test
-    # of test_codegen_compile; this one names the prepare step's kernel)
+    # of test_codegen_compile; this one names the prepare step's two kernels)
     from tilelink.codegen.compile import compile_module
     from tilelink.schedule import get_target
 
     s = make_schedule(AG_MOE, 2, {"T": 1200, "K": 1000, "N": 1200}, {"comm": "sm"}, target)
-    compiled = compile_module(render_triton(s), get_target(target), "ag_moe_route_y_kernel")
-    assert compiled.asm.get("ptx" if target.startswith("cuda") else "amdgcn")
+    src = render_triton(s)
+    for name in ("ag_moe_route_y_count_kernel", "ag_moe_route_y_place_kernel"):
+        compiled = compile_module(src, get_target(target), name)
+        assert compiled.asm.get("ptx" if target.startswith("cuda") else "amdgcn")
 
 
 def test_the_cost_model_charges_the_prepare_steps_launches(monkeypatch):
@@ -249,9 +255,13 @@ def test_the_cost_model_charges_the_prepare_steps_launches(monkeypatch):
 
     s = make_schedule(AG_MOE, 2, {"T": 1200, "K": 1000, "N": 1200}, {"comm": "sm"}, "cuda:90")
     dev = device_spec("cuda:90")
+    site = s.composition.sites["y"]
+    calls = GroupedGemmTriton().prepare(site).calls
+    assert calls == 2  # its two routing kernels
     one = host_ms(s.bound, s.config, dev)
     monkeypatch.setattr(GroupedGemmTriton, "prepare", lambda self, site: Prepare("x", 11))
-    assert host_ms(s.bound, s.config, dev) - one == pytest.approx(10 * dev.host_call_us * 1e-3)
+    assert host_ms(s.bound, s.config, dev) - one == pytest.approx(
+        (11 - calls) * dev.host_call_us * 1e-3)
 
 
 def test_the_copy_engine_gather_is_refused_on_gpus_and_the_default_takes_sms():

@@ -1,10 +1,10 @@
 """The grouped GEMM's routing tables, built on the device every call from the expert choices.
 
-The lowering's prepare step launches one single-program Triton kernel
-(`route_kernel_source`: its text goes into the generated module) right before the grouped
-GEMM's kernel; nothing is read back to the host, so a CUDA graph captures it and a call never
-waits for the device. `route_tables` computes the same tables with torch ops (a second,
-independent implementation the tests hold the kernel to). Both fill, in place:
+The lowering's prepare step launches two Triton kernels on a grid of programs, each taking a
+chunk of the choices (`route_kernel_source`: their text goes into the generated module) right
+before the grouped GEMM's kernel; nothing is read back to the host, so a CUDA graph captures
+them and a call never waits for the device. `route_tables` computes the same tables with torch ops (a second,
+independent implementation the tests hold the kernels to). Both fill, in place:
 
 - `order` [C] (C = T * topk): the result rows t * topk + j sorted by expert, stably (rows of
   one expert in increasing order, so in increasing token order);
@@ -90,46 +90,152 @@ def reference_tables(ids: torch.Tensor, experts: int, block_m: int) -> dict:
     return {"order": order, "counts": counts, "tiles": tiles}
 
 
+#: most programs the routing kernels run on (each takes a contiguous chunk of the copies)
+ROUTE_PROGRAMS = 128
+
+
 def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int) -> dict:
-    """The constexpr arguments of the routing kernel for these sizes."""
+    """The constexpr arguments of the routing kernels for these sizes: P programs of CH
+    copies each (CB a step), the histogram's row stride HS (EP experts, then the
+    out-of-range count), PQ histogram rows read at a time."""
     ep = 1 << max(0, experts - 1).bit_length()  # experts, padded to a power of two
     # copies a step: its [CB, EP] comparisons stay at 4K elements (16 .. 512 copies)
     cb = max(16, min(512, 4096 // ep))
+    steps = max(1, -(-copies // (cb * ROUTE_PROGRAMS)))  # steps a program takes
+    ch = cb * steps
     return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m,
-                SLOTS=max_tiles(copies, experts, block_m), CB=cb, TB=cb)
+                SLOTS=max_tiles(copies, experts, block_m), CB=cb, TB=cb, CH=ch,
+                P=max(1, -(-copies // ch)), HS=ep + 1, PQ=max(1, 4096 // ep))
 
 
-def route_kernel_source(name: str) -> list[str]:
-    """The lines of the routing kernel `name` (one program: launch it on a grid of 1). Its
-    arguments: route_ids_ptr (the [T, topk] choices, int32, read flat: copy c = t * topk + j),
-    the four tables (int32) and `route_kernel_consts`."""
-    return f'''@triton.jit
-def {name}(route_ids_ptr, route_order_ptr, route_counts_ptr, route_tiles_ptr,
-        route_ntiles_ptr, C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
-        TOPK: tl.constexpr, BM: tl.constexpr, SLOTS: tl.constexpr, CB: tl.constexpr,
-        TB: tl.constexpr):
-    """The grouped GEMM's routing tables from the expert choices (see
-    tilelink.ops.grouped_gemm.routing): one program, copies in steps of CB."""
+def route_steps(copies: int, experts: int, topk: int, block_m: int) -> int:
+    """Loop steps on the routing kernels' critical path (what their GPU time grows with): a
+    program's chunk twice, the histogram twice, the last program's pass over the tile
+    slots in each kernel."""
+    k = route_kernel_consts(copies, experts, topk, block_m)
+    return 2 * (-(-k["CH"] // k["CB"]) + -(-k["P"] // k["PQ"]) + -(-k["SLOTS"] // k["TB"]))
+
+
+def route_kernel_names(base: str) -> tuple[str, str]:
+    """The two routing kernels' names: counting, then placing (a module's kernels end in
+    _kernel)."""
+    return f"{base}_count_kernel", f"{base}_place_kernel"
+
+
+def route_kernel_source(base: str) -> list[str]:
+    """The lines of the two routing kernels (`route_kernel_names(base)`), launched one after
+    the other on a grid of P programs (`route_kernel_consts`), each program on its chunk of
+    CH copies (copy c = t * topk + j of route_ids, [T, topk] read flat):
+
+    - counting: per expert (and out of range) the copies of its chunk, into its row of
+      route_hist [P, HS]; the program that counts last (`route_sync[0]`) sums the rows into
+      the per-expert tables and writes each tile's expert, first position and rows;
+    - placing: each program places its chunk's copies in `order` after the copies of its
+      expert in earlier chunks (a stable sort: chunks are in copy order); the program that
+      finishes last (`route_sync[1]`) writes each tile's token range from the order.
+
+    No program waits for another (the last to count does what needs every count), so the
+    kernels run in any order of programs, the interpreter's one at a time included. The
+    counters are zero between calls (the last program resets its own)."""
+    count, place = route_kernel_names(base)
+    consts = ("C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr, "
+              "BM: tl.constexpr,\n        SLOTS: tl.constexpr, CB: tl.constexpr, "
+              "TB: tl.constexpr, CH: tl.constexpr, P: tl.constexpr,\n        HS: tl.constexpr, "
+              "PQ: tl.constexpr")
+    return (_COUNT.replace("{name}", count) + "\n\n" + _PLACE.replace("{name}", place)
+            ).replace("{consts}", consts).splitlines()
+
+
+_COUNT = '''@triton.jit
+def {name}(route_ids_ptr, route_hist_ptr, route_counts_ptr, route_tiles_ptr,
+        route_ntiles_ptr, route_sync_ptr, {consts}):
+    """Routing, first kernel: this program's chunk of copies counted per expert; the last
+    program to count writes the per-expert tables and the tiles' experts and rows (see
+    tilelink.ops.grouped_gemm.routing)."""
+    p = tl.program_id(0)
     e_offs = tl.arange(0, EP)
     emask = e_offs < E
     steps = tl.arange(0, CB)
-    # per-expert counts (an out-of-range choice counts for no expert)
     cnt = tl.zeros((EP,), dtype=tl.int32)
-    for c0 in range(0, C, CB):
-        v = tl.load(route_ids_ptr + c0 + steps, mask=c0 + steps < C, other=-1)
-        cnt += tl.sum(((v[:, None] == e_offs[None, :]) & emask[None, :]).to(tl.int32), axis=0)
-    first = tl.cumsum(cnt, 0) - cnt
-    per = (cnt + BM - 1) // BM
-    tile_end = tl.cumsum(per, 0)
-    tl.store(route_counts_ptr + e_offs, cnt, mask=emask)
-    tl.store(route_counts_ptr + E + e_offs, per * BM, mask=emask)
-    tl.store(route_counts_ptr + 2 * E + e_offs, first, mask=emask)
-    # the stable order: a copy goes to its expert's next free row; out-of-range ones last
-    seen = first
-    bad_next = tl.sum(cnt, 0)
-    for c0 in range(0, C, CB):
-        offs = c0 + steps
-        inside = offs < C
+    bad = tl.sum(tl.zeros((CB,), dtype=tl.int32), 0)
+    for c0 in range(0, CH, CB):
+        offs = p * CH + c0 + steps
+        inside = (offs < C) & (c0 + steps < CH)
+        v = tl.load(route_ids_ptr + offs, mask=inside, other=-1)
+        ok = inside & (v >= 0) & (v < E)
+        cnt += tl.sum(((v[:, None] == e_offs[None, :]) & ok[:, None]).to(tl.int32), axis=0)
+        bad += tl.sum((inside & ~ok).to(tl.int32), 0)
+    tl.store(route_hist_ptr + p * HS + e_offs, cnt)
+    tl.store(route_hist_ptr + p * HS + EP, bad)
+    tl.debug_barrier()  # every thread's stores of this row before the count
+    done = tl.atomic_add(route_sync_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == P - 1:  # the last program: every row is stored
+        tl.atomic_xchg(route_sync_ptr, 0, sem="relaxed", scope="gpu")
+        q_offs = tl.arange(0, PQ)
+        cnt = tl.zeros((EP,), dtype=tl.int32)
+        for q0 in range(0, P, PQ):  # (.cg: rows other programs wrote, from L2)
+            q = q0 + q_offs
+            cnt += tl.sum(tl.load(route_hist_ptr + q[:, None] * HS + e_offs[None, :],
+                                  mask=q[:, None] < P, other=0, cache_modifier=".cg"), axis=0)
+        cnt = tl.where(emask, cnt, 0)
+        first = tl.cumsum(cnt, 0) - cnt
+        per = (cnt + BM - 1) // BM
+        tile_end = tl.cumsum(per, 0)
+        tl.store(route_counts_ptr + e_offs, cnt, mask=emask)
+        tl.store(route_counts_ptr + E + e_offs, per * BM, mask=emask)
+        tl.store(route_counts_ptr + 2 * E + e_offs, first, mask=emask)
+        total = tl.sum(per, 0)
+        t_offs = tl.arange(0, TB)
+        for t0 in range(0, SLOTS, TB):
+            i = t0 + t_offs
+            # the tile's expert: how many experts' tiles end at or before it
+            e = tl.sum(((tile_end[None, :] <= i[:, None]) & emask[None, :]).to(tl.int32),
+                       axis=1)
+            sel = e_offs[None, :] == tl.minimum(e, E - 1)[:, None]
+            e_end = tl.sum(tl.where(sel, tile_end[None, :], 0), axis=1)
+            e_per = tl.sum(tl.where(sel, per[None, :], 0), axis=1)
+            e_cnt = tl.sum(tl.where(sel, cnt[None, :], 0), axis=1)
+            e_first = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
+            j = i - (e_end - e_per)
+            live = i < total
+            slot = i < SLOTS
+            tl.store(route_tiles_ptr + i * 5, tl.where(live, e, 0), mask=slot)
+            tl.store(route_tiles_ptr + i * 5 + 1, tl.where(live, e_first + j * BM, 0),
+                     mask=slot)
+            tl.store(route_tiles_ptr + i * 5 + 2,
+                     tl.where(live, tl.minimum(tl.maximum(e_cnt - j * BM, 0), BM), 0),
+                     mask=slot)
+        tl.store(route_ntiles_ptr, total)
+'''
+
+_PLACE = '''@triton.jit
+def {name}(route_ids_ptr, route_hist_ptr, route_order_ptr, route_tiles_ptr,
+        route_ntiles_ptr, route_sync_ptr, {consts}):
+    """Routing, second kernel: this program's copies placed in the order after the copies
+    of their expert in earlier chunks; the last program to finish writes each tile's token
+    range (see tilelink.ops.grouped_gemm.routing)."""
+    p = tl.program_id(0)
+    e_offs = tl.arange(0, EP)
+    emask = e_offs < E
+    steps = tl.arange(0, CB)
+    q_offs = tl.arange(0, PQ)
+    # every expert's count, and the copies of each expert in the chunks before this one
+    cnt = tl.zeros((EP,), dtype=tl.int32)
+    seen = tl.zeros((EP,), dtype=tl.int32)
+    bad_before = tl.sum(tl.zeros((PQ,), dtype=tl.int32), 0)
+    for q0 in range(0, P, PQ):
+        q = q0 + q_offs
+        rows = tl.load(route_hist_ptr + q[:, None] * HS + e_offs[None, :],
+                       mask=q[:, None] < P, other=0)
+        cnt += tl.sum(rows, axis=0)
+        seen += tl.sum(tl.where(q[:, None] < p, rows, 0), axis=0)
+        bad_before += tl.sum(tl.load(route_hist_ptr + q * HS + EP, mask=q < p, other=0), 0)
+    cnt = tl.where(emask, cnt, 0)
+    seen += tl.cumsum(cnt, 0) - cnt  # (each expert's first position)
+    bad_next = tl.sum(cnt, 0) + bad_before  # out-of-range copies go after every expert's
+    for c0 in range(0, CH, CB):
+        offs = p * CH + c0 + steps
+        inside = (offs < C) & (c0 + steps < CH)
         v = tl.load(route_ids_ptr + offs, mask=inside, other=-1)
         ok = inside & (v >= 0) & (v < E)
         hit = (v[:, None] == e_offs[None, :]) & ok[:, None]
@@ -141,32 +247,22 @@ def {name}(route_ids_ptr, route_order_ptr, route_counts_ptr, route_tiles_ptr,
         tl.store(route_order_ptr + pos, offs, mask=inside)
         seen += tl.sum(hit.to(tl.int32), axis=0)
         bad_next += tl.sum(bad, 0)
-    # (a CTA barrier: the order's stores above are visible to the loads below)
-    tl.debug_barrier()
-    total = tl.sum(tl.where(emask, per, 0), 0)
-    t_offs = tl.arange(0, TB)
-    for t0 in range(0, SLOTS, TB):
-        i = t0 + t_offs
-        # the tile's expert: how many experts' tiles end at or before it
-        e = tl.sum(((tile_end[None, :] <= i[:, None]) & emask[None, :]).to(tl.int32), axis=1)
-        sel = e_offs[None, :] == tl.minimum(e, E - 1)[:, None]
-        e_end = tl.sum(tl.where(sel, tile_end[None, :], 0), axis=1)
-        e_per = tl.sum(tl.where(sel, per[None, :], 0), axis=1)
-        e_cnt = tl.sum(tl.where(sel, cnt[None, :], 0), axis=1)
-        e_first = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
-        j = i - (e_end - e_per)
-        live = i < total
-        row0 = tl.where(live, e_first + j * BM, 0)
-        rows = tl.where(live, tl.minimum(tl.maximum(e_cnt - j * BM, 0), BM), 0)
-        head = tl.minimum(row0, C - 1)
-        last = tl.minimum(tl.maximum(row0 + rows - 1, 0), C - 1)
-        lo = tl.where(live, tl.load(route_order_ptr + head) // TOPK, 0)
-        hi = tl.where(live, tl.load(route_order_ptr + last) // TOPK + 1, 0)
-        slot = i < SLOTS
-        tl.store(route_tiles_ptr + i * 5, tl.where(live, e, 0), mask=slot)
-        tl.store(route_tiles_ptr + i * 5 + 1, row0, mask=slot)
-        tl.store(route_tiles_ptr + i * 5 + 2, rows, mask=slot)
-        tl.store(route_tiles_ptr + i * 5 + 3, lo, mask=slot)
-        tl.store(route_tiles_ptr + i * 5 + 4, hi, mask=slot)
-    tl.store(route_ntiles_ptr, total)
-'''.splitlines()
+    tl.debug_barrier()  # every thread's stores of the order before the count
+    done = tl.atomic_add(route_sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == P - 1:  # the last program: the whole order is stored
+        tl.atomic_xchg(route_sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+        total = tl.load(route_ntiles_ptr)
+        t_offs = tl.arange(0, TB)
+        for t0 in range(0, SLOTS, TB):
+            i = t0 + t_offs
+            live = i < total
+            slot = i < SLOTS
+            row0 = tl.load(route_tiles_ptr + i * 5 + 1, mask=slot, other=0)
+            rows = tl.load(route_tiles_ptr + i * 5 + 2, mask=slot, other=0)
+            head = tl.minimum(row0, C - 1)
+            last = tl.minimum(tl.maximum(row0 + rows - 1, 0), C - 1)
+            lo = tl.load(route_order_ptr + head, mask=live, other=0, cache_modifier=".cg")
+            hi = tl.load(route_order_ptr + last, mask=live, other=0, cache_modifier=".cg")
+            tl.store(route_tiles_ptr + i * 5 + 3, tl.where(live, lo // TOPK, 0), mask=slot)
+            tl.store(route_tiles_ptr + i * 5 + 4, tl.where(live, hi // TOPK + 1, 0), mask=slot)
+'''

@@ -22,7 +22,8 @@ from ...ir import spec
 from ...ir.tensor import DTYPE_BYTES
 from ...schedule.lowering import Lowering, Prepare, Step, Work, register_lowering
 from ..gemm.tl import GemmTriton, dot_step
-from .routing import TILE_COLUMNS, max_tiles, route_kernel_consts, route_kernel_source
+from .routing import (TILE_COLUMNS, max_tiles, route_kernel_consts, route_kernel_names,
+                      route_kernel_source, route_steps)
 
 #: the run-time axis of the rows of x a tile reads (the region rule's and the kernel's name)
 ROWS_AXIS = "token_rows"
@@ -38,18 +39,24 @@ def sizes(bp, op) -> dict:
 
 
 def tables(op) -> dict[str, str]:
-    """The heap buffers the prepare step fills for `op` (role -> buffer name)."""
+    """The heap buffers the prepare step fills for `op` (role -> buffer name); "hist" (each
+    routing program's counts) and "sync" (its two last-program counters) are its own."""
     return {r: f"{op.result}_route_{r}" for r in ("order", "counts", "tiles", "ntiles")}
 
 
-def route_kernel(site) -> str:
-    """The name of the prepare step's kernel of grouped_gemm `site` in its module."""
-    return f"{site.bp.name}_route_{site.op.result}_kernel"
+def scratch(op) -> dict[str, str]:
+    """The routing kernels' own buffers for `op`: per-program counts and two counters."""
+    return {r: f"{op.result}_route_{r}" for r in ("hist", "sync")}
 
 
-#: GPU time of one step of the routing kernel's loops (CB copies or TB tiles, one program),
+def route_kernels(site) -> tuple[str, str]:
+    """The names of the prepare step's two kernels of grouped_gemm `site` in its module."""
+    return route_kernel_names(f"{site.bp.name}_route_{site.op.result}")
+
+
+#: GPU time of one step of a routing kernel's loops (CB copies or TB tiles, one program),
 #: fitted on 2x H100 (2026-11-27): AG-MoE with E = 64, top-6, 8192 tokens, K = 2048, N = 1408
-#: on SMs took 2.41 ms a call, ~1,550 routing steps of it (64 copies a step)
+#: on SMs took 2.41 ms a call with one routing program, ~1,550 steps of it (64 copies a step)
 ROUTE_STEP_US = 1.4
 
 
@@ -63,8 +70,7 @@ def route_us(site) -> float:
     """The routing kernel's GPU time beyond its launch: its steps (two passes over the
     copies, one over the tile slots) at ROUTE_STEP_US each."""
     s = sizes(site.bp, site.op)
-    k = route_kernel_consts(s["C"], s["E"], s["TOPK"], site.config.block_m)
-    return ROUTE_STEP_US * (2 * -(-k["C"] // k["CB"]) + -(-k["SLOTS"] // k["TB"]))
+    return ROUTE_STEP_US * route_steps(s["C"], s["E"], s["TOPK"], site.config.block_m)
 
 
 def _gathered(site) -> bool:
@@ -124,10 +130,11 @@ class GroupedGemmTriton(Lowering):
 
     def prepare(self, site) -> Prepare:
         s = sizes(site.bp, site.op)
-        return Prepare(f"routing tables from {site.op.args[2]} (one program of "
-                       f"{route_kernel(site)}): rows sorted by expert, per-expert counts, up to "
-                       f"{max_tiles(s['C'], s['E'], site.config.block_m)} tiles (expert, first "
-                       "row, rows, token range)", calls=1, device_us=route_us(site))
+        k = route_kernel_consts(s["C"], s["E"], s["TOPK"], site.config.block_m)
+        return Prepare(f"routing tables from {site.op.args[2]} ({' then '.join(route_kernels(site))}"
+                       f", {k['P']} programs of {k['CH']} choices): rows sorted by expert, "
+                       f"per-expert counts, up to {k['SLOTS']} tiles (expert, first row, rows, "
+                       "token range)", calls=2, device_us=route_us(site))
 
     def notes(self, site) -> list[str]:
         return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
@@ -147,27 +154,41 @@ class GroupedGemmTriton(Lowering):
         mb.heap_tensor(t["counts"], (3, s["E"]), "int32")
         mb.heap_tensor(t["tiles"], (slots, len(TILE_COLUMNS)), "int32")
         mb.heap_tensor(t["ntiles"], (1,), "int32")
-        # the prepare step's kernel, after the composed ones, compiled as they are
-        name = route_kernel(site)
         consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m)
+        own = scratch(site.op)
+        mb.heap_tensor(own["hist"], (consts["P"], consts["HS"]), "int32")
+        mb.signal(own["sync"], 2, init="zero")
+        # the prepare step's kernels, after the composed ones, compiled as they are
+        count, place = route_kernels(site)
         ids = mb.bp.tensors[site.op.args[2]]
-        mb.after_kernels += route_kernel_source(name) + [
+        values = ", ".join(f"{k}={v}" for k, v in consts.items())
+        mb.after_kernels += route_kernel_source(f"{site.bp.name}_route_{site.op.result}") + [
             "", "",
-            f"# {name}: one program, its constexprs and argument types",
-            f"KERNEL_CONSTS.update({{{name!r}: dict("
-            f"{', '.join(f'{k}={v}' for k, v in consts.items())})}})",
-            f"KERNEL_WARPS.update({{{name!r}: 4}})",
+            f"# {count}, {place}: {consts['P']} programs each, their constexprs and argument "
+            "types",
+            f"KERNEL_CONSTS.update({{{count!r}: dict({values}), {place!r}: dict({values})}})",
+            f"KERNEL_WARPS.update({{{count!r}: 4, {place!r}: 4}})",
             f"SIGNATURE.update(route_ids_ptr={'*i64' if ids.dtype == 'int64' else '*i32'!r}, "
             "route_order_ptr='*i32', route_counts_ptr='*i32',",
-            "                 route_tiles_ptr='*i32', route_ntiles_ptr='*i32')"]
+            "                 route_tiles_ptr='*i32', route_ntiles_ptr='*i32', "
+            "route_hist_ptr='*i32',",
+            "                 route_sync_ptr='*i32')"]
 
     def render_prepare(self, kb, site) -> list[str]:
         mb = kb.mb
-        name = route_kernel(site)
-        args = ", ".join([mb.host_ref(site.op.args[2])] + [mb.host_ref(b) for b in
-                                                           tables(site.op).values()])
-        return [f"    rt.launch_kernel({name}, (1,), ({args},), dict(",
-                f"        **KERNEL_CONSTS[{name!r}], num_warps=4, **tld.launch_options()))"]
+        s = sizes(mb.bp, site.op)
+        grid = route_kernel_consts(s["C"], s["E"], s["TOPK"], mb.config.block_m)["P"]
+        t, own = tables(site.op), scratch(site.op)
+        ref = {**{r: mb.host_ref(b) for r, b in t.items()}, "hist": mb.host_ref(own["hist"]),
+               "sync": f"sym[{own['sync']!r}]", "ids": mb.host_ref(site.op.args[2])}
+        count, place = route_kernels(site)
+        out = []
+        for name, args in ((count, ("ids", "hist", "counts", "tiles", "ntiles", "sync")),
+                           (place, ("ids", "hist", "order", "tiles", "ntiles", "sync"))):
+            out += [f"    rt.launch_kernel({name}, ({grid},), "
+                    f"({', '.join(ref[a] for a in args)},), dict(",
+                    f"        **KERNEL_CONSTS[{name!r}], num_warps=4, **tld.launch_options()))"]
+        return out
 
     def work(self, site) -> Work:
         """FLOPs and bytes of the kernel (`grouped_work`); as many programs as the tiles of
