@@ -125,7 +125,7 @@ def test_the_kernel_loads_the_range_and_waits_only_on_it():
 
 def test_moe_rs_keeps_the_non_overlapped_plan_and_says_why():
     s = make_schedule(MOE_RS, 2, None, {}, "interp")
-    assert s.config.comm == "none"
+    assert s.config.comm == "none" and "topk_sum" in " ".join(s.notes)
 
 
 def _inputs(bp, kinds, seed):
@@ -273,3 +273,41 @@ def test_the_copy_engine_gather_is_refused_on_gpus_and_the_default_takes_sms():
         assert default_config(bp, target, graph=graph)[0].comm == "sm"
     assert make_schedule(AG_MOE, 2, None, {"comm": "copy_engine"}, "interp").config.comm \
         == "copy_engine"  # the emulated world runs it (every code path stays tested)
+
+
+def test_topk_sum_weights_each_tokens_rows_like_a_row_by_row_sum():
+    from tilelink.ops.grouped_gemm.topk_sum import combine
+
+    gen = torch.Generator().manual_seed(2)
+    y = torch.randn(15, 8, generator=gen).bfloat16()
+    wts = torch.rand(5, 3, generator=gen)
+    want = torch.stack([sum(float(wts[t, j]) * y[t * 3 + j].double() for j in range(3))
+                        for t in range(5)])
+    got = combine(y, wts, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 8)
+    assert torch.equal(got, want.float().bfloat16())
+
+
+def test_topk_sum_refuses_weights_that_do_not_match_the_rows():
+    from tilelink.errors import PatternError
+
+    from tilelink.frontend import parse_text
+
+    pat = parse_text("pattern p(T = 8, N = 4)\n    y : [T, N] bf16\n    wts : [T, 2] bf16\n"
+                    "    h = topk_sum(y, wts)\n    return h\n", "p.tl")
+    with pytest.raises(PatternError, match=r"topk_sum needs y \[T \* k, N\]") as e:
+        pat.bind({}, 1)
+    assert "one row per token" in e.value.hint
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_moe_rs_plan_matches_the_reference_under_skewed_routings(world):
+    # the non-overlapped plan (torch grouped GEMM, weighted combine, reduce-scatter of the
+    # token rows) against the fp32 reference, routing changing call to call
+    sizes = {"T": 12 * world, "K": 8 * world, "N": 16, "E": 4, "TOPK": 2}
+    s = make_schedule(MOE_RS, world, sizes, {}, "interp")
+    calls = _inputs(s.bound, ["hot", "sparse", "all_one"], 4)
+    s, res = emulate(MOE_RS, world, sizes, {}, inputs=calls)
+    assert s.config.comm == "none" and res.plan
+    rep = check(s.bound, res)
+    assert rep.ok, rep.lines

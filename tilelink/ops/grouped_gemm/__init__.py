@@ -14,6 +14,7 @@ from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_range, reference
 from ...schedule.lowering import register_vendor_work
 from ..gemm import products
+from . import topk_sum  # noqa: F401  (the MoE combine: registered with its family)
 from .tl import ROWS_AXIS, grouped_work
 
 
