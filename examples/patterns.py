@@ -51,11 +51,11 @@ def ag_moe(T=256, K=128, N=256, E=8, TOPK=2, dtype="bf16"):
 
 @tk.pattern
 def moe_rs(T=256, K=256, N=128, E=8, TOPK=2, dtype="bf16"):
-    x = tk.input((T, K / W), dtype)
-    w = tk.input((E, K / W, N), dtype)
-    ids = tk.input((T, TOPK), "int32", placement="replicated")
+    x, w = tk.input((T, K / W), dtype), tk.input((E, K / W, N), dtype)
+    ids, wts = (tk.input((T, TOPK), t, placement="replicated") for t in ("int32", dtype))
     y = tk.grouped_gemm(x, w, ids)
-    out = tk.reduce_scatter(y, dim=0)
+    h = tk.topk_sum(y, wts)
+    out = tk.reduce_scatter(h, dim=0)
     return out
 
 

@@ -126,6 +126,14 @@ def _cases():
     bp = moe.bind({"T": 1200, "K": 1000, "N": 1200}, 2)
     for target in GPU_TARGETS:
         yield from emit(*render(bp, target, {"comm": "sm"}))
+    # MoE-RS (the combine in the grouped GEMM's epilogue, chunks reduce-scattered): SMs in
+    # the emulated world at its default sizes and on the GPU targets at a GPU case's sizes
+    rs = load_pattern(str(ROOT / "examples" / "moe_rs.tl"))
+    for w in (1, 2, 4):
+        yield from emit(*render(rs.bind({}, w), "interp", {"comm": "sm"}))
+    bp = rs.bind({"T": 1200, "K": 1024, "N": 1024}, 2)
+    for target in GPU_TARGETS:
+        yield from emit(*render(bp, target, {"comm": "sm"}))
 
 
 # a user tile function's module is named after a hash of its file's absolute path

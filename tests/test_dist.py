@@ -202,6 +202,18 @@ CASES |= {
     "ag_moe_sm_k4096": RunSpec(AG_MOE, {"T": "2400", "K": "4096", "N": "2400", "E": "8",
                                         "TOPK": "2"}, {"comm": "sm"}, calls=100),
 }
+# MoE-RS: the combine in the grouped GEMM's epilogue, each chunk of tokens pushed to its
+# owner once its expert rows are computed; new expert choices every call (back to back, no
+# host barrier), K / W and N not multiples of the 128-wide tiles. Not yet run on GPUs.
+MOE_RS = str(EXAMPLES / "moe_rs.tl")
+MOE_RS_SIZES = {"T": "1200", "K": "1200", "N": "1200", "E": "8", "TOPK": "2"}
+NOT_YET_RUN |= {
+    "moe_rs_sm_1000": RunSpec(MOE_RS, MOE_RS_SIZES, {"comm": "sm"}, calls=1000),
+    "moe_rs_sm_top4_delays": RunSpec(MOE_RS, MOE_RS_SIZES | {"TOPK": "4"}, {"comm": "sm"},
+                                     calls=100, delays=True, seed=60),
+    "moe_rs_sm_after": RunSpec(MOE_RS, MOE_RS_SIZES, {"comm": "sm", "reduce_after": "1"},
+                               calls=20),
+}
 # gemm=ws (dba0d87): the warp-specialised Gluon GEMM; its loader warp waits for the chunks.
 # Ragged: 1000 / W rows per rank, N / W = 1088 / W columns and K = 1000 (rows a multiple of 16
 # bytes, so TMA still applies): no tile divides evenly, and each rank's own rows are copied

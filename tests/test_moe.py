@@ -127,9 +127,24 @@ def test_the_kernel_loads_the_range_and_waits_only_on_it():
     assert "w_chunk_first = ((token_lo) // 32) * 2 + ((token_lo) % 32) // 16" in body
 
 
-def test_moe_rs_keeps_the_non_overlapped_plan_and_says_why():
-    s = make_schedule(MOE_RS, 2, None, {}, "interp")
-    assert s.config.comm == "none"
+def test_moe_rs_default_is_decided_by_the_cost_model():
+    # the kernel where the model predicts it faster (Mixtral-like: 8 experts, top-2), the
+    # non-overlapped plan where the single-program routing dominates (64 experts, top-6)
+    from tilelink.schedule.cost import modelled
+
+    mixtral = {"T": 8192, "K": 14336, "N": 4096, "E": 8, "TOPK": 2}
+    deepseek = {"T": 8192, "K": 1408, "N": 2048, "E": 64, "TOPK": 6}
+    for w in (2, 4):
+        s = make_schedule(MOE_RS, w, mixtral, {}, "cuda:90")
+        assert modelled(s.bound) is None and s.config.comm == "sm"
+        assert make_schedule(MOE_RS, w, deepseek, {}, "cuda:90").config.comm == "none"
+
+
+def test_moe_rs_kernel_refuses_the_copy_engine_naming_sms():
+    from tilelink.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pushed on SMs only: use comm=sm"):
+        make_schedule(MOE_RS, 2, None, {"comm": "copy_engine"}, "interp")
 
 
 def _inputs(bp, kinds, seed):
@@ -148,10 +163,10 @@ def _inputs(bp, kinds, seed):
     return calls
 
 
-def _run_moe(world, sizes, kinds, cfg=TILES, seed=0):
-    s = make_schedule(AG_MOE, world, sizes, cfg, "interp")
+def _run_moe(world, sizes, kinds, cfg=TILES, seed=0, pattern=AG_MOE):
+    s = make_schedule(pattern, world, sizes, cfg, "interp")
     calls = _inputs(s.bound, kinds, seed)
-    s, res = emulate(AG_MOE, world, sizes, cfg, inputs=calls, delays=True, seed=seed)
+    s, res = emulate(pattern, world, sizes, cfg, inputs=calls, delays=True, seed=seed)
     assert s.composition.lowerings["y"].name == "grouped_gemm/triton"
     rep = check(s.bound, res)
     assert rep.ok, rep.lines
@@ -283,3 +298,96 @@ def test_the_copy_engine_gather_is_refused_on_gpus_and_the_default_takes_sms():
         assert default_config(bp, target, graph=graph)[0].comm == "sm"
     assert make_schedule(AG_MOE, 2, None, {"comm": "copy_engine"}, "interp").config.comm \
         == "copy_engine"  # the emulated world runs it (every code path stays tested)
+
+
+def test_topk_sum_weights_each_tokens_rows_like_a_row_by_row_sum():
+    from tilelink.ops.grouped_gemm.topk_sum import combine
+
+    gen = torch.Generator().manual_seed(2)
+    y = torch.randn(15, 8, generator=gen).bfloat16()
+    wts = torch.rand(5, 3, generator=gen)
+    want = torch.stack([sum(float(wts[t, j]) * y[t * 3 + j].double() for j in range(3))
+                        for t in range(5)])
+    got = combine(y, wts, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 8)
+    assert torch.equal(got, want.float().bfloat16())
+
+
+def test_topk_sum_refuses_weights_that_do_not_match_the_rows():
+    from tilelink.errors import PatternError
+
+    from tilelink.frontend import parse_text
+
+    pat = parse_text("pattern p(T = 8, N = 4)\n    y : [T, N] bf16\n    wts : [T, 2] bf16\n"
+                    "    h = topk_sum(y, wts)\n    return h\n", "p.tl")
+    with pytest.raises(PatternError, match=r"topk_sum needs y \[T \* k, N\]") as e:
+        pat.bind({}, 1)
+    assert "one row per token" in e.value.hint
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_moe_rs_plan_matches_the_reference_under_skewed_routings(world):
+    # the non-overlapped plan (torch grouped GEMM, weighted combine, reduce-scatter of the
+    # token rows) against the fp32 reference, routing changing call to call
+    sizes = {"T": 12 * world, "K": 8 * world, "N": 16, "E": 4, "TOPK": 2}
+    plan = {"comm": "none"}
+    s = make_schedule(MOE_RS, world, sizes, plan, "interp")
+    calls = _inputs(s.bound, ["hot", "sparse", "all_one"], 4)
+    s, res = emulate(MOE_RS, world, sizes, plan, inputs=calls)
+    assert s.config.comm == "none" and res.plan
+    rep = check(s.bound, res)
+    assert rep.ok, rep.lines
+
+
+# ---- moe_rs: the combine in the grouped GEMM's epilogue, chunks pushed as they complete ----
+
+
+# T = 18 W tokens: not a multiple of block_m (16); back-to-back calls (no barrier between
+# them) route differently, with random producer delays; one hot expert, empty experts, all
+# tokens to one expert
+@pytest.mark.parametrize("world,topk", [(1, 2), (2, 2), (3, 1), (4, 4)])
+def test_moe_rs_kernel_matches_reference_under_skewed_routings(world, topk):
+    sizes = {"T": 18 * world, "K": 16 * world, "N": 32, "E": 4, "TOPK": topk}
+    res = _run_moe(world, sizes, ["hot", "sparse", "all_one", "random"], seed=world,
+                   pattern=MOE_RS)
+    assert not res.plan
+
+
+def test_moe_rs_kernel_combines_in_the_grouped_tiles_and_pushes_chunks():
+    s = make_schedule(MOE_RS, 2, {"T": 40, "K": 32, "N": 32}, TILES, "interp")
+    assert s.composition.lowerings["h"].name == "topk_sum/triton"
+    (kernel,) = s.composition.kernels
+    assert [r.kind for r in kernel] == ["tiles", "reduce"]
+    src = render_triton(s)
+    body = src[src.index("rows_out = tl.where(rmask, dst, C)"):]
+    # rows counted per chunk, the last rows' program combines and pushes to the owner
+    assert body.index("tl.atomic_add(tk_at, tk_n") < body.index("tk_acc += tk_w") \
+        < body.index("tld.symm_at(")
+    assert "'h_rows_done'" in src and "y" in s.composition.sites
+
+
+def test_moe_rs_kernel_weights_the_rows(monkeypatch):
+    # the check catches a combine that drops the routing weights (its rows summed unweighted)
+    from tilelink.ops.grouped_gemm.topk_sum import TopkSumTriton
+
+    real = TopkSumTriton.epilogue
+
+    def unweighted(self, kb, site, tile):
+        return [x.replace("tk_w.to(tl.float32)[:, None] * ", "") for x in
+                real(self, kb, site, tile)]
+
+    monkeypatch.setattr(TopkSumTriton, "epilogue", unweighted)
+    sizes = {"T": 24, "K": 32, "N": 16, "E": 4, "TOPK": 2}
+    s, res = emulate(MOE_RS, 2, sizes, TILES, calls=1)
+    assert not res.plan and not check(s.bound, res).ok
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])
+def test_the_moe_rs_kernel_compiles_for_gpus(target):
+    from tilelink.codegen.compile import compile_module
+    from tilelink.schedule import get_target
+
+    s = make_schedule(MOE_RS, 2, {"T": 1200, "K": 1024, "N": 1024}, {"comm": "sm"}, target)
+    assert s.composition.lowerings["h"].name == "topk_sum/triton"
+    compiled = compile_module(render_triton(s), get_target(target), "moe_rs_kernel")
+    assert compiled.asm.get("ptx" if target.startswith("cuda") else "amdgcn")

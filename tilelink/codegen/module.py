@@ -377,9 +377,11 @@ class ModuleBuilder:
 
     def _needs_home(self, op) -> bool:
         """A locally written result needs memory unless every consumer takes its tiles in the
-        producer's epilogue (a reduce_scatter or all_reduce lowering's hook)."""
+        producer's epilogue (a reduce_scatter or all_reduce lowering's hook) and none reads
+        it back from memory (`reads_back`)."""
         for c in self.site_of(op.result).consumers:
-            if not self.lowering(c.result).takes_epilogue:
+            lw = self.lowering(c.result)
+            if not lw.takes_epilogue or lw.reads_back(self.site_of(c.result)):
                 return True
         return False
 

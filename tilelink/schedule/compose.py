@@ -12,7 +12,10 @@ another on the caller's stream) and gives each a range of program ids:
   consuming its result, before that op's tiles;
 - a reduction of what a producer's epilogue delivered goes right after the producer's tiles
   in the same kernel, or into a kernel of its own right after it;
-- a copy of a peer-written result into the pattern's output goes last.
+- a copy of a peer-written result into the pattern's output goes last;
+- a compute op whose lowering takes its producer's tiles in the epilogue (a combine of the
+  producer's rows) has no tiles of its own: it runs in the producer's kernel, and a
+  reduction of its result goes after the producer's tiles.
 
 Within a kernel, roles are laid out in that order, so a role only ever waits on roles with
 lower program ids of its rank (producers first): the program-order rule that keeps a
@@ -125,6 +128,11 @@ def compose(bp: BoundPattern, config, target) -> Composition:
                 last.append(step)
             else:
                 raise ValueError(f"unknown step kind {step.kind!r} from {op.kind}")
+        if (op.result not in tiles_kernel and lowerings[op.result].takes_epilogue
+                and spec(op.kind).category == "compute" and site.producer is not None
+                and site.producer.result in tiles_kernel):
+            # a compute op taking its producer's tiles in the epilogue runs in that kernel
+            tiles_kernel[op.result] = tiles_kernel[site.producer.result]
     if pending:  # a push whose consumer has no tiles step (cannot happen with valid lowerings)
         raise NotSupportedError("data pushed for ops that have no kernel: "
                                 + ", ".join(pending))

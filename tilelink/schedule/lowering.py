@@ -445,6 +445,12 @@ class Lowering:
     #: of its own where every consumer takes it so
     takes_epilogue: bool = False
 
+    def reads_back(self, site: OpSite) -> bool:
+        """Whether its epilogue also reads the producer's stored result back (a combine of
+        rows that several producer tiles store), so that result keeps its memory though
+        every consumer takes its tiles in the epilogue. False by default."""
+        return False
+
     def epilogue(self, kb, site: OpSite, tile) -> list[str]:
         """The lines that hand one producer tile to this op (`tile`: a `TileOut`, the tile's
         values, index vectors, interval and grid index), in the producer's tile loop after

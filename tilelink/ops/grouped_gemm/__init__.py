@@ -14,6 +14,7 @@ from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_range, reference
 from ...schedule.lowering import register_vendor_work
 from ..gemm import products
+from . import topk_sum  # noqa: F401  (the MoE combine: registered with its family)
 from .tl import ROWS_AXIS, grouped_work
 
 
@@ -34,9 +35,11 @@ from .tl import ROWS_AXIS, grouped_work
               notes="The kernel sorts the rows by expert on the device every call (a "
                     "prepare step) and gives each tile block_m rows of one expert; after an "
                     "all_gather a tile waits only on the chunks holding its tokens (`--emit "
-                    "plan` shows this dynamic range). A collective reading its result "
-                    "(reduce_scatter of the rows) has no kernel yet: such a pattern runs as "
-                    "the non-overlapped plan (torch._grouped_mm on GPUs where it applies)."))
+                    "plan` shows this dynamic range). Followed by topk_sum and a "
+                    "reduce_scatter of the token rows (MoE's second GEMM), the kernel combines "
+                    "each chunk of tokens once its rows are computed and pushes it; a "
+                    "collective reading the rows themselves has no kernel (the "
+                    "non-overlapped plan runs: torch._grouped_mm on GPUs where it applies)."))
 def shape(op, xs, attrs, world):
     x, w, ids = xs
     sx, sw, si = local_shape(x), local_shape(w), local_shape(ids)

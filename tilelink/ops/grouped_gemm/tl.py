@@ -16,7 +16,7 @@ plan's dependency on x is the gather's closed form over that run-time interval (
 
 from __future__ import annotations
 
-from ...codegen.module import TL_DTYPES, ident
+from ...codegen.module import TL_DTYPES, TileOut, ident
 from ...codegen.tiles import operand_waits
 from ...ir import spec
 from ...ir.tensor import DTYPE_BYTES
@@ -249,8 +249,22 @@ class GroupedGemmTriton(Lowering):
             f"tl.store({y.base} + dst[:, None] * N + offs_n[None, :], acc.to({TL_DTYPES[dtype]}),",
             "         mask=rmask[:, None] & (offs_n[None, :] < N))",
         ]
+        hooks = mb.hooks_of(op.result)
+        prologue = []
+        if hooks:
+            kb.const("C", f"{p}_C", s["C"], f"grouped_gemm {op.result}: C = T * TOPK rows")
+            # the tile's rows as the hooks see them: row indices (C on masked lanes) within
+            # the rows of its first and last tokens
+            body += ["rows_out = tl.where(rmask, dst, C)"]
+            tile = TileOut(f"acc.to({TL_DTYPES[dtype]})", "rows_out", "offs_n",
+                           "token_lo * TOPK", "token_hi * TOPK", "col_lo", "col_hi",
+                           {"rank": "me", "m": "item", "n": "pid_n"}, (mb.config.block_m,
+                                                                        mb.config.block_n))
+            for lw, hs in hooks:
+                prologue += lw.prologue(kb, hs)
+                body += lw.epilogue(kb, hs, tile)
         first = f"pid - {step.first}" if step.first else "pid"
-        return ["num_n = (N + BN - 1) // BN",
+        return prologue + ["num_n = (N + BN - 1) // BN",
                 "# the tiles this call's routing takes (surplus programs have none)",
                 f"items = tl.load({tab['ntiles']}) * num_n",
                 f"for t in range({first}, items, {step.count}):"] + ["    " + x if x else x

@@ -61,7 +61,8 @@ class _Scatter(Lowering):
         if len(site.result.shape) != 2:
             bad.append(f"{site.op.args[0]} has {len(site.result.shape)} dims; the reduction "
                        "sums 2-D tiles")
-        if site.producer is None or site.producer.kind != "gemm":
+        # (topk_sum: the combine hands on each chunk of tokens from the grouped GEMM's tiles)
+        if site.producer is None or site.producer.kind not in ("gemm", "topk_sum"):
             src = site.op.args[0]
             bad.append(f"its partials are taken from a GEMM's tile epilogue; {src} is "
                        + ("a pattern input" if site.producer is None else
