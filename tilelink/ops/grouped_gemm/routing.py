@@ -138,17 +138,17 @@ def route_kernel_source(base: str) -> list[str]:
     kernels run in any order of programs, the interpreter's one at a time included. The
     counters are zero between calls (the last program resets its own)."""
     count, place = route_kernel_names(base)
-    consts = ("C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr, "
-              "BM: tl.constexpr,\n        SLOTS: tl.constexpr, CB: tl.constexpr, "
-              "TB: tl.constexpr, CH: tl.constexpr, P: tl.constexpr,\n        HS: tl.constexpr, "
-              "PQ: tl.constexpr")
+    consts = ("C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,\n"
+              "        BM: tl.constexpr, SLOTS: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr,\n"
+              "        CH: tl.constexpr, P: tl.constexpr, HS: tl.constexpr, PQ: tl.constexpr")
     return (_COUNT.replace("{name}", count) + "\n\n" + _PLACE.replace("{name}", place)
             ).replace("{consts}", consts).splitlines()
 
 
 _COUNT = '''@triton.jit
 def {name}(route_ids_ptr, route_hist_ptr, route_counts_ptr, route_tiles_ptr,
-        route_ntiles_ptr, route_sync_ptr, {consts}):
+        route_ntiles_ptr, route_sync_ptr,
+        {consts}):
     """Routing, first kernel: this program's chunk of copies counted per expert; the last
     program to count writes the per-expert tables and the tiles' experts and rows (see
     tilelink.ops.grouped_gemm.routing)."""
@@ -210,7 +210,8 @@ def {name}(route_ids_ptr, route_hist_ptr, route_counts_ptr, route_tiles_ptr,
 
 _PLACE = '''@triton.jit
 def {name}(route_ids_ptr, route_hist_ptr, route_order_ptr, route_tiles_ptr,
-        route_ntiles_ptr, route_sync_ptr, {consts}):
+        route_ntiles_ptr, route_sync_ptr,
+        {consts}):
     """Routing, second kernel: this program's copies placed in the order after the copies
     of their expert in earlier chunks; the last program to finish writes each tile's token
     range (see tilelink.ops.grouped_gemm.routing)."""

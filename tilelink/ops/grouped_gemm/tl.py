@@ -131,10 +131,11 @@ class GroupedGemmTriton(Lowering):
     def prepare(self, site) -> Prepare:
         s = sizes(site.bp, site.op)
         k = route_kernel_consts(s["C"], s["E"], s["TOPK"], site.config.block_m)
-        return Prepare(f"routing tables from {site.op.args[2]} ({' then '.join(route_kernels(site))}"
-                       f", {k['P']} programs of {k['CH']} choices): rows sorted by expert, "
-                       f"per-expert counts, up to {k['SLOTS']} tiles (expert, first row, rows, "
-                       "token range)", calls=2, device_us=route_us(site))
+        kernels = " then ".join(route_kernels(site))
+        programs = f"{k['P']} program{'s' if k['P'] > 1 else ''} of {k['CH']} choices"
+        return Prepare(f"routing tables from {site.op.args[2]} ({kernels}, {programs}): rows "
+                       f"sorted by expert, per-expert counts, up to {k['SLOTS']} tiles (expert, "
+                       "first row, rows, token range)", calls=2, device_us=route_us(site))
 
     def notes(self, site) -> list[str]:
         return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
