@@ -192,13 +192,16 @@ class GroupedGemmTriton(Lowering):
         return out
 
     def work(self, site) -> Work:
-        """FLOPs and bytes of the kernel (`grouped_work`); as many programs as the tiles of
-        an even routing (a skewed one has fewer, longer tiles: the model does not see it)."""
+        """FLOPs and bytes of the kernel (`grouped_work`), the FLOPs of whole column blocks
+        (a tile of block_n columns costs as much where N leaves it part empty: N / W = 352
+        in tiles of 256 computes 512); as many programs as the tiles of an even routing (a
+        skewed one has fewer, longer tiles: the model does not see it)."""
         s = sizes(site.bp, site.op)
         cfg = site.config
-        tiles = -(-s["C"] // cfg.block_m) * -(-s["N"] // cfg.block_n)
-        return Work(*grouped_work(site.bp, site.op), programs=tiles,
-                    efficiency=GROUPED_EFFICIENCY)
+        blocks = -(-s["N"] // cfg.block_n)
+        flops, hbm = grouped_work(site.bp, site.op)
+        return Work(flops * blocks * cfg.block_n / s["N"], hbm,
+                    programs=-(-s["C"] // cfg.block_m) * blocks, efficiency=GROUPED_EFFICIENCY)
 
     def render_step(self, step, kb) -> list[str]:
         mb, op = kb.mb, step.op
