@@ -15,13 +15,14 @@ the pattern's ops (`lowering.py`), each in its op family's module (`tilelink.ops
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose, op_sites
-from .config import COMM_RESOURCES, FEATURE_KNOBS, Config, ConfigSpace
+from .config import COMM_RESOURCES, Config, ConfigSpace, default_value
+from .knobs import feature_knobs, plan_knobs
 from .lowering import LOWERINGS, library_comms, lowering_for
 from .targets import Target
 
@@ -106,7 +107,7 @@ class Schedule:
             read.add("debug_reverse_roles")
         if self.config.profile:
             read.add("profile")
-        return tuple(f.name for f in fields(Config) if f.name in read)
+        return tuple(k for k in Config.knob_names() if k in read)
 
     @property
     def config_text(self) -> str:
@@ -409,9 +410,9 @@ def cost_note(bp: BoundPattern, target: Target, cfg: Config) -> str | None:
 def _words(cfg: Config) -> str:
     """The knobs that say which overlapped plan `cfg` is (for messages)."""
     out = [f"comm={cfg.comm}"]
-    for k in ("gemm", "reduce_after", "allreduce", "fuse_reduce"):
-        if getattr(cfg, k) != getattr(Config(), k):
-            out.append(f"{k}={getattr(cfg, k)}")
+    for k in plan_knobs():
+        if getattr(cfg, k.name) != k.default:
+            out.append(f"{k.name}={getattr(cfg, k.name)}")
     return " ".join(out)
 
 
@@ -454,11 +455,10 @@ def _drop_invalid_features(cfg: Config, overrides: dict, bp: BoundPattern,
                            space: ConfigSpace, start: Config) -> Config:
     """Feature knobs the default turned on that make the config invalid are turned off
     again (a knob the user set stays, and is checked)."""
-    default = Config()
-    for knob in FEATURE_KNOBS:
-        if knob in overrides or getattr(cfg, knob) == getattr(default, knob):
+    for knob in (k.name for k in feature_knobs()):
+        if knob in overrides or getattr(cfg, knob) == default_value(knob):
             continue
-        probe = replace(cfg, **{knob: getattr(default, knob)})
+        probe = replace(cfg, **{knob: default_value(knob)})
         if len(space.reasons(probe, bp)) < len(space.reasons(cfg, bp)):
             cfg = probe
     return cfg
@@ -486,10 +486,10 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
         for op in bp.ops:
             lw = lowering_for(sites[op.result])
             knob = lw.variant_knob if lw is not None else ""
-            if knob and knob not in overrides and lw.variant != getattr(Config(), knob) and \
+            if knob and knob not in overrides and lw.variant != default_value(knob) and \
                     any(k in overrides for k in lw.foreign_knobs):
                 # a knob of the default variant's kernel was set: that kernel (gemm=triton)
-                cfg = replace(cfg, **{knob: getattr(Config(), knob)})
+                cfg = replace(cfg, **{knob: default_value(knob)})
     cfg = _drop_invalid_features(cfg, overrides, bp, space, start or cfg)
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)
