@@ -212,7 +212,7 @@ class _Gather(Lowering):
                   "flag" if self._flags(site) else "epoch")
         if self._flags(site):
             mb.flag_signals.append((f"{self.signal(mb, site)}_ptr", mb.plan.grids[full].size))
-            mb.capturable = True
+            mb.flag_protocol = True
             mb.flags["CAPTURABLE"] = 1
         mb.peer_written.add(full)
         if self.own_in_place(site):
@@ -389,6 +389,10 @@ class AllGatherCopyEngine(_Gather):
 
     def defaults(self, site) -> dict:
         return _copy_engine_defaults(site)
+
+    def graph_values(self, site) -> dict | None:
+        """The flag protocol (`capturable=1`): its stream operations carry no per-call value."""
+        return {"capturable": "1"}
 
     def captured_overrides(self, site) -> dict | None:
         """Calls captured in a CUDA graph take the flag protocol (capturable=1) where it was

@@ -126,13 +126,14 @@ class Config:
 
 _GENERIC = tuple(f for f in fields(Config) if f.name != "op_values")
 GENERIC_KNOBS = tuple(f.name for f in _GENERIC)
-_ORDER: dict[int, tuple[str, ...]] = {}
+_ORDER: dict[tuple, tuple[str, ...]] = {}  # (the registry's (name, after) pairs) -> order
 
 
 def _knob_order() -> tuple[str, ...]:
     """The generic knobs, each followed by the op knobs declared after it (depth first, in
     registration order); op knobs after an unknown or no knob at the end."""
-    if len(OP_KNOBS) not in _ORDER:
+    key = tuple((k.name, k.after) for k in OP_KNOBS.values())
+    if key not in _ORDER:
         after: dict[str, list[str]] = {}
         for k in OP_KNOBS.values():
             after.setdefault(k.after, []).append(k.name)
@@ -148,8 +149,8 @@ def _knob_order() -> tuple[str, ...]:
         for k in OP_KNOBS.values():
             if k.name not in out:
                 emit(k.name)
-        _ORDER[len(OP_KNOBS)] = tuple(out)
-    return _ORDER[len(OP_KNOBS)]
+        _ORDER[key] = tuple(out)
+    return _ORDER[key]
 
 
 def _unknown(key: str) -> ConfigError:
