@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tilelink
-from tilelink.errors import ConfigError, NotSupportedError
+from tilelink.errors import ConfigError, NotSupportedError, TileLinkError
 from tilelink.frontend import load_pattern
 from tilelink.schedule import Config, get_target, make_schedule
 from tilelink.schedule.config import GENERIC_KNOBS
@@ -166,6 +166,12 @@ def test_a_registered_knob_joins_the_config_space(monkeypatch):
     assert "  test_depth: 0, 1, 2" in space.default_space(CUDA).describe()
     bad = space.default_space(CUDA).reasons(replace(cfg, test_depth=5), _bp("ag_gemm.tl"))
     assert any("test_depth=5 is not one of 0, 1, 2 (test_op's knob" in b for b in bad)
+    even = Knob("test_width", 2, "a test family's width", "test_op", check=lambda v: v % 2 == 0,
+                check_text="even")
+    monkeypatch.setitem(OP_KNOBS, even.name, even)
+    bad = space.default_space(CUDA).reasons(Config(test_width=3), _bp("ag_gemm.tl"))
+    assert any("test_width=3 must be even (test_op's knob: a test family's width)" in b
+               for b in bad)
     # a feature knob no lowering reads is refused, naming the ones that exist
     assert any("test_depth=2 does nothing" in b
                for b in space.default_space(CUDA).reasons(cfg, _bp("ag_gemm.tl")))
@@ -267,3 +273,14 @@ def test_a_lowering_refuses_a_gpu_its_target_does_not_tell_apart(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", no_query)
     gpu._refuse_device(make_schedule(_bp("ag_gemm.tl"), CUDA, {"comm": "copy_engine"}))
+
+
+def test_the_tuner_crosses_an_op_knob_only_as_its_declaration_says(monkeypatch):
+    bp = _bp("gemm_ar.tl", 4)
+    assert any(c.allreduce == "two_shot" for c in space.candidates(bp, CUDA))
+    monkeypatch.setitem(OP_KNOBS, "allreduce", replace(OP_KNOBS["allreduce"],
+                                                       search_values=("one_shot",)))
+    with pytest.raises(TileLinkError, match="proposes allreduce=two_shot to the tuner, which "
+                                            r"allreduce's declaration \(all_reduce\) does not "
+                                            "search"):
+        space.candidates(bp, CUDA)

@@ -197,6 +197,24 @@ def _resources(bp: BoundPattern, target: Target) -> list[str]:
     return out
 
 
+def _axes(lw, site) -> list[dict]:
+    """`lw.tune_axes(site)`, held to the op knobs' declarations: the tuner crosses an op knob
+    only where its family declared it searched, with one of its declared search values."""
+    axes = lw.tune_axes(site)
+    for axis in axes:
+        for k, v in axis.items():
+            knob = OP_KNOBS.get(k)
+            if knob is None:
+                continue
+            value = int(v) if knob.is_int else v
+            if not knob.searched or (knob.search_values and value not in knob.search_values):
+                raise TileLinkError(f"{lw.name} proposes {k}={v} to the tuner, which {k}'s "
+                                    f"declaration ({knob.family}) does not search"
+                                    + (f" (it searches {', '.join(map(str, knob.search_values))})"
+                                       if knob.searched and knob.search_values else ""))
+    return axes
+
+
 def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[Config]:
     from ..schedule.lowering import LOWERINGS
 
@@ -228,7 +246,7 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
         read = set().union(*(lw.knobs for _, lw in lws)) | {"comm"}
         # each lowering's alternatives (a reduction in the kernel or after it, ...), crossed
         variants = [dict(itertools.chain.from_iterable(d.items() for d in combo))
-                    for combo in itertools.product(*(lw.tune_axes(s) for s, lw in lws))]
+                    for combo in itertools.product(*(_axes(lw, s) for s, lw in lws))]
         progs = knobs.comm_programs if uses_comm_programs(probe, bp, target) else \
             (Config().comm_programs,)
         cbms = knobs.comm_block_m if "comm_block_m" in read else (Config().comm_block_m,)
