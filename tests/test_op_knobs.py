@@ -17,7 +17,7 @@ from tilelink.errors import ConfigError, NotSupportedError, TileLinkError
 from tilelink.frontend import load_pattern
 from tilelink.schedule import Config, get_target, make_schedule
 from tilelink.schedule.config import GENERIC_KNOBS
-from tilelink.schedule.cost import device_spec, estimate, segments, _pair_estimate
+from tilelink.schedule.cost import _pair_estimate, device_spec, estimate, segments
 from tilelink.schedule.knobs import OP_KNOBS, Knob, register_knob
 from tilelink.schedule.schedule import capturable, graph_values
 from tilelink.tune import space
@@ -59,6 +59,14 @@ def _docstrings(tree) -> set[int]:
     return out
 
 
+def _names_a_knob(text: str, rel: str, names: set[str], sets) -> bool:
+    """Whether string `text` in file `rel` is an op knob's name or sets one (generated text
+    the golden renders pin aside)."""
+    if text in names:
+        return True
+    return bool(sets.search(text)) and not any(g in text for g in GENERATED.get(rel, ()))
+
+
 def _uses(source: str, rel: str) -> list[str]:
     """Where code in `source` (file `rel` under tilelink/) names an op knob: an attribute
     that is not a call (`cfg.gemm`, not `tk.gemm(...)`), a keyword (`replace(cfg,
@@ -76,12 +84,9 @@ def _uses(source: str, rel: str) -> list[str]:
             what = ast.unparse(n)
         elif isinstance(n, ast.keyword) and n.arg in names:
             what = f"{n.arg}="
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
-            if n.value in names:
-                what = n.value
-            elif sets.search(n.value) and not any(g in n.value
-                                                  for g in GENERATED.get(rel, ())):
-                what = n.value
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and \
+                id(n) not in docs and _names_a_knob(n.value, rel, names, sets):
+            what = n.value
         if what is not None and (rel, what) not in NOT_THE_KNOB:
             out.append(f"tilelink/{rel}:{n.lineno}: {what[:60]!r}")
     return out
