@@ -223,7 +223,10 @@ def test_capture_refuses_per_call_ops_before_the_launch_but_not_an_empty_call():
     rt = _rank_runtime()
     rt.engine.flags = False  # epoch-valued ops (capturable=0)
     rt.capturing = True
-    with pytest.raises(NotSupportedError, match="capturable=1"):
+    with pytest.raises(NotSupportedError, match="compile with comm=sm for graph capture"):
+        rt.copy_engine(OPS)  # no values make its copy engine capturable: SMs
+    rt.graph_config = "capturable=1"  # what its lowerings' flag protocol needs (TileLinkOp)
+    with pytest.raises(NotSupportedError, match="compile with config capturable=1 .*or comm=sm"):
         rt.copy_engine(OPS)
     assert rt.pending == [] and rt.engine.runs == []  # nothing taken: the call left no trace
     rt.copy_engine([])  # W = 1: own rows read in place, no op carries a per-call value

@@ -114,7 +114,7 @@ def add_parser(sub) -> None:
                    help="capture each system's call in a CUDA graph and time its replays (the "
                    "host leaves the critical path, as in a model that replays graphs); each "
                    "replay's output is checked first. TileLink ops that cannot be captured "
-                   "are marked FAILED (AG-GEMM copy-engine configs need capturable=1)")
+                   "are marked FAILED (AG-GEMM copy-engine configs need their flag protocol)")
     b.add_argument("--world", choices=("gpus", "one-gpu", "emulated"), default=None,
                    help="gpus (the only world bench times: one GPU per rank); one-gpu and "
                    "emulated are refused with the reason (use tilelink run --check there)")

@@ -67,8 +67,8 @@ def add_parser(sub) -> None:
                    "seconds before a config's stuck waits are reported (default 60)")
     t.add_argument("--graph", action="store_true", help="GPU: tune for calls captured in a "
                    "CUDA graph: time back-to-back replays (each config's replay is checked), "
-                   "over the configs that can be captured (copy-engine AG-GEMM with "
-                   "capturable=1, and its library-GEMM plan). The winner is cached apart from "
+                   "over the configs that can be captured (copy-engine AG-GEMM on its flag "
+                   "protocol, and its library-GEMM plan). The winner is cached apart from "
                    "the eager one; compile_op's captured calls take it")
     t.add_argument("--warmup", type=argtypes.warmup,
                    help=f"GPU: calls before each timed batch (default {GPU_DEFAULTS['warmup']})")
@@ -275,13 +275,13 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
     device, target = gpu_device()
     graph = opts.get("graph", False)
     cands = pin(candidates(bp, target, target.num_sms, graph=graph), opts["pins"], bp, target)
-    if graph:  # a pin (comm=copy_engine, capturable=0) may have made some uncapturable
-        cands = [c for c in cands if capturable(c)]
+    if graph:  # a pin (comm=copy_engine without its flag protocol) may make some uncapturable
+        cands = [c for c in cands if capturable(c, bp, target)]
         if not cands:
             raise ConfigError("no config left that can be captured in a CUDA graph with "
                               + " ".join(f"{k}={v}" for k, v in opts["pins"].items()),
-                              hint="copy-engine configs need capturable=1 (AG-GEMM only); "
-                              "pin fewer knobs")
+                              hint="copy-engine configs need their lowerings' flag protocol "
+                              "(AG-GEMM's only); pin fewer knobs")
     measure = GpuMeasure(bp, warmup=opts["warmup"], iters=opts["iters"], graph=graph)
     total = len(cands) if opts["exhaustive"] else min(opts["budget"] or default_budget(
         len(cands)), len(cands))

@@ -165,7 +165,9 @@ class ModuleBuilder:
         # the gates of the next call are opened at the end of this one, the first call's at
         # init (a lowering laying out its own kernels says so: gemm=library)
         self.gates_at_end = False
-        self.capturable = bool(self.config.capturable)
+        # the copy engine's gates and signals are 0/1 flags, not epochs (a lowering that
+        # switches its flag protocol on says so in `declare`)
+        self.flag_protocol = False
         self.flag_signals: list[tuple[str, int]] = []  # (heap name, slots): cleared at release
         self.kernels: list[KernelBuilder] = []
         self.notes: list[str] = list(s.notes)
@@ -506,8 +508,8 @@ class ModuleBuilder:
         if self.gates and self.gates_at_end:
             lines.append(f"    # the first call's gates: open (later calls' are opened by the "
                          "call before them)")
-            lines.append(f"    ctl[{4 + w}:] = " + ("1" if self.capturable else "first_epoch"))
-        elif self.gates and self.capturable:
+            lines.append(f"    ctl[{4 + w}:] = " + ("1" if self.flag_protocol else "first_epoch"))
+        elif self.gates and self.flag_protocol:
             lines.append(f"    ctl[{4 + w}:] = 0  # the gates are flags (capturable=1): "
                          "closed until a kernel opens them")
         return ["def _i32(x):", '    """`x` as the int32 a signal word holds (two\'s '
@@ -684,7 +686,7 @@ class KernelBuilder:
         if not local:
             pre += protocol.epoch_begin()
         if self.index == 0 and mb.gates and not mb.gates_at_end:
-            pre += protocol.open_gates(mb.capturable)
+            pre += protocol.open_gates(mb.flag_protocol)
         pre += list(self.buffers.values())
         post = []
         if self.index == len(mb.comp.kernels) - 1 and local:

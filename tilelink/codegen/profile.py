@@ -89,11 +89,17 @@ def _steps(mb):
 
 def refuse_gluon(kb) -> None:
     """Gluon kernels (warp-specialised GEMM) are not instrumented: say so instead of
-    profiling part of the module."""
+    profiling part of the module, naming the variant knob value of the lowering that made
+    the kernel and its default (a Triton kernel)."""
+    from ..schedule.config import default_value
+
+    lw = next(r.lowering for r in kb.roles if r.lowering.variant_knob)
+    knob = lw.variant_knob
+    default = f"{knob}={default_value(knob)}"
     raise NotSupportedError(
-        f"profile=1 cannot instrument {kb.name}: it is a Gluon kernel (gemm=ws), whose "
-        "warp-specialised partitions have no single program-wide clock",
-        hint="profile with gemm=triton (--config gemm=triton)")
+        f"profile=1 cannot instrument {kb.name}: it is a Gluon kernel ({knob}={lw.variant}), "
+        "whose warp-specialised partitions have no single program-wide clock",
+        hint=f"profile with {default} (--config {default})")
 
 
 def instrument_role(code: list[str], role: int, epoch: str, programs: int) -> list[str]:

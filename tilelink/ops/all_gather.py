@@ -130,6 +130,7 @@ from ..codegen.tiles import first  # noqa: E402
 from ..codegen.waits import render_waits, slot_expr  # noqa: E402
 from ..schedule.lowering import (Lowering, Step, local_bytes, register_library_comm,  # noqa: E402
                                  register_lowering, sole_next_reader)
+from ..schedule.knobs import Knob, register_knob  # noqa: E402
 
 #: elements one program copies per step of a push (16 KB of bf16; 32 per thread at 8 warps)
 COPY_BLOCK = 8192
@@ -211,7 +212,7 @@ class _Gather(Lowering):
                   "flag" if self._flags(site) else "epoch")
         if self._flags(site):
             mb.flag_signals.append((f"{self.signal(mb, site)}_ptr", mb.plan.grids[full].size))
-            mb.capturable = True
+            mb.flag_protocol = True
             mb.flags["CAPTURABLE"] = 1
         mb.peer_written.add(full)
         if self.own_in_place(site):
@@ -389,6 +390,10 @@ class AllGatherCopyEngine(_Gather):
     def defaults(self, site) -> dict:
         return _copy_engine_defaults(site)
 
+    def graph_values(self, site) -> dict | None:
+        """The flag protocol (`capturable=1`): its stream operations carry no per-call value."""
+        return {"capturable": "1"}
+
     def captured_overrides(self, site) -> dict | None:
         """Calls captured in a CUDA graph take the flag protocol (capturable=1) where it was
         measured to beat NCCL + cuBLAS replayed: W = 2, >= 512 rows and >= 16 GFLOP per rank
@@ -511,3 +516,12 @@ register_library_comm("all_gather", "async_tp", _gather_bytes, applies=_async_tp
                       pipelined=True)
 register_lowering(AllGatherSM())
 register_lowering(AllGatherCopyEngine())
+# comm=copy_engine: 1 = the copy engine's ops carry no per-call value (its gates and data
+# signals are 0/1 flags the kernel sets and clears; one gathered buffer instead of two, so a
+# destination must have finished the previous call, not the one before it), so a call can be
+# captured in a CUDA graph and replayed. 0 = epoch-valued signals and double buffering (calls
+# overlap more; not capturable). comm=sm kernels are capturable either way: they read their
+# epoch from device memory
+register_knob(Knob("capturable", 0, "1 (copy engine): flag signals and one gathered buffer, so "
+                   "calls can be captured in a CUDA graph; 0: epoch signals, double-buffered",
+                   "all_gather", values=(0, 1), quiet=True, after="gemm"))

@@ -149,6 +149,7 @@ from ..codegen.module import TL_DTYPES, ident  # noqa: E402
 from ..codegen.protocol import wait_released  # noqa: E402
 from ..codegen.tiles import first  # noqa: E402
 from ..codegen.waits import slot_expr  # noqa: E402
+from ..schedule.knobs import Knob, register_knob  # noqa: E402
 from ..schedule.lowering import (local_bytes, register_library_comm,  # noqa: E402
                                  register_lowering)
 from .reduce_scatter import (ReduceScatterCopyEngine, ReduceScatterSM, _Scatter,  # noqa: E402
@@ -435,3 +436,10 @@ register_library_comm("all_reduce", "symm_two_shot", _two_shot_bytes)
 register_lowering(AllReduceSM())
 register_lowering(AllReduceTwoShotSM())
 register_lowering(AllReduceCopyEngine())
+# the algorithm on SMs: "one_shot", every rank gets every partial and sums every row;
+# "two_shot", each chunk's owner sums it and sends the sum to every rank (each rank sends its
+# partial once instead of W - 1 times, at the price of a second hop)
+register_knob(Knob("allreduce", "one_shot", "all_reduce's algorithm on SMs: one_shot (every "
+                   "rank sums every row) or two_shot (owners sum, then send the sums)",
+                   "all_reduce", values=("one_shot", "two_shot"), quiet=True, names_plan=True,
+                   searched=True, search_values=("one_shot", "two_shot"), after="capturable"))

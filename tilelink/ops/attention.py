@@ -805,6 +805,14 @@ def _attention_work(bp, op) -> tuple[float, float]:
 
 register_lowering(AttentionPartialTiles())
 register_lowering(LseCombineTiles())
+
+from ..schedule.knobs import Knob, register_knob  # noqa: E402
+
+# programs each (batch, KV head) is split into over the KV sequence, their partials combined
+# by the split that finishes last; 0: the lowering's choice (from occupancy)
+register_knob(Knob("kv_splits", 0, "decode attention: programs each (batch, KV head) is split "
+                   "into over the keys (0: chosen from occupancy)", "attention_partial",
+                   quiet=True, searched=True, after="library_comm"))
 register_vendor_work("attention_partial", lambda bp, op: Work(*_partial_work(bp, op)))
 register_vendor_work("lse_combine", lambda bp, op: Work(*_combine_work(bp, op)))
 register_vendor_work("attention", lambda bp, op: Work(*_attention_work(bp, op)))

@@ -224,6 +224,9 @@ class GpuRankRuntime:
     compile_only: bool = False  # _warm_up: launch_kernel compiles and launches nothing
     stream: int = 0  # the call's stream (raw handle), set by TileLinkOp before each launch
     capturing: bool = False  # the call's stream is being captured (set with `stream`)
+    # the config values its calls need to be captured in a CUDA graph ("KEY=VALUE ...", from
+    # its lowerings: `schedule.graph_values`; empty: none make them), for the refusal's hint
+    graph_config: str = ""
     launcher: FastLauncher = field(default_factory=FastLauncher, repr=False)
 
     def launch_kernel(self, kernel, grid: tuple, args: tuple, options: dict) -> None:
@@ -249,13 +252,33 @@ class GpuRankRuntime:
                 raise NotSupportedError(
                     "this comm=copy_engine schedule cannot be captured in a CUDA graph: its "
                     "stream memory operations carry the call's epoch as a constant",
-                    hint="compile with config capturable=1 (AG-GEMM: flag signals, one "
-                    "buffer) or comm=sm for graph capture")
+                    hint=(f"compile with config {self.graph_config} (constant-valued "
+                          "signals) or comm=sm" if self.graph_config else "compile with "
+                          "comm=sm") + " for graph capture")
             if start_now and not self.compile_only:  # (warm-up: nothing is enqueued)
                 self.engine.run(ops, self.ready, self.capturing)
                 self.pending = []
                 return
         self.pending = ops
+
+
+def _refuse_device(s) -> None:
+    """ConfigError where a lowering of `s` cannot run on this GPU (`Lowering.device_refusal`:
+    device_target maps every sm_90+ GPU to cuda:90). Every rank has the same GPU: all raise
+    here, before any collective."""
+    import torch
+
+    if s.composition is None:
+        return
+
+    def capability() -> tuple[int, int]:
+        return tuple(torch.cuda.get_device_capability())
+
+    for op in s.bound.ops:
+        refusal = s.composition.lowerings[op.result].device_refusal(
+            s.composition.sites[op.result], capability)
+        if refusal is not None:
+            raise ConfigError(refusal[0], hint=refusal[1])
 
 
 class TileLinkOp:
@@ -301,6 +324,11 @@ class TileLinkOp:
                              streams=engine_streams) if self.copy_engine else None)
         self.rt = GpuRankRuntime(heap.rank, heap.world, heap.tensors, heap.heap_bases, abort,
                                  diag, spin_limit, engine)
+        if self.copy_engine:
+            from ..schedule.schedule import graph_values
+
+            values = graph_values(bound, self.config, schedule.target)
+            self.rt.graph_config = " ".join(f"{k}={v}" for k, v in (values or {}).items())
         self.epoch = 1  # host mirror of ctl[2] + 1 (the copy engine's signal values)
         self._lock = threading.Lock()
         self._device_index = self.device.index
@@ -796,12 +824,7 @@ def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, wo
         base = _tuned_config(bp, verbose, target)
         graph_tuned = _tuned_config(bp, verbose, target, graph=True)
     s = world.annotate(make_schedule(bp, target, overrides, base=base))
-    if s.config.gemm == "ws" and torch.cuda.get_device_capability()[0] != 9:
-        # device_target maps every sm_90+ GPU to cuda:90; wgmma and setmaxnreg are sm_90's
-        # (every rank has the same GPU: all raise here, before any collective)
-        major, minor = torch.cuda.get_device_capability()
-        raise ConfigError(f"gemm=ws is Hopper's warp-specialised kernel (wgmma); this GPU is "
-                          f"sm_{major}{minor}", hint="use gemm=triton (the default)")
+    _refuse_device(s)
     limit = spin_limit or spin_limit_from_env()  # $TILELINK_SPIN_LIMIT, read now (tilelink.env)
     captured = _captured_config(bp, target, s.config, base, graph_tuned,
                                 explicit=bool(overrides), fault=fault)

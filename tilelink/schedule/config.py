@@ -1,40 +1,34 @@
 """Schedule configs: which resource communicates, the SM split, tile sizes and orders.
 
-A `Config` is one point of the space the tuner searches. `ConfigSpace` lists every
-knob with its allowed values and checks a config against a bound pattern: a config is
-either valid by construction or rejected with the reason, so the tuner never measures
-something that cannot run.
+A `Config` is one point of the space the tuner searches: the generic knobs below, which any
+lowering may read, and the op knobs op families declare (`knobs.register_knob`: a GEMM's
+variant, where a reduction sums, ...), read as attributes like the generic ones. `ConfigSpace`
+lists every knob with its allowed values and checks a config against a bound pattern: a
+config is either valid by construction or rejected with the reason, so the tuner never
+measures something that cannot run.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..errors import ConfigError, closest
+from .knobs import OP_KNOBS, feature_knobs
 
 # "none": the non-overlapped plan (the collectives, then the computation: NCCL + cuBLAS on
 # GPUs), for shapes where overlap cannot pay; no kernel is generated for it
 COMM_RESOURCES = ("sm", "copy_engine", "none")
 ORDERS = ("own_first", "natural")
-# who computes a GEMM (the gemm op's lowerings): "triton", TileLink's generated persistent
-# kernel (tiles wait for their chunks); "library", the vendor BLAS through torch.mm (cuBLAS /
-# hipBLASLt), one call per source rank's rows in arrival order, with TileLink's small kernels
-# doing the waits and releases; "ws", a warp-specialised Gluon kernel (Hopper): a loader warp
-# waits for a tile's chunks and runs TMA loads ahead while two consumer warpgroups only issue
-# wgmma (cuBLAS's structure)
-GEMMS = ("triton", "library", "ws")
-# knobs that turn a feature on: set to another value than Config's default while no lowering
-# of the pattern reads it, they are refused (they would change nothing)
-FEATURE_KNOBS = ("gemm", "reduce_after", "fuse_reduce", "capturable", "allreduce", "kv_splits")
-# all_reduce on SMs: "one_shot", every rank gets every partial and sums every row; "two_shot",
-# each chunk's owner sums it and sends the sum to every rank (each rank sends its partial
-# once instead of W - 1 times, at the price of a second hop)
-ALLREDUCES = ("one_shot", "two_shot")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, repr=False)
 class Config:
-    """One schedule. Sizes are elements; `num_programs` is the persistent grid size."""
+    """One schedule. Sizes are elements; `num_programs` is the persistent grid size.
+
+    The fields are the generic knobs; the op knobs (`knobs.OP_KNOBS`) are keyword arguments
+    and attributes too (`Config(comm="copy_engine", capturable=1)`, `cfg.capturable`, and
+    `dataclasses.replace` takes them), held in `op_values` where set to another value than
+    their default (so equal configs are equal and hash alike whatever the registry holds)."""
 
     comm: str = "sm"  # "sm": a role in the kernel on reserved programs; "copy_engine"
     comm_programs: int = 2  # programs (SMs) given to communication when comm == "sm"
@@ -49,33 +43,10 @@ class Config:
     stages: int = 3
     warps: int = 4
     flatten: int = 0  # GPU: software-pipeline the K loop across consecutive tiles (tl.range)
-    # reduce_scatter: 1 = sum in a second kernel on every SM right after the GEMM kernel (the
-    # GEMM gets every SM; only the last chunks' sums are exposed); 0 = a role of the kernel
-    reduce_after: int = 0
-    # GEMM-RS with comm=copy_engine and reduce_after=1: 1 = no second kernel; this rank's own
-    # output tiles (computed last) add the peers' partials in the GEMM's epilogue and store the
-    # result, so no sum is left after the GEMM
-    fuse_reduce: int = 0
-    # "library": torch.mm per source rank's rows (comm=copy_engine, all_gather>gemm); the tile
-    # knobs then do not apply. Pays where the GEMM is one wave or less and cuBLAS's kernel beats
-    # TileLink's (small M)
-    gemm: str = "triton"
-    # AG-GEMM with comm=copy_engine: 1 = the copy engine's ops carry no per-call value (its
-    # gates and data signals are 0/1 flags the kernel sets and clears; one gathered buffer
-    # instead of two, so a destination must have finished the previous call, not the one
-    # before it), so a call can be captured in a CUDA graph and replayed. 0 = epoch-valued
-    # signals and double buffering (calls overlap more; not capturable). comm=sm kernels are
-    # capturable either way: they read their epoch from device memory
-    capturable: int = 0
-    allreduce: str = "one_shot"  # all_reduce's algorithm on SMs (ALLREDUCES)
     # how the non-overlapped plan (comm=none) runs its collectives: "nccl", or a library
     # variant that op families register (`lowering.register_library_comm`), e.g. torch
     # symmetric memory's all-reduce kernels
     library_comm: str = "nccl"
-    # decode attention: programs each (batch, KV head) is split into over the KV sequence,
-    # their partials combined by the split that finishes last; 0: the lowering's choice
-    # (from occupancy)
-    kv_splits: int = 0
     # Debug only, never searched: 1 gives consumer roles LOWER program ids than their
     # producers, breaking the program-order rule on purpose so that tests can check the
     # emulated world's hang report. Allowed on the interp target only (a GPU could deadlock).
@@ -84,17 +55,48 @@ class Config:
     # into a profile buffer (`tilelink profile`, docs/profile.md); 0 compiles it all out
     profile: int = 0
 
+    # the op knobs set to another value than their default, (name, value) sorted by name
+    op_values: tuple = field(default=())
+
+    def __init__(self, **values):
+        ops = dict(values.pop("op_values", ()))
+        for f in _GENERIC:
+            object.__setattr__(self, f.name, values.pop(f.name, f.default))
+        for k, v in values.items():
+            if k not in OP_KNOBS:
+                raise _unknown(k)
+            ops[k] = v
+        object.__setattr__(self, "op_values", tuple(sorted(
+            (k, v) for k, v in ops.items() if k not in OP_KNOBS or v != OP_KNOBS[k].default)))
+
+    def __getattr__(self, name: str):
+        # (only asked for names that are not fields: an op knob's value, else no such name)
+        knob = OP_KNOBS.get(name)
+        if knob is None or name == "op_values":
+            raise AttributeError(name)
+        return dict(self.op_values).get(name, knob.default)
+
+    @staticmethod
+    def knob_names() -> tuple[str, ...]:
+        """Every knob, generic and registered, in the config text's order: the generic
+        fields, each op knob after the knob its declaration names (`Knob.after`)."""
+        return _knob_order()
+
+    @staticmethod
+    def knob_types() -> dict[str, type]:
+        """Every knob's value type (int or str)."""
+        out = {f.name: type(f.default) for f in _GENERIC}
+        out.update({k.name: type(k.default) for k in OP_KNOBS.values()})
+        return out
+
     def with_values(self, values: dict[str, str]) -> Config:
         """A copy with `KEY=VALUE` strings applied (from `--config`); unknown keys fail."""
-        known = {f.name: f.type for f in fields(self)}
+        known = self.knob_types()
         out = {}
         for k, v in values.items():
             if k not in known:
-                hint = closest(k, known)
-                raise ConfigError(f"unknown config key '{k}'",
-                                  hint=f"did you mean '{hint}'?" if hint else
-                                  "keys: " + ", ".join(known))
-            if known[k] in ("int", int):
+                raise _unknown(k)
+            if known[k] is int:
                 try:
                     out[k] = int(v)
                 except ValueError:
@@ -104,19 +106,66 @@ class Config:
         return replace(self, **out)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: getattr(self, k) for k in self.knob_names()}
 
     def __str__(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in asdict(self).items() if self.shown(k))
+        return " ".join(f"{k}={v}" for k, v in self.as_dict().items() if self.shown(k))
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
 
     def shown(self, knob: str) -> bool:
-        """Whether `knob` is written out: debug knobs, capturable, allreduce, library_comm,
-        kv_splits and profile only when set to another value than their default (so the
+        """Whether `knob` is written out: debug knobs, library_comm, profile and the quiet op
+        knobs (`Knob.quiet`) only when set to another value than their default (so the
         configs, and the generated modules' headers, of everything before them read as they
         did)."""
-        quiet = knob.startswith("debug_") or knob in ("capturable", "allreduce",
-                                                      "library_comm", "kv_splits", "profile")
-        return not quiet or getattr(self, knob) != getattr(_DEFAULT, knob)
+        quiet = knob.startswith("debug_") or knob in ("library_comm", "profile") or \
+            (knob in OP_KNOBS and OP_KNOBS[knob].quiet)
+        return not quiet or getattr(self, knob) != default_value(knob)
+
+
+_GENERIC = tuple(f for f in fields(Config) if f.name != "op_values")
+GENERIC_KNOBS = tuple(f.name for f in _GENERIC)
+_ORDER: dict[tuple, tuple[str, ...]] = {}  # (the registry's (name, after) pairs) -> order
+
+
+def _knob_order() -> tuple[str, ...]:
+    """The generic knobs, each followed by the op knobs declared after it (depth first, in
+    registration order); op knobs after an unknown or no knob at the end."""
+    key = tuple((k.name, k.after) for k in OP_KNOBS.values())
+    if key not in _ORDER:
+        after: dict[str, list[str]] = {}
+        for k in OP_KNOBS.values():
+            after.setdefault(k.after, []).append(k.name)
+        out: list[str] = []
+
+        def emit(name: str) -> None:
+            out.append(name)
+            for child in after.get(name, []):
+                emit(child)
+
+        for name in GENERIC_KNOBS:
+            emit(name)
+        for k in OP_KNOBS.values():
+            if k.name not in out:
+                emit(k.name)
+        _ORDER[key] = tuple(out)
+    return _ORDER[key]
+
+
+def _unknown(key: str) -> ConfigError:
+    """The error for config key `key` that no knob has, with the closest one."""
+    known = Config.knob_names()
+    hint = closest(key, known)
+    return ConfigError(f"unknown config key '{key}'",
+                       hint=f"did you mean '{hint}'?" if hint else "keys: " + ", ".join(known))
+
+
+def default_value(knob: str):
+    """`knob`'s default value (a generic field's, or the op knob's declared one)."""
+    if knob in OP_KNOBS:
+        return OP_KNOBS[knob].default
+    return getattr(_DEFAULT, knob)
 
 
 _DEFAULT = Config()
@@ -128,7 +177,8 @@ def _pow2(x: int) -> bool:
 
 @dataclass(frozen=True)
 class ConfigSpace:
-    """Allowed values of every knob, for one target; `reasons` checks a config against a
+    """Allowed values of every generic knob, for one target (the op knobs' are declared with
+    them, `knobs.Knob`); `reasons` checks a config against a
     bound pattern, asking the lowerings the config selects for their own rules."""
 
     comm: tuple[str, ...] = COMM_RESOURCES
@@ -144,11 +194,7 @@ class ConfigSpace:
     stages: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # deep pipelines: few-tile (decode) GEMMs
     warps: tuple[int, ...] = (4, 8)
     flatten: tuple[int, ...] = (0, 1)
-    reduce_after: tuple[int, ...] = (0, 1)
-    fuse_reduce: tuple[int, ...] = (0, 1)
-    gemm: tuple[str, ...] = GEMMS
-    capturable: tuple[int, ...] = (0, 1)
-    allreduce: tuple[str, ...] = ALLREDUCES
+    # (the op knobs' values are their declarations': `knobs.OP_KNOBS`)
     max_programs: int = 132  # co-resident CTAs of the target (one per SM)
     allow_debug: bool = False  # debug knobs that break GPU safety (emulated target only)
     # the target runs a rank's programs one after another (the Triton interpreter), so a
@@ -162,11 +208,14 @@ class ConfigSpace:
     def reasons(self, cfg: Config, bp) -> list[str]:
         """Why `cfg` is invalid for the bound pattern `bp` (empty: valid)."""
         bad = []
-        for f in fields(cfg):
-            allowed = getattr(self, f.name, None)
-            if isinstance(allowed, tuple) and getattr(cfg, f.name) not in allowed:
-                bad.append(f"{f.name}={getattr(cfg, f.name)} is not one of "
+        for name in cfg.knob_names():
+            allowed = getattr(self, name, None)
+            if isinstance(allowed, tuple) and getattr(cfg, name) not in allowed:
+                bad.append(f"{name}={getattr(cfg, name)} is not one of "
                            f"{', '.join(map(str, allowed))}")
+            elif name in OP_KNOBS:
+                why = OP_KNOBS[name].why_invalid(getattr(cfg, name))
+                bad += [why] if why else []
         for name in ("block_m", "block_n", "block_k", "comm_block_m", "comm_block_n"):
             if not _pow2(getattr(cfg, name)):
                 bad.append(f"{name}={getattr(cfg, name)} must be a power of two (tl.arange)")
@@ -189,9 +238,8 @@ class ConfigSpace:
             bad.append("profile=1 with flatten=1: the timers in the tile loop keep Triton from "
                        "flattening it (its nested-loop fusion fails); profile with flatten=0")
         if cfg.comm == "none":  # the non-overlapped plan runs every pattern, no lowering
-            default = Config()
-            bad += [f"{k}={getattr(cfg, k)} does nothing with the non-overlapped plan "
-                    "(comm=none)" for k in FEATURE_KNOBS if getattr(cfg, k) != getattr(default, k)]
+            bad += [f"{k.name}={getattr(cfg, k.name)} does nothing with the non-overlapped plan "
+                    "(comm=none)" for k in feature_knobs() if getattr(cfg, k.name) != k.default]
             return bad + _library_comm_reasons(cfg, bp)
         if cfg.library_comm != _DEFAULT.library_comm:
             bad.append(f"library_comm={cfg.library_comm} chooses the non-overlapped plan's "
@@ -209,10 +257,16 @@ class ConfigSpace:
         return cfg
 
     def describe(self, knobs: tuple[str, ...] | None = None) -> str:
-        """The allowed values of `knobs` (default: every knob), one line each."""
-        rows = [f"  {f.name}: {', '.join(map(str, getattr(self, f.name)))}"
-                for f in fields(Config) if isinstance(getattr(self, f.name, None), tuple)
-                and (knobs is None or f.name in knobs)]
+        """The allowed values of `knobs` (default: every knob), one line each: the generic
+        knobs' from this space, the op knobs' from their declarations (an op knob with a check
+        instead of values gets none: the lowerings reading it say what they take)."""
+        rows = []
+        for name in Config.knob_names():
+            allowed = getattr(self, name, None)
+            if name in OP_KNOBS:
+                allowed = OP_KNOBS[name].values or None
+            if isinstance(allowed, tuple) and (knobs is None or name in knobs):
+                rows.append(f"  {name}: {', '.join(map(str, allowed))}")
         if knobs is None or "num_programs" in knobs:
             rows.append(f"  num_programs: 1..{self.max_programs}")
         if knobs is None or "library_comm" in knobs:
@@ -265,9 +319,8 @@ def lowering_reasons(cfg: Config, bp, space: ConfigSpace) -> list[str]:
         chosen.add(lw.name)
         bad += [f"{lw.name} ({site.where}): {r}" for r in lw.reasons(site)]
         shares |= lw.shares_kernel(site)
-    default = Config()
-    for knob in FEATURE_KNOBS:
-        if getattr(cfg, knob) != getattr(default, knob) and knob not in read:
+    for knob in (k.name for k in feature_knobs()):
+        if getattr(cfg, knob) != default_value(knob) and knob not in read:
             readers = sorted({lw.name for lws in LOWERINGS.values() for lw in lws
                               if knob in lw.knobs})
             bad.append(f"{knob}={getattr(cfg, knob)} does nothing with these lowerings "

@@ -536,12 +536,14 @@ def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Esti
     sites = {site.op.result: (site, lw) for site, lw in op_lowerings(bp, cfg)}
     lws = [sites[c.result]] if c is not None and sites[c.result][1] is not None else []
     nbytes = sum(lw.moved_bytes(site) for site, lw in lws)
-    if getattr(cfg, "gemm", "triton") == "library":
+    glw = sites[g.result][1] if g is not None else None
+    if glw is not None and glw.vendor_library:  # the vendor library's GEMM
         if not comm_first:
             return _library_whole(dev, m, n, k, w, nbytes, elem, cfg, lat)
         return _library(dev, m, n, k, w, nbytes, elem, cfg, lat)
     comm_progs = cfg.comm_programs if uses_comm_programs(cfg, bp) else 0
-    if getattr(cfg, "reduce_after", 0):
+    after = any(lw.sums_after(site) for site, lw in lws)
+    if after:
         comm_progs = 0  # the GEMM kernel has every SM; the reduce is a second kernel
     programs = min(cfg.num_programs, dev.num_sms)
     compute = max(1, programs - comm_progs)
@@ -550,8 +552,9 @@ def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Esti
         return _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat)
     exposed = sum(lw.exposed_bytes(site) for site, lw in lws)
     stall = max((lw.push_stall(site) for site, lw in lws), default=0.0)
+    fused = any(lw.fuses_own_rows(site) for site, lw in lws)
     return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
-                          exposed, stall)
+                          exposed, stall, after, fused)
 
 
 def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
@@ -690,10 +693,14 @@ def _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> 
 
 
 def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
-                   exposed: float = 0.0, stall: float = 0.6) -> Estimate:
+                   exposed: float = 0.0, stall: float = 0.6, after: bool = False,
+                   fused: bool = False) -> Estimate:
     """A GEMM feeding its collective; `exposed`: bytes the collective sends only once the
     whole result is reduced (a two-shot all-reduce's sums), after everything else; `stall`:
-    the share of its epilogue pushes' time the GEMM does not hide (`Lowering.push_stall`)."""
+    the share of its epilogue pushes' time the GEMM does not hide (`Lowering.push_stall`);
+    `after`: the sum runs in a kernel of its own after the GEMM (`Lowering.sums_after`);
+    `fused`: this rank's own rows are summed in the GEMM's epilogue instead
+    (`Lowering.fuses_own_rows`)."""
     rows, cols = ext["rows"], ext["cols"]
     chunk_rows, chunk_cols = min(cfg.comm_block_m, rows), min(cfg.comm_block_n, cols)
     chunks = math.ceil(rows / chunk_rows) * math.ceil(cols / chunk_cols)
@@ -704,7 +711,7 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
         reducers = max(1, cfg.comm_programs)
         # its copies are whole rows of chunk_rows, one per chunk and destination, one after
         # another; the own rows too unless the reduce after the GEMM reads them in place
-        dests = w - 1 if getattr(cfg, "reduce_after", 0) else w
+        dests = w - 1 if after else w
         copies = dests * math.ceil(rows / chunk_rows)
     else:
         # compute programs store each tile into its owner's buffer in the tile's epilogue
@@ -718,12 +725,12 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
         chunk_cost += exposed / (sm_copy_gbs(dev, compute, exposed) * share(dev, "sm", w - 1)
                                  * 1e9) * 1e3 + lat
     reduce_bytes = (w + 1) * rows * cols * elem  # read W partials, write the sum
-    if getattr(cfg, "reduce_after", 0):
+    if after:
         # a second kernel on every SM after the GEMM: the whole sum is exposed, but at HBM
         # bandwidth, plus one launch and one signal round trip
-        after = (reduce_bytes / (dev.hbm_gbs * 1e9) * 1e3
+        after_ms = (reduce_bytes / (dev.hbm_gbs * 1e9) * 1e3
                  + (dev.launch_us + dev.reduce_pass_us) * 1e-3 + lat)
-        if cfg.comm == "copy_engine" and getattr(cfg, "fuse_reduce", 0):
+        if cfg.comm == "copy_engine" and fused:
             # fused into the own tiles' epilogue: they load the W - 1 peer partials (HBM)
             # instead of a pass after the GEMM; only the last tiles' loads are exposed, but
             # the loads slow the epilogues (measured: 0.78 vs 0.83 ms at 8192^3, 4% worse
@@ -731,9 +738,9 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
             fused = (w - 1) * rows * cols * elem / (dev.hbm_gbs * 1e9) * 1e3 + lat
             total = max(gemm, push) + fused + chunk_cost
         elif cfg.comm == "copy_engine":
-            total = max(gemm, push) + after + chunk_cost
+            total = max(gemm, push) + after_ms + chunk_cost
         else:  # remote stores in the GEMM's epilogue stall it (Lowering.push_stall)
-            total = max(gemm + stall * push, push) + after + chunk_cost
+            total = max(gemm + stall * push, push) + after_ms + chunk_cost
         return Estimate(total, gemm, push, total - gemm)
     red_bw = min(dev.hbm_gbs, reducers * dev.local_cta_gbs)
     reduce = reduce_bytes / (red_bw * 1e9) * 1e3 + math.ceil(chunks / reducers) * lat

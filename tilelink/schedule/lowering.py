@@ -313,6 +313,30 @@ class Lowering:
         non-overlapped plan for host cost (which a replay does not have); None: none."""
         return None
 
+    def graph_values(self, site: OpSite) -> dict | None:
+        """The knob values (str, like --config) its calls need to be captured in a CUDA graph
+        and replayed: {} they capture as they are (the default but on the copy engine: SM
+        roles read their epoch from device memory, library calls capture as they are); None
+        they never can (the default on the copy engine: its stream operations carry the
+        call's epoch as a constant); else the values that switch on a protocol without
+        per-call values (a copy engine's flag signals)."""
+        return None if self.resource == "copy_engine" else {}
+
+    def graph_axes(self, site: OpSite) -> list[dict]:
+        """Alternatives the tuner adds to the space of calls captured in a CUDA graph only,
+        each a dict of knob values (a plan whose host work per call rules it out of eager
+        calls, which a replay does not have); none by default."""
+        return []
+
+    def device_refusal(self, site: OpSite,
+                       capability: Callable[[], tuple[int, int]]) -> tuple[str, str] | None:
+        """(why, what to use instead) where this lowering cannot run on the GPU at hand, whose
+        compute capability (major, minor) `capability()` returns (asked only when needed),
+        and which the target does not tell apart (every sm_90+ GPU is cuda:90); asked when a
+        schedule is compiled for a real device. None (the default): it runs on any GPU of its
+        target."""
+        return None
+
     # ---- the cost model (and the check's bound): every lowering --------------------------
 
     #: its results come from a vendor library (cuBLAS / hipBLASLt), whose rounding is the
@@ -330,6 +354,14 @@ class Lowering:
         0.6 measured for a reduce-scatter's one store per tile (2x H200, GEMM-RS 8192^3:
         0.866 ms pushing 64 MB against 0.747 staging locally)."""
         return 0.6
+
+    def sums_after(self, site: OpSite) -> bool:
+        """Whether its sum runs after the producer's tiles instead of in a role beside them
+        (the producer keeps every program, the sum is exposed), asked by the cost model: by
+        default, where it has a reduce step with a kernel of its own (`Step.own_kernel`) or
+        sums this rank's own rows in the producer's epilogue (`fuses_own_rows`)."""
+        return self.fuses_own_rows(site) or any(s.kind == "reduce" and s.own_kernel
+                                                for s in self.steps(site))
 
     def exposed_bytes(self, site: OpSite) -> float:
         """Of `moved_bytes`, what can only be sent once the producer has finished (a second

@@ -15,13 +15,14 @@ the pattern's ops (`lowering.py`), each in its op family's module (`tilelink.ops
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose, op_sites
-from .config import COMM_RESOURCES, FEATURE_KNOBS, Config, ConfigSpace
+from .config import COMM_RESOURCES, Config, ConfigSpace, default_value
+from .knobs import feature_knobs, plan_knobs
 from .lowering import LOWERINGS, library_comms, lowering_for
 from .targets import Target
 
@@ -106,7 +107,7 @@ class Schedule:
             read.add("debug_reverse_roles")
         if self.config.profile:
             read.add("profile")
-        return tuple(f.name for f in fields(Config) if f.name in read)
+        return tuple(k for k in Config.knob_names() if k in read)
 
     @property
     def config_text(self) -> str:
@@ -144,12 +145,13 @@ class Schedule:
             lines.append("check program order: BROKEN, this schedule can hang (it is a debug "
                          "schedule, refused on GPU targets)")
             lines += [f"  {b}" for b in bad]
-        elif self.roles and c.fuse_reduce:
-            lines.append("check program order: not enough here: fuse_reduce=1 needs every "
-                         "program resident at once (own tiles wait, through the peers' copy "
-                         "engines, on the peers' tiles of every program id); the persistent "
-                         "grid is <= the SMs, but another stream's kernel holding SMs on the "
-                         "ranks can stall it until the spin bound (HangError)")
+        elif self.roles and (fused := self._fuses_own_rows()):
+            lines.append(f"check program order: not enough here: {fused} sums this rank's own "
+                         "rows in its producer's epilogue, which needs every program resident "
+                         "at once (own tiles wait, through the peers, on the peers' tiles of "
+                         "every program id); the persistent grid is <= the SMs, but another "
+                         "stream's kernel holding SMs on the ranks can stall it until the "
+                         "spin bound (HangError)")
         elif self.roles:
             lines.append("check program order: ok (every role waits only on lower program ids "
                          "of its rank)")
@@ -161,6 +163,13 @@ class Schedule:
 
     def program_order_violations(self) -> list[str]:
         return program_order_violations(self.roles)
+
+    def _fuses_own_rows(self) -> str | None:
+        """The lowering that sums this rank's own rows in its producer's epilogue
+        (`Lowering.fuses_own_rows`), if one does."""
+        comp = self.composition
+        return next((lw.name for r, lw in comp.lowerings.items()
+                     if lw.fuses_own_rows(comp.sites[r])), None)
 
     def render_plan(self) -> str:
         """The derived plan (`--emit plan`), with the target whose schedule chose its tile
@@ -319,12 +328,29 @@ def compare_plans(bp: BoundPattern, target: Target, overlapped: Config, graph: b
     return over, min(fbs, key=lambda ce: ce[1].total), dev
 
 
-def capturable(cfg: Config) -> bool:
-    """Whether calls of `cfg` can be captured in a CUDA graph: SM kernels read their epoch
-    from device memory and the non-overlapped plan's library calls capture as they are; a
-    copy engine's stream operations carry the call's epoch unless its flag protocol is on
-    (capturable=1, where its lowerings have one)."""
-    return cfg.comm != "copy_engine" or bool(cfg.capturable)
+def graph_values(bp: BoundPattern, cfg: Config, target: Target) -> dict[str, str] | None:
+    """The knob values calls of `cfg` need to be captured in a CUDA graph, from its lowerings
+    (`Lowering.graph_values`): {} where they capture as they are (SM kernels read their epoch
+    from device memory; the non-overlapped plan's library calls capture as they are), None
+    where no values make them (a copy engine without a flag protocol)."""
+    if cfg.comm == "none" or unlowered_ops(bp):
+        return {}
+    out: dict[str, str] = {}
+    sites = op_sites(bp, cfg, target)
+    for op in bp.ops:
+        lw = lowering_for(sites[op.result])
+        values = lw.graph_values(sites[op.result]) if lw is not None else {}
+        if values is None:
+            return None
+        out.update(values)
+    return out
+
+
+def capturable(cfg: Config, bp: BoundPattern, target: Target) -> bool:
+    """Whether calls of `cfg` can be captured in a CUDA graph: its lowerings' `graph_values`
+    exist and `cfg` has them."""
+    values = graph_values(bp, cfg, target)
+    return values is not None and all(str(getattr(cfg, k)) == str(v) for k, v in values.items())
 
 
 def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config | None:
@@ -337,13 +363,14 @@ def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config 
         cfg = overlapped.with_values(extra)
         if not default_space(target).reasons(cfg, bp):
             return cfg
-    if capturable(overlapped):
+    if capturable(overlapped, bp, target):
         return overlapped
     try:  # (the copy engine's reductions have no capturable protocol: their SM lowerings)
         sm, _ = default_config(bp, target, False, resource="sm")
     except TileLinkError:
         return None
-    return sm if capturable(sm) and not default_space(target).reasons(sm, bp) else None
+    return sm if capturable(sm, bp, target) and not default_space(target).reasons(sm, bp) \
+        else None
 
 
 def _decide(bp: BoundPattern, target: Target, overlapped: Config,
@@ -377,7 +404,9 @@ def _decide(bp: BoundPattern, target: Target, overlapped: Config,
         replayed, _ = default_config(bp, target, graph=True)
         if replayed.comm != "none":
             why += (f"; calls captured in a CUDA graph run the overlapped kernel instead "
-                    f"({_words(replayed)}" + (", capturable=1" if replayed.capturable else "")
+                    f"({_words(replayed)}" + "".join(
+                        f", {k}={getattr(replayed, k)}"
+                        for k in graph_values(bp, replayed, target) or {})
                     + "): a replay has no host work per call, and the model predicts it "
                     "faster there")
     return fb, why
@@ -409,9 +438,9 @@ def cost_note(bp: BoundPattern, target: Target, cfg: Config) -> str | None:
 def _words(cfg: Config) -> str:
     """The knobs that say which overlapped plan `cfg` is (for messages)."""
     out = [f"comm={cfg.comm}"]
-    for k in ("gemm", "reduce_after", "allreduce", "fuse_reduce"):
-        if getattr(cfg, k) != getattr(Config(), k):
-            out.append(f"{k}={getattr(cfg, k)}")
+    for k in plan_knobs():
+        if getattr(cfg, k.name) != k.default:
+            out.append(f"{k.name}={getattr(cfg, k.name)}")
     return " ".join(out)
 
 
@@ -454,11 +483,10 @@ def _drop_invalid_features(cfg: Config, overrides: dict, bp: BoundPattern,
                            space: ConfigSpace, start: Config) -> Config:
     """Feature knobs the default turned on that make the config invalid are turned off
     again (a knob the user set stays, and is checked)."""
-    default = Config()
-    for knob in FEATURE_KNOBS:
-        if knob in overrides or getattr(cfg, knob) == getattr(default, knob):
+    for knob in (k.name for k in feature_knobs()):
+        if knob in overrides or getattr(cfg, knob) == default_value(knob):
             continue
-        probe = replace(cfg, **{knob: getattr(default, knob)})
+        probe = replace(cfg, **{knob: default_value(knob)})
         if len(space.reasons(probe, bp)) < len(space.reasons(cfg, bp)):
             cfg = probe
     return cfg
@@ -486,10 +514,10 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
         for op in bp.ops:
             lw = lowering_for(sites[op.result])
             knob = lw.variant_knob if lw is not None else ""
-            if knob and knob not in overrides and lw.variant != getattr(Config(), knob) and \
+            if knob and knob not in overrides and lw.variant != default_value(knob) and \
                     any(k in overrides for k in lw.foreign_knobs):
                 # a knob of the default variant's kernel was set: that kernel (gemm=triton)
-                cfg = replace(cfg, **{knob: getattr(Config(), knob)})
+                cfg = replace(cfg, **{knob: default_value(knob)})
     cfg = _drop_invalid_features(cfg, overrides, bp, space, start or cfg)
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)

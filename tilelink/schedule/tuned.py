@@ -24,7 +24,6 @@ import math
 import re
 import time
 import warnings
-from dataclasses import fields
 from pathlib import Path
 
 from .. import private_cache
@@ -114,7 +113,7 @@ def _config_from(d: dict) -> Config:
     """The Config a record holds; ValueError naming an unknown field or a value of the wrong
     type (a float or bool where an int goes, a number where a string goes: `warps=4.0`
     would pass the space's `in (4, 8)` check and reach the kernel as a float)."""
-    kinds = {f.name: type(f.default) for f in fields(Config)}
+    kinds = Config.knob_types()
     unknown = set(d) - set(kinds)
     if unknown:
         raise ValueError(f"unknown config fields {sorted(unknown)}")

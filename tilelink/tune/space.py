@@ -9,8 +9,9 @@ from ..schedule import Config, ConfigSpace, Target
 from ..schedule import config as config_mod
 from ..schedule.cost import (FALLBACK, extents, is_fallback, op_lowerings,
                              uses_comm_programs)
+from ..schedule.knobs import OP_KNOBS, plan_knobs
 from ..schedule.schedule import (capturable, default_config, default_space,  # noqa: F401
-                                 make_schedule)
+                                 graph_values, make_schedule)
 
 
 
@@ -138,12 +139,11 @@ def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[
     """The configs whose calls can be captured in a CUDA graph, and the ones that pay there.
 
     comm=sm kernels read their epoch from device memory and comm=none is NCCL + cuBLAS: both
-    capture as they are. A copy-engine config captures only with the flag protocol
-    (capturable=1, where its lowerings have it: all_gather's; a copy-engine reduce_scatter has
-    none, so such configs are dropped). A replay has no host work, so the library-GEMM plan
-    (cuBLAS per source rank's rows), left out of the eager space for its host cost, joins it
-    where it is valid (2x H200, AG M = 1024, graph replays: 0.103 ms against 0.107 for
-    TileLink's kernel, docs/perf.md).
+    capture as they are. A copy-engine config captures only with its lowerings' flag protocol
+    (`Lowering.graph_values`, e.g. all_gather's; a copy-engine reduce_scatter has none, so
+    such configs are dropped). A replay has no host work, so the plans the lowerings leave
+    out of the eager space for their host cost (`Lowering.graph_axes`: the library GEMM on
+    gathered rows) join it where they are valid.
     """
     space, ext = default_space(target), extents(bp)
     out: dict[Config, None] = {}
@@ -158,15 +158,24 @@ def for_graphs(bp: BoundPattern, target: Target, configs: list[Config]) -> list[
         configs = [_canonical(replace(default, num_programs=min(default.num_programs, programs)),
                               bp, ext, target)] + configs
     for cfg in configs:
-        if cfg.comm == "copy_engine":
-            cfg = replace(cfg, capturable=1)
+        values = graph_values(bp, cfg, target)
+        if values is None:
+            continue
+        if values:
+            cfg = cfg.with_values(values)
             if space.reasons(cfg, bp):
                 continue
         out[cfg] = None
-    if target.backend != "interp":
-        for cbm in knobs_for(target).comm_block_m:
-            cfg = _canonical(Config(comm="copy_engine", gemm="library", capturable=1,
-                                    num_programs=programs, comm_block_m=cbm), bp, ext, target)
+    for res in _resources(bp, target):
+        probe = Config(comm=res, num_programs=programs)
+        axes = [a for site, lw in op_lowerings(bp, probe, target) if lw is not None
+                for a in lw.graph_axes(site)]
+        for axis, cbm in itertools.product(axes, knobs_for(target).comm_block_m):
+            cfg = replace(probe.with_values(axis), comm_block_m=cbm)
+            values = graph_values(bp, cfg, target)
+            if values is None:
+                continue
+            cfg = _canonical(cfg.with_values(values), bp, ext, target)
             if not space.reasons(cfg, bp):
                 out[cfg] = None
     if not out:
@@ -186,6 +195,24 @@ def _resources(bp: BoundPattern, target: Target) -> list[str]:
         if all(lw is not None for site, lw in lws):
             out.append(res)
     return out
+
+
+def _axes(lw, site) -> list[dict]:
+    """`lw.tune_axes(site)`, held to the op knobs' declarations: the tuner crosses an op knob
+    only where its family declared it searched, with one of its declared search values."""
+    axes = lw.tune_axes(site)
+    for axis in axes:
+        for k, v in axis.items():
+            knob = OP_KNOBS.get(k)
+            if knob is None:
+                continue
+            value = int(v) if knob.is_int else v
+            if not knob.searched or (knob.search_values and value not in knob.search_values):
+                raise TileLinkError(f"{lw.name} proposes {k}={v} to the tuner, which {k}'s "
+                                    f"declaration ({knob.family}) does not search"
+                                    + (f" (it searches {', '.join(map(str, knob.search_values))})"
+                                       if knob.searched and knob.search_values else ""))
+    return axes
 
 
 def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[Config]:
@@ -219,7 +246,7 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
         read = set().union(*(lw.knobs for _, lw in lws)) | {"comm"}
         # each lowering's alternatives (a reduction in the kernel or after it, ...), crossed
         variants = [dict(itertools.chain.from_iterable(d.items() for d in combo))
-                    for combo in itertools.product(*(lw.tune_axes(s) for s, lw in lws))]
+                    for combo in itertools.product(*(_axes(lw, s) for s, lw in lws))]
         progs = knobs.comm_programs if uses_comm_programs(probe, bp, target) else \
             (Config().comm_programs,)
         cbms = knobs.comm_block_m if "comm_block_m" in read else (Config().comm_block_m,)
@@ -297,10 +324,9 @@ def describe(cfg: Config, bp: BoundPattern) -> str:
     if not uses_comm_programs(cfg, bp):
         read.discard("comm_programs")
     parts = [f"comm={cfg.comm}"]
-    if cfg.gemm != "triton":
-        parts.append(f"gemm={cfg.gemm}")
-    if cfg.reduce_after:
-        parts.append("reduce_after=1")
+    # the op knobs that say which plan this is, where set off their default
+    parts += [f"{k.name}={getattr(cfg, k.name)}" for k in plan_knobs()
+              if getattr(cfg, k.name) != k.default]
     for k in ("comm_programs", "comm_block_m", "comm_block_n"):
         if k in read:
             parts.append(f"{k}={getattr(cfg, k)}")
@@ -309,9 +335,11 @@ def describe(cfg: Config, bp: BoundPattern) -> str:
     for k in ("stages", "warps", "order", "group_m"):
         if k in read:
             parts.append(f"{k}={getattr(cfg, k)}")
-    for k in ("flatten", "fuse_reduce", "capturable"):
-        if getattr(cfg, k) and k in read:
-            parts.append(f"{k}=1")
+    if cfg.flatten and "flatten" in read:
+        parts.append("flatten=1")
+    # the other op knobs its lowerings read, where set off their default
+    parts += [f"{k.name}={getattr(cfg, k.name)}" for k in OP_KNOBS.values()
+              if not k.names_plan and k.name in read and getattr(cfg, k.name) != k.default]
     return " ".join(parts)
 
 

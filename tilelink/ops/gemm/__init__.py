@@ -105,4 +105,18 @@ def gemm_flops(bp, op) -> int:
     return 2 * m * n * k
 
 
+from ...schedule.knobs import Knob, register_knob  # noqa: E402
+
+# who computes the GEMM (its lowerings' variant knob): "triton", TileLink's generated persistent
+# kernel (tiles wait for their chunks); "library", the vendor BLAS through torch.mm (cuBLAS /
+# hipBLASLt), one call per source rank's rows in arrival order, with TileLink's small kernels
+# doing the waits and releases (the tile knobs then do not apply; it pays where the GEMM is
+# one wave or less and the library's kernel beats TileLink's); "ws", a warp-specialised Gluon
+# kernel (Hopper): a loader warp waits for a tile's chunks and runs TMA loads ahead while two
+# consumer warpgroups only issue wgmma (cuBLAS's structure)
+register_knob(Knob("gemm", "triton", "who computes a GEMM: TileLink's Triton kernel, the vendor "
+                   "library (cuBLAS / hipBLASLt), or the warp-specialised Gluon kernel",
+                   "gemm", values=("triton", "library", "ws"), names_plan=True, searched=True,
+                   search_values=("triton", "library"), after="fuse_reduce"))
+
 from . import library, tl, ws  # noqa: E402,F401  (the lowerings register themselves)

@@ -102,6 +102,15 @@ class GemmWarpSpecialized(GemmTriton):
         a kilobyte for the mbarriers and the compiler's scratch."""
         return super().smem_needed(cfg, elem) + cfg.block_m * cfg.block_n * elem + 1024
 
+    def device_refusal(self, site, capability) -> tuple[str, str] | None:
+        """Any GPU but sm_9x: the target cuda:90 stands for every sm_90+ GPU, and wgmma and
+        setmaxnreg are sm_90's."""
+        major, minor = capability()
+        if major == 9:
+            return None
+        return (f"gemm=ws is Hopper's warp-specialised kernel (wgmma); this GPU is "
+                f"sm_{major}{minor}", "use gemm=triton (the default)")
+
     def reasons(self, site) -> list[str]:
         bad = super().reasons(site)
         cfg, t = site.config, site.target
