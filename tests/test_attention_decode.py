@@ -19,7 +19,7 @@ from tilelink.codegen.compile import compile_module
 from tilelink.errors import ConfigError, PatternError
 from tilelink.frontend import load_text
 from tilelink.frontend.text import parse_text
-from tilelink.ops.attention import AttentionPartialTiles, _partial, _split
+from tilelink.ops.attention import SPLIT_PROGRAM_GBS, _partial, _split
 from tilelink.schedule import get_target, make_schedule
 from tilelink.schedule.config import Config
 
@@ -165,7 +165,7 @@ def test_the_default_split_keeps_the_gpu_busy(b, h, hkv, busy):
     assert (sp.block, s.config.warps, s.config.stages) == (64, 4, 3)
     work = s.composition.lowerings[op.result].work(s.composition.sites[op.result])
     assert work.programs == sp.items // rounds
-    assert work.program_gbs == AttentionPartialTiles.PROGRAM_GBS["one" if h == hkv else "group"]
+    assert work.program_gbs == SPLIT_PROGRAM_GBS["one" if h == hkv else "group"]
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])

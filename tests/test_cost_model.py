@@ -354,7 +354,7 @@ FLASH_DECODE_H100 = [
 
 @pytest.mark.parametrize("name,heads,w,measured", FLASH_DECODE_H100)
 def test_flash_decode_takes_the_plan_measured_faster(name, heads, w, measured):
-    # the kernel's programs stream below torch's SDPA (AttentionPartialTiles.PROGRAM_GBS): at
+    # the kernel's programs stream below torch's SDPA (attention.SPLIT_PROGRAM_GBS): at
     # W = 2 with a key head per query head the plan's SDPA measured 2.5% faster
     bp = _bp(name, w, B=1, H=32, S=131072, D=128, **heads)
     chosen, why = default_config(bp, _target("NVIDIA H100"), graph=True)

@@ -458,6 +458,13 @@ def _split(bp, op, cfg) -> _Split:
                   heads * splits)
 
 
+#: GB/s one busy program streams its keys and values at (one H100, B = 1, D = 128,
+#: 32 query heads, CUDA-graph replays of the kernel alone, tools/decode_bw.py): one key
+#: head per query head 2718 GB/s on 132 busy programs at 131072 keys (torch's cuDNN SDPA
+#: 3076); a query group of 4 sharing a key head (its tl.dot) 2281 (flash SDPA 2830)
+SPLIT_PROGRAM_GBS = {"one": 20.4, "group": 17.3}
+
+
 class AttentionPartialTiles(_DecodeTiles):
     """attention_partial's tiles: each (batch b, key head g) item is split over the KV
     sequence into `kv_splits` items, each streaming its blocks of BS keys once for the G
@@ -697,18 +704,12 @@ class AttentionPartialTiles(_DecodeTiles):
             f"        tl.store({out} + row_j + D, top + tl.log(den))  # the log-sum-exp column",
         ]
 
-    #: GB/s one busy program streams its keys and values at (one H100, B = 1, D = 128,
-    #: 32 query heads, CUDA-graph replays of the kernel alone, tools/decode_bw.py): one key
-    #: head per query head 2718 GB/s on 132 busy programs at 131072 keys (torch's cuDNN SDPA
-    #: 3076); a query group of 4 sharing a key head (its tl.dot) 2281 (flash SDPA 2830)
-    PROGRAM_GBS = {"one": 20.4, "group": 17.3}
-
     def work(self, site) -> Work:
         """The kernel's items on the persistent programs: as many programs work at once as
         the busiest one's items leave busy on average (items / its items), each streaming at
-        the rate measured for it (`PROGRAM_GBS`: below torch's SDPA over the same keys, so
-        the model keeps the plan where the kernel has nothing to overlap); the splits'
-        partials are written and read back once."""
+        the rate measured for it (`SPLIT_PROGRAM_GBS`: below torch's SDPA over the same
+        keys, so the model keeps the plan where the kernel has nothing to overlap); the
+        splits' partials are written and read back once."""
         sp = _split(site.bp, site.op, site.config)
         programs = max(1, site.config.num_programs)
         busy = sp.items // _cdiv(sp.items, programs)
@@ -716,7 +717,7 @@ class AttentionPartialTiles(_DecodeTiles):
         if sp.splits > 1:
             bsz, heads, d1 = site.result.local_shape
             nbytes += 2.0 * bsz * heads * sp.splits * d1 * 4
-        rate = self.PROGRAM_GBS["one" if sp.group == 1 else "group"]
+        rate = SPLIT_PROGRAM_GBS["one" if sp.group == 1 else "group"]
         return Work(flops, nbytes, programs=busy, program_gbs=rate)
 
 

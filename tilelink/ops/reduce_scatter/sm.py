@@ -8,6 +8,15 @@ from ...schedule.lowering import Step
 from .common import _Scatter, _loc, reduce_dep
 
 
+# (peers a rank's tiles go to, share of the pushes' time the GEMM loses): one peer on
+# 2x H200 (GEMM-RS 8192^3: 0.866 ms pushing 64 MB against 0.747 staging locally); three
+# on 4x H100, fitted to GEMM-RS on SMs in CUDA-graph replays (8192 x 8192 x 8192 / 28672
+# / 29568 and 2048 x 8192 x 28672: 0.949 / 1.778 / 1.815 / 0.534 ms), where the model
+# with one peer's share put them at 0.603 / 1.520 / 1.560 / 0.400: with three
+# destinations the epilogues' remote stores hold the GEMM for longer than they take
+PUSH_STALL = ((1, 0.6), (3, 1.5))
+
+
 class ReduceScatterSM(_Scatter):
     """reduce_scatter on SMs (`comm=sm`): each GEMM tile, in its epilogue, stores its rows
     into the stage buffer of the rank owning them and notifies that rank's slot for the
@@ -20,19 +29,11 @@ class ReduceScatterSM(_Scatter):
     def reduce_what(self, site) -> str:
         return "wait for every rank's tiles of a chunk of own rows, sum them"
 
-    # (peers a rank's tiles go to, share of the pushes' time the GEMM loses): one peer on
-    # 2x H200 (GEMM-RS 8192^3: 0.866 ms pushing 64 MB against 0.747 staging locally); three
-    # on 4x H100, fitted to GEMM-RS on SMs in CUDA-graph replays (8192 x 8192 x 8192 / 28672
-    # / 29568 and 2048 x 8192 x 28672: 0.949 / 1.778 / 1.815 / 0.534 ms), where the model
-    # with one peer's share put them at 0.603 / 1.520 / 1.560 / 0.400: with three
-    # destinations the epilogues' remote stores hold the GEMM for longer than they take
-    PUSH_STALL = ((1, 0.6), (3, 1.5))
-
     def push_stall(self, site) -> float:
         """The share of its pushes' time the GEMM loses, by how many peers its epilogues
         store into (`PUSH_STALL`, interpolated; flat beyond the last measured count)."""
         peers = max(1, site.bp.world - 1)
-        pts = self.PUSH_STALL
+        pts = PUSH_STALL
         if peers >= pts[-1][0]:
             return pts[-1][1]
         for (p0, s0), (p1, s1) in zip(pts, pts[1:]):
