@@ -35,8 +35,9 @@ def _hf_checks(rank: int, world: int, compiled: bool) -> dict:
 
     plans.clear()
     out: dict = {"errors": {}}
-    sizes = dict(hidden_size=16 * world, intermediate_size=24 * world,
-                 num_attention_heads=2 * world, num_key_value_heads=world, num_hidden_layers=1)
+    sizes = {"hidden_size": 16 * world, "intermediate_size": 24 * world,
+             "num_attention_heads": 2 * world, "num_key_value_heads": world,
+             "num_hidden_layers": 1}
     cases = [("llama sdpa", LlamaConfig, LlamaDecoderLayer, LlamaRotaryEmbedding, "sdpa"),
              ("llama eager-attn", LlamaConfig, LlamaDecoderLayer, LlamaRotaryEmbedding, "eager"),
              ("qwen2 sdpa", Qwen2Config, Qwen2DecoderLayer, Qwen2RotaryEmbedding, "sdpa")]
