@@ -269,8 +269,7 @@ def _compiled_ops_rank(rank: int, world: int) -> dict:
         out["hf"] = "transformers not importable: skipped"
     else:
         hcfg = HFConfig(hidden_size=512, intermediate_size=768, num_attention_heads=8,
-                        num_key_value_heads=4, num_hidden_layers=1)
-        hcfg._attn_implementation = "sdpa"
+                        num_key_value_heads=4, num_hidden_layers=1, attn_implementation="sdpa")
         pos = torch.arange(seq, device=dev).unsqueeze(0)
         pe = LlamaRotaryEmbedding(hcfg).to(dev)(xs, pos)
         pe_bf = tuple(t.to(bf) for t in pe)

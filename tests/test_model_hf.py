@@ -44,8 +44,7 @@ def _hf_checks(rank: int, world: int, compiled: bool) -> dict:
     batch, seq = 2, 3 * world
     for name, config_cls, layer_cls, rotary_cls, impl in cases:
         torch.manual_seed(5)  # the same layer and inputs on every rank
-        cfg = config_cls(**sizes)
-        cfg._attn_implementation = impl
+        cfg = config_cls(**sizes, attn_implementation=impl)
         layer = layer_cls(cfg, layer_idx=0).eval()
         with torch.no_grad():
             for p in layer.parameters():

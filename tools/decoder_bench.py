@@ -126,8 +126,7 @@ class Subject:
 
                 cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate,
                                   num_attention_heads=h, num_key_value_heads=kv,
-                                  num_hidden_layers=1)
-                cfg._attn_implementation = "sdpa"
+                                  num_hidden_layers=1, attn_implementation="sdpa")
                 self.layer = LlamaDecoderLayer(cfg, layer_idx=0)
                 self.rotary = LlamaRotaryEmbedding(cfg)
             else:
