@@ -117,6 +117,16 @@ def test_decoder_bench_help_and_refusals_need_no_gpu():
     assert not (ROOT / "unused.json").exists()
 
 
+def test_decoder_bench_stops_at_its_time_limit(tmp_path):
+    # every rank exits at --time-limit (here before any row), reported without a traceback
+    out = _decoder_bench("--cpu", "-W", "2", "--layer", "plain", "--hidden", "64",
+                         "--intermediate", "128", "--heads", "4/2", "--prefill", "16",
+                         "--decode", "4", "--time-limit", "0.5", "--out",
+                         str(tmp_path / "dec.json"), timeout=300)
+    assert out.returncode == 3, out.stdout + out.stderr[-3000:]
+    assert "past --time-limit 0.5 s" in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.slow
 def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
     # the tool's own flow on a gloo world: TileLink and NCCL variants, eager and compiled

@@ -28,7 +28,7 @@ layer. Times: back-to-back calls, CUDA events, max over ranks (`steady_state_ms`
 row's output is compared with the unsharded layer's (relative max error <= --tol); a
 variant that disagrees, or raises, is recorded as such and left out of the ratios.
 
-JSON (`--out`, rewritten after each variant, so a run cut short keeps what it measured):
+JSON (`--out`, rewritten after each size, so a run cut short keeps what it measured):
 `meta` (GPU, W, layer, sizes, torch/triton versions) and `rows`, one per (variant, mode,
 phase, tokens): `ms`, `err`, `ok`, `error`, compiled rows' `compile_s` and `graph_ops`
 (fused ops found in inductor's code: shows whether async-TP's pass fired), and
@@ -261,7 +261,7 @@ def _graph_ops(codes) -> dict:
     return {name: text.count(name) for name in FUSED_NAMES if name in text}
 
 
-def _measure(subject, fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
+def _measure(fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
     """One row: the output checked against `want` (this rank's tokens of the unsharded
     layer's), then timed. Eager modes call `fn`; graph modes capture it and replay."""
     import torch
@@ -355,25 +355,28 @@ def _rank(rank: int, world: int, args) -> dict:
     rows: list[dict] = []
     clock = Clock(args.cpu, args.warmup, args.iters)
     variants = [v for v in args.variants if not (args.cpu and v == "async_tp")]
-    for variant in variants:
-        with torch.no_grad():
-            tp = build_variant(subject, variant, compiled=False)
-            if variant == "tilelink":
-                prepare(tp, tokens=[t for _, t in sizes])  # every op built before a capture
-            compiled_tp = build_variant(subject, variant, compiled=True)
-        for phase, t in sizes:
-            x, want, tp_kw = cases[(phase, t)]
+    with torch.no_grad():  # (eager form, compiled form) of each variant, built once
+        forms = {v: (build_variant(subject, v, compiled=False),
+                     build_variant(subject, v, compiled=True)) for v in variants}
+    # size by size, so that a run cut short by --time-limit has whole comparisons
+    for phase, t in sizes:
+        x, want, tp_kw = cases[(phase, t)]
+        for variant in variants:
+            tp, compiled_tp = forms[variant]
             for mode in _modes(phase, args):
-                if mode.startswith("compiled"):
-                    torch._dynamo.reset()  # no graph of another variant or size reused
-                    fn = torch.compile(compiled_tp, fullgraph=True, dynamic=False,
-                                       backend="aot_eager" if args.cpu else "inductor")
-                else:
-                    fn = tp
                 try:
+                    if variant == "tilelink":  # this size's ops built before any capture
+                        with torch.no_grad():
+                            prepare(tp, tokens=[t])  # (compiled_tp: the same shapes)
+                    if mode.startswith("compiled"):
+                        torch._dynamo.reset()  # no graph of another variant or size reused
+                        fn = torch.compile(compiled_tp, fullgraph=True, dynamic=False,
+                                           backend="aot_eager" if args.cpu else "inductor")
+                    else:
+                        fn = tp
                     with torch.no_grad():
-                        row = _measure(subject, fn, variant, mode, phase, t, x, want, tp_kw,
-                                       args, clock)
+                        row = _measure(fn, variant, mode, phase, t, x, want, tp_kw, args,
+                                       clock)
                 except Exception as e:  # noqa: BLE001  (recorded; the ranks fail alike: same code)
                     row = {"variant": variant, "mode": mode, "phase": phase, "tokens": t,
                            "ok": False, "error": f"{type(e).__name__}: {str(e)[:600]}"}
@@ -461,14 +464,24 @@ def main(argv=None) -> int:
     if args.layer == "hf" and not hf_available():
         parser().error("--layer hf needs transformers (pip install -e '.[hf]'); "
                        "--layer plain uses tilelink.model.llama's layer")
-    if args.cpu:
-        from tilelink.model import cpu_world
+    from tilelink.errors import TileLinkError
 
-        res = cpu_world.run(_rank, world, (args,), timeout=args.time_limit + 60)[0]
-    else:
-        from tilelink.runtime.launcher import launch_world
+    try:
+        if args.cpu:
+            from tilelink.model import cpu_world
 
-        res = launch_world(_rank, world, args)
+            res = cpu_world.run(_rank, world, (args,), timeout=args.time_limit + 60)[0]
+        else:
+            from tilelink.runtime.launcher import launch_world
+
+            res = launch_world(_rank, world, args)
+    except TileLinkError as e:  # a rank failed, or the ranks stopped at --time-limit
+        print(f"decoder_bench: {e}", file=sys.stderr)
+        out = Path(args.out)
+        if out.exists():
+            print(f"decoder_bench: {out} holds the rows measured before that",
+                  file=sys.stderr)
+        return 3
     bad_rows = [r for r in res["rows"] if not r.get("ok")]
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun: every rank returns here
             print(f"wrote {args.out}: {len(res['rows'])} rows, {len(bad_rows)} failed or "
