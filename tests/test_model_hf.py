@@ -63,6 +63,11 @@ def _hf_checks(rank: int, world: int, compiled: bool) -> dict:
                       if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
             assert len(shards) == 4 and not any(isinstance(m, nn.Linear) for m in tp.modules())
             assert type(tp) is layer_cls
+            # the shard's head counts where the attention module (or its kernel) reads them
+            shard_cfg, full_cfg = tp.self_attn.attn.config, layer.self_attn.config
+            assert (shard_cfg.num_attention_heads, shard_cfg.num_key_value_heads) == (2, 1)
+            assert (full_cfg.num_attention_heads, full_cfg.num_key_value_heads) == (2 * world,
+                                                                                    world)
             runs = [("eager", tp)]
             if compiled and name == "llama sdpa":  # one compile: each costs ~10 s here
                 torch._dynamo.reset()

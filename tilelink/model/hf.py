@@ -46,7 +46,12 @@ def _own_children(module: nn.Module) -> nn.Module:
     leaves the original intact, and the weights it keeps are shared, not copied (a rank
     keeps only its shards of the replaced layers)."""
     twin = copy.copy(module)
+    # copy.copy shares the instance's tables: give the twin its own, so that a child (or
+    # parameter, buffer) set on it never lands in the original
     twin._modules = dict(module._modules)
+    twin._parameters = dict(module._parameters)
+    twin._buffers = dict(module._buffers)
+    twin._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
     return twin
 
 
