@@ -257,6 +257,7 @@ def _compiled_ops_rank(rank: int, world: int) -> dict:
     cfg = LlamaConfig(hidden=512, heads=8, kv_heads=4, intermediate=768)
     batch, seq = 2, 64 * world
     xs = torch.randn(batch, seq, cfg.hidden, device=dev)
+    dist.broadcast(xs, 0)
     layers = [("llama", LlamaDecoderLayer(cfg).to(dev).eval(), tensor_parallel, {},
                {"batch": batch})]
     try:

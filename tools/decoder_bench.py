@@ -273,13 +273,12 @@ def _measure(fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
     compiled = mode.startswith("compiled")
     t0 = time.perf_counter()
     if compiled:  # the first call compiles: outside the timing, code inspected
-        import contextlib
-
         from torch._inductor.utils import run_and_get_code
 
-        patch = (torch._inductor.config.patch(_micro_pipeline_tp=True)
-                 if variant == "async_tp" else contextlib.nullcontext())
-        with patch:
+        # no FX-graph cache: a cached graph would not show its code (graph_ops), and the
+        # pass's setting must reach the compile
+        with torch._inductor.config.patch(fx_graph_cache=False,
+                                          _micro_pipeline_tp=variant == "async_tp"):
             got, codes = run_and_get_code(fn, xs, **tp_kw)
         row["compile_s"] = round(_max_over_ranks(time.perf_counter() - t0), 2)
         row["graph_ops"] = _graph_ops(codes)
