@@ -5,7 +5,10 @@ One world per world size runs every check (`_gpu_rank`, asserted inside the rank
 against an fp32 reference, a TP MLP eager, through torch.compile(fullgraph=True) (inductor)
 and captured in a CUDA graph (eager and compiled) after `prepare`, replayed on fresh inputs;
 a capture of a shape nothing prepared raises the TileLinkError that says to prepare; the
-decoder layer eager and captured.
+decoder layer eager and captured. A second world per size (`_compiled_ops_rank`) runs each
+op alone (ag_gemm with and without the gathered A, gemm_rs sum / avg, gemm_ar) compiled and
+captured, eager and compiled, at a prepared row count and at a smaller one padded into it,
+and the decoder layers (plain, and transformers' where it imports) compiled and captured.
 
 Bounds (bf16, u = 2^-8): a TileLink op's product of K terms is rounded to bf16 at most once
 per rank's partial and once per partial sum (W - 1), and a library GEMM may round its

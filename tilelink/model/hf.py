@@ -21,7 +21,7 @@ The norms and residuals run on this rank's tokens unchanged. The rotary embeddin
 their sequence length tells the attention how the gathered tokens split into sequences.
 
 Works with decoder layers whose attention has q_proj, k_proj, v_proj, o_proj and whose MLP
-has gate_proj, up_proj, down_proj and act_fn (Llama, Qwen2, Mistral in `transformers` 5),
+has gate_proj, up_proj, down_proj and act_fn (tested: Llama and Qwen2, `transformers` 5),
 with heads and KV heads divisible by W. No KV cache (prefill-style forward of whole
 sequences). `transformers` is imported by the caller, never by this module: `pip install
 "tilelink[hf]"`.
