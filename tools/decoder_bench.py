@@ -397,7 +397,8 @@ def _rank(rank: int, world: int, args) -> dict:
 def _out_of_time(rank: int, limit: float) -> None:
     if rank == 0:
         print(f"decoder_bench: past --time-limit {limit:g} s; stopping (the JSON holds the "
-              "rows measured so far)", file=sys.stderr, flush=True)
+              "sizes measured so far; fewer --prefill / --decode sizes, or --no-compile, "
+              "fit more in)", file=sys.stderr, flush=True)
     os._exit(3)
 
 
