@@ -5,7 +5,10 @@ One world per world size runs every check (`_gpu_rank`, asserted inside the rank
 against an fp32 reference, a TP MLP eager, through torch.compile(fullgraph=True) (inductor)
 and captured in a CUDA graph (eager and compiled) after `prepare`, replayed on fresh inputs;
 a capture of a shape nothing prepared raises the TileLinkError that says to prepare; the
-decoder layer eager and captured.
+decoder layer eager and captured. A second world per size (`_compiled_ops_rank`) runs each
+op alone (ag_gemm with and without the gathered A, gemm_rs sum / avg, gemm_ar) compiled and
+captured, eager and compiled, at a prepared row count and at a smaller one padded into it,
+and the decoder layers (plain, and transformers' where it imports) compiled and captured.
 
 Bounds (bf16, u = 2^-8): a TileLink op's product of K terms is rounded to bf16 at most once
 per rank's partial and once per partial sum (W - 1), and a library GEMM may round its
@@ -166,3 +169,147 @@ def test_model_ops_compile_and_capture_on_gpus(world):
     assert out["built_by_calls"] == 0  # prepare built what the calls and captures ran
     assert "nothing prepared" in out["unprepared"] and "prepare" in out["unprepared"]
     assert len([k for k in out if k.startswith("mlp graph")]) == 6
+
+
+def _compiled_ops_rank(rank: int, world: int) -> dict:
+    """Each op alone through torch.compile(fullgraph=True) (inductor) and captured in a
+    CUDA graph (the eager and the compiled call), at a prepared row count and at a smaller
+    one padded into it, replayed on fresh inputs; then the decoder layers
+    (tilelink.model.llama's, and transformers' where it imports) compiled and captured.
+    Asserted inside the rank; returns what it checked."""
+    import torch
+    import torch.distributed as dist
+
+    from tilelink.model import plans, prepare, prepare_op
+    from tilelink.model.llama import LlamaConfig, LlamaDecoderLayer, shard_tokens, tensor_parallel
+    from tilelink.runtime.timing import capture_call
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = dist.group.WORLD.group_name
+    torch.manual_seed(13)  # the same full tensors on every rank (same calls, same order)
+    bf = torch.bfloat16
+    out: dict = {}
+    plans.clear()
+
+    def rnd(*shape):
+        return torch.randn(*shape).to(bf).to(dev)
+
+    m, k, n = 128, 512, 256
+    rows = m * world
+
+    def ag(a, b):
+        return torch.ops.tilelink.ag_gemm(a, [b], 0, g, return_A=False)[1][0]
+
+    def ag_two(a, b):  # return_A and a second B: the gathering pattern, then torch.mm
+        full, (c0, c1) = torch.ops.tilelink.ag_gemm(a, [b, 2 * b], 0, g, return_A=True)
+        return torch.cat([c0, c1 / 2, full[:, :n] - full[:, :n]], dim=1)
+
+    def rs(a, b):
+        return torch.ops.tilelink.gemm_rs(a, b, "sum", 0, g)
+
+    def rs_avg(a, b):
+        return torch.ops.tilelink.gemm_rs(a, b, "avg", 0, g)
+
+    def ar(a, b):
+        return torch.ops.tilelink.gemm_ar(a, b, "sum", g)
+
+    def problem(name, r):
+        """(this rank's a and b, reference, bound) of op `name` at r total rows."""
+        if name.startswith("ag"):
+            A, b = rnd(r, k), rnd(k, n)
+            ref, bound = A.float() @ b.float(), _bound(A, b, world)
+            if name == "ag_two":  # c0, c1 / 2 (exact), and the gathered A minus itself
+                ref = torch.cat([ref, ref, torch.zeros_like(ref)], dim=1)
+                bound = torch.cat([bound, bound, torch.full_like(bound, 1e-30)], dim=1)
+            return A.chunk(world)[rank].contiguous(), b, ref, bound
+        A, B = rnd(r, k * world), rnd(k * world, n)
+        a, b = A.chunk(world, 1)[rank].contiguous(), B.chunk(world)[rank].contiguous()
+        ref, bound = A.float() @ B.float(), _bound(A, B, world)
+        if name.startswith("rs"):
+            ref, bound = ref.chunk(world)[rank], bound.chunk(world)[rank]
+        if name == "rs_avg":  # the mean: the sum's bound over W, and one more rounding
+            ref, bound = ref / world, bound / world + U16 * (ref / world).abs()
+        return a, b, ref, bound
+
+    prepare_op("ag_gemm", n=n * world, k=k, rows=[rows], dtype=bf, group_name=g, device=dev)
+    prepare_op("ag_gemm", n=n * world, k=k, rows=[rows], dtype=bf, group_name=g, device=dev,
+               return_A=True)
+    for kind in ("gemm_rs", "gemm_ar"):
+        prepare_op(kind, n=n, k=k * world, rows=[rows], dtype=bf, group_name=g, device=dev)
+    built = len(plans._OPS)
+    ops = {"ag": ag, "ag_two": ag_two, "rs": rs, "rs_avg": rs_avg, "ar": ar}
+    with torch.no_grad():
+        for name, fn in ops.items():
+            compiled = torch.compile(fn, fullgraph=True, dynamic=False)  # a graph per size
+            for r in (rows, rows - 2 * world):  # prepared, then padded into its bucket
+                a, b, ref, bound = problem(name, r)
+                _check(f"{name} {r} compiled", compiled(a, b), ref, bound, out)
+                for mode, f in (("eager", fn), ("compiled", compiled)):
+                    sa, sb = a.clone(), b.clone()
+                    graph, y = capture_call(lambda f=f, sa=sa, sb=sb: f(sa, sb))
+                    for i in range(2):  # fresh operands through the captured graph
+                        a2, b2, ref2, bound2 = problem(name, r)
+                        sa.copy_(a2)
+                        sb.copy_(b2)
+                        graph.replay()
+                        _check(f"{name} {r} graph {mode} {i}", y, ref2, bound2, out)
+    torch.cuda.synchronize()
+    out["built_by_calls"] = len(plans._OPS) - built
+
+    # ---- the decoder layers compiled and captured ----------------------------------------
+    cfg = LlamaConfig(hidden=512, heads=8, kv_heads=4, intermediate=768)
+    batch, seq = 2, 64 * world
+    xs = torch.randn(batch, seq, cfg.hidden, device=dev)
+    dist.broadcast(xs, 0)
+    layers = [("llama", LlamaDecoderLayer(cfg).to(dev).eval(), tensor_parallel, {},
+               {"batch": batch})]
+    try:
+        from transformers import LlamaConfig as HFConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer as HFLayer
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        from tilelink.model import hf
+    except ImportError:
+        out["hf"] = "transformers not importable: skipped"
+    else:
+        hcfg = HFConfig(hidden_size=512, intermediate_size=768, num_attention_heads=8,
+                        num_key_value_heads=4, num_hidden_layers=1, attn_implementation="sdpa")
+        pos = torch.arange(seq, device=dev).unsqueeze(0)
+        pe = LlamaRotaryEmbedding(hcfg).to(dev)(xs, pos)
+        pe_bf = tuple(t.to(bf) for t in pe)
+        layers.append(("hf", HFLayer(hcfg, layer_idx=0).to(dev).eval(), hf.tensor_parallel,
+                       {"position_embeddings": pe, "position_ids": pos},
+                       {"position_embeddings": pe_bf, "position_ids": pos}))
+    with torch.no_grad():
+        for name, full, split, full_kw, tp_kw in layers:
+            for p in full.parameters():  # rank 0's weights everywhere
+                dist.broadcast(p.data, 0)
+            want = shard_tokens(full(xs, **full_kw))  # fp32, unsharded
+            tp = split(full.to(bf))
+            prepare(tp, tokens=[batch * seq])
+            xin = shard_tokens(xs.to(bf))
+            compiled = torch.compile(tp, fullgraph=True)
+            scale = want.abs().max().item()
+            got = compiled(xin, **tp_kw)
+            out[f"{name} compiled"] = (got.float() - want).abs().max().item() / scale
+            graph, y = capture_call(lambda c=compiled, x=xin, kw=tp_kw: c(x, **kw))
+            graph.replay()
+            torch.cuda.synchronize()
+            out[f"{name} compiled graph"] = (y.float() - want).abs().max().item() / scale
+    decoders = {k: v for k, v in out.items() if k.startswith(("llama ", "hf "))}
+    assert decoders and max(decoders.values()) <= DECODER_TOL, decoders
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_model_ops_alone_compiled_and_captured_on_gpus(world):
+    if gpu_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    from tilelink.runtime.launcher import launch_world
+
+    out = launch_world(_compiled_ops_rank, world)
+    assert out["built_by_calls"] == 0  # prepare built every op the captures and calls ran
+    # 5 ops x 2 row counts x (compiled + 2 replays x 2 modes)
+    checked = [k for k in out if k.startswith(("ag", "rs", "ar"))]
+    assert len(checked) == 5 * 2 * 5, checked
+    assert {"llama compiled", "llama compiled graph"} <= set(out)

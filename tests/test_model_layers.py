@@ -195,6 +195,7 @@ def _documented_example_commands() -> list[str]:
 def test_the_docs_show_the_example_commands():
     cmds = _documented_example_commands()
     assert "python3 examples/model/tp_decoder.py --world-size 2" in cmds
+    assert "python3 examples/model/hf_decoder.py --world-size 2" in cmds
 
 
 @pytest.mark.slow
@@ -205,6 +206,8 @@ def test_documented_example_command_runs(command):
     import sys
     from pathlib import Path
 
+    if "hf_decoder" in command:
+        pytest.importorskip("transformers")  # the optional extra (.[hf]; in .[test])
     root = Path(__file__).resolve().parent.parent
     argv = shlex.split(command)
     out = subprocess.run([sys.executable, *argv[1:]], cwd=root, capture_output=True, text=True,

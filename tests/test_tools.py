@@ -96,3 +96,55 @@ def test_every_name_a_tool_imports_from_tilelink_exists():
                             if not hasattr(mod, a.name)
                             and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
     assert not missing, missing
+
+
+def _decoder_bench(*argv, timeout=60):
+    import sys
+
+    return subprocess.run([sys.executable, str(TOOLS / "decoder_bench.py"), *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_decoder_bench_help_and_refusals_need_no_gpu():
+    out = _decoder_bench("--help")
+    assert out.returncode == 0 and "--prefill" in out.stdout and "async_tp" in out.stdout
+    # sizes that do not split over W are refused before any rank starts
+    out = _decoder_bench("--cpu", "-W", "3", "--heads", "4/2", "--hidden", "64",
+                         "--intermediate", "96", "--prefill", "12", "--decode", "3",
+                         "--out", "unused.json")
+    assert out.returncode == 2, out.stderr
+    assert "heads (4) is not divisible by W = 3" in out.stderr
+    assert not (ROOT / "unused.json").exists()
+
+
+def test_decoder_bench_stops_at_its_time_limit(tmp_path):
+    # every rank exits at --time-limit (here before any row), reported without a traceback
+    out = _decoder_bench("--cpu", "-W", "2", "--layer", "plain", "--hidden", "64",
+                         "--intermediate", "128", "--heads", "4/2", "--prefill", "16",
+                         "--decode", "4", "--time-limit", "0.5", "--out",
+                         str(tmp_path / "dec.json"), timeout=300)
+    assert out.returncode == 3, out.stdout + out.stderr[-3000:]
+    assert "past --time-limit 0.5 s" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
+    # the tool's own flow on a gloo world: TileLink and NCCL variants, eager and compiled
+    # (aot_eager), each checked against the unsharded layer, and the JSON's ratios
+    import json
+
+    path = tmp_path / "dec.json"
+    out = _decoder_bench("--cpu", "-W", "2", "--hidden", "64", "--intermediate", "128",
+                         "--heads", "4/2", "--prefill", "16", "--decode", "4", "--iters", "2",
+                         "--warmup", "1", "--out", str(path), timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    data = json.loads(path.read_text())
+    assert data["meta"]["complete"] and data["meta"]["world"] == 2
+    rows = data["rows"]
+    got = {(r["variant"], r["mode"], r["phase"]) for r in rows}
+    assert got == {(v, m, p) for v in ("tilelink", "nccl") for m in ("eager", "compiled")
+                   for p in ("prefill", "decode")}
+    assert all(r["ok"] and r["err"] < 1e-4 and r["ms"] > 0 for r in rows), rows
+    for r in rows:  # the ratio is the fastest baseline of the row's size over its time
+        best = min(b["ms"] for b in rows if b["variant"] == "nccl" and b["phase"] == r["phase"])
+        assert r["speedup_vs_best_baseline"] == round(best / r["ms"], 3)

@@ -1,0 +1,493 @@
+"""One tensor-parallel decoder layer's time over W GPUs: TileLink's layers against the same
+layer on NCCL + cuBLAS and on torch's async-TP, each checked against the unsharded layer.
+
+    python tools/decoder_bench.py -W 4 --out decoder.json          # spawns W ranks
+    torchrun --nproc-per-node 4 tools/decoder_bench.py -W 4 --out decoder.json
+    python tools/decoder_bench.py --cpu -W 2 --hidden 64 --intermediate 128 --heads 4/2 \\
+        --prefill 16 --decode 4 --out cpu.json                     # the same code, gloo, no GPU
+
+The layer (default: Llama-3-8B's, hidden 4096, intermediate 14336, 32/8 heads, bf16) is
+`transformers`' LlamaDecoderLayer where transformers imports, else tilelink.model.llama's
+(the same computation in plain torch); every rank builds it from one seed and rank 0's
+weights. All variants share one sequence-parallel layout (rank r holds tokens
+[r T / W, (r + 1) T / W); q/k/v and gate/up column-parallel, o and down row-parallel):
+
+- `tilelink`: tilelink.model's layers (`torch.ops.tilelink.ag_gemm` / `gemm_rs`);
+- `nccl`: the same layers with all_gather -> torch.mm and torch.mm -> reduce_scatter through
+  torch's functional collectives (NCCL + cuBLAS, nothing overlapped);
+- `async_tp`: eager, torch's fused symmetric-memory ops (`symm_mem.fused_all_gather_matmul`,
+  `fused_matmul_reduce_scatter`); compiled, the `nccl` layer through inductor with
+  `_micro_pipeline_tp` on (the pass that rewrites all_gather -> mm and mm -> reduce_scatter
+  to those ops, as torchtitan's async TP) and symmetric memory enabled for the group.
+
+Prefill sizes (`--prefill`, total tokens T of one sequence) are timed eager and compiled
+(`torch.compile(fullgraph=True)`, one static-shape compile per size, not timed); decode
+sizes (`--decode`, T sequences of one token: no KV cache, so a decode step's GEMMs and
+collectives with a one-token attention) as CUDA-graph replays of the eager and the compiled
+layer. Times: back-to-back calls, CUDA events, max over ranks (`steady_state_ms`). Every
+row's output is compared with the unsharded layer's (relative max error <= --tol); a
+variant that disagrees, or raises, is recorded as such and left out of the ratios.
+
+JSON (`--out`, rewritten after each size, so a run cut short keeps what it measured):
+`meta` (GPU, W, layer, sizes, torch/triton versions) and `rows`, one per (variant, mode,
+phase, tokens): `ms`, `err`, `ok`, `error`, compiled rows' `compile_s` and `graph_ops`
+(fused ops found in inductor's code: shows whether async-TP's pass fired), and
+`speedup_vs_best_baseline` (the fastest agreeing `nccl` / `async_tp` row of that phase and
+size, any mode, over this row's ms). `--time-limit` bounds the whole run: past it every
+rank exits (status 3) with the JSON written so far. `--cpu` runs the same flow on a gloo
+world (no timing worth reading, no async_tp, compiled with aot_eager): the tool's own check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+VARIANTS = ("tilelink", "nccl", "async_tp")
+BASELINES = ("nccl", "async_tp")
+FUSED_NAMES = ("symm_mem.fused_all_gather_matmul", "symm_mem.fused_matmul_reduce_scatter",
+               "tilelink.ag_gemm", "tilelink.gemm_rs", "all_gather_into_tensor",
+               "reduce_scatter_tensor")
+
+
+def parse_heads(text: str) -> tuple[int, int]:
+    """'H/KV' (query heads / KV heads) -> (H, KV)."""
+    try:
+        h, kv = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"heads {text!r}: write H/KV, e.g. 32/8") from None
+    if h < 1 or kv < 1 or h % kv:
+        raise argparse.ArgumentTypeError(f"heads {text!r}: KV must divide H")
+    return h, kv
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-W", "--world-size", type=int, default=None,
+                   help="ranks (default: torchrun's WORLD_SIZE, else every visible GPU)")
+    p.add_argument("--out", required=True, help="JSON file for the results")
+    p.add_argument("--prefill", type=int, nargs="*", default=[2048, 4096, 8192],
+                   help="prefill token counts (one sequence; all ranks' tokens)")
+    p.add_argument("--decode", type=int, nargs="*", default=[8, 64],
+                   help="decode token counts (that many one-token sequences), graph replays")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--intermediate", type=int, default=14336)
+    p.add_argument("--heads", type=parse_heads, default=(32, 8), help="H/KV (default 32/8)")
+    p.add_argument("--layer", choices=("auto", "hf", "plain"), default="auto",
+                   help="transformers' LlamaDecoderLayer (hf), tilelink.model.llama's (plain),"
+                   " or hf where transformers imports (auto)")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--no-compile", action="store_true", help="eager (and eager graphs) only")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per row")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--tol", type=float, default=5e-2,
+                   help="largest relative error against the unsharded layer (bf16)")
+    p.add_argument("--time-limit", type=float, default=480.0,
+                   help="seconds for the whole run; past it every rank exits (status 3)")
+    p.add_argument("--cpu", action="store_true",
+                   help="run on a gloo CPU world in fp32 (a check of the tool, not a timing)")
+    return p
+
+
+# ---- the layer --------------------------------------------------------------------------
+
+def hf_available() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Subject:
+    """The unsharded layer and how each form of it is called."""
+
+    def __init__(self, args, device, dtype):
+        import torch
+
+        h, kv = args.heads
+        self.kind = args.layer if args.layer != "auto" else ("hf" if hf_available() else "plain")
+        torch.manual_seed(0)
+        with torch.device(device):
+            if self.kind == "hf":
+                from transformers import LlamaConfig
+                from transformers.models.llama.modeling_llama import (
+                    LlamaDecoderLayer,
+                    LlamaRotaryEmbedding,
+                )
+
+                cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate,
+                                  num_attention_heads=h, num_key_value_heads=kv,
+                                  num_hidden_layers=1, attn_implementation="sdpa")
+                self.layer = LlamaDecoderLayer(cfg, layer_idx=0)
+                self.rotary = LlamaRotaryEmbedding(cfg)
+            else:
+                from tilelink.model.llama import LlamaConfig, LlamaDecoderLayer
+
+                self.layer = LlamaDecoderLayer(LlamaConfig(
+                    hidden=args.hidden, heads=h, kv_heads=kv, intermediate=args.intermediate))
+        self.layer = self.layer.to(dtype).eval().requires_grad_(False)
+        import torch.distributed as dist
+
+        for p in self.layer.parameters():  # rank 0's weights everywhere, whatever the RNG
+            dist.broadcast(p.data, 0)
+        self.hidden = args.hidden
+
+    def tensor_parallel(self):
+        """A fresh TileLink TP form of the layer (its shards copied, no op built)."""
+        if self.kind == "hf":
+            from tilelink.model.hf import tensor_parallel
+        else:
+            from tilelink.model.llama import tensor_parallel
+        return tensor_parallel(self.layer)
+
+    def inputs(self, tokens: int, phase: str, dtype, device):
+        """(x [B, S, hidden] (the same on every rank), the unsharded layer's kwargs, the TP
+        layer's kwargs): prefill one sequence of `tokens`, decode `tokens` of one each."""
+        import torch
+        import torch.distributed as dist
+
+        batch, seq = (1, tokens) if phase == "prefill" else (tokens, 1)
+        x = torch.randn(batch, seq, self.hidden, device=device).to(dtype)
+        dist.broadcast(x, 0)
+        if self.kind == "hf":
+            pos = torch.arange(seq, device=device).unsqueeze(0)
+            kw = {"position_embeddings": self.rotary(x, pos), "position_ids": pos}
+            return x, kw, kw
+        return x, {}, {"batch": batch}
+
+
+# ---- the baselines: the same TP layers, other collectives + GEMMs -----------------------
+
+def _baseline_classes():
+    """(column, row) subclasses of tilelink's TP linears for the `nccl` and `async_tp`
+    (eager) variants: same shards, same layout, another implementation of forward."""
+    import torch
+    import torch.distributed._functional_collectives as funcol
+
+    from tilelink.model import ColumnParallelLinear, RowParallelLinear
+
+    def _bias(y, bias):
+        return y if bias is None else y + bias
+
+    class NcclColumn(ColumnParallelLinear):
+        def forward(self, x):
+            full = funcol.all_gather_tensor(x.reshape(-1, x.shape[-1]), 0, self.group_name)
+            return _bias(torch.mm(full, self.weight_t), self.bias)
+
+    class NcclRow(RowParallelLinear):
+        def forward(self, x):
+            y = torch.mm(x.reshape(-1, x.shape[-1]), self.weight_t)
+            if self.reduce == "scatter":
+                y = funcol.reduce_scatter_tensor(y, "sum", 0, self.group_name)
+            else:
+                y = funcol.all_reduce(y, "sum", self.group_name)
+            return _bias(y, self.bias)
+
+    class SymmColumn(ColumnParallelLinear):
+        def forward(self, x):
+            _, (y,) = torch.ops.symm_mem.fused_all_gather_matmul(
+                x.reshape(-1, x.shape[-1]), [self.weight_t], 0, self.group_name,
+                return_A=False)
+            return _bias(y, self.bias)
+
+    class SymmRow(RowParallelLinear):
+        def forward(self, x):
+            y = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                x.reshape(-1, x.shape[-1]), self.weight_t, "sum", 0, self.group_name)
+            return _bias(y, self.bias)
+
+    return {"nccl": (NcclColumn, NcclRow), "async_tp": (SymmColumn, SymmRow)}
+
+
+def build_variant(subject: Subject, variant: str, compiled: bool):
+    """The TP layer of `variant` (eager form; async_tp compiled: the nccl layer, which
+    inductor's micro-pipeline pass rewrites)."""
+    from tilelink.model import ColumnParallelLinear, RowParallelLinear
+
+    tp = subject.tensor_parallel()
+    if variant == "tilelink":
+        return tp
+    col, row = _baseline_classes()["nccl" if compiled else variant]
+    for m in tp.modules():
+        if isinstance(m, ColumnParallelLinear):
+            m.__class__ = col
+        elif isinstance(m, RowParallelLinear):
+            m.__class__ = row
+    return tp
+
+
+# ---- one rank ---------------------------------------------------------------------------
+
+class Clock:
+    """ms per call: CUDA events, max over ranks (GPU); wall clock (CPU, a smoke check)."""
+
+    def __init__(self, cpu: bool, warmup: int, iters: int):
+        self.cpu, self.warmup, self.iters = cpu, warmup, iters
+
+    def ms(self, fn) -> float:
+        if not self.cpu:
+            from tilelink.runtime.timing import steady_state_ms
+
+            return steady_state_ms(fn, warmup=self.warmup, iters=self.iters)
+        for _ in range(self.warmup):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(self.iters):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / self.iters
+
+
+def _max_over_ranks(value: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64,
+                     device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _graph_ops(codes) -> dict:
+    text = "\n".join(codes)
+    return {name: text.count(name) for name in FUSED_NAMES if name in text}
+
+
+def _measure(fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
+    """One row: the output checked against `want` (this rank's tokens of the unsharded
+    layer's), then timed. Eager modes call `fn`; graph modes capture it and replay."""
+    import torch
+
+    from tilelink.model.llama import shard_tokens
+
+    row = {"variant": variant, "mode": mode, "phase": phase, "tokens": tokens}
+    xs = shard_tokens(x)
+    compiled = mode.startswith("compiled")
+    t0 = time.perf_counter()
+    if compiled:  # the first call compiles: outside the timing, code inspected
+        from torch._inductor.utils import run_and_get_code
+
+        # no FX-graph cache: a cached graph would not show its code (graph_ops), and the
+        # pass's setting must reach the compile
+        with torch._inductor.config.patch(fx_graph_cache=False,
+                                          _micro_pipeline_tp=variant == "async_tp"):
+            got, codes = run_and_get_code(fn, xs, **tp_kw)
+        row["compile_s"] = round(_max_over_ranks(time.perf_counter() - t0), 2)
+        row["graph_ops"] = _graph_ops(codes)
+    if mode.endswith("graph"):
+        from tilelink.runtime.timing import capture_call
+
+        graph, got = capture_call(lambda: fn(xs, **tp_kw))
+        graph.replay()
+        call = graph.replay
+    else:
+        got = fn(xs, **tp_kw)
+        def call():
+            return fn(xs, **tp_kw)
+    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    row["err"] = _max_over_ranks(err)
+    row["ok"] = row["err"] <= args.tol
+    row["ms"] = round(clock.ms(call), 4)
+    return row
+
+
+def _modes(phase: str, args) -> list[str]:
+    graph = phase == "decode" and not args.cpu
+    modes = ["eager graph" if graph else "eager"]
+    if not args.no_compile:
+        modes.append("compiled graph" if graph else "compiled")
+    return modes
+
+
+def _rank(rank: int, world: int, args) -> dict:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from tilelink.model import prepare
+
+    # torch 2.13 renamed the functional collectives (*_single) and warns on every call of
+    # the old names, which torch 2.11 (the GPU hosts') has alone
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use", category=FutureWarning)
+    deadline = threading.Timer(args.time_limit, _out_of_time, (rank, args.time_limit))
+    deadline.daemon = True
+    deadline.start()
+    device = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
+    dtype = torch.float32 if args.cpu else torch.bfloat16
+    for name in ("cache_size_limit", "recompile_limit"):  # a static-shape compile per size
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    if not args.cpu:
+        from tilelink.runtime.symmetric import enable_symm_mem
+
+        enable_symm_mem(None)
+    subject = Subject(args, device, dtype)
+    sizes = [("prefill", t) for t in args.prefill] + [("decode", t) for t in args.decode]
+    cases = {}
+    with torch.no_grad():
+        for phase, t in sizes:
+            x, full_kw, tp_kw = subject.inputs(t, phase, dtype, device)
+            from tilelink.model.llama import shard_tokens
+
+            cases[(phase, t)] = (x, shard_tokens(subject.layer(x, **full_kw)), tp_kw)
+    meta = {"world": world, "layer": subject.kind, "hidden": args.hidden,
+            "intermediate": args.intermediate, "heads": list(args.heads),
+            "dtype": str(dtype).replace("torch.", ""), "iters": args.iters,
+            "torch": torch.__version__, "device": "cpu (gloo)" if args.cpu
+            else torch.cuda.get_device_name(), "commit": os.environ.get("TILELINK_COMMIT", ""),
+            "complete": False}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    rows: list[dict] = []
+    clock = Clock(args.cpu, args.warmup, args.iters)
+    variants = [v for v in args.variants if not (args.cpu and v == "async_tp")]
+    with torch.no_grad():  # (eager form, compiled form) of each variant, built once
+        forms = {v: (build_variant(subject, v, compiled=False),
+                     build_variant(subject, v, compiled=True)) for v in variants}
+    # size by size, so that a run cut short by --time-limit has whole comparisons
+    for phase, t in sizes:
+        x, want, tp_kw = cases[(phase, t)]
+        for variant in variants:
+            tp, compiled_tp = forms[variant]
+            for mode in _modes(phase, args):
+                try:
+                    if variant == "tilelink":  # this size's ops built before any capture
+                        with torch.no_grad():
+                            prepare(tp, tokens=[t])  # (compiled_tp: the same shapes)
+                    if mode.startswith("compiled"):
+                        torch._dynamo.reset()  # no graph of another variant or size reused
+                        fn = torch.compile(compiled_tp, fullgraph=True, dynamic=False,
+                                           backend="aot_eager" if args.cpu else "inductor")
+                    else:
+                        fn = tp
+                    with torch.no_grad():
+                        row = _measure(fn, variant, mode, phase, t, x, want, tp_kw, args,
+                                       clock)
+                except Exception as e:  # noqa: BLE001  (recorded; the ranks fail alike: same code)
+                    row = {"variant": variant, "mode": mode, "phase": phase, "tokens": t,
+                           "ok": False, "error": f"{type(e).__name__}: {str(e)[:600]}"}
+                    if not args.cpu:
+                        torch.cuda.synchronize()
+                    dist.barrier()
+                rows.append(row)
+                if rank == 0:
+                    print(_line(row), flush=True)
+        if rank == 0:
+            write(args.out, meta, rows)
+    meta["complete"] = True
+    deadline.cancel()
+    if rank == 0:
+        write(args.out, meta, rows)
+    return {"meta": meta, "rows": with_ratios(rows)}
+
+
+def _out_of_time(rank: int, limit: float) -> None:
+    if rank == 0:
+        print(f"decoder_bench: past --time-limit {limit:g} s; stopping (the JSON holds the "
+              "sizes measured so far; fewer --prefill / --decode sizes, or --no-compile, "
+              "fit more in)", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+# ---- results ----------------------------------------------------------------------------
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each row with `speedup_vs_best_baseline`: the fastest agreeing baseline row of its
+    phase and size (any mode) over this row's ms (> 1: faster than every baseline)."""
+    best: dict = {}
+    for r in rows:
+        if r["variant"] in BASELINES and r.get("ok") and "ms" in r:
+            key = (r["phase"], r["tokens"])
+            if key not in best or r["ms"] < best[key]["ms"]:
+                best[key] = r
+    out = []
+    for r in rows:
+        r = dict(r)
+        b = best.get((r["phase"], r["tokens"]))
+        if b is not None and r.get("ok") and "ms" in r:
+            r["best_baseline"] = f"{b['variant']} {b['mode']}"
+            r["speedup_vs_best_baseline"] = round(b["ms"] / r["ms"], 3)
+        out.append(r)
+    return out
+
+
+def write(path: str, meta: dict, rows: list[dict]) -> None:
+    """The JSON, written whole to a temporary name and renamed (never half a file)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps({"meta": meta, "rows": with_ratios(rows)}, indent=1) + "\n")
+    tmp.replace(p)
+
+
+def _line(r: dict) -> str:
+    head = f"{r['variant']:9s} {r['mode']:15s} {r['phase']:7s} T={r['tokens']:<6d}"
+    if "error" in r:
+        return f"{head} ERROR {r['error'][:200]}"
+    extra = f"  compile {r['compile_s']} s {r.get('graph_ops', {})}" if "compile_s" in r else ""
+    return f"{head} {r['ms']:9.3f} ms  err {r['err']:.2e}{'' if r['ok'] else ' DISAGREES'}{extra}"
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    world = args.world_size
+    if world is None:
+        from tilelink.runtime.launcher import gpu_count, under_torchrun
+
+        world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (2 if args.cpu
+                                                                          else gpu_count())
+    h, kv = args.heads
+    bad = [f"{what} ({n}) is not divisible by W = {world}"
+           for what, n in (("heads", h), ("KV heads", kv), ("intermediate", args.intermediate))
+           if world < 1 or n % world]
+    bad += [f"{t} tokens are not divisible by W = {world}"
+            for t in args.prefill + args.decode if world < 1 or t % world]
+    if args.hidden % h:
+        bad.append(f"hidden ({args.hidden}) is not divisible by heads ({h})")
+    if world < 1:
+        bad = [f"W = {world}: no GPU visible (use --cpu for the gloo check)"]
+    if bad:
+        parser().error("; ".join(bad))
+    if args.layer == "hf" and not hf_available():
+        parser().error("--layer hf needs transformers (pip install -e '.[hf]'); "
+                       "--layer plain uses tilelink.model.llama's layer")
+    from tilelink.errors import TileLinkError
+
+    try:
+        if args.cpu:
+            from tilelink.model import cpu_world
+
+            res = cpu_world.run(_rank, world, (args,), timeout=args.time_limit + 60)[0]
+        else:
+            from tilelink.runtime.launcher import launch_world
+
+            res = launch_world(_rank, world, args)
+    except TileLinkError as e:  # a rank failed, or the ranks stopped at --time-limit
+        print(f"decoder_bench: {e}", file=sys.stderr)
+        out = Path(args.out)
+        if out.exists():
+            print(f"decoder_bench: {out} holds the rows measured before that",
+                  file=sys.stderr)
+        return 3
+    bad_rows = [r for r in res["rows"] if not r.get("ok")]
+    if int(os.environ.get("RANK", "0")) == 0:  # torchrun: every rank returns here
+            print(f"wrote {args.out}: {len(res['rows'])} rows, {len(bad_rows)} failed or "
+              "disagreeing")
+    return 1 if bad_rows else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
