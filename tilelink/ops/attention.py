@@ -21,11 +21,14 @@ from ..runtime.reference import reference
 
 
 @register("attention", "compute", ["q", "k", "v"], {"causal": 0},
-          "Softmax attention per head: q [S, H, D], k and v [Skv, H, D] -> [S, H, D].",
+          "Softmax attention per head: q [S, H, D], k and v [Skv, HKV, D] (HKV dividing H: "
+          "grouped-query attention where HKV < H) -> [S, H, D].",
           details=OpDoc(
               args={"q": "`[S, H, D]` per rank: S queries of H heads of size D (a q sharded "
                          "on dim 0: this rank's S / W)",
-                    "k": "`[Skv, H, D]` per rank, q's H, D and dtype",
+                    "k": "`[Skv, HKV, D]` per rank, q's D and dtype; HKV divides H, and query "
+                         "head h attends to key head h // (H / HKV) (grouped-query attention; "
+                         "HKV = H: one key head per query head)",
                     "v": "k's shape",
                     "causal": "on (1): query i of rank r sits at position r * S + i, S being "
                               "q's rows per rank (as for a q sharded on dim 0), and sees keys "
@@ -36,14 +39,22 @@ from ..runtime.reference import reference
               given=("q : [S, H, D] bf16 shard(0)", "k : [S, H, D] bf16 replicated",
                      "v : [S, H, D] bf16 replicated"),
               sizes="S = 64, H = 2, D = 16",
-              notes="A kernel would consume the K and V tiles as they arrive (`--emit plan` "
-                    "shows its mappings)."))
+              notes="The kernel (FlashAttention-2's forward) gives a program a block of "
+                    "`block_m` query rows of one head and streams the keys and values in "
+                    "blocks of `block_n` with an online softmax; with causal = 1 it skips "
+                    "the blocks past its last query. Gathered keys are read as they arrive: "
+                    "before each block a tile waits only for the chunks holding it, starting "
+                    "with this rank's own (`--emit plan` shows the per-block mapping)."))
 def attention_shape(op, xs, attrs, world):
     q, k, v = xs
     sq, sk, sv = local_shape(q), local_shape(k), local_shape(v)
-    if len(sq) != 3 or sk != sv or sq[1:] != sk[1:]:
-        fail(op, f"attention needs q [S, H, D] and k, v [Skv, H, D]; got {list(sq)}, "
-             f"{list(sk)}, {list(sv)}", "make H and D agree and k, v the same shape")
+    if len(sq) != 3 or len(sk) != 3 or sk != sv or sq[2] != sk[2]:
+        fail(op, f"attention needs q [S, H, D] and k, v [Skv, HKV, D]; got {list(sq)}, "
+             f"{list(sk)}, {list(sv)}", "make D agree and k, v the same shape")
+    if sk[1] < 1 or sq[1] % sk[1]:
+        fail(op, f"attention needs the key heads (HKV = {sk[1]}) to divide the query heads "
+             f"(H = {sq[1]}): each key head serves H / HKV query heads",
+             "give k and v a number of heads that divides q's")
     if attrs["causal"] not in (0, 1):
         fail(op, f"attention's causal must be 0 or 1, got {attrs['causal']}",
              "write causal = 1 (each query attends to keys at or before its position) or "
@@ -53,21 +64,30 @@ def attention_shape(op, xs, attrs, world):
 
 @region_rule("attention")
 def attention_region(bp, op, ins, out, tiles) -> TileGrid:
-    """Tiles (rank, query rows m, head h): a tile reads its queries and every key and value
-    of its head."""
+    """Tiles (rank, query rows m, head h); inside a tile, a loop over the keys in blocks of
+    `block_n` (n): each step reads its block of the keys and values of the tile's key head
+    (h // G: the segment of G query heads holding h), so a tile waits before each block for
+    the keys it holds rather than for all of them at its start."""
     q, k, v = ins
-    axes = (rank_axis(bp.world), plain_axis("m", out.shape[0], tiles.block_m),
-            plain_axis("h", out.shape[1], 1))
+    group = _group(q.local_shape, k.local_shape)
+    heads, kv_head = plain_axis("h", out.shape[1], 1), DimRule("h")
+    if group > 1:  # (segments of G query heads: segment s reads key head s)
+        heads, kv_head = GridAxis("h", AxisTiling(out.shape[1], group, 1)), DimRule("h", "segment")
+    axes = (rank_axis(bp.world), plain_axis("m", out.shape[0], tiles.block_m), heads)
+    keys = plain_axis("n", k.shape[0], tiles.block_n)
     reads = (access(q, own(q, op), {0: DimRule("m"), 1: DimRule("h")}),
-             access(k, own(k, op), {1: DimRule("h")}),
-             access(v, own(v, op), {1: DimRule("h")}))
+             access(k, own(k, op), {0: DimRule("n"), 1: kv_head}),
+             access(v, own(v, op), {0: DimRule("n"), 1: kv_head}))
     writes = (access(out, DimRule("rank"), {0: DimRule("m"), 1: DimRule("h")}),)
-    return TileGrid(op.result, axes, reads, writes)
+    return TileGrid(op.result, axes, reads, writes, loops=(keys,))
 
 
 def _attend(q, k, v, causal: int, q_offset: int, dtype):
-    """softmax(q k^T / sqrt(D)) v per head in fp32; with `causal`, query i (at global
-    position q_offset + i) sees keys 0 .. q_offset + i."""
+    """softmax(q k^T / sqrt(D)) v per head in fp32 (query head h reads key head h // G,
+    G = H / HKV); with `causal`, query i (at global position q_offset + i) sees keys
+    0 .. q_offset + i."""
+    group = _group(q.shape, k.shape)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = torch.einsum("shd,thd->hst", q.float(), k.float()) / math.sqrt(q.shape[-1])
     if causal:
         pos = torch.arange(q.shape[0], device=q.device).unsqueeze(1) + q_offset
@@ -105,9 +125,9 @@ def attended(bp, op, plan) -> Sums:
     err = SOFTMAX_WEIGHT
     if plan:
         err = math.hypot(SOFTMAX_WEIGHT, u, u)
-    elif op.kind == "attention_partial" and _group(q, k) > 1:
-        # a key head's query group multiplies P V on the tensor cores: each weight rounded
-        # to the inputs' dtype once
+    elif op.kind == "attention" or _group(q, k) > 1:
+        # P V on the tensor cores (attention's kernel; a decode key head's query group):
+        # each weight rounded to the inputs' dtype once
         err = math.hypot(SOFTMAX_WEIGHT, u)
     return Sums(terms=max(k[-3], k[-1]), term_error=err)
 
@@ -126,6 +146,9 @@ def _sdpa(q, k, v, causal: int, q_offset: int):
     import torch.nn.functional as F
 
     mask = None
+    group = _group(q.shape, k.shape)
+    if group > 1:  # (grouped-query attention: each key head serves G query heads)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     if causal:
         from torch.nn.attention.bias import causal_lower_right
 
@@ -786,14 +809,25 @@ def _combine_work(bp, op) -> tuple[float, float]:
                           _elem(bp, op.result))
 
 
-def _attention_work(bp, op) -> tuple[float, float]:
-    """(flops, HBM bytes) of attention: q k and p v over the keys each query sees (half
-    of them with a causal mask), q, k, v read and the output written once."""
-    sq, h, d = bp.tensors[op.args[0]].local_shape
+def seen_keys(bp, op) -> float:
+    """Keys a query of the busiest rank sees on average: every key; with a causal mask, the
+    last rank's (its query i at position (W - 1) * S + i sees keys 0 .. that position)."""
+    sq = bp.tensors[op.args[0]].local_shape[0]
     skv = bp.tensors[op.args[1]].local_shape[0]
-    seen = 0.5 if bp.op_attrs(op).get("causal") else 1.0
+    if not bp.op_attrs(op).get("causal"):
+        return float(skv)
+    last = (bp.world - 1) * sq
+    return sum(min(last + i + 1, skv) for i in range(sq)) / max(1, sq)
+
+
+def _attention_work(bp, op) -> tuple[float, float]:
+    """(flops, HBM bytes) of attention: q k and p v over the keys the busiest rank's queries
+    see (`seen_keys`), q, k, v read and the output written once."""
+    sq, h, d = bp.tensors[op.args[0]].local_shape
+    skv, hkv = bp.tensors[op.args[1]].local_shape[:2]
     elem = _elem(bp, op.args[0])
-    return 4.0 * sq * skv * h * d * seen, float((2 * sq + 2 * skv) * h * d * elem)
+    return (4.0 * sq * seen_keys(bp, op) * h * d,
+            float((2 * sq * h + 2 * skv * hkv) * d * elem))
 
 
 register_lowering(AttentionPartialTiles())
