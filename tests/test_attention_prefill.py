@@ -175,12 +175,13 @@ def test_a_causal_rank_never_waits_for_a_later_ranks_keys(monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])
-@pytest.mark.parametrize("causal,sizes", [
-    (0, {"S": 2 * 1000, "H": 8, "HKV": 8, "D": 64}),
-    (1, {"S": 2 * 1024, "H": 32, "HKV": 4, "D": 128, "dtype": "fp16"}),
+@pytest.mark.parametrize("layout,sizes", [
+    ("plain", {"S": 2 * 1000, "H": 8, "HKV": 8, "D": 64}),
+    ("causal", {"S": 2 * 1024, "H": 32, "HKV": 4, "D": 128, "dtype": "fp16"}),
+    ("zigzag", {"S": 2 * 1000, "H": 16, "HKV": 2, "D": 128}),
 ])
-def test_the_kernel_compiles(target, causal, sizes, tmp_path):
-    bp = load_text(_pattern(tmp_path, causal)).bind({k: str(v) for k, v in sizes.items()}, 2)
+def test_the_kernel_compiles(target, layout, sizes, tmp_path):
+    bp = load_text(_layout(tmp_path, layout)).bind({k: str(v) for k, v in sizes.items()}, 2)
     s = make_schedule(bp, get_target(target), {"comm": "sm"})
     assert s.kernel is not None
     compiled = compile_module(render_triton(s), get_target(target), f"{s.bound.name}_kernel")
@@ -203,12 +204,22 @@ def test_the_cost_model_sees_the_kernels_work():
     assert work.programs == min(132, (sq // 128) * 32)
 
 
+def _layout(tmp_path, layout: str):
+    """The pattern file of `layout`: "plain" (not causal), "causal" or "zigzag" (causal,
+    zig-zag placed)."""
+    if layout == "zigzag":
+        return _zigzag(tmp_path)
+    return _pattern(tmp_path, int(layout == "causal"))
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("causal", [0, 1])
-def test_sp_attention_on_gpus(world, causal, tmp_path, capsys):
-    sizes = {"S": world * 1000, "H": 16, "HKV": 4 if causal else 16, "D": 128}
-    assert main(run_argv(_pattern(tmp_path, causal), world, sizes, {"comm": "sm"}, 3)) == 0
+@pytest.mark.parametrize("layout", ["plain", "causal", "zigzag"])
+@pytest.mark.parametrize("comm", ["sm", "copy_engine"])
+def test_sp_attention_on_gpus(world, layout, comm, tmp_path, capsys):
+    # 1000 rows a rank (ragged against the 128-row query and 64-key blocks), GQA where causal
+    sizes = {"S": world * 1000, "H": 16, "HKV": 16 if layout == "plain" else 4, "D": 128}
+    assert main(run_argv(_layout(tmp_path, layout), world, sizes, {"comm": comm}, 3)) == 0
     assert "check: OK" in capsys.readouterr().out
 
 
@@ -232,3 +243,92 @@ def test_the_reference_reads_key_head_h_over_g():
             kh, vh = k[:offset + i + 1, hi // (h // hkv)], v[:offset + i + 1, hi // (h // hkv)]
             w = torch.softmax(kh @ q[i, hi] / d ** 0.5, dim=0)
             assert torch.allclose(got[i, hi], w @ vh, atol=1e-5)
+
+
+# ---- zig-zag placement -------------------------------------------------------------------
+
+
+def _zigzag(tmp_path):
+    """sp_attention_causal.tl with zigzag = 1: rank r holds blocks r and 2W - 1 - r."""
+    path = tmp_path / "sp_attention_zigzag.tl"
+    path.write_text(CAUSAL.read_text().replace("causal = 1", "causal = 1, zigzag = 1"))
+    return path
+
+
+def test_zigzag_positions_are_blocks_r_and_2w_minus_1_minus_r():
+    from tilelink.ops.attention import positions
+
+    # W = 2, 8 rows a rank: blocks of 4; rank 0 holds blocks 0 and 3, rank 1 blocks 1 and 2
+    assert positions(0, 8, 2, 1).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert positions(1, 8, 2, 1).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert positions(1, 8, 2, 0).tolist() == list(range(8, 16))
+
+
+@pytest.mark.parametrize("world,sizes,config", [
+    pytest.param(2, {"S": 2 * 32, "H": 2, "HKV": 1, "D": 64}, {}),
+    # 24 rows a rank: halves of 12 rows, blocks of 16 keys straddle them
+    pytest.param(4, {"S": 4 * 24, "H": 4, "HKV": 2, "D": 64}, {"comm": "copy_engine"},
+                 marks=pytest.mark.slow),
+])
+def test_zigzag_checks_against_the_reference(world, sizes, config, tmp_path, capsys):
+    assert main(run_argv(_zigzag(tmp_path), world, sizes, SMALL | config, 2)) == 0
+    assert "check: OK" in capsys.readouterr().out
+
+
+def test_the_zigzag_reference_is_not_the_plain_one(tmp_path):
+    # the kernel with the plain placement's positions fails the zig-zag check
+    bp = load_text(_zigzag(tmp_path)).bind({"S": "64", "H": "1", "HKV": "1", "D": "64"}, 2)
+    s = make_schedule(bp, get_target("interp"), SMALL)
+    src = render_triton(s)
+    plain = re.sub(r"qpos = tl\.where\(.*\)", "qpos = me * SQ + offs_m", src)
+    plain = re.sub(r"kpos = tl\.where\(.*\)", "kpos = offs_n", plain)
+    assert plain != src
+    ins = [make_inputs(s.bound, 0)]
+    assert check(s.bound, run_emulated(src, 2, ins, timeout=120)).ok
+    assert not check(s.bound, run_emulated(plain, 2, ins, timeout=120)).ok
+
+
+def test_zigzag_balances_the_causal_work(tmp_path):
+    from tilelink.ops.attention import seen_keys
+
+    sizes = {"S": "4096", "H": "8", "HKV": "8", "D": "64"}
+    zz = load_text(_zigzag(tmp_path)).bind(sizes, 4)
+    plain = load_text(CAUSAL).bind(sizes, 4)
+    # the busiest rank: about half the keys zig-zag, 7/8 of them for the last plain rank
+    assert seen_keys(zz, zz.ops[-1]) == pytest.approx(4096 / 2, rel=1e-3)
+    assert seen_keys(plain, plain.ops[-1]) == pytest.approx(4096 * 7 / 8, rel=1e-3)
+
+
+def test_zigzag_needs_two_halves_a_rank(tmp_path):
+    from tilelink.errors import PatternError
+
+    with pytest.raises(PatternError, match="zigzag = 1 places two blocks of S / 2 rows"):
+        load_text(_zigzag(tmp_path)).bind({"S": "6", "H": "2", "HKV": "2", "D": "16"}, 2)
+
+
+def test_a_zigzag_tile_skips_the_blocks_it_does_not_see(tmp_path, monkeypatch):
+    # W = 2, 32 rows a rank (blocks of 16 rows: rank 0 holds 0 and 3, rank 1 holds 1 and 2),
+    # key blocks of 16, chunks of 16: a tile reads, own rows first, exactly the key blocks
+    # holding a position at or before its last query's, each after waiting for its chunk
+    from tilelink.ops.attention import positions
+
+    world, rows, block = 2, 32, 16
+    bp = load_text(_zigzag(tmp_path)).bind({"S": str(world * rows), "H": "1", "HKV": "1",
+                                            "D": "64"}, world)
+    s = make_schedule(bp, get_target("interp"), SMALL)
+    monkeypatch.setenv("SP_PROBE", str(tmp_path / "probe"))
+    res = run_emulated(_probed(render_triton(s)), world, [make_inputs(s.bound, 0)], timeout=300)
+    assert check(s.bound, res).ok
+    kpos = torch.cat([positions(r, rows, world, 1) for r in range(world)])
+    skipped = 0
+    for r in range(world):
+        qpos = positions(r, rows, world, 1)
+        for m, blocks in enumerate(_tiles(tmp_path / f"probe.{r}")):
+            last = int(qpos[m * block:(m + 1) * block].max())
+            nblk = world * rows // block
+            order = [(r * rows // block + i) % nblk * block for i in range(nblk)]
+            want = [n0 for n0 in order if int(kpos[n0:n0 + block].min()) <= last]
+            assert [n0 for n0, _ in blocks] == want, (r, m, blocks)
+            assert all(waited == [n0 // 16] for n0, waited in blocks)
+            skipped += nblk - len(want)
+    assert skipped  # (the case has blocks to skip)

@@ -126,6 +126,7 @@ class AttentionTiles(Lowering):
         sq, heads, d = q.shape
         skv, kv_heads = k.shape[0], k.shape[1]
         causal = bool(site.attrs["causal"])
+        zigzag = causal and bool(site.attrs["zigzag"])
         self._const(kb, site, SQ=sq, SKV=skv, HQ=heads, HKV=kv_heads,
                     G=_group(q.shape, k.shape), D=d, DP=_pow2(d), BM=cfg.block_m,
                     BN=cfg.block_n)
@@ -141,7 +142,22 @@ class AttentionTiles(Lowering):
         q_name, k_name, v_name = step.op.args
         first = self._first_block(kb, site, k_name)
         dt = TL_DTYPES[q.dtype]
-        if causal:
+        skip = False  # (zig-zag: each block's keys' positions decide whether it is read)
+        if zigzag:
+            # rank r holds blocks r and 2W - 1 - r of the sequence (SQ / 2 rows each), for
+            # the queries and for each rank's keys: positions follow, the mask and the
+            # blocks skipped (a block whose first key is past the tile's last query)
+            self._const(kb, site, HALF=sq // 2)
+            keys = ["nkeys = SKV",
+                    "qpos = tl.where(offs_m < HALF, me * HALF + offs_m, "
+                    "(2 * WORLD - 1 - me) * HALF + offs_m - HALF)",
+                    "qlast = tl.max(tl.where(mmask, qpos, -1), axis=0)"]
+            kpos = ["src, row = offs_n // SQ, offs_n % SQ  # the key's rank and its row there",
+                    "kpos = tl.where(row < HALF, src * HALF + row, "
+                    "(2 * WORLD - 1 - src) * HALF + row - HALF)"]
+            skip = True
+            seen = "nmask[None, :] & (kpos[None, :] <= qpos[:, None])"
+        elif causal:
             # query i of this rank sits at position me * SQ + i and sees keys up to it
             keys = ["nkeys = tl.minimum(me * SQ + m1, SKV)  # keys up to the last query's "
                     "position: the blocks past them are never read"]
@@ -166,26 +182,34 @@ class AttentionTiles(Lowering):
             "for i in range(0, nblk):",
             "    n0 = ((start + i) % nblk) * BN",
             "    n1 = tl.minimum(n0 + BN, SKV)",
-        ] + ["    " + x for x in step_waits] + [
-            "    offs_n = n0 + tl.arange(0, BN)",
-            "    nmask = offs_n < nkeys",
-            "    kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]",
-            "    kvmask = nmask[:, None] & dmask[None, :]",
-            f"    kt = tl.load({k.base} + {tok('kv', k_name, step_waited)}, mask=kvmask, "
+        ]
+        block = ["offs_n = n0 + tl.arange(0, BN)", "nmask = offs_n < nkeys"]
+        work = [
+            "kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]",
+            "kvmask = nmask[:, None] & dmask[None, :]",
+            f"kt = tl.load({k.base} + {tok('kv', k_name, step_waited)}, mask=kvmask, "
             f"other=0.0){up}",
-            f"    scores = tl.dot(qt, tl.trans(kt){prec}) * (1.0 / tl.sqrt(D * 1.0))",
-            f"    scores = tl.where({seen}, scores, float(\"-inf\"))",
-            "    m_new = tl.maximum(m_i, tl.max(scores, axis=1))",
-            "    # (a row that has seen no key yet keeps -inf: exp against 0 gives it 0s)",
-            '    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
-            "    p = tl.exp(scores - m_use[:, None])",
-            "    alpha = tl.exp(m_i - m_use)",
-            "    l_i = l_i * alpha + tl.sum(p, axis=1)",
-            f"    vt = tl.load({v.base} + {tok('kv', v_name, step_waited)}, mask=kvmask, "
+            f"scores = tl.dot(qt, tl.trans(kt){prec}) * (1.0 / tl.sqrt(D * 1.0))",
+            f"scores = tl.where({seen}, scores, float(\"-inf\"))",
+            "m_new = tl.maximum(m_i, tl.max(scores, axis=1))",
+            "# (a row that has seen no key yet keeps -inf: exp against 0 gives it 0s)",
+            'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
+            "p = tl.exp(scores - m_use[:, None])",
+            "alpha = tl.exp(m_i - m_use)",
+            "l_i = l_i * alpha + tl.sum(p, axis=1)",
+            f"vt = tl.load({v.base} + {tok('kv', v_name, step_waited)}, mask=kvmask, "
             f"other=0.0){up}",
-            f"    pv = tl.dot(p.to({dt}){up}, vt{prec})  # weights rounded to the inputs' dtype",
-            "    acc = acc * alpha[:, None] + pv",
-            "    m_i = m_new",
+            f"pv = tl.dot(p.to({dt}){up}, vt{prec})  # weights rounded to the inputs' dtype",
+            "acc = acc * alpha[:, None] + pv",
+            "m_i = m_new",
+        ]
+        if skip:  # a block none of whose keys the tile's queries see: no wait, no read
+            work = block + kpos + [
+                "if tl.min(tl.where(nmask, kpos, SKV), axis=0) <= qlast:"] + [
+                "    " + x for x in step_waits + work]
+        else:
+            work = step_waits + block + work
+        body += ["    " + x for x in work] + [
             "l_i = tl.where(l_i == 0.0, 1.0, l_i)",
             f"tl.store({out.base} + (offs_m[:, None] * HQ + h) * D + offs_d[None, :], "
             f"(acc / l_i[:, None]).to({TL_DTYPES[out.dtype]}), "
