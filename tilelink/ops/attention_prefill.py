@@ -8,7 +8,9 @@ the tile's waits per step of that loop (`TileGrid.loops`), so before each block 
 waits only for the chunks holding it, and the loop starts at the block of the row its
 producer has ready first (a gather's own rows: `Lowering.rows_ready_first`), wrapping
 around. A causal tile stops at the block of its last query's position: the blocks past it
-are neither read nor waited for.
+are neither read nor waited for. With the zig-zag placement (`zigzag = 1`: rank r holds
+blocks r and 2W - 1 - r of the sequence) the tile computes its queries' and each key block's
+positions and skips, unread and unwaited, the blocks it does not see.
 """
 
 from __future__ import annotations
@@ -142,11 +144,10 @@ class AttentionTiles(Lowering):
         q_name, k_name, v_name = step.op.args
         first = self._first_block(kb, site, k_name)
         dt = TL_DTYPES[q.dtype]
-        skip = False  # (zig-zag: each block's keys' positions decide whether it is read)
         if zigzag:
             # rank r holds blocks r and 2W - 1 - r of the sequence (SQ / 2 rows each), for
-            # the queries and for each rank's keys: positions follow, the mask and the
-            # blocks skipped (a block whose first key is past the tile's last query)
+            # the queries and for each rank's keys: the mask follows their positions, and a
+            # block none of whose keys sits at or before the tile's last query is skipped
             self._const(kb, site, HALF=sq // 2)
             keys = ["nkeys = SKV",
                     "qpos = tl.where(offs_m < HALF, me * HALF + offs_m, "
@@ -155,7 +156,6 @@ class AttentionTiles(Lowering):
             kpos = ["src, row = offs_n // SQ, offs_n % SQ  # the key's rank and its row there",
                     "kpos = tl.where(row < HALF, src * HALF + row, "
                     "(2 * WORLD - 1 - src) * HALF + row - HALF)"]
-            skip = True
             seen = "nmask[None, :] & (kpos[None, :] <= qpos[:, None])"
         elif causal:
             # query i of this rank sits at position me * SQ + i and sees keys up to it
@@ -203,7 +203,7 @@ class AttentionTiles(Lowering):
             "acc = acc * alpha[:, None] + pv",
             "m_i = m_new",
         ]
-        if skip:  # a block none of whose keys the tile's queries see: no wait, no read
+        if zigzag:  # a block none of whose keys the tile's queries see: no wait, no read
             work = block + kpos + [
                 "if tl.min(tl.where(nmask, kpos, SKV), axis=0) <= qlast:"] + [
                 "    " + x for x in step_waits + work]
