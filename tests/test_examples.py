@@ -86,10 +86,16 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
         assert "hint: use --config comm=none" in err and "Traceback" not in err
 
 
+# smaller sizes for the emulated run where the defaults take minutes a call in Triton's
+# interpreter (attention: every (query block, head) tile walks every block of keys)
+EMULATED_SIZES = {"sp_attention": ["-D", "S=128", "-D", "H=4"],
+                  "sp_attention_causal": ["-D", "S=128", "-D", "H=4"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", WITH_KERNELS)
 @pytest.mark.parametrize("world", [2, 4])
 def test_kernel_examples_run_and_check_in_the_emulated_world(name, world, capsys):
     assert main(["run", str(EXAMPLES / f"{name}.tl"), "--world-size", str(world), "--check",
-                 "--calls", "2"]) == 0
+                 "--calls", "2", *EMULATED_SIZES.get(name, [])]) == 0
     assert "check: OK" in capsys.readouterr().out
