@@ -208,3 +208,14 @@ def flash_decode_gqa(B=4, H=8, HKV=2, S=512, D=64, dtype="bf16"):
     parts = tk.all_gather(part, dim=0)
     o = tk.lse_combine(parts)
     return o
+
+
+@tk.pattern
+def sp_attention_causal(S=512, H=8, HKV=2, D=64, dtype="bf16"):
+    q = tk.input((S, H, D), dtype, shard=0)
+    k = tk.input((S, HKV, D), dtype, shard=0)
+    v = tk.input((S, HKV, D), dtype, shard=0)
+    k_full = tk.all_gather(k, dim=0)
+    v_full = tk.all_gather(v, dim=0)
+    o = tk.attention(q, k_full, v_full, causal=1)
+    return o

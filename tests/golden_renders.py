@@ -7,8 +7,8 @@ re-renders every case listed here and compares its SHA-256 with `golden/renders.
 The set: the bench's design shapes (the defaults the bench and the Python API take, and the
 `gemm=ws` variants the next GPU runs name), the tuner's whole eager and CUDA-graph space at
 one AG and one GEMM-RS shape, every GPU case of `test_dist.py` at every world size it runs
-at, the emulated world's tuner space for the shipped examples, and AG-MoE's kernel on both
-comm resources; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and the interpreter.
+at, the emulated world's tuner space for the shipped examples, AG-MoE's kernel on both
+comm resources, and sequence-parallel attention's kernel (causal and not); on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and the interpreter.
 
     python -m tests.golden_renders --write            # record the current renders' hashes
                                                       # (and the readable renders' texts)
@@ -134,6 +134,17 @@ def _cases():
     bp = rs.bind({"T": 1200, "K": 1024, "N": 1024}, 2)
     for target in GPU_TARGETS:
         yield from emit(*render(bp, target, {"comm": "sm"}))
+    # sequence-parallel attention (attention's kernel waiting per block of gathered keys):
+    # both comm resources in the emulated world, SMs on the GPU targets; causal with
+    # grouped-query heads and not
+    for f in ("sp_attention.tl", "sp_attention_causal.tl"):
+        sp = load_pattern(str(ROOT / "examples" / f))
+        for comm in ("sm", "copy_engine"):
+            for w in (1, 2, 4):
+                yield from emit(*render(sp.bind({}, w), "interp", {"comm": comm}))
+        bp = sp.bind({"S": 8192, "H": 32, "D": 128}, 2)
+        for target in GPU_TARGETS:
+            yield from emit(*render(bp, target, {"comm": "sm"}))
 
 
 # a user tile function's module is named after a hash of its file's absolute path

@@ -16,11 +16,15 @@ def find_dep(plan, consumer: str, tensor: str):
     return next((d for d in plan.deps if d.consumer.op == consumer and d.tensor == tensor), None)
 
 
-def operand_waits(kb, step, names: dict, flat: bool = False) -> tuple[list[str], set[str]]:
+def operand_waits(kb, step, names: dict, flat: bool = False,
+                  loop: str | None = None) -> tuple[list[str], set[str]]:
     """Lines that wait until every operand of `step`'s tile that a collective produces has
     arrived (leaving the last observed value in `tok`; empty when nothing is waited for),
     and the names of those operands (whose loads the tile makes depend on `tok`).
-    `names`: the consumer grid's axes -> the kernel variables of the tile's [lo, hi)."""
+    `names`: the consumer grid's axes -> the kernel variables of the tile's [lo, hi).
+    `loop`: None for the operands read once per tile (at the tile's start); a loop axis of
+    the consumer's grid (`TileGrid.loops`) for those read per step of that loop (the lines
+    go at the top of the loop's body, `names` then giving the step's interval too)."""
     mb = kb.mb
     lines, waited = [], set()
     for name in dict.fromkeys(step.op.args):
@@ -28,6 +32,8 @@ def operand_waits(kb, step, names: dict, flat: bool = False) -> tuple[list[str],
         dep = find_dep(mb.plan, step.op.result, name)
         if lw is None or dep is None:
             continue
+        if (loop not in dep.loops) if loop is not None else bool(dep.loops):
+            continue  # (read in another place of the tile)
         waits = lw.render_waits(kb, mb.site_of(name), dep, names, flat=flat, role=step.name)
         if waits is not None:  # (None: the producer's result is complete: stream order)
             lines += waits

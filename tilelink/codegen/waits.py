@@ -25,11 +25,16 @@ def interval_exprs(dep: Dependency, names: dict[str, tuple[str, str]]) -> list[t
     `names` maps a consumer grid axis to the kernel variables holding its tile's interval.
     A dim read at run time (`DimRule` mode "runtime") takes the variables `names` gives its
     run-time axis: the consumer's kernel computes them (e.g. loads them from a table its
-    prepare step wrote) before the waits.
+    prepare step wrote) before the waits. A dim no producer axis of the closed form is
+    narrowed by gets None (the waits never read it: e.g. a grouped-query read's key head,
+    a segment of the consumer's head axis, where the producer chunks rows only).
     """
+    needed = None if dep.closed is None else {w.dim for w in dep.closed}
     out = []
-    for rule, ext in zip(dep.read.dims, dep.extents):
-        if rule.axis is None:
+    for dim, (rule, ext) in enumerate(zip(dep.read.dims, dep.extents)):
+        if needed is not None and dim not in needed:
+            out.append(None)
+        elif rule.axis is None:
             out.append(("0", str(ext)))
         elif rule.mode == "runtime" and rule.axis not in names:
             raise NotSupportedError(

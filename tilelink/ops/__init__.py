@@ -28,5 +28,6 @@ from . import (  # noqa: F401  (imported for their registrations, in this order)
     gemm,
     grouped_gemm,
     attention,
+    attention_prefill,
     map,
 )

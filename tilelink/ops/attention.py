@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.attrs import Attr
+from ..ir.attrs import FLAG, Attr
 from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement, same_dtype
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
@@ -20,59 +20,112 @@ from ..runtime.reference import reference
 # ---- attention ---------------------------------------------------------------------------
 
 
-@register("attention", "compute", ["q", "k", "v"], {"causal": 0},
-          "Softmax attention per head: q [S, H, D], k and v [Skv, H, D] -> [S, H, D].",
+@register("attention", "compute", ["q", "k", "v"], {"causal": 0, "zigzag": 0},
+          "Softmax attention per head: q [S, H, D], k and v [Skv, HKV, D] (HKV dividing H: "
+          "grouped-query attention where HKV < H) -> [S, H, D].",
+          attr_kinds={"zigzag": FLAG},
           details=OpDoc(
               args={"q": "`[S, H, D]` per rank: S queries of H heads of size D (a q sharded "
                          "on dim 0: this rank's S / W)",
-                    "k": "`[Skv, H, D]` per rank, q's H, D and dtype",
+                    "k": "`[Skv, HKV, D]` per rank, q's D and dtype; HKV divides H, and query "
+                         "head h attends to key head h // (H / HKV) (grouped-query attention; "
+                         "HKV = H: one key head per query head)",
                     "v": "k's shape",
                     "causal": "on (1): query i of rank r sits at position r * S + i, S being "
                               "q's rows per rank (as for a q sharded on dim 0), and sees keys "
-                              "0 .. r * S + i only; off (0): every key"},
+                              "0 .. r * S + i only; off (0): every key",
+                    "zigzag": "on (1): the sequence is placed zig-zag for causal balance: cut "
+                              "into 2W blocks of S / 2 rows, rank r holds blocks r and "
+                              "2W - 1 - r (its first and second S / 2 rows), for q and for "
+                              "the keys (gathered in rank order: Skv = W * S); a query sees the "
+                              "keys at or before its position; off (0): rank r holds block r"},
               result="`[S, H, D]` (q's rows per rank), q's dtype, per rank (`local`): "
                      "softmax(q k^T / sqrt(D)) v per head",
               example="o = attention(q, k, v, causal = 1)",
               given=("q : [S, H, D] bf16 shard(0)", "k : [S, H, D] bf16 replicated",
                      "v : [S, H, D] bf16 replicated"),
               sizes="S = 64, H = 2, D = 16",
-              notes="A kernel would consume the K and V tiles as they arrive (`--emit plan` "
-                    "shows its mappings)."))
+              notes="The kernel (FlashAttention-2's forward) gives a program a block of "
+                    "`block_m` query rows of one head and streams the keys and values in "
+                    "blocks of `block_n` with an online softmax; with causal = 1 it skips "
+                    "the blocks past its last query. Gathered keys are read as they arrive: "
+                    "before each block a tile waits only for the chunks holding it, starting "
+                    "with this rank's own (`--emit plan` shows the per-block mapping)."))
 def attention_shape(op, xs, attrs, world):
     q, k, v = xs
     sq, sk, sv = local_shape(q), local_shape(k), local_shape(v)
-    if len(sq) != 3 or sk != sv or sq[1:] != sk[1:]:
-        fail(op, f"attention needs q [S, H, D] and k, v [Skv, H, D]; got {list(sq)}, "
-             f"{list(sk)}, {list(sv)}", "make H and D agree and k, v the same shape")
+    if len(sq) != 3 or len(sk) != 3 or sk != sv or sq[2] != sk[2]:
+        fail(op, f"attention needs q [S, H, D] and k, v [Skv, HKV, D]; got {list(sq)}, "
+             f"{list(sk)}, {list(sv)}", "make D agree and k, v the same shape")
+    if sk[1] < 1 or sq[1] % sk[1]:
+        fail(op, f"attention needs the key heads (HKV = {sk[1]}) to divide the query heads "
+             f"(H = {sq[1]}): each key head serves H / HKV query heads",
+             "give k and v a number of heads that divides q's")
     if attrs["causal"] not in (0, 1):
         fail(op, f"attention's causal must be 0 or 1, got {attrs['causal']}",
              "write causal = 1 (each query attends to keys at or before its position) or "
              "causal = 0")
+    if attrs["zigzag"] and (sq[0] % 2 or sk[0] != world * sq[0]):
+        fail(op, f"zigzag = 1 places two blocks of S / 2 rows on each rank, for q and the keys "
+             f"gathered in rank order: it needs q's rows per rank even and the keys W times "
+             f"as many; q has {sq[0]} a rank, k {sk[0]} at W = {world}",
+             "give q an even number of rows per rank and gather k and v along dim 0")
     return Inferred(sq, same_dtype(op, [q, k, v]), LOCAL)
 
 
 @region_rule("attention")
 def attention_region(bp, op, ins, out, tiles) -> TileGrid:
-    """Tiles (rank, query rows m, head h): a tile reads its queries and every key and value
-    of its head."""
+    """Tiles (rank, query rows m, head h); inside a tile, a loop over the keys in blocks of
+    `block_n` (n): each step reads its block of the keys and values of the tile's key head
+    (h // G: the segment of G query heads holding h), so a tile waits before each block for
+    the keys it holds rather than for all of them at its start."""
     q, k, v = ins
-    axes = (rank_axis(bp.world), plain_axis("m", out.shape[0], tiles.block_m),
-            plain_axis("h", out.shape[1], 1))
+    group = _group(q.local_shape, k.local_shape)
+    heads, kv_head = plain_axis("h", out.shape[1], 1), DimRule("h")
+    if group > 1:  # (segments of G query heads: segment s reads key head s)
+        heads, kv_head = GridAxis("h", AxisTiling(out.shape[1], group, 1)), DimRule("h", "segment")
+    axes = (rank_axis(bp.world), plain_axis("m", out.shape[0], tiles.block_m), heads)
+    keys = plain_axis("n", k.shape[0], tiles.block_n)
     reads = (access(q, own(q, op), {0: DimRule("m"), 1: DimRule("h")}),
-             access(k, own(k, op), {1: DimRule("h")}),
-             access(v, own(v, op), {1: DimRule("h")}))
+             access(k, own(k, op), {0: DimRule("n"), 1: kv_head}),
+             access(v, own(v, op), {0: DimRule("n"), 1: kv_head}))
     writes = (access(out, DimRule("rank"), {0: DimRule("m"), 1: DimRule("h")}),)
-    return TileGrid(op.result, axes, reads, writes)
+    return TileGrid(op.result, axes, reads, writes, loops=(keys,))
 
 
-def _attend(q, k, v, causal: int, q_offset: int, dtype):
-    """softmax(q k^T / sqrt(D)) v per head in fp32; with `causal`, query i (at global
-    position q_offset + i) sees keys 0 .. q_offset + i."""
+def positions(rank: int, rows: int, world: int, zigzag: int, device=None) -> torch.Tensor:
+    """Global sequence positions of rank `rank`'s `rows` rows: rank * rows onwards; zig-zag,
+    blocks `rank` and 2W - 1 - rank of rows / 2 each."""
+    if not zigzag:
+        return torch.arange(rows, device=device) + rank * rows
+    half = rows // 2
+    j = torch.arange(half, device=device)
+    return torch.cat([rank * half + j, (2 * world - 1 - rank) * half + j])
+
+
+def _key_positions(keys: int, world: int, zigzag: int, device=None) -> torch.Tensor:
+    """Positions of the gathered keys: each rank's rows in rank order (zig-zag: its two
+    blocks), else key t at position t."""
+    if not zigzag:
+        return torch.arange(keys, device=device)
+    return torch.cat([positions(r, keys // world, world, 1, device) for r in range(world)])
+
+
+def _attend(q, k, v, causal: int, q_offset, dtype, kpos=None):
+    """softmax(q k^T / sqrt(D)) v per head in fp32 (query head h reads key head h // G,
+    G = H / HKV); with `causal`, query i (at global position q_offset + i, or q_offset[i]
+    where it is a tensor of positions) sees the keys at or before it (key t at position t,
+    or kpos[t])."""
+    group = _group(q.shape, k.shape)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = torch.einsum("shd,thd->hst", q.float(), k.float()) / math.sqrt(q.shape[-1])
     if causal:
-        pos = torch.arange(q.shape[0], device=q.device).unsqueeze(1) + q_offset
-        s = s.masked_fill(torch.arange(k.shape[0], device=q.device).unsqueeze(0) > pos,
-                          float("-inf"))
+        if isinstance(q_offset, torch.Tensor):
+            pos = q_offset.to(q.device).unsqueeze(1)
+        else:
+            pos = torch.arange(q.shape[0], device=q.device).unsqueeze(1) + q_offset
+        kp = torch.arange(k.shape[0], device=q.device) if kpos is None else kpos.to(q.device)
+        s = s.masked_fill(kp.unsqueeze(0) > pos, float("-inf"))
     return torch.einsum("hst,thd->shd", torch.softmax(s, dim=-1), v.float()).to(dtype)
 
 
@@ -80,8 +133,14 @@ def _attend(q, k, v, causal: int, q_offset: int, dtype):
 @reference("attention")
 def attention_ref(op, ctx, args):
     qs, ks, vs = args
-    # a sharded q (sequence parallel) holds rows rank * S/W onwards: causality is global
-    return [_attend(q, k, v, ctx.attrs["causal"], r * q.shape[0] if ctx.attrs["causal"] else 0, ctx.dtype)
+    # a sharded q (sequence parallel) holds rows rank * S/W onwards (zig-zag: two blocks):
+    # causality is global
+    causal, zz = ctx.attrs["causal"], ctx.attrs["zigzag"]
+    if zz:
+        kpos = _key_positions(ks[0].shape[0], ctx.world, 1)
+        return [_attend(q, k, v, causal, positions(r, q.shape[0], ctx.world, 1), ctx.dtype, kpos)
+                for r, (q, k, v) in enumerate(zip(qs, ks, vs))]
+    return [_attend(q, k, v, causal, r * q.shape[0] if causal else 0, ctx.dtype)
             for r, (q, k, v) in enumerate(zip(qs, ks, vs))]
 
 
@@ -105,9 +164,9 @@ def attended(bp, op, plan) -> Sums:
     err = SOFTMAX_WEIGHT
     if plan:
         err = math.hypot(SOFTMAX_WEIGHT, u, u)
-    elif op.kind == "attention_partial" and _group(q, k) > 1:
-        # a key head's query group multiplies P V on the tensor cores: each weight rounded
-        # to the inputs' dtype once
+    elif op.kind == "attention" or _group(q, k) > 1:
+        # P V on the tensor cores (attention's kernel; a decode key head's query group):
+        # each weight rounded to the inputs' dtype once
         err = math.hypot(SOFTMAX_WEIGHT, u)
     return Sums(terms=max(k[-3], k[-1]), term_error=err)
 
@@ -119,13 +178,16 @@ def _vendor(q, exact: bool) -> bool:
     return not exact and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
-def _sdpa(q, k, v, causal: int, q_offset: int):
+def _sdpa(q, k, v, causal: int, q_offset: int, mask=None):
     """Fused SDPA over [S, H, D] tensors; with `causal`, query i at global position q_offset
     + i sees keys 0 .. q_offset + i: the keys past the last query's position are dropped and
-    the mask aligned to the lower right (what flash and cuDNN take)."""
+    the mask aligned to the lower right (what flash and cuDNN take). `mask`: a boolean
+    [S, Skv] mask instead (True: attend), for a zig-zag placement."""
     import torch.nn.functional as F
 
-    mask = None
+    group = _group(q.shape, k.shape)
+    if group > 1:  # (grouped-query attention: each key head serves G query heads)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     if causal:
         from torch.nn.attention.bias import causal_lower_right
 
@@ -142,6 +204,12 @@ def attention_dist_ref(op, ctx, args):
     import torch.distributed as dist
 
     q, k, v = args
+    if ctx.attrs["zigzag"] and ctx.attrs["causal"]:
+        qpos = positions(dist.get_rank(ctx.group), q.shape[0], ctx.world, 1, q.device)
+        kpos = _key_positions(k.shape[0], ctx.world, 1, q.device)
+        if _vendor(q, ctx.exact):
+            return _sdpa(q, k, v, 0, 0, mask=kpos.unsqueeze(0) <= qpos.unsqueeze(1)).to(ctx.dtype)
+        return _attend(q, k, v, 1, qpos, ctx.dtype, kpos)
     offset = dist.get_rank(ctx.group) * q.shape[0] if ctx.attrs["causal"] else 0
     if _vendor(q, ctx.exact):
         return _sdpa(q, k, v, ctx.attrs["causal"], offset).to(ctx.dtype)
@@ -794,14 +862,28 @@ def _combine_work(bp, op) -> tuple[float, float]:
                           _elem(bp, op.result))
 
 
-def _attention_work(bp, op) -> tuple[float, float]:
-    """(flops, HBM bytes) of attention: q k and p v over the keys each query sees (half
-    of them with a causal mask), q, k, v read and the output written once."""
-    sq, h, d = bp.tensors[op.args[0]].local_shape
+def seen_keys(bp, op) -> float:
+    """Keys a query of the busiest rank sees on average: every key; with a causal mask, the
+    keys up to each query's position, on the rank whose queries sit furthest on (the last
+    rank; zig-zag placed, every rank sees about half the keys)."""
+    sq = bp.tensors[op.args[0]].local_shape[0]
     skv = bp.tensors[op.args[1]].local_shape[0]
-    seen = 0.5 if bp.op_attrs(op).get("causal") else 1.0
+    attrs = bp.op_attrs(op)
+    if not attrs.get("causal"):
+        return float(skv)
+    ranks = range(bp.world) if attrs.get("zigzag") else (bp.world - 1,)
+    return max(float((positions(r, sq, bp.world, attrs.get("zigzag", 0)) + 1)
+                     .clamp(max=skv).sum()) for r in ranks) / max(1, sq)
+
+
+def _attention_work(bp, op) -> tuple[float, float]:
+    """(flops, HBM bytes) of attention: q k and p v over the keys the busiest rank's queries
+    see (`seen_keys`), q, k, v read and the output written once."""
+    sq, h, d = bp.tensors[op.args[0]].local_shape
+    skv, hkv = bp.tensors[op.args[1]].local_shape[:2]
     elem = _elem(bp, op.args[0])
-    return 4.0 * sq * skv * h * d * seen, float((2 * sq + 2 * skv) * h * d * elem)
+    return (4.0 * sq * seen_keys(bp, op) * h * d,
+            float((2 * sq * h + 2 * skv * hkv) * d * elem))
 
 
 register_lowering(AttentionPartialTiles())

@@ -63,6 +63,9 @@ class Dependency:
     dynamic: str | None = None  # why the mapping is only known at run time
     signal: str = ""  # name of the signal array carrying the "ready" bits
     notes: list[str] = field(default_factory=list)
+    # the consumer's loop axes the read steps through (`TileGrid.loops`): `consumer` is then
+    # the grid of its steps, and the consumer waits before each step, not once per tile
+    loops: tuple[str, ...] = ()
 
     @property
     def runtime_dims(self) -> dict[int, str]:
@@ -171,7 +174,9 @@ def _runtime_closed_form(dep: Dependency) -> tuple[AxisWait, ...] | None:
 
 
 def derive(tensor: str, producer: TileGrid, consumer: TileGrid, extents) -> list[Dependency]:
-    """Every dependency of `consumer` on `producer` through `tensor` (one per access pair)."""
+    """Every dependency of `consumer` on `producer` through `tensor` (one per access pair).
+    A read through one of the consumer's loop axes (`TileGrid.loops`) is derived on the
+    grid of its steps (`TileGrid.stepped`): its waits are per step of the loop."""
     deps = []
     for write in producer.writes:
         if write.tensor != tensor:
@@ -179,24 +184,46 @@ def derive(tensor: str, producer: TileGrid, consumer: TileGrid, extents) -> list
         for read in consumer.reads:
             if read.tensor != tensor:
                 continue
-            dep = Dependency(tensor, producer, consumer, write, read, tuple(extents))
+            loops = consumer.loop_axes(read)
+            cons = consumer.stepped() if loops else consumer
+            dep = Dependency(tensor, producer, cons, write, read, tuple(extents), loops=loops)
             if read.dynamic or write.dynamic:
                 dep.dynamic = read.dynamic or write.dynamic
                 if not write.dynamic and dep.runtime_dims:
                     dep.closed = _runtime_closed_form(dep)
                 deps.append(dep)
                 continue
-            table = {}
-            for cidx in itertools.product(*(range(n) for n in consumer.shape)):
-                box = consumer.box(read, cidx, extents)
-                table[cidx] = overlapping_producers(producer, write, box, extents)
-            closed = _closed_form(producer, write)
-            if closed is not None:
-                dep.closed = closed
-                # The closed form must reproduce the general derivation on every tile.
-                if any(dep.wait_set(c) != table[c] for c in table):
-                    dep.closed = None
-            if dep.closed is None:
-                dep.table = table
+            _derive_static(dep)
             deps.append(dep)
     return deps
+
+
+def _derive_static(dep: Dependency) -> None:
+    """The closed form of a static dependency where it reproduces the general derivation on
+    every consumer tile, else its lookup table. The read's box depends only on the consumer
+    axes its dims name, so the derivation visits their product (the other axes at 0) and a
+    table, where one is needed, repeats it over the rest."""
+    consumer, producer, read, write = dep.consumer, dep.producer, dep.read, dep.write
+    used = sorted({consumer.axis_index(r.axis) for r in read.dims if r.axis is not None})
+    shape = consumer.shape
+    some = {}
+    for sub in itertools.product(*(range(shape[k]) for k in used)):
+        box = consumer.box(read, _spread(sub, used, len(shape)), dep.extents)
+        some[sub] = overlapping_producers(producer, write, box, dep.extents)
+    closed = _closed_form(producer, write)
+    if closed is not None:
+        if all(_closed_set(producer, closed, consumer.box(read, _spread(sub, used, len(shape)),
+                                                          dep.extents)) == want
+               for sub, want in some.items()):
+            dep.closed = closed
+            return
+    dep.table = {cidx: some[tuple(cidx[k] for k in used)]
+                 for cidx in itertools.product(*(range(n) for n in shape))}
+
+
+def _spread(sub: tuple[int, ...], used: list[int], n: int) -> tuple[int, ...]:
+    """A consumer index with `sub` on axes `used` and 0 elsewhere."""
+    cidx = [0] * n
+    for k, i in zip(used, sub):
+        cidx[k] = i
+    return tuple(cidx)

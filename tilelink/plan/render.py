@@ -45,6 +45,9 @@ def render_plan(plan: Plan, max_tiles: int) -> str:
         lines.append(f"  {op}  [{_where(op.loc)}]  {spec(op.kind).category}")
         lines.append(f"      {g.size} tiles = {axes}; rank of a tile: "
                      f"{g.rank_of[1]}({g.rank_of[0]})")
+        for a in g.loops:
+            lines.append(f"      loop inside each tile: {a.name}: {a.tiling.count} steps "
+                         f"({a.tiling})")
     lines += ["", "signals (symmetric int32 arrays, one per rank; slot = producer tile)"]
     for s in plan.signals:
         lines.append(f"  {s.name}: {s.slots} slots, notified by tiles of {s.producer}")
@@ -61,6 +64,9 @@ def _render_dep(plan: Plan, dep: Dependency, max_tiles: int) -> list[str]:
              f"  shape:   consumer reads {dep.tensor}[{', '.join(map(str, dep.read.dims))}], "
              f"producer writes {dep.tensor}[{', '.join(map(str, dep.write.dims))}] "
              f"(copy, then global dims)"]
+    if dep.loops:
+        lines.append(f"  loop:    per step of {', '.join(dep.loops)} (a loop inside the "
+                     f"consumer's tile): the tile waits before each step for what it reads")
     if dep.dynamic:
         lines.append(f"  why:     {dep.dynamic}")
         if dep.closed is None:

@@ -144,6 +144,21 @@ class TileGrid:
     writes: tuple[Access, ...]
     # which rank owns a tile (the rank mapping): (axis name, "index" | "segment")
     rank_of: tuple[str, str] = ("rank", "index")
+    # axes a tile walks inside its body, one step after another (attention's blocks of keys):
+    # not tiles of their own (no signal slots, no program), but a read through one is
+    # derived per step, so the tile waits before each step for what that step reads
+    loops: tuple[GridAxis, ...] = ()
+
+    def stepped(self) -> TileGrid:
+        """This grid with its loop axes as grid axes after its own (the grid a dependency
+        of a read through a loop axis is derived on: a consumer "tile" is one step of one
+        tile)."""
+        return TileGrid(self.op, self.axes + self.loops, self.reads, self.writes, self.rank_of)
+
+    def loop_axes(self, access: Access) -> tuple[str, ...]:
+        """The loop axes `access` reads through (empty: it is read once per tile)."""
+        names = {a.name for a in self.loops}
+        return tuple(dict.fromkeys(r.axis for r in access.dims if r.axis in names))
 
     def rank(self, idx: tuple[int, ...]) -> int:
         """The rank a tile belongs to: its executing rank, or its chunk's source/destination."""

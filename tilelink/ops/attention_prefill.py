@@ -1,0 +1,233 @@
+"""attention's kernel: FlashAttention-2's forward pass as a TileLink tile loop.
+
+A tile is a block of `block_m` query rows of one head (the region rule's (rank, m, h) grid);
+inside it, a loop over the keys in blocks of `block_n` (the rule's loop axis n) keeps an
+online softmax (running max and sum per row, in fp32) and accumulates P V on the tensor
+cores. The keys and values the loop reads may be an all_gather's result: the plan derives
+the tile's waits per step of that loop (`TileGrid.loops`), so before each block the tile
+waits only for the chunks holding it, and the loop starts at the block of the row its
+producer has ready first (a gather's own rows: `Lowering.rows_ready_first`), wrapping
+around. A causal tile stops at the block of its last query's position: the blocks past it
+are neither read nor waited for. With the zig-zag placement (`zigzag = 1`: rank r holds
+blocks r and 2W - 1 - r of the sequence) the tile computes its queries' and each key block's
+positions and skips, unread and unwaited, the blocks it does not see.
+"""
+
+from __future__ import annotations
+
+from ..codegen.module import TL_DTYPES, ident
+from ..codegen.tiles import item_loop, operand_waits
+from ..ir.tensor import DTYPE_BYTES
+from ..schedule.lowering import Lowering, Step, Work, register_lowering
+from .attention import AttentionPartialTiles, _group, _pow2, seen_keys
+
+#: on GPU targets: a program's query rows and a KV block's keys, and warps per program by
+#: head size. FlashAttention-2's usual forward tiles; not measured here (the tuner crosses
+#: block_m, block_n, warps and stages)
+PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_STAGES = 128, 64, 2
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class AttentionTiles(Lowering):
+    """attention's tiles: one (query block, head) per item of a persistent loop; see the
+    module docstring."""
+
+    kind = "attention"
+    name = "attention/triton"
+    knobs = ("num_programs", "warps", "block_m", "block_n", "stages", "order")
+    what = ("one (block of query rows, head) per item: the keys and values in blocks, each "
+            "waited for as the loop reaches it (online softmax)")
+
+    # ---- the schedule ----------------------------------------------------------------------
+
+    def reasons(self, site) -> list[str]:
+        dts = {site.tensor(a).dtype for a in site.op.args}
+        if not dts <= set(TL_DTYPES):
+            return [f"operands are {', '.join(sorted(dts))}: attention kernels take float "
+                    "tensors"]
+        out = []
+        need = self._smem(site)
+        if site.target.smem_bytes is not None and need > site.target.smem_bytes:
+            cfg = site.config
+            out.append(f"its tile needs {need} B of shared memory (a {cfg.block_m}-row query "
+                       f"block and {cfg.stages} stages of a {cfg.block_n}-key K and V block), "
+                       f"more than {site.target.name}'s {site.target.smem_bytes} B: use fewer "
+                       "stages or a smaller block_m or block_n")
+        return out
+
+    @staticmethod
+    def _smem(site, cfg=None) -> int:
+        """Shared memory of a tile: its queries, and a K and a V block per stage."""
+        cfg = cfg or site.config
+        d = _pow2(site.tensor(site.op.args[1]).local_shape[2])
+        elem = DTYPE_BYTES.get(site.tensor(site.op.args[1]).dtype, 2)
+        return (cfg.block_m + cfg.stages * 2 * cfg.block_n) * d * elem
+
+    def defaults(self, site) -> dict:
+        """On GPUs the usual FlashAttention-2 tiles (`PREFILL_BLOCK_M`, `_N`): 4 warps for
+        heads of up to 64, else 8."""
+        if site.target.backend == "interp":
+            return {}
+        d = site.tensor(site.op.args[0]).local_shape[2]
+        return {"block_m": str(PREFILL_BLOCK_M), "block_n": str(PREFILL_BLOCK_N),
+                "stages": str(PREFILL_STAGES), "warps": "4" if d <= 64 else "8"}
+
+    def steps(self, site) -> list[Step]:
+        return [Step("tiles", site.op, self, self.what)]
+
+    def notes(self, site) -> list[str]:
+        q = site.tensor(site.op.args[0]).local_shape
+        k = site.tensor(site.op.args[1]).local_shape
+        cfg = site.config
+        tiles = _cdiv(q[0], cfg.block_m) * q[1]
+        line = (f"{site.where}: {tiles} tiles of {cfg.block_m} query rows x 1 head on "
+                f"{cfg.num_programs} programs, keys in {_cdiv(k[0], cfg.block_n)} blocks of "
+                f"{cfg.block_n}")
+        if site.attrs["causal"]:
+            line += "; causal: a tile stops at its last query's block"
+        group = _group(q, k)
+        if group > 1:
+            line += f"; {group} query heads a key head"
+        return [line]
+
+    def work(self, site) -> Work:
+        """q k and p v over the keys the busiest rank's queries see (`seen_keys`), at the
+        GEMM rate of the tiles that can run at once. Bytes: q read and the output written
+        once; the keys and values once per wave of programs (the programs of one wave
+        working on a head read its blocks at about the same time, sharing them through
+        L2)."""
+        bp, op, cfg = site.bp, site.op, site.config
+        sq, h, d = bp.tensors[op.args[0]].local_shape
+        hkv = bp.tensors[op.args[1]].local_shape[1]
+        seen = seen_keys(bp, op)
+        elem = DTYPE_BYTES.get(bp.tensors[op.args[0]].dtype, 2)
+        tiles = _cdiv(sq, cfg.block_m) * h
+        programs = max(1, min(tiles, cfg.num_programs))
+        waves = _cdiv(tiles, programs)
+        nbytes = 2.0 * sq * h * d * elem + waves * 2.0 * seen * hkv * d * elem
+        return Work(4.0 * sq * seen * h * d, nbytes, programs=programs)
+
+    # ---- codegen -----------------------------------------------------------------------------
+
+    def result_home(self, site):
+        return None
+
+    def _const(self, kb, site, **values) -> None:
+        p = ident(site.op.result)
+        for k, v in values.items():
+            kb.const(k, f"{p}_{k}", v, f"{site.op.kind} {site.op.result}")
+
+    def render_step(self, step, kb) -> list[str]:
+        site = kb.mb.site_of(step.op.result)
+        cfg = site.config
+        q, k, v = (kb.view(a) for a in step.op.args)
+        out = kb.view(step.op.result)
+        sq, heads, d = q.shape
+        skv, kv_heads = k.shape[0], k.shape[1]
+        causal = bool(site.attrs["causal"])
+        zigzag = causal and bool(site.attrs["zigzag"])
+        self._const(kb, site, SQ=sq, SKV=skv, HQ=heads, HKV=kv_heads,
+                    G=_group(q.shape, k.shape), D=d, DP=_pow2(d), BM=cfg.block_m,
+                    BN=cfg.block_n)
+        up, prec = AttentionPartialTiles._dot_operands(kb, q.dtype)
+        names = {"rank": ("me", "me + 1"), "m": ("m0", "m1"), "h": ("h", "h + 1")}
+        waits, waited = operand_waits(kb, step, names)
+        step_waits, step_waited = operand_waits(kb, step, names | {"n": ("n0", "n1")},
+                                                loop="n")
+
+        def tok(expr: str, tensor: str, during: set) -> str:
+            return f"tld.consume_token({expr}, tok)" if tensor in during else expr
+
+        q_name, k_name, v_name = step.op.args
+        first = self._first_block(kb, site, k_name)
+        dt = TL_DTYPES[q.dtype]
+        if zigzag:
+            # rank r holds blocks r and 2W - 1 - r of the sequence (SQ / 2 rows each), for
+            # the queries and for each rank's keys: the mask follows their positions, and a
+            # block none of whose keys sits at or before the tile's last query is skipped
+            self._const(kb, site, HALF=sq // 2)
+            keys = ["nkeys = SKV",
+                    "qpos = tl.where(offs_m < HALF, me * HALF + offs_m, "
+                    "(2 * WORLD - 1 - me) * HALF + offs_m - HALF)",
+                    "qlast = tl.max(tl.where(mmask, qpos, -1), axis=0)"]
+            kpos = ["src, row = offs_n // SQ, offs_n % SQ  # the key's rank and its row there",
+                    "kpos = tl.where(row < HALF, src * HALF + row, "
+                    "(2 * WORLD - 1 - src) * HALF + row - HALF)"]
+            seen = "nmask[None, :] & (kpos[None, :] <= qpos[:, None])"
+        elif causal:
+            # query i of this rank sits at position me * SQ + i and sees keys up to it
+            keys = ["nkeys = tl.minimum(me * SQ + m1, SKV)  # keys up to the last query's "
+                    "position: the blocks past them are never read"]
+            seen = "nmask[None, :] & (offs_n[None, :] <= me * SQ + offs_m[:, None])"
+        else:
+            keys = ["nkeys = SKV"]
+            seen = "nmask[None, :]"
+        body = [
+            "offs_m = m0 + tl.arange(0, BM)",
+            "mmask = offs_m < SQ  # (the last query block may be ragged)",
+            "offs_d = tl.arange(0, DP)",
+            "dmask = offs_d < D",
+            f"q_rows = {tok('(offs_m * HQ + h) * D', q_name, waited)}",
+            f"qt = tl.load({q.base} + q_rows[:, None] + offs_d[None, :], "
+            f"mask=mmask[:, None] & dmask[None, :], other=0.0){up}",
+            'm_i = tl.full((BM,), float("-inf"), tl.float32)  # running max per row',
+            "l_i = tl.zeros((BM,), tl.float32)  # running sum of exp(score - m_i)",
+            "acc = tl.zeros((BM, DP), dtype=tl.float32)",
+        ] + keys + [
+            "nblk = (nkeys + BN - 1) // BN",
+            f"start = {first}",
+            "for i in range(0, nblk):",
+            "    n0 = ((start + i) % nblk) * BN",
+            "    n1 = tl.minimum(n0 + BN, SKV)",
+        ]
+        block = ["offs_n = n0 + tl.arange(0, BN)", "nmask = offs_n < nkeys"]
+        work = [
+            "kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]",
+            "kvmask = nmask[:, None] & dmask[None, :]",
+            f"kt = tl.load({k.base} + {tok('kv', k_name, step_waited)}, mask=kvmask, "
+            f"other=0.0){up}",
+            f"scores = tl.dot(qt, tl.trans(kt){prec}) * (1.0 / tl.sqrt(D * 1.0))",
+            f"scores = tl.where({seen}, scores, float(\"-inf\"))",
+            "m_new = tl.maximum(m_i, tl.max(scores, axis=1))",
+            "# (a row that has seen no key yet keeps -inf: exp against 0 gives it 0s)",
+            'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
+            "p = tl.exp(scores - m_use[:, None])",
+            "alpha = tl.exp(m_i - m_use)",
+            "l_i = l_i * alpha + tl.sum(p, axis=1)",
+            f"vt = tl.load({v.base} + {tok('kv', v_name, step_waited)}, mask=kvmask, "
+            f"other=0.0){up}",
+            f"pv = tl.dot(p.to({dt}){up}, vt{prec})  # weights rounded to the inputs' dtype",
+            "acc = acc * alpha[:, None] + pv",
+            "m_i = m_new",
+        ]
+        if zigzag:  # a block none of whose keys the tile's queries see: no wait, no read
+            work = block + kpos + [
+                "if tl.min(tl.where(nmask, kpos, SKV), axis=0) <= qlast:"] + [
+                "    " + x for x in step_waits + work]
+        else:
+            work = step_waits + block + work
+        body += ["    " + x for x in work] + [
+            "l_i = tl.where(l_i == 0.0, 1.0, l_i)",
+            f"tl.store({out.base} + (offs_m[:, None] * HQ + h) * D + offs_d[None, :], "
+            f"(acc / l_i[:, None]).to({TL_DTYPES[out.dtype]}), "
+            "mask=mmask[:, None] & dmask[None, :])",
+        ]
+        index = ["h = t % HQ", "g = h // G  # its key head", "m0 = (t // HQ) * BM",
+                 "m1 = tl.minimum(m0 + BM, SQ)"]
+        return item_loop(step, "((SQ + BM - 1) // BM) * HQ", index, waits, body)
+
+    def _first_block(self, kb, site, keys: str) -> str:
+        """The KV loop's first block: with order=own_first, the one holding the key row
+        the keys' producer has ready first (a gather's own rows), so the loop reads what
+        has arrived while the rest is in flight; else block 0."""
+        lw = kb.mb.producer_lowering(keys)
+        row = None
+        if lw is not None and site.config.order == "own_first":
+            row = lw.rows_ready_first(kb, kb.mb.site_of(keys))
+        return f"(({row}) // BN) % nblk" if row else "0"
+
+
+register_lowering(AttentionTiles())
