@@ -155,3 +155,30 @@ def test_a_fused_pair_replaces_both_ops(monkeypatch):
     (out,) = run(ins)
     assert calls == [sorted(ins)]  # called with the inputs: the GEMM did not run first
     torch.testing.assert_close(out, (ins["a"] @ ins["b"])[:8] * 2)
+
+
+@pytest.mark.parametrize("example,pair,want", [
+    # AG-GEMM 16 x 8 x 12 at W = 2: async-TP's all_gather_matmul asks for its shard (8 x 12
+    # fp32); GEMM-RS: two of the product's W row chunks (16 x 8 fp32, halved, twice)
+    ("ag_gemm", ("async_tp", "all_gather", "gemm"), 8 * 12 * 4),
+    ("gemm_rs", ("async_tp", "gemm", "reduce_scatter"), 2 * (16 * 8 * 4) // 2),
+])
+def test_async_tp_reserves_its_workspace_before_any_capture(monkeypatch, example, pair, want):
+    # torch's fused ops take their symmetric-memory workspace on first use, which a CUDA-graph
+    # capture cannot do (4x H100: a capture as the first call failed, "the workspace cannot
+    # expand during graph capture"): preparing the call reserves what it asks for
+    import tilelink.runtime.symmetric as symmetric
+    from tilelink.runtime.dist_reference import LIBRARY_PAIRS as pairs
+
+    reserved = []
+    monkeypatch.setattr(symmetric, "reserve_workspace", lambda g, n: reserved.append(n))
+    monkeypatch.setattr(symmetric, "enable_symm_mem", lambda g: None)
+    monkeypatch.setattr(symmetric, "group_name", lambda g: "0")
+    bp = _bound(str(EXAMPLES / f"{example}.tl"),
+                values={"M": 16, "N": 8, "K": 12, "dtype": "fp32"})
+    ops = list(bp.ops)
+    try:
+        made = pairs[pair](bp, ops[0], ops[1], None)
+    except (AttributeError, RuntimeError):  # (this CPU torch lacks torch.ops.symm_mem)
+        made = None
+    assert reserved == [want], (reserved, made)

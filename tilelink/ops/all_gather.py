@@ -102,12 +102,13 @@ def fused_all_gather_matmul(bp, ag, mm, group):
     """torch async-TP's fused_all_gather_matmul: the gathered rows as the gemm's first
     operand, gathered by the copy engine in W steps while the GEMM of each landed shard
     runs."""
-    from ..runtime.symmetric import enable_symm_mem, group_name
+    from ..runtime.symmetric import enable_symm_mem, group_name, reserve_workspace
 
     if not _async_tp_fuses(bp, ag, mm):
         return None
     enable_symm_mem(group)
     op, gname = symm_mem_op("fused_all_gather_matmul"), group_name(group)
+    reserve_workspace(group, local_bytes(bp, ag.args[0]))  # (its shard; a capture can't grow it)
     # newer torch can skip returning the gathered operand; older always returns it
     kw = ({"return_A": False} if any(a.name == "return_A" for a in op.default._schema.arguments)
           else {})

@@ -81,6 +81,16 @@ def enable_symm_mem(group) -> None:
             fn(group_name(group))
 
 
+def reserve_workspace(group, nbytes: int) -> None:
+    """Grow the group's symmetric-memory workspace to `nbytes` now (a collective call: its
+    rendezvous). torch's fused ops take their workspace on first use, which fails inside a
+    CUDA-graph capture (the workspace cannot grow there): an op preparing such a call
+    reserves what the call will ask for."""
+    import torch.distributed._symmetric_memory as symm
+
+    symm.get_symm_mem_workspace(group_name(group), min_size=int(nbytes))
+
+
 def select_backend(name: str) -> None:
     """Make `name` torch's symmetric-memory backend for this process (before any allocation)."""
     import torch.distributed._symmetric_memory as symm

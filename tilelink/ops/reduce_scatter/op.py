@@ -122,12 +122,14 @@ def fused_matmul_reduce_scatter(bp, mm, rs, group):
     """torch async-TP's fused_matmul_reduce_scatter: the GEMM in W row chunks, each chunk
     sent by the copy engine to the rank that owns it while the next is computed, then a sum
     of the W partials."""
-    from ...runtime.symmetric import enable_symm_mem, group_name
+    from ...runtime.symmetric import enable_symm_mem, group_name, reserve_workspace
 
     if not _async_tp_fuses(bp, mm, rs):
         return None
     enable_symm_mem(group)
     op, gname = symm_mem_op("fused_matmul_reduce_scatter"), group_name(group)
+    # (two of its W row chunks of the product; a CUDA-graph capture cannot grow it)
+    reserve_workspace(group, 2 * -(-int(local_bytes(bp, mm.result)) // bp.world))
     a, b = mm.args
     return Fused(lambda vals: op(vals[a], vals[b], "sum", 0, gname),
                  "torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, 'sum', 0, group) "
