@@ -332,3 +332,21 @@ def test_a_zigzag_tile_skips_the_blocks_it_does_not_see(tmp_path, monkeypatch):
             assert all(waited == [n0 // 16] for n0, waited in blocks)
             skipped += nblk - len(want)
     assert skipped  # (the case has blocks to skip)
+
+
+@pytest.mark.parametrize("w,measured", [(2, {"copy_engine": 2.452, "sm": 3.240, "none": 1.541}),
+                                        (4, {"copy_engine": 1.440, "none": 1.040})])
+def test_the_default_takes_the_plan_measured_faster(w, measured):
+    # 4x H100 (2026-11-27), causal sequence-parallel attention S = 8192, 32 / 8 heads, D = 128,
+    # ms per call: the kernel (gathering on the copy engine, or on SMs) against the
+    # non-overlapped plan (NCCL all-gather + SDPA); the default must not take the slower one
+    from dataclasses import replace
+
+    from tilelink.frontend import load_pattern
+    from tilelink.schedule import get_target
+    from tilelink.schedule.schedule import default_config
+
+    bp = load_pattern(str(EXAMPLES / "sp_attention_causal.tl")).bind(
+        {"S": 8192, "H": 32, "HKV": 8, "D": 128}, w)
+    chosen, why = default_config(bp, replace(get_target("cuda:90"), device="NVIDIA H100"))
+    assert chosen.comm in measured and measured[chosen.comm] == min(measured.values()), why

@@ -31,6 +31,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+#: the tile body's share of the rate the model gives the plan's fused SDPA: 4x H100, causal
+#: sequence-parallel attention S = 8192, 32 / 8 heads, D = 128 (2026-11-27, bc7e364,
+#: `tilelink bench examples/sp_attention_causal.tl`): the kernel took 2.452 / 1.440 ms at
+#: W = 2 / 4 where the plan (NCCL all-gather + SDPA) took 1.541 / 1.040, which the model at
+#: full rate put at 0.544 / 0.321 against 0.675 / 0.479: half the rate puts both in order
+TILE_EFFICIENCY = 0.5
+
+
 class AttentionTiles(Lowering):
     """attention's tiles: one (query block, head) per item of a persistent loop; see the
     module docstring."""
@@ -95,10 +103,10 @@ class AttentionTiles(Lowering):
 
     def work(self, site) -> Work:
         """q k and p v over the keys the busiest rank's queries see (`seen_keys`), at the
-        GEMM rate of the tiles that can run at once. Bytes: q read and the output written
-        once; the keys and values once per wave of programs (the programs of one wave
-        working on a head read its blocks at about the same time, sharing them through
-        L2)."""
+        kernel's measured share (`TILE_EFFICIENCY`) of the GEMM rate of the tiles that can
+        run at once. Bytes: q read and the output written once; the keys and values once
+        per wave of programs (the programs of one wave working on a head read its blocks at
+        about the same time, sharing them through L2)."""
         bp, op, cfg = site.bp, site.op, site.config
         sq, h, d = bp.tensors[op.args[0]].local_shape
         hkv = bp.tensors[op.args[1]].local_shape[1]
@@ -108,7 +116,8 @@ class AttentionTiles(Lowering):
         programs = max(1, min(tiles, cfg.num_programs))
         waves = _cdiv(tiles, programs)
         nbytes = 2.0 * sq * h * d * elem + waves * 2.0 * seen * hkv * d * elem
-        return Work(4.0 * sq * seen * h * d, nbytes, programs=programs)
+        return Work(4.0 * sq * seen * h * d, nbytes, programs=programs,
+                    efficiency=TILE_EFFICIENCY)
 
     # ---- codegen -----------------------------------------------------------------------------
 
