@@ -255,11 +255,21 @@ def test_install_commands_install_this_checkout(c):
 # ---------------------------------------------------------------- CPU commands run
 
 
+@pytest.fixture(scope="module")
+def tilelink_cli():
+    """Runs `python -m tilelink ARGS`, each command in a process of its own forked from one
+    that has imported TileLink (tests/_cli_server.py): Python's start is paid once."""
+    from ._cli_server import CliServer
+
+    server = CliServer(_env())
+    yield server
+    server.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("c", TILELINK_CPU, ids=lambda c: c.where)
-def test_cpu_command_runs(c):
-    out = subprocess.run([sys.executable, "-m", "tilelink", *c.argv], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=TIMEOUT)
+def test_cpu_command_runs(c, tilelink_cli):
+    out = tilelink_cli.run(c.argv, cwd=ROOT, timeout=TIMEOUT)
     both = out.stdout + out.stderr
     assert out.returncode == c.exit, (f"{c.where}: `{c.text}` exited {out.returncode}, not "
                                       f"{c.exit}\n{both[-3000:]}")
