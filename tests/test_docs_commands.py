@@ -29,6 +29,8 @@ The rules:
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import shlex
@@ -253,11 +255,21 @@ def test_install_commands_install_this_checkout(c):
 # ---------------------------------------------------------------- CPU commands run
 
 
+@pytest.fixture(scope="module")
+def tilelink_cli():
+    """Runs `python -m tilelink ARGS`, each command in a process of its own forked from one
+    that has imported TileLink (tests/_cli_server.py): Python's start is paid once."""
+    from ._cli_server import CliServer
+
+    server = CliServer(_env())
+    yield server
+    server.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("c", TILELINK_CPU, ids=lambda c: c.where)
-def test_cpu_command_runs(c):
-    out = subprocess.run([sys.executable, "-m", "tilelink", *c.argv], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=TIMEOUT)
+def test_cpu_command_runs(c, tilelink_cli):
+    out = tilelink_cli.run(c.argv, cwd=ROOT, timeout=TIMEOUT)
     both = out.stdout + out.stderr
     assert out.returncode == c.exit, (f"{c.where}: `{c.text}` exited {out.returncode}, not "
                                       f"{c.exit}\n{both[-3000:]}")
@@ -279,16 +291,43 @@ def test_python_snippet_runs(where, source, gpu):
     assert out.returncode == 0 and "Traceback" not in out.stderr, f"{where}\n{out.stderr[-3000:]}"
 
 
+# Collects each argument list given as JSON in argv[1] with `pytest --collect-only -q`, one
+# after another in this one process, each ended by a line `SEP exit-status`: importing torch
+# and the test modules (most of a collection's time) is then paid once for every command.
+_COLLECT_EACH = """
+import json, sys
+import pytest
+for args in json.loads(sys.argv[1]):
+    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *args])
+    sys.stdout.flush()
+    print(sys.argv[2], int(code), flush=True)
+"""
+_SEP = "=== tilelink docs: collection ended with exit status"
+
+
+@functools.cache
+def collections() -> dict[tuple[str, ...], tuple[int, str]]:
+    """argv -> (exit status, output) of `pytest --collect-only -q` for every documented
+    pytest command, collected in one process (see _COLLECT_EACH)."""
+    # (one -q: the summary line stays)
+    args = [[a for a in c.argv if a not in ("-s", "-q")] for c in PYTEST]
+    out = subprocess.run([sys.executable, "-c", _COLLECT_EACH, json.dumps(args), _SEP],
+                         cwd=ROOT, env=_env(), check=False,
+                         capture_output=True, text=True, timeout=TIMEOUT * len(args))
+    parts = re.split(rf"^{re.escape(_SEP)} (-?\d+)\n", out.stdout, flags=re.M)
+    assert len(parts) == 2 * len(args) + 1, \
+        f"exit {out.returncode}\n{(out.stdout + out.stderr)[-3000:]}"
+    return {c.argv: (int(parts[2 * i + 1]), parts[2 * i] + out.stderr[-3000:])
+            for i, c in enumerate(PYTEST)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("c", PYTEST, ids=lambda c: c.where)
 def test_pytest_command_collects(c):
-    args = [a for a in c.argv if a not in ("-s", "-q")]  # one -q: the summary line stays
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
-                          "no:cacheprovider", *args], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=TIMEOUT)
-    assert out.returncode == 0, f"{c.where}: `{c.text}`\n{(out.stdout + out.stderr)[-3000:]}"
-    selected = re.search(r"^(\d+)(?:/\d+)? tests? collected", out.stdout, re.M)
-    assert selected and int(selected.group(1)) > 0, out.stdout[-1000:]
+    code, out = collections()[c.argv]
+    assert code == 0, f"{c.where}: `{c.text}`\n{out[-3000:]}"
+    selected = re.search(r"^(\d+)(?:/\d+)? tests? collected", out, re.M)
+    assert selected and int(selected.group(1)) > 0, out[-1000:]
 
 
 # ---------------------------------------------------------------- GPU commands parse
