@@ -77,9 +77,9 @@ def _runs_slow(config) -> bool:
 
 def pytest_report_header(config):
     if _runs_slow(config):
-        return "tilelink: the full suite, slow tests included (about 23 minutes on 2 cores)"
+        return "tilelink: the full suite, slow tests included (about 24 minutes on 2 cores)"
     return ("tilelink: the quick selection (about 4 minutes on 2 cores); "
-            "TILELINK_TESTS=full adds the slow tests (about 23 minutes)")
+            "TILELINK_TESTS=full adds the slow tests (about 24 minutes)")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -484,7 +484,7 @@ def main(argv=None) -> int:
         return 3
     bad_rows = [r for r in res["rows"] if not r.get("ok")]
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun: every rank returns here
-            print(f"wrote {args.out}: {len(res['rows'])} rows, {len(bad_rows)} failed or "
+        print(f"wrote {args.out}: {len(res['rows'])} rows, {len(bad_rows)} failed or "
               "disagreeing")
     return 1 if bad_rows else 0
 

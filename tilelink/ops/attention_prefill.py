@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..codegen.module import TL_DTYPES, ident
 from ..codegen.tiles import item_loop, operand_waits
 from ..ir.tensor import DTYPE_BYTES
+from ..plan.tiling import cdiv
 from ..schedule.lowering import Lowering, Step, Work, register_lowering
 from .attention import AttentionPartialTiles, _group, _pow2, seen_keys
 
@@ -25,10 +26,6 @@ from .attention import AttentionPartialTiles, _group, _pow2, seen_keys
 #: head size. FlashAttention-2's usual forward tiles; not measured here (the tuner crosses
 #: block_m, block_n, warps and stages)
 PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_STAGES = 128, 64, 2
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 #: the tile body's share of the rate the model gives the plan's fused SDPA: 4x H100, causal
@@ -90,9 +87,9 @@ class AttentionTiles(Lowering):
         q = site.tensor(site.op.args[0]).local_shape
         k = site.tensor(site.op.args[1]).local_shape
         cfg = site.config
-        tiles = _cdiv(q[0], cfg.block_m) * q[1]
+        tiles = cdiv(q[0], cfg.block_m) * q[1]
         line = (f"{site.where}: {tiles} tiles of {cfg.block_m} query rows x 1 head on "
-                f"{cfg.num_programs} programs, keys in {_cdiv(k[0], cfg.block_n)} blocks of "
+                f"{cfg.num_programs} programs, keys in {cdiv(k[0], cfg.block_n)} blocks of "
                 f"{cfg.block_n}")
         if site.attrs["causal"]:
             line += "; causal: a tile stops at its last query's block"
@@ -112,9 +109,9 @@ class AttentionTiles(Lowering):
         hkv = bp.tensors[op.args[1]].local_shape[1]
         seen = seen_keys(bp, op)
         elem = DTYPE_BYTES.get(bp.tensors[op.args[0]].dtype, 2)
-        tiles = _cdiv(sq, cfg.block_m) * h
+        tiles = cdiv(sq, cfg.block_m) * h
         programs = max(1, min(tiles, cfg.num_programs))
-        waves = _cdiv(tiles, programs)
+        waves = cdiv(tiles, programs)
         nbytes = 2.0 * sq * h * d * elem + waves * 2.0 * seen * hkv * d * elem
         return Work(4.0 * sq * seen * h * d, nbytes, programs=programs,
                     efficiency=TILE_EFFICIENCY)
@@ -139,7 +136,7 @@ class AttentionTiles(Lowering):
         causal = bool(site.attrs["causal"])
         zigzag = causal and bool(site.attrs["zigzag"])
         self._const(kb, site, SQ=sq, SKV=skv, HQ=heads, HKV=kv_heads,
-                    G=_group(q.shape, k.shape), D=d, DP=_pow2(d), BM=cfg.block_m,
+                    G=_group(q.shape, k.shape), D=d, DP=max(16, _pow2(d)), BM=cfg.block_m,
                     BN=cfg.block_n)
         up, prec = AttentionPartialTiles._dot_operands(kb, q.dtype)
         names = {"rank": ("me", "me + 1"), "m": ("m0", "m1"), "h": ("h", "h + 1")}

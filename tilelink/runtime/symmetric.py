@@ -85,10 +85,13 @@ def reserve_workspace(group, nbytes: int) -> None:
     """Grow the group's symmetric-memory workspace to `nbytes` now (a collective call: its
     rendezvous). torch's fused ops take their workspace on first use, which fails inside a
     CUDA-graph capture (the workspace cannot grow there): an op preparing such a call
-    reserves what the call will ask for."""
+    reserves what the call will ask for. Without CUDA there is nothing to reserve (the fused
+    ops run on GPUs only, and refuse other devices when called)."""
+    import torch
     import torch.distributed._symmetric_memory as symm
 
-    symm.get_symm_mem_workspace(group_name(group), min_size=int(nbytes))
+    if torch.cuda.is_available():
+        symm.get_symm_mem_workspace(group_name(group), min_size=int(nbytes))
 
 
 def select_backend(name: str) -> None:

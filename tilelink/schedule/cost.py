@@ -729,14 +729,14 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
         # a second kernel on every SM after the GEMM: the whole sum is exposed, but at HBM
         # bandwidth, plus one launch and one signal round trip
         after_ms = (reduce_bytes / (dev.hbm_gbs * 1e9) * 1e3
-                 + (dev.launch_us + dev.reduce_pass_us) * 1e-3 + lat)
+                    + (dev.launch_us + dev.reduce_pass_us) * 1e-3 + lat)
         if cfg.comm == "copy_engine" and fused:
             # fused into the own tiles' epilogue: they load the W - 1 peer partials (HBM)
             # instead of a pass after the GEMM; only the last tiles' loads are exposed, but
             # the loads slow the epilogues (measured: 0.78 vs 0.83 ms at 8192^3, 4% worse
             # at K / W = 14336): charge the loads at HBM bandwidth
-            fused = (w - 1) * rows * cols * elem / (dev.hbm_gbs * 1e9) * 1e3 + lat
-            total = max(gemm, push) + fused + chunk_cost
+            fused_ms = (w - 1) * rows * cols * elem / (dev.hbm_gbs * 1e9) * 1e3 + lat
+            total = max(gemm, push) + fused_ms + chunk_cost
         elif cfg.comm == "copy_engine":
             total = max(gemm, push) + after_ms + chunk_cost
         else:  # remote stores in the GEMM's epilogue stall it (Lowering.push_stall)

@@ -50,6 +50,7 @@ class Knob:
 
     @property
     def is_int(self) -> bool:
+        """Whether the knob takes integers (its default is one): `--config` parses them."""
         return isinstance(self.default, int)
 
     def why_invalid(self, value) -> str | None:

@@ -129,7 +129,12 @@ class TopkSumTriton(Lowering):
     counter for the next call and hands the combined [block_m, block_n] tile to the ops
     taking topk_sum's result in their epilogue (a reduce_scatter of the token rows pushes it
     to the rank owning those rows). No program waits: the routing decides which tile
-    finishes a chunk, and every chunk is finished once a call."""
+    finishes a chunk, and every chunk is finished once a call.
+
+    Expert numbers outside 0 .. E - 1 (which the references refuse) are not checked on the
+    device: their rows have no tile, their chunks never complete, and the reduction waits
+    until the watchdog reports it; the counters then hold partial counts, so the op must not
+    be called again after such a report."""
 
     kind = "topk_sum"
     name = "topk_sum/triton"

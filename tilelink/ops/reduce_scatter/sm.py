@@ -39,7 +39,7 @@ class ReduceScatterSM(_Scatter):
         for (p0, s0), (p1, s1) in zip(pts, pts[1:]):
             if peers <= p1:
                 return s0 + (s1 - s0) * (peers - p0) / (p1 - p0)
-        return pts[0][1]
+        raise AssertionError("unreachable: peers >= 1 lies in a bracket of PUSH_STALL")
 
     # ---- W = 1: the sum of one partial is the partial ----------------------------------
     # The GEMM's epilogue stores its tiles straight into the result: no stage buffer, no
