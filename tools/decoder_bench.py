@@ -194,9 +194,14 @@ def _baseline_classes():
 
     class SymmColumn(ColumnParallelLinear):
         def forward(self, x):
-            _, (y,) = torch.ops.symm_mem.fused_all_gather_matmul(
-                x.reshape(-1, x.shape[-1]), [self.weight_t], 0, self.group_name,
-                return_A=False)
+            import torch.distributed._symmetric_memory  # noqa: F401  (registers the ops)
+
+            fused = torch.ops.symm_mem.fused_all_gather_matmul
+            # (newer torch can skip returning the gathered operand; older always returns it)
+            kw = ({"return_A": False} if any(a.name == "return_A" for a in
+                                             fused.default._schema.arguments) else {})
+            _, (y,) = fused(x.reshape(-1, x.shape[-1]), [self.weight_t], 0, self.group_name,
+                            **kw)
             return _bias(y, self.bias)
 
     class SymmRow(RowParallelLinear):
