@@ -119,7 +119,7 @@ def test_model_is_monotone_in_m(path):
 def test_more_comm_programs_move_data_faster_until_the_link_saturates():
     bw = [cost.sm_copy_gbs(H200, c, 64 * cost.MB) for c in (4, 8, 16, 32, 64, 132)]
     assert bw == sorted(bw)
-    assert bw[-1] < cost._interp(H200.ce_gbs, 64 * cost.MB) * 1.01  # never beats the CE
+    assert bw[-1] < cost.interpolate(H200.ce_gbs, 64 * cost.MB) * 1.01  # never beats the CE
     bp = bound(AG, M=8192, N=8192, K=8192)
     base = Config(comm="sm", num_programs=132, block_m=128, block_n=256, block_k=64,
                   comm_block_m=128, comm_block_n=128, stages=3, warps=8)

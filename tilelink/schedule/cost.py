@@ -226,7 +226,7 @@ def device_spec(name: str | None) -> DeviceSpec:
     return GENERIC
 
 
-def _interp(points, x: float, log: bool = True) -> float:
+def interpolate(points, x: float, log: bool = True) -> float:
     """Piecewise-linear interpolation (in log x when `log`), clamped at both ends."""
     pts = sorted(points)
     if x <= pts[0][0]:
@@ -243,15 +243,15 @@ def _interp(points, x: float, log: bool = True) -> float:
 
 def _transfer_ms(gbs_points, nbytes: float) -> float:
     """Milliseconds to move `nbytes` at the size-dependent rate `gbs_points` (GB/s)."""
-    return nbytes / (_interp(gbs_points, max(nbytes, 1.0)) * 1e9) * 1e3
+    return nbytes / (interpolate(gbs_points, max(nbytes, 1.0)) * 1e9) * 1e3
 
 
 def sm_copy_gbs(dev: DeviceSpec, ctas: int, nbytes: float) -> float:
     """Bandwidth of `ctas` CTAs pushing `nbytes` to a peer (interpolated in log CTAs)."""
-    by_ctas = sorted((c, _interp(pts, nbytes)) for c, pts in dev.sm_copy_gbs.items())
+    by_ctas = sorted((c, interpolate(pts, nbytes)) for c, pts in dev.sm_copy_gbs.items())
     if ctas < by_ctas[0][0]:  # below the table: proportional to the CTA count
         return by_ctas[0][1] * ctas / by_ctas[0][0]
-    return _interp(by_ctas, ctas)
+    return interpolate(by_ctas, ctas)
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ def _gemm(dev, m, n, k, cfg, programs, elem, tiled=True) -> tuple[float, float]:
         bm, bn, eff = 128, 256, 1.0
     per_sm = dev.peak_tflops * 1e12 / dev.num_sms * dev.gemm_eff * eff
     frac = min(1.0, programs / dev.num_sms)
-    per_sm *= max(_interp(dev.sm_scale, frac, log=False) / frac, 1e-6)  # fewer SMs: faster each
+    per_sm *= max(interpolate(dev.sm_scale, frac, log=False) / frac, 1e-6)  # fewer SMs: faster each
     tile_s = 2 * bm * bn * k / per_sm
     tiles = math.ceil(m / bm) * math.ceil(n / bn)
     waves = tiles / programs
@@ -427,7 +427,7 @@ def share(dev: DeviceSpec, mover: str, peers: int) -> float:
     pts = dev.peer_share.get(mover)
     if not pts or peers <= 1:
         return 1.0
-    return _interp(pts, peers)
+    return interpolate(pts, peers)
 
 
 def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> float:
@@ -595,7 +595,7 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
             comp += (prep.calls * dev.launch_us + prep.device_us) * 1e-3
     nbytes = moved_bytes(bp, cfg)
     if cfg.comm == "copy_engine":
-        bw = _interp(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", bp.world - 1)
+        bw = interpolate(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", bp.world - 1)
     else:
         bw = sm_copy_gbs(dev, max(1, cfg.comm_programs), max(nbytes, 1.0)) * \
             share(dev, "sm", bp.world - 1)
@@ -672,7 +672,7 @@ def _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> 
     chunk_bytes = min(cfg.comm_block_m, rows) * cols * elem
     local_chunk = chunk_bytes / (dev.local_cta_gbs * 1e9) * 1e3
     if cfg.comm == "copy_engine":
-        bw = _interp(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", w - 1)
+        bw = interpolate(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", w - 1)
         signals = w * chunks * lat  # one memcpy + stream write per chunk, serial
         local_chunk = chunk_bytes / (dev.hbm_gbs / 2 * 1e9) * 1e3
     else:
@@ -706,7 +706,7 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
     chunks = math.ceil(rows / chunk_rows) * math.ceil(cols / chunk_cols)
     if cfg.comm == "copy_engine":
         # tiles land in a local staging buffer; the copy engine moves each finished chunk
-        push_bw = _interp(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", w - 1)
+        push_bw = interpolate(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", w - 1)
         last_push = chunk_rows * chunk_cols * elem / (push_bw * 1e9) * 1e3 + w * lat
         reducers = max(1, cfg.comm_programs)
         # its copies are whole rows of chunk_rows, one per chunk and destination, one after

@@ -32,14 +32,9 @@ class ReduceScatterSM(_Scatter):
     def push_stall(self, site) -> float:
         """The share of its pushes' time the GEMM loses, by how many peers its epilogues
         store into (`PUSH_STALL`, interpolated; flat beyond the last measured count)."""
-        peers = max(1, site.bp.world - 1)
-        pts = PUSH_STALL
-        if peers >= pts[-1][0]:
-            return pts[-1][1]
-        for (p0, s0), (p1, s1) in zip(pts, pts[1:]):
-            if peers <= p1:
-                return s0 + (s1 - s0) * (peers - p0) / (p1 - p0)
-        raise AssertionError("unreachable: peers >= 1 lies in a bracket of PUSH_STALL")
+        from ...schedule.cost import interpolate
+
+        return interpolate(PUSH_STALL, max(1, site.bp.world - 1), log=False)
 
     # ---- W = 1: the sum of one partial is the partial ----------------------------------
     # The GEMM's epilogue stores its tiles straight into the result: no stage buffer, no
