@@ -194,14 +194,11 @@ def _baseline_classes():
 
     class SymmColumn(ColumnParallelLinear):
         def forward(self, x):
-            import torch.distributed._symmetric_memory  # noqa: F401  (registers the ops)
+            from tilelink.bench.providers import gathered_operand_skipped, symm_mem_op
 
-            fused = torch.ops.symm_mem.fused_all_gather_matmul
-            # (newer torch can skip returning the gathered operand; older always returns it)
-            kw = ({"return_A": False} if any(a.name == "return_A" for a in
-                                             fused.default._schema.arguments) else {})
+            fused = symm_mem_op("fused_all_gather_matmul")
             _, (y,) = fused(x.reshape(-1, x.shape[-1]), [self.weight_t], 0, self.group_name,
-                            **kw)
+                            **gathered_operand_skipped(fused))
             return _bias(y, self.bias)
 
     class SymmRow(RowParallelLinear):

@@ -77,3 +77,11 @@ def symm_mem_op(name: str):
     import torch.distributed._symmetric_memory  # noqa: F401
 
     return getattr(torch.ops.symm_mem, name)
+
+
+def gathered_operand_skipped(op) -> dict:
+    """Keyword arguments that make torch's `fused_all_gather_matmul` (`op`) skip returning
+    the gathered operand, where this torch can (newer ones take `return_A`; older always
+    return it)."""
+    return ({"return_A": False} if any(a.name == "return_A" for a in op.default._schema.arguments)
+            else {})

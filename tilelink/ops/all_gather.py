@@ -8,8 +8,8 @@ from ..ir.ops import Inferred, OpDoc, check_dim, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid
-from ..bench.providers import (peer_elements, symm_mem_op, to_every_peer,
-                               transfer)
+from ..bench.providers import (gathered_operand_skipped, peer_elements, symm_mem_op,
+                               to_every_peer, transfer)
 from ..runtime.bounds import Sums, rounding
 from ..runtime.dist_reference import Fused, dist_reference, library_pair
 from ..runtime.reference import reference
@@ -109,9 +109,7 @@ def fused_all_gather_matmul(bp, ag, mm, group):
     enable_symm_mem(group)
     op, gname = symm_mem_op("fused_all_gather_matmul"), group_name(group)
     reserve_workspace(group, local_bytes(bp, ag.args[0]))  # (its shard; a capture can't grow it)
-    # newer torch can skip returning the gathered operand; older always returns it
-    kw = ({"return_A": False} if any(a.name == "return_A" for a in op.default._schema.arguments)
-          else {})
+    kw = gathered_operand_skipped(op)
     a, b = ag.args[0], mm.args[1]
     return Fused(lambda vals: op(vals[a], [vals[b]], 0, gname, **kw)[1][0],
                  "torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group, return_A=False) "
