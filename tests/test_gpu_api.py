@@ -294,3 +294,32 @@ def test_a_failing_nvshmem_module_init_is_a_clear_refusal(monkeypatch):
     with pytest.raises(NotSupportedError, match="error code 7") as e:
         nvshmem_device._cumodule_init(1234)
     assert "--backend torch" in e.value.hint and "nvshmem-ptr" in e.value.hint
+
+
+def test_a_refusal_on_the_device_is_reported_as_a_runtime_check_error():
+    # the host side of `tld.refuse` on GPUs: a REFUSED record (with the waits that gave up
+    # because of it) raises a RuntimeCheckError naming the check, not a HangError; the
+    # records and the abort word are cleared
+    from types import SimpleNamespace
+
+    from tilelink.errors import RuntimeCheckError
+    from tilelink.lang import (DIAG_FIELDS, DIAG_HEADER, DIAG_WORDS, REASON_ABORTED,
+                               REASON_REFUSED)
+    from tilelink.runtime.gpu import TileLinkOp
+
+    diag = torch.zeros(DIAG_WORDS, dtype=torch.int32)
+    recs = [(1, 0, 0, 0, 8, 3, 0, REASON_REFUSED), (1, 5, 2, 7, 4, 3, 1, REASON_ABORTED)]
+    diag[0] = len(recs)
+    for i, rec in enumerate(recs):
+        diag[DIAG_HEADER + i * DIAG_FIELDS:DIAG_HEADER + (i + 1) * DIAG_FIELDS] = \
+            torch.tensor(rec)
+    rt = SimpleNamespace(diag=diag, abort=torch.ones(1, dtype=torch.int32), rank=1,
+                         spin_limit=100)
+    op = SimpleNamespace(captured_op=None, _released_waits=None, rt=rt,
+                         schedule=SimpleNamespace(roles=[]),
+                         module={0: "routing of y: expert choices in ids outside 0 .. 7",
+                                 2: "reduce chunk of out"})
+    with pytest.raises(RuntimeCheckError, match=r"(?s)refused this call's input:\n  rank 1: "
+                       r"routing of y: expert choices in ids outside 0 \.\. 7: 3 value"):
+        TileLinkOp.report(op)
+    assert int(rt.diag.abs().sum()) == 0 and int(rt.abort) == 0

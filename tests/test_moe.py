@@ -355,6 +355,27 @@ def test_moe_rs_kernel_matches_reference_under_skewed_routings(world, topk):
     assert not res.plan
 
 
+def test_moe_rs_kernel_refuses_out_of_range_expert_choices_instead_of_hanging():
+    # a choice of no expert has no tile: its chunk of tokens would never complete and the
+    # reduction would wait until the watchdog; the routing kernel refuses it on the device
+    # (a diagnostic record and the abort flag), the waits give up at once, and the error
+    # names the ids
+    import time
+
+    from tilelink.errors import RuntimeCheckError
+
+    sizes = {"T": 36, "K": 32, "N": 32, "E": 4, "TOPK": 2}
+    s = make_schedule(MOE_RS, 2, sizes, TILES, "interp")
+    calls = _inputs(s.bound, ["random"], 7)
+    for ids in calls[0]["ids"]:  # (replicated: every rank's the same)
+        ids[[3, 20], 1] = torch.tensor([4, -1], dtype=ids.dtype)
+    start = time.monotonic()
+    with pytest.raises(RuntimeCheckError, match=r"(?s)refused this call's input.*rank 1: "
+                       r"routing of y: expert choices in ids outside 0 \.\. 3: 2 value"):
+        emulate(MOE_RS, 2, sizes, TILES, inputs=calls, timeout=100)
+    assert time.monotonic() - start < 60  # not the watchdog's 100 s
+
+
 def test_moe_rs_kernel_combines_in_the_grouped_tiles_and_pushes_chunks():
     s = make_schedule(MOE_RS, 2, {"T": 40, "K": 32, "N": 32}, TILES, "interp")
     assert s.composition.lowerings["h"].name == "topk_sum/triton"

@@ -37,11 +37,12 @@ def _kernel_cases():
     import triton  # noqa: F401  (the kernel source's names)
     import triton.language as tl  # noqa: F401
 
+    from tilelink.lang import REASON_REFUSED, DIAG_WORDS, decode_diag
     from tilelink.ops.grouped_gemm.routing import (route_kernel_consts, route_kernel_names,
                                                    route_kernel_source)
 
     space: dict = {}
-    exec("import triton\nimport triton.language as tl\n"
+    exec("import triton\nimport triton.language as tl\nfrom tilelink.lang import interp as tld\n"
          + "\n".join(route_kernel_source("route")), space)
     count, place = (space[n] for n in route_kernel_names("route"))
 
@@ -53,7 +54,7 @@ def _kernel_cases():
         block_m = [16, 32, 64, 128][seed % 4]
         kind = ["random", "hot", "sparse", "all_one", "bad"][seed % 5]
         ids = _routing("random" if kind == "bad" else kind, tokens, topk, experts, gen)
-        if kind == "bad":  # a few out-of-range choices: sorted last, in no tile
+        if kind == "bad":  # a few out-of-range choices: sorted last, in no tile, refused
             ids[::7, 0] = experts + 3
             ids[1::9, -1] = -1
         k = route_kernel_consts(ids.numel(), experts, topk, block_m)
@@ -67,17 +68,29 @@ def _kernel_cases():
         ntiles = torch.full((1,), -1, dtype=torch.int32)
         hist = torch.full((k["P"], k["HS"]), -1, dtype=torch.int32)
         sync = torch.zeros(2, dtype=torch.int32)
+        abort = torch.zeros(1, dtype=torch.int32)
+        diag = torch.zeros(DIAG_WORDS, dtype=torch.int32)
         want = reference_tables(ids, experts, block_m)
+        bad = int(((ids < 0) | (ids >= experts)).sum())
         out = {"programs": k["P"] > 1 or ids.numel() <= k["CH"]}
         # every fourth case a second call on the same tables: the counters were reset
         for call in range(2 if seed % 4 == 0 else 1):
-            count[(k["P"],)](ids, hist, counts, tiles, ntiles, sync, **k)
+            count[(k["P"],)](ids, hist, counts, tiles, ntiles, sync, abort, diag, 5, **k)
             place[(k["P"],)](ids, hist, order, tiles, ntiles, sync, **k)
             n = int(ntiles)
+            # out-of-range choices: one refusal record (site SITE, E, how many) and the abort
+            # flag raised; none otherwise
+            recs = decode_diag(diag.tolist())[1]
+            refused = ([(r["rank"], r["site"], r["expected"], r["observed"], r["reason"])
+                        for r in recs] == [(5, k["SITE"], experts, bad, REASON_REFUSED)]
+                       and int(abort) == 1) if bad else (not recs and int(abort) == 0)
+            abort.zero_()
+            diag.zero_()
             out[("first", "second")[call]] = {"order": order.tolist() == want["order"],
                          "counts": [tuple(c) for c in counts.t().tolist()] == want["counts"],
                          "tiles": [tuple(t) for t in tiles[:n].tolist()] == want["tiles"],
-                         "rest": bool((tiles[n:] == 0).all()), "sync": sync.tolist() == [0, 0]}
+                         "rest": bool((tiles[n:] == 0).all()), "sync": sync.tolist() == [0, 0],
+                         "refused": refused}
             ids = ids if call else ids.clone()
         return out
 
@@ -92,7 +105,8 @@ def kernel_results():
 @pytest.mark.parametrize("seed", range(12))
 def test_the_routing_kernels_write_the_reference_tables(kernel_results, seed):
     # on several programs (chunks of CB choices), twice on the same tables and counters
-    ok = {"order": True, "counts": True, "tiles": True, "rest": True, "sync": True}
+    ok = {"order": True, "counts": True, "tiles": True, "rest": True, "sync": True,
+          "refused": True}
     want = {"programs": True, "first": ok, **({"second": ok} if seed % 4 == 0 else {})}
     assert get(kernel_results, f"kernel_{seed}") == want
 

@@ -39,6 +39,7 @@ from .core import (
     DIAG_LAYOUT,
     DIAG_WORDS,
     REASON_ABORTED,
+    REASON_REFUSED,
     REASON_TIMEOUT,
 )
 
@@ -91,6 +92,6 @@ def decode_diag(diag) -> tuple[int, list[dict]]:
 
 __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
-    "DIAG_WORDS", "PRIMITIVES", "REASON_ABORTED", "REASON_TIMEOUT", "amd", "core", "decode_diag",
-    "flavour", "interp", "module_for", "module_name", "nvidia", "nvshmem",
+    "DIAG_WORDS", "PRIMITIVES", "REASON_ABORTED", "REASON_REFUSED", "REASON_TIMEOUT", "amd",
+    "core", "decode_diag", "flavour", "interp", "module_for", "module_name", "nvidia", "nvshmem",
 ]

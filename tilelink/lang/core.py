@@ -43,6 +43,9 @@ DIAG_LAYOUT = ("rank", "program", "site", "slot", "expected", "observed", "itera
 REASON_TIMEOUT = 1
 #: ``reason`` field: the wait saw the abort flag set by someone else and gave up.
 REASON_ABORTED = 2
+#: ``reason`` field: not a wait: a check on the device refused an input (:func:`refuse`);
+#: ``expected`` and ``observed`` are the site's own (e.g. a bound and how many broke it).
+REASON_REFUSED = 3
 #: the spin reads the abort flag once every this many iterations.
 ABORT_POLL_INTERVAL = 256
 
@@ -57,9 +60,10 @@ PROFILE_LAYOUT = ("epoch", "role", "program", "item", "kind", "site", "t_start",
 #: the layout constants and the target-independent primitives
 __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
-    "DIAG_WORDS", "REASON_ABORTED", "REASON_TIMEOUT",
+    "DIAG_WORDS", "REASON_ABORTED", "REASON_REFUSED", "REASON_TIMEOUT",
     "add_token_zero", "launch_options", "notify", "notify_add", "notify_peer", "num_ranks",
-    "pull_tile", "push_tile", "put", "put_signal", "rank", "symm_at", "wait", "wait_flat",
+    "pull_tile", "push_tile", "put", "put_signal", "rank", "refuse", "symm_at", "wait",
+    "wait_flat",
     "PROFILE_FIELDS", "PROFILE_HEADER", "PROFILE_LAYOUT", "profile_event",
 ]
 
@@ -78,6 +82,7 @@ _CAP = tl.constexpr(DIAG_CAPACITY)
 _POLL = tl.constexpr(ABORT_POLL_INTERVAL)
 _TIMEOUT = tl.constexpr(REASON_TIMEOUT)
 _ABORTED = tl.constexpr(REASON_ABORTED)
+_REFUSED = tl.constexpr(REASON_REFUSED)
 _INT32_MAX = tl.constexpr(2**31 - 1)
 _PH = tl.constexpr(PROFILE_HEADER)
 _PF = tl.constexpr(PROFILE_FIELDS)
@@ -286,6 +291,30 @@ def _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me):
     if aborted == 0:
         # release: the record is written before anyone can see the flag
         tl.atomic_xchg(abort_ptr, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def refuse(abort_ptr, diag_ptr, site, slot, expected, observed, me):
+    """Report that a check on the device refused an input, then raise the abort flag.
+
+    One diagnostic record with reason ``REASON_REFUSED`` (``site``: the check, described by
+    the module's wait-site table; ``slot``, ``expected``, ``observed``: what the check says
+    of it, e.g. a bound and how many values broke it), written before the flag is raised
+    (release, system scope), so every wait of this launch polling the flag gives up at once
+    instead of waiting for data the refused input will never produce; the host raises a
+    RuntimeCheckError naming the check. Call it from one program (scalar arguments)."""
+    idx = tl.atomic_add(diag_ptr, 1, sem="relaxed", scope="sys")
+    if idx < _CAP:
+        rec = diag_ptr + _HDR + idx * _NF
+        tl.store(rec + 0, tl.cast(me, tl.int32))
+        tl.store(rec + 1, tl.program_id(0))
+        tl.store(rec + 2, tl.cast(site, tl.int32))
+        tl.store(rec + 3, tl.cast(slot, tl.int32))
+        tl.store(rec + 4, tl.cast(expected, tl.int32))
+        tl.store(rec + 5, tl.cast(observed, tl.int32))
+        tl.store(rec + 6, 0)
+        tl.store(rec + 7, _REFUSED)
+    tl.atomic_xchg(abort_ptr, 1, sem="release", scope="sys")
 
 
 @triton.jit

@@ -9,6 +9,7 @@ from ..codegen.protocol import SITE_RELEASE
 from ..errors import ConfigError, NotSupportedError
 from ..ir import BoundPattern, Pattern
 from ..ir.tensor import show_bytes
+from ..lang.core import REASON_REFUSED
 from ..schedule import Schedule, get_target, make_schedule
 from . import emulated
 from .checking import CheckReport, check  # noqa: F401  (tilelink.runtime.check)
@@ -36,6 +37,9 @@ def describe_wait(s: Schedule, module, rec: dict, slot_words=None,
     wait hung (once per rank and role when `explained` collects what was said already).
     """
     sites = module if isinstance(module, dict) else module.WAIT_SITES
+    if rec.get("reason") == REASON_REFUSED:  # not a wait: a check on the device (tld.refuse)
+        return (f"rank {rec['rank']}: {sites.get(rec['site'], 'site ' + str(rec['site']))}: "
+                f"{rec['observed']} value(s) refused (checked by program {rec['program']})")
     site_deps = {} if isinstance(module, dict) else getattr(module, "WAIT_SITE_DEPS", {})
     site_roles = {} if isinstance(module, dict) else getattr(module, "WAIT_SITE_ROLES", {})
     if slot_words is None and not isinstance(module, dict):

@@ -446,7 +446,8 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     arena = _Arena(arena_bytes)
     heaps = []
     for _ in range(world):
-        heaps.append({k: arena.take(s, TORCH_DTYPES[d]).zero_() for k, (s, d) in sym_shapes.items()})
+        heaps.append({k: arena.take(s, TORCH_DTYPES[d]).zero_()
+                      for k, (s, d) in sym_shapes.items()})
     for h in heaps:
         if hasattr(mod, "init_signals"):
             mod.init_signals(h, wrap_epoch(first_epoch))
@@ -501,6 +502,9 @@ def run_emulated(source: str, world: int, per_call_inputs: list[dict[str, list[t
     causes = {r: tb for r, (tb, after, _) in results.items() if tb and not after}
     records, total = _decode(diag)
     words = [describe_wait(rec) if describe_wait else str(rec) for rec in records]
+    refused = refusals(records, words)
+    if refused:  # an input the device refused: the waits that gave up are its consequence
+        raise refused
     if causes or dead:
         raise _failure(causes, dead, words, total)
     silent = [r for r in range(world) if r not in results]  # never answered: killed
@@ -757,10 +761,26 @@ def _stopped(pid: int) -> bool:
     return state == [b"T"]
 
 
+def refusals(records: list[dict], words: list[str]):
+    """A RuntimeCheckError naming the inputs a check on the device refused (`tld.refuse`
+    records, in `words` as `describe_wait` puts them), or None when no check refused one."""
+    from ..errors import RuntimeCheckError
+    from ..lang.core import REASON_REFUSED
+
+    said = [w for rec, w in zip(records, words) if rec["reason"] == REASON_REFUSED]
+    if not said:
+        return None
+    return RuntimeCheckError("a check on the device refused this call's input:\n"
+                             + "\n".join(f"  {w}" for w in said),
+                             hint="fix the input; this op's signals and counters now hold "
+                             "the refused call's partial state: build a new op (or a new "
+                             "world) before calling again")
+
+
 def _decode(diag: torch.Tensor) -> tuple[list[dict], int]:
     """The diagnostic records kept (at most DIAG_RECORDS) and how many waits gave up."""
     total = max(0, int(diag[0]))
-    keys = ("rank", "program", "site", "slot", "expected", "observed", "spins", "valid")
+    keys = ("rank", "program", "site", "slot", "expected", "observed", "spins", "reason")
     recs = []
     for i in range(min(total, DIAG_RECORDS)):
         base = DIAG_FIELDS + i * DIAG_FIELDS

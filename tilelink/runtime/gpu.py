@@ -31,7 +31,7 @@ from ..schedule import Config, default_config, get_target, make_schedule
 from .api import describe_wait
 from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_ops import buffer_layout, check_copy_ops
-from .emulated import wrap_epoch
+from .emulated import refusals, wrap_epoch
 from .fast_launch import FastLauncher
 from .inputs import refuse_tensor
 from .reference import TORCH_DTYPES
@@ -584,13 +584,17 @@ class TileLinkOp:
         if not count:
             return
         keys = ("rank", "program", "site", "slot", "expected", "observed", "spins", "reason")
-        words = []
+        words, recs = [], []
         for i in range(min(count, (len(diag) - DIAG_HEADER) // DIAG_FIELDS)):
             base = DIAG_HEADER + i * DIAG_FIELDS
             rec = dict(zip(keys, (int(x) for x in diag[base:base + DIAG_FIELDS])))
+            recs.append(rec)
             words.append(describe_wait(self.schedule, self.module, rec))
         self.rt.diag.zero_()
         self.rt.abort.zero_()
+        refused = refusals(recs, words)
+        if refused is not None:  # the waits that gave up are its consequence
+            raise refused
         shown = words[:SHOW_RECORDS]
         if len(words) > len(shown) or count > len(words):
             shown.append(f"... and {count - len(shown)} more")

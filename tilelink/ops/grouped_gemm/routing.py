@@ -3,8 +3,8 @@
 The lowering's prepare step launches two Triton kernels on a grid of programs, each taking a
 chunk of the choices (`route_kernel_source`: their text goes into the generated module) right
 before the grouped GEMM's kernel; nothing is read back to the host, so a CUDA graph captures
-them and a call never waits for the device. `route_tables` computes the same tables with torch ops (a second,
-independent implementation the tests hold the kernels to). Both fill, in place:
+them and a call never waits for the device. `route_tables` computes the same tables with torch
+ops (a second, independent implementation the tests hold the kernels to). Both fill, in place:
 
 - `order` [C] (C = T * topk): the result rows t * topk + j sorted by expert, stably (rows of
   one expert in increasing order, so in increasing token order);
@@ -16,7 +16,11 @@ independent implementation the tests hold the kernels to). Both fill, in place:
 
 An expert with no rows has no tile; a tile never mixes experts. Copies whose expert is out of
 range belong to no expert and no tile (their result rows are not written; the references
-refuse such ids).
+refuse such ids). The counting kernel refuses them too: its last program writes one
+diagnostic record (`tld.refuse`: the check's site, E, how many copies were out of range) and
+raises the abort flag, so the kernel after it gives up its waits at once (a combine whose
+chunks would never complete, a reduction waiting on them) and the host raises a
+RuntimeCheckError naming the ids.
 """
 
 from __future__ import annotations
@@ -94,10 +98,12 @@ def reference_tables(ids: torch.Tensor, experts: int, block_m: int) -> dict:
 ROUTE_PROGRAMS = 128
 
 
-def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int) -> dict:
+def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int,
+                        site: int = 0) -> dict:
     """The constexpr arguments of the routing kernels for these sizes: P programs of CH
     copies each (CB a step), the histogram's row stride HS (EP experts, then the
-    out-of-range count), PQ histogram rows read at a time."""
+    out-of-range count), PQ histogram rows read at a time, and the wait site SITE its
+    refusal of out-of-range copies reports."""
     ep = 1 << max(0, experts - 1).bit_length()  # experts, padded to a power of two
     # copies a step: its [CB, EP] comparisons stay at 4K elements (16 .. 512 copies)
     cb = max(16, min(512, 4096 // ep))
@@ -105,7 +111,7 @@ def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int) -> d
     ch = cb * steps
     return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m,
                 SLOTS=max_tiles(copies, experts, block_m), CB=cb, TB=cb, CH=ch,
-                P=max(1, -(-copies // ch)), HS=ep + 1, PQ=max(1, 4096 // ep))
+                P=max(1, -(-copies // ch)), HS=ep + 1, PQ=max(1, 4096 // ep), SITE=site)
 
 
 def route_steps(copies: int, experts: int, topk: int, block_m: int) -> int:
@@ -129,7 +135,9 @@ def route_kernel_source(base: str) -> list[str]:
 
     - counting: per expert (and out of range) the copies of its chunk, into its row of
       route_hist [P, HS]; the program that counts last (`route_sync[0]`) sums the rows into
-      the per-expert tables and writes each tile's expert, first position and rows;
+      the per-expert tables and writes each tile's expert, first position and rows, and
+      refuses copies out of range (`tld.refuse` at wait site SITE: a diagnostic record and
+      the abort flag, `abort_ptr` / `diag_ptr` of rank `me`);
     - placing: each program places its chunk's copies in `order` after the copies of its
       expert in earlier chunks (a stable sort: chunks are in copy order); the program that
       finishes last (`route_sync[1]`) writes each tile's token range from the order.
@@ -140,18 +148,19 @@ def route_kernel_source(base: str) -> list[str]:
     count, place = route_kernel_names(base)
     consts = ("C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,\n"
               "        BM: tl.constexpr, SLOTS: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr,\n"
-              "        CH: tl.constexpr, P: tl.constexpr, HS: tl.constexpr, PQ: tl.constexpr")
+              "        CH: tl.constexpr, P: tl.constexpr, HS: tl.constexpr, PQ: tl.constexpr,\n"
+              "        SITE: tl.constexpr")
     return (_COUNT.replace("{name}", count) + "\n\n" + _PLACE.replace("{name}", place)
             ).replace("{consts}", consts).splitlines()
 
 
 _COUNT = '''@triton.jit
 def {name}(route_ids_ptr, route_hist_ptr, route_counts_ptr, route_tiles_ptr,
-        route_ntiles_ptr, route_sync_ptr,
+        route_ntiles_ptr, route_sync_ptr, abort_ptr, diag_ptr, me,
         {consts}):
     """Routing, first kernel: this program's chunk of copies counted per expert; the last
-    program to count writes the per-expert tables and the tiles' experts and rows (see
-    tilelink.ops.grouped_gemm.routing)."""
+    program to count writes the per-expert tables and the tiles' experts and rows, and
+    refuses expert numbers out of range (see tilelink.ops.grouped_gemm.routing)."""
     p = tl.program_id(0)
     e_offs = tl.arange(0, EP)
     emask = e_offs < E
@@ -173,11 +182,16 @@ def {name}(route_ids_ptr, route_hist_ptr, route_counts_ptr, route_tiles_ptr,
         tl.atomic_xchg(route_sync_ptr, 0, sem="relaxed", scope="gpu")
         q_offs = tl.arange(0, PQ)
         cnt = tl.zeros((EP,), dtype=tl.int32)
+        bad = tl.sum(tl.zeros((PQ,), dtype=tl.int32), 0)  # copies out of range, all chunks
         for q0 in range(0, P, PQ):  # (.cg: rows other programs wrote, from L2)
             q = q0 + q_offs
             cnt += tl.sum(tl.load(route_hist_ptr + q[:, None] * HS + e_offs[None, :],
                                   mask=q[:, None] < P, other=0, cache_modifier=".cg"), axis=0)
+            bad += tl.sum(tl.load(route_hist_ptr + q * HS + EP, mask=q < P, other=0,
+                                  cache_modifier=".cg"), 0)
         cnt = tl.where(emask, cnt, 0)
+        if bad > 0:  # copies of no expert: their rows would never be computed
+            tld.refuse(abort_ptr, diag_ptr, SITE, 0, E, bad, me)
         first = tl.cumsum(cnt, 0) - cnt
         per = (cnt + BM - 1) // BM
         tile_end = tl.cumsum(per, 0)

@@ -155,7 +155,10 @@ class GroupedGemmTriton(Lowering):
         mb.heap_tensor(t["counts"], (3, s["E"]), "int32")
         mb.heap_tensor(t["tiles"], (slots, len(TILE_COLUMNS)), "int32")
         mb.heap_tensor(t["ntiles"], (1,), "int32")
-        consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m)
+        # the counting kernel's refusal of expert numbers out of range names this site
+        refused = mb.site(f"routing of {site.op.result}: expert choices in "
+                          f"{site.op.args[2]} outside 0 .. {s['E'] - 1}")
+        consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m, refused)
         own = scratch(site.op)
         mb.heap_tensor(own["hist"], (consts["P"], consts["HS"]), "int32")
         mb.signal(own["sync"], 2, init="zero")
@@ -181,10 +184,12 @@ class GroupedGemmTriton(Lowering):
         grid = route_kernel_consts(s["C"], s["E"], s["TOPK"], mb.config.block_m)["P"]
         t, own = tables(site.op), scratch(site.op)
         ref = {**{r: mb.host_ref(b) for r, b in t.items()}, "hist": mb.host_ref(own["hist"]),
-               "sync": f"sym[{own['sync']!r}]", "ids": mb.host_ref(site.op.args[2])}
+               "sync": f"sym[{own['sync']!r}]", "ids": mb.host_ref(site.op.args[2]),
+               "abort": "rt.abort", "diag": "rt.diag", "me": "rt.rank"}
         count, place = route_kernels(site)
         out = []
-        for name, args in ((count, ("ids", "hist", "counts", "tiles", "ntiles", "sync")),
+        for name, args in ((count, ("ids", "hist", "counts", "tiles", "ntiles", "sync", "abort",
+                                    "diag", "me")),
                            (place, ("ids", "hist", "order", "tiles", "ntiles", "sync"))):
             out += [f"    rt.launch_kernel({name}, ({grid},), "
                     f"({', '.join(ref[a] for a in args)},), dict(",

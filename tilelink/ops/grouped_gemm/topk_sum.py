@@ -131,10 +131,11 @@ class TopkSumTriton(Lowering):
     to the rank owning those rows). No program waits: the routing decides which tile
     finishes a chunk, and every chunk is finished once a call.
 
-    Expert numbers outside 0 .. E - 1 (which the references refuse) are not checked on the
-    device: their rows have no tile, their chunks never complete, and the reduction waits
-    until the watchdog reports it; the counters then hold partial counts, so the op must not
-    be called again after such a report."""
+    Expert numbers outside 0 .. E - 1 (which the references refuse) have no tile, so their
+    chunks would never complete: the routing's counting kernel refuses them on the device
+    (a diagnostic record and the abort flag, see `routing`), the waits give up at once and
+    the host raises a RuntimeCheckError naming the ids. The counters then hold partial
+    counts, so the op must not be called again after such a report."""
 
     kind = "topk_sum"
     name = "topk_sum/triton"
