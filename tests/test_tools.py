@@ -148,3 +148,19 @@ def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
     for r in rows:  # the ratio is the fastest baseline of the row's size over its time
         best = min(b["ms"] for b in rows if b["variant"] == "nccl" and b["phase"] == r["phase"])
         assert r["speedup_vs_best_baseline"] == round(best / r["ms"], 3)
+
+
+@pytest.mark.parametrize("text,want", [("32/8", (32, 8)), ("32/32", (32, 32)),
+                                       ("32/7", "KV must divide H"), ("0/1", "KV must divide H"),
+                                       ("32", "write H/KV"), ("a/b", "write H/KV")])
+def test_the_heads_argument_of_the_attention_tools(text, want):
+    # decode_bw.py and decoder_bench.py take --heads H/KV through one argparse type
+    import argparse
+
+    from tilelink.cli.argtypes import heads
+
+    if isinstance(want, tuple):
+        assert heads(text) == want
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=want):
+            heads(text)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tilelink.cli import argtypes  # noqa: E402  (after the path)
+
 PATTERN = """pattern decode_partial(B = 1, H = 32, HKV = 32, S = 32768, D = 128, dtype = bf16)
     q : [B, H, D] dtype replicated
     k : [B, S, HKV, D] dtype
@@ -33,17 +35,6 @@ PATTERN = """pattern decode_partial(B = 1, H = 32, HKV = 32, S = 32768, D = 128,
     part = attention_partial(q, k, v)
     return part
 """
-
-
-def parse_heads(text: str) -> tuple[int, int]:
-    """'H/HKV' (query heads / key heads; HKV divides H) -> (H, HKV)."""
-    try:
-        h, hkv = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"heads {text!r}: write H/HKV, e.g. 32/8") from None
-    if h < 1 or hkv < 1 or h % hkv:
-        raise argparse.ArgumentTypeError(f"heads {text!r}: HKV must divide H")
-    return h, hkv
 
 
 def kv_bytes(b: int, s: int, hkv: int, d: int, elem: int = 2) -> int:
@@ -57,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--kv", type=int, nargs="+", default=[32768, 131072],
                    help="keys per sequence (the whole cache: W = 1)")
-    p.add_argument("--heads", type=parse_heads, nargs="+", default=[(32, 32), (32, 8)],
+    p.add_argument("--heads", type=argtypes.heads, nargs="+", default=[(32, 32), (32, 8)],
                    metavar="H/HKV", help="query heads / key heads (default 32/32 32/8)")
     p.add_argument("--dim", type=int, default=128, help="head size D")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")

@@ -50,22 +50,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tilelink.cli import argtypes  # noqa: E402  (after the path)
+
 VARIANTS = ("tilelink", "nccl", "async_tp")
 BASELINES = ("nccl", "async_tp")
 FUSED_NAMES = ("symm_mem.fused_all_gather_matmul", "symm_mem.fused_matmul_reduce_scatter",
                "tilelink.ag_gemm", "tilelink.gemm_rs", "all_gather_into_tensor",
                "reduce_scatter_tensor")
-
-
-def parse_heads(text: str) -> tuple[int, int]:
-    """'H/KV' (query heads / KV heads) -> (H, KV)."""
-    try:
-        h, kv = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"heads {text!r}: write H/KV, e.g. 32/8") from None
-    if h < 1 or kv < 1 or h % kv:
-        raise argparse.ArgumentTypeError(f"heads {text!r}: KV must divide H")
-    return h, kv
 
 
 def parser() -> argparse.ArgumentParser:
@@ -80,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
                    help="decode token counts (that many one-token sequences), graph replays")
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--intermediate", type=int, default=14336)
-    p.add_argument("--heads", type=parse_heads, default=(32, 8), help="H/KV (default 32/8)")
+    p.add_argument("--heads", type=argtypes.heads, default=(32, 8), help="H/KV (default 32/8)")
     p.add_argument("--layer", choices=("auto", "hf", "plain"), default="auto",
                    help="transformers' LlamaDecoderLayer (hf), tilelink.model.llama's (plain),"
                    " or hf where transformers imports (auto)")

@@ -64,3 +64,14 @@ seed = whole(0, MAX_SEED, 0)
 spin_limit = whole(1, MAX_SPIN_LIMIT, 20_000_000)
 count = whole(1, 1_000_000, 10)  # --top, --iters, --rounds, --reps
 warmup = whole(0, 1_000_000, 5)
+
+
+def heads(text: str) -> tuple[int, int]:
+    """'H/KV' (query heads / key-value heads; KV divides H) -> (H, KV)."""
+    try:
+        h, kv = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"heads {_show(text)}: write H/KV, e.g. 32/8") from None
+    if h < 1 or kv < 1 or h % kv:
+        raise argparse.ArgumentTypeError(f"heads {_show(text)}: KV must divide H (e.g. 32/8)")
+    return h, kv
