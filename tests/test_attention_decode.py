@@ -262,4 +262,4 @@ def test_decode_bw_refuses_cleanly_without_a_gpu():
     assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
     bad = subprocess.run([sys.executable, str(ROOT / "tools" / "decode_bw.py"), "--heads",
                           "32/5"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert bad.returncode == 2 and "HKV must divide H" in bad.stderr
+    assert bad.returncode == 2 and "KV must divide H" in bad.stderr

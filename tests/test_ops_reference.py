@@ -98,3 +98,19 @@ def test_help_describes_the_command(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "usage: tilelink ops" in out and "--markdown" in out and "comm=none" in out
+
+
+def test_each_ops_entry_lists_the_knobs_its_family_declares():
+    # `tilelink ops NAME` names its family's op knobs (from the registry), with their values
+    # and defaults; an op declaring none has no knobs line
+    from tilelink.cli.ops import entry_text
+    from tilelink.ir.ops import spec
+    from tilelink.schedule.knobs import OP_KNOBS
+
+    for name in ("reduce_scatter", "all_reduce", "gemm", "topk_sum"):
+        text = entry_text(spec(name))
+        own = [k for k in OP_KNOBS.values() if k.family == name]
+        assert ("  knobs: " in text) == bool(own), name
+        for k in own:
+            assert f"{k.name} = " in text and f"(default {k.default})" in text
+    assert "allreduce = one_shot|two_shot (default one_shot)" in entry_text(spec("all_reduce"))

@@ -115,6 +115,18 @@ def kernels(sp) -> str:
     return "; ".join(parts)
 
 
+def knobs(sp) -> str | None:
+    """The op knobs its family declares (`--config NAME=VALUE`): name, values, default and
+    what each does; None where it declares none."""
+    from ..schedule.knobs import OP_KNOBS
+
+    own = [k for k in OP_KNOBS.values() if k.family == sp.name]
+    if not own:
+        return None
+    return "; ".join(f"{k.name} = {'|'.join(map(str, k.values)) if k.values else k.check_text or ('an integer' if k.is_int else 'text')} "
+                     f"(default {k.default}): {k.help}" for k in own)
+
+
 def _sizes(sp) -> list[tuple[str, str]]:
     """The example pattern's parameters, (name, value), from the OpDoc's "M = 64, K = 32"."""
     return [tuple(x.strip() for x in item.split("=", 1)) for item in sp.details.sizes.split(",")]
@@ -226,6 +238,8 @@ def entry_text(sp) -> str:
     for name, words in args + ([("result", d.result)] if d else []):
         lines += _wrap(words, " " * (width + 4), f"  {name.ljust(width)}  ")
     lines += _wrap(kernels(sp), "    ", "  kernels: ")
+    if knobs(sp):
+        lines += _wrap(knobs(sp), "    ", "  knobs: ")
     if d and d.notes:
         lines += _wrap(d.notes, "    ", "  note: ")
     if d is not None:
@@ -271,6 +285,8 @@ def entry_markdown(sp) -> str:
     if d is not None:
         out.append(f"- result: {d.result}")
     out += ["", f"Kernels: {kernels(sp)}." + (f" {d.notes}" if d and d.notes else ""), ""]
+    if knobs(sp):
+        out += [f"Knobs (`--config NAME=VALUE`): {knobs(sp)}.", ""]
     if d is None:
         return "\n".join(out)
     text = example_text(sp)
