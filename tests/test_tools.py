@@ -128,6 +128,22 @@ def test_decoder_bench_stops_at_its_time_limit(tmp_path):
 
 
 @pytest.mark.slow
+def test_decoder_bench_stops_when_one_rank_fails_alone(tmp_path):
+    # rank 1 fails its first row alone while rank 0 runs that row's collectives: rank 1
+    # waits --agree-timeout at the row's end, then stops the run (never a collective out of
+    # step with rank 0's), and the tool reports it without a traceback
+    out = _decoder_bench("--cpu", "-W", "2", "--layer", "plain", "--hidden", "64",
+                         "--intermediate", "128", "--heads", "4/2", "--prefill", "16",
+                         "--decode", "--variants", "nccl", "--no-compile", "--fail-rank", "1",
+                         "--agree-timeout", "5", "--out", str(tmp_path / "dec.json"),
+                         timeout=300)
+    assert out.returncode == 3, out.stdout + out.stderr[-3000:]
+    assert "rank 1: the ranks did not all finish row nccl eager prefill 16" in out.stderr
+    assert "--fail-rank 1: this rank fails alone" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
 def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
     # the tool's own flow on a gloo world: TileLink and NCCL variants, eager and compiled
     # (aot_eager), each checked against the unsharded layer, and the JSON's ratios

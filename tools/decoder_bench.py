@@ -85,6 +85,12 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds for the whole run; past it every rank exits (status 3)")
     p.add_argument("--cpu", action="store_true",
                    help="run on a gloo CPU world in fp32 (a check of the tool, not a timing)")
+    p.add_argument("--agree-timeout", type=float, default=120.0,
+                   help="seconds the ranks wait for each other after each row; a rank that "
+                   "failed alone (the others still in that row's collectives) stops the run "
+                   "after it (status 3), instead of calling collectives out of step")
+    p.add_argument("--fail-rank", type=int, default=None, metavar="R",
+                   help="testing: rank R raises in its first row, alone")
     return p
 
 
@@ -292,6 +298,35 @@ def _measure(fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
     return row
 
 
+def _agree(row: dict, index: int, rank: int, world: int, timeout: float) -> dict:
+    """Every rank's outcome of row `index`, agreed through the process group's store: a row
+    that failed on one rank is an error row on every rank, so that they all go on to the
+    same next row. A rank that failed alone may find the others still in that row's
+    collectives: they never post their outcome, so it stops the run (os._exit(4)) rather
+    than meet them out of step."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"decoder_bench/{index}/{rank}", json.dumps(row.get("error")))
+    keys = [f"decoder_bench/{index}/{r}" for r in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception as e:  # noqa: BLE001  (the store's timeout error type varies by torch)
+        print(f"decoder_bench: rank {rank}: the ranks did not all finish row "
+              f"{row['variant']} {row['mode']} {row['phase']} {row['tokens']} within "
+              f"{timeout:g} s (this rank's outcome: {row.get('error') or 'ok'}); stopping "
+              f"({type(e).__name__})", file=sys.stderr, flush=True)
+        os._exit(4)
+    errors = [json.loads(store.get(k)) for k in keys]
+    if row.get("error") is None and any(errors):
+        first = next(r for r, e in enumerate(errors) if e)
+        row = {k: row[k] for k in ("variant", "mode", "phase", "tokens")} | {
+            "ok": False, "error": f"rank {first} failed: {errors[first]}"}
+    return row
+
+
 def _modes(phase: str, args) -> list[str]:
     graph = phase == "decode" and not args.cpu
     modes = ["eager graph" if graph else "eager"]
@@ -350,6 +385,7 @@ def _rank(rank: int, world: int, args) -> dict:
     with torch.no_grad():  # (eager form, compiled form) of each variant, built once
         forms = {v: (build_variant(subject, v, compiled=False),
                      build_variant(subject, v, compiled=True)) for v in variants}
+    first_row = True
     # size by size, so that a run cut short by --time-limit has whole comparisons
     for phase, t in sizes:
         x, want, tp_kw = cases[(phase, t)]
@@ -357,6 +393,9 @@ def _rank(rank: int, world: int, args) -> dict:
             tp, compiled_tp = forms[variant]
             for mode in _modes(phase, args):
                 try:
+                    if first_row and args.fail_rank == rank:
+                        raise RuntimeError(f"--fail-rank {rank}: this rank fails alone")
+                    first_row = False
                     if variant == "tilelink":  # this size's ops built before any capture
                         with torch.no_grad():
                             prepare(tp, tokens=[t])  # (compiled_tp: the same shapes)
@@ -374,7 +413,7 @@ def _rank(rank: int, world: int, args) -> dict:
                            "ok": False, "error": f"{type(e).__name__}: {str(e)[:600]}"}
                     if not args.cpu:
                         torch.cuda.synchronize()
-                    dist.barrier()
+                row = _agree(row, len(rows), rank, world, args.agree_timeout)
                 rows.append(row)
                 if rank == 0:
                     print(_line(row), flush=True)
