@@ -5,7 +5,8 @@ The schedule says which lowering runs each op and how the lowerings' steps form 
 pattern output, or a buffer of the symmetric heap), lets each lowering declare what it
 needs at module level (constants, symmetric buffers, signal arrays, wait sites, the copy
 engine's program), asks each step's lowering for its role's body, and lays the kernels out
-with the shared call protocol (`protocol.py`) around their roles.
+with the shared call protocol (`protocol.py`) around their roles (`kernel.py`: one kernel;
+`views.py`: the vocabulary the lowerings share with it).
 
 Conventions every lowering relies on:
 - every tensor is contiguous and row-major: a view is a base pointer and a shape;
@@ -20,101 +21,17 @@ Conventions every lowering relies on:
 from __future__ import annotations
 
 import json
-import textwrap
-from dataclasses import dataclass, field
 
 from ..errors import NotSupportedError
 from ..ir import spec
 from ..lang.core import DIAG_WORDS  # noqa: F401  (documentation: diag_ptr's size)
 from . import profile, protocol
 from .escape import comment_text, doc_text
+from .kernel import KernelBuilder
 from .names import Names, check_module
-
-TL_DTYPES = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32"}
-SIG_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int32": "i32", "int64": "i64"}
-_FIXED = ("ctl_ptr", "heap_bases", "abort_ptr", "diag_ptr", "me", "spin_limit")
-_FIXED_SIG = {"ctl_ptr": "*i32", "heap_bases": "*i64", "abort_ptr": "*i32", "diag_ptr": "*i32",
-              "me": "i32", "spin_limit": "i32"}
-_FIXED_HOST = {"ctl_ptr": 'sym["ctl"]', "heap_bases": "rt.heap_bases", "abort_ptr": "rt.abort",
-               "diag_ptr": "rt.diag", "me": "rt.rank", "spin_limit": "rt.spin_limit"}
-
-
-def indent(lines: list[str], n: int = 1) -> list[str]:
-    """`lines` indented by `n` levels of four spaces (blank lines stay blank)."""
-    pad = "    " * n
-    return [pad + x if x else x for x in lines]
-
-
-def ident(name: str) -> str:
-    """`name` as an upper-case constant prefix (a_full -> A_FULL)."""
-    return "".join(c if c.isalnum() else "_" for c in name).upper()
-
-
-@dataclass(frozen=True)
-class Alias:
-    """Rows `lo .. hi - 1` (kernel expressions) of a view's dim 0 live in another tensor,
-    whose row r is the view's row lo + r: the own rows of a gathered tensor, read in place
-    from this rank's input instead of a copy of them."""
-
-    lo: str
-    hi: str
-    base: str  # pointer of the other tensor's row 0
-    rows: int  # its row count (for a descriptor)
-
-
-@dataclass(frozen=True)
-class View:
-    """How a kernel addresses a tensor: contiguous, row-major, from `base`."""
-
-    tensor: str
-    base: str
-    shape: tuple[int, ...]
-    dtype: str
-    peer_written: bool = False  # other agents write it (a proxy fence before TMA reads)
-    alias: Alias | None = None
-
-    def strides(self) -> tuple[int, ...]:
-        out, n = [], 1
-        for d in reversed(self.shape):
-            out.append(n)
-            n *= d
-        return tuple(reversed(out))
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    def addr(self, index: list[str]) -> str:
-        """Pointer expression of element `index` (one expression per dim)."""
-        terms = []
-        for i, s in zip(index, self.strides()):
-            if i in ("0", 0):
-                continue
-            terms.append(f"({i})" if s == 1 else f"({i}) * {s}")
-        return " + ".join([self.base] + terms)
-
-
-@dataclass
-class TileOut:
-    """A compute tile's result as epilogue hooks see it (2-D: rows x columns).
-
-    `values`: the tile in the result dtype; `rows` / `cols`: the index vectors (`offs_m`,
-    `offs_n`); `row_lo`/`row_hi`, `col_lo`/`col_hi`: the tile's interval (scalars);
-    `grid`: producer grid axis -> this tile's index (for slot expressions)."""
-
-    values: str
-    rows: str
-    cols: str
-    row_lo: str
-    row_hi: str
-    col_lo: str
-    col_hi: str
-    grid: dict
-    shape: tuple[int, int]
-
+# (the shared vocabulary, imported from here by the ops' lowerings)
+from .views import (SIG_DTYPES, TL_DTYPES, Alias, TileOut, View, ident,  # noqa: F401
+                    indent, numel, wrap_items)
 
 #: test faults a module can be rendered with: what each injects
 FAULTS = {"drop_notify": "every producer of data skips the signal that says the data arrived "
@@ -301,7 +218,7 @@ class ModuleBuilder:
             base = kb.param(f"{tensor}_ptr", sig, f"outputs[{tensor!r}]")
         else:
             ptr = kb.param(f"{tensor}_ptr", sig, f"sym[{tensor!r}]")
-            base = ptr if nbuf == 1 else kb.buffered(tensor, ptr, _numel(shape))
+            base = ptr if nbuf == 1 else kb.buffered(tensor, ptr, numel(shape))
         alias = None
         if tensor in self.aliases:
             lo, hi, src, rows = self.aliases[tensor]
@@ -553,184 +470,6 @@ class ModuleBuilder:
 
     def _copy_outputs(self) -> list[str]:
         return []
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-class KernelBuilder:
-    """One kernel of a module: its arguments, constants and roles (see ModuleBuilder)."""
-
-    def __init__(self, mb: ModuleBuilder, index: int, roles):
-        self.mb, self.index, self.roles = mb, index, roles
-        name = mb.bp.name
-        # the first kernel is the pattern's; later ones are named after what they do
-        self.name = f"{name}_kernel" if index == 0 else f"{name}_{_kernel_word(roles)}_kernel"
-        if any(k.name == self.name for k in mb.kernels[:index]):
-            self.name = f"{name}_k{index}_kernel"
-        self.programs = sum(r.count for r in roles)
-        self.params: dict[str, str] = {k: _FIXED_SIG[k] for k in _FIXED}
-        for k in _FIXED:
-            mb.arguments.setdefault(k, (_FIXED_SIG[k], _FIXED_HOST[k]))
-        self.sig = dict(self.params)
-        self.host: dict[str, str] = dict(_FIXED_HOST)
-        self.consts: dict[str, str] = {}  # local constexpr name -> module constant
-        self.prologue: list[str] = []
-        self.buffers: dict[str, str] = {}
-        self.warps = mb.config.warps  # a step's lowering may set another
-        self.gluon = False
-        self.lines: list[str] = []
-        self.launch: list[str] | None = None  # launch() lines, where a lowering writes them
-        # host lines launch() runs right before this kernel's launch (a library call whose
-        # result the kernel's roles read)
-        self.host_before: list[str] = []
-        self.also: list[str] = []  # more kernels its lowering laid out (same consts, warps)
-        self.docstring = ""
-        self.profiled = False  # its roles record profile events (profile=1)
-
-    # ---- what lowerings call ------------------------------------------------------------
-
-    @property
-    def programs_const(self) -> str:
-        """The module constant of this kernel's grid size."""
-        if self.index == 0:
-            return "NUM_PROGRAMS"
-        return f"{ident(self.name[:-len('_kernel')])}_PROGRAMS"
-
-    def param(self, name: str, sig: str, host: str) -> str:
-        """Runtime argument `name` of this kernel (type `sig`), passed `host` by launch();
-        a name stands for one argument in every kernel of the module."""
-        known = self.mb.arguments.setdefault(name, (sig, host))
-        if known != (sig, host):
-            raise self.mb.names.clash(name, f"kernel argument {name} would be both {known[1]} "
-                                      f"({known[0]}) and {host} ({sig})")
-        if name not in self.params:
-            self.params[name] = sig
-            self.sig[name] = sig
-            self.host[name] = host
-        return name
-
-    def const(self, local: str, module: str | None = None, value=None, comment: str = "") -> str:
-        """Constexpr argument `local` of this kernel, bound to module constant `module`
-        (declared with `value` when given)."""
-        module = module or local
-        if value is not None:
-            self.mb.const(module, value, comment)
-        old = self.consts.get(local)
-        if old is not None and old != module:
-            raise self.mb.names.clash(local, f"kernel constant {local} of {self.name} is bound "
-                                      f"to {old} and to {module}")
-        self.consts[local] = module
-        return local
-
-    def buffered(self, tensor: str, ptr: str, numel: int) -> str:
-        """The base of this call's copy of a double-buffered heap tensor (epoch parity)."""
-        name = f"{tensor}_buf"
-        if name not in self.buffers:
-            self.buffers[name] = f"{name} = {ptr} + buf * {numel}  # this call's copy of {tensor}"
-        return name
-
-    def view(self, tensor: str) -> View:
-        return self.mb.view(tensor, self)
-
-    # ---- rendering ----------------------------------------------------------------------
-
-    def render(self) -> None:
-        mb = self.mb
-        first = self.roles[0]
-        laid = first.lowering.render_kernel(first, self) if len(self.roles) == 1 else None
-        if laid is not None:
-            # a lowering that lays its kernels and host calls out itself (gemm=library); no
-            # lines: host calls only (a library GEMM storing straight into its result)
-            self.lines, self.launch = laid
-            return
-        codes = [role.lowering.render_step(role, self) for role in self.roles]
-        local = mb.stays_local()
-        if mb.config.profile:
-            if self.gluon:
-                profile.refuse_gluon(self)
-            codes = [profile.instrument_role(code, profile.role_index(mb, role),
-                                             "0" if local else "epoch", role.count)
-                     for role, code in zip(self.roles, codes)]
-            self.param(f"{profile.BUFFER}_ptr", "*i64", f"sym[{profile.BUFFER!r}]")
-            self.const("PROFILE_ROWS")
-            self.profiled = True
-        self.const("WORLD", "WORLD")
-        self.const("NUM_PROGRAMS", self.programs_const, self.programs,
-                   "programs of each kernel (its persistent grid)")
-        pids = self.roles
-        chain = []
-        for i, (role, code) in enumerate(zip(pids, codes)):
-            head = textwrap.wrap(comment_text(
-                f"# ---- {role.name} (programs {role.first}..{role.last}): {role.what} ----"),
-                92, subsequent_indent="# ")
-            if len(pids) == 1:
-                test = "if pid >= 0:  # every program"
-            elif i == 0:
-                test = f"if pid < {role.last + 1}:"
-            elif i == len(pids) - 1:
-                test = "else:"
-            else:
-                test = f"elif pid < {role.last + 1}:"
-            chain += [test] + indent(head + code)
-        pre = ["pid = tl.program_id(0)"]
-        if self.mb.config.debug_reverse_roles:
-            pre = ["# DEBUG (debug_reverse_roles=1): consumer roles run on the LOWEST program",
-                   "# ids, so they wait on higher-id producers of their own rank. This breaks",
-                   "# the program-order rule on purpose; it can hang (the emulated world must",
-                   "# report it). Never run on a GPU.", "pid = tl.program_id(0)"]
-        if not local:
-            pre += protocol.epoch_begin()
-        if self.index == 0 and mb.gates and not mb.gates_at_end:
-            pre += protocol.open_gates(mb.flag_protocol)
-        pre += list(self.buffers.values())
-        post = []
-        if self.index == len(mb.comp.kernels) - 1 and local:
-            post += ["# Nothing of this call crosses ranks or agents (no signal, no buffer a peer",
-                     "# or the copy engine writes): no epoch to count, no buffer to release"]
-        elif self.index == len(mb.comp.kernels) - 1:
-            for ptr, _slots in mb.flag_signals:
-                self.param(ptr, "*i32", f"sym[{ptr[:-len('_ptr')]!r}]")
-            post += protocol.release("NUM_PROGRAMS", mb.flag_signals)
-            post += protocol.epoch_end()
-        sig_params = [p for p in self.params]
-        decorator = "@gluon.jit" if self.gluon else "@triton.jit"
-        cty = "gl.constexpr" if self.gluon else "tl.constexpr"
-        head = [decorator, f"def {self.name}("]
-        head += _wrap(sig_params, "    ")
-        head += _wrap([f"{c}: {cty}" for c in self.consts], "    ")
-        head += ["):", f'    """{doc_text(self.docstring or _doc(self))}"""']
-        self.lines = head + indent(pre + chain + post)
-
-
-def _kernel_word(roles) -> str:
-    kinds = [r.kind for r in roles]
-    if "tiles" in kinds:
-        return next(r for r in roles if r.kind == "tiles").op.result
-    return kinds[0] if len(set(kinds)) == 1 else "_".join(dict.fromkeys(kinds))
-
-
-def _doc(kb: KernelBuilder) -> str:
-    return "; ".join(f"{r.name}: {r.what}" for r in kb.roles)
-
-
-def _wrap(items: list[str], pad: str, width: int = 96) -> list[str]:
-    """`items` as comma-terminated lines of at most `width` columns."""
-    lines, cur = [], ""
-    for it in items:
-        piece = it + ","
-        if cur and len(pad) + len(cur) + 1 + len(piece) > width:
-            lines.append(pad + cur)
-            cur = piece
-        else:
-            cur = f"{cur} {piece}" if cur else piece
-    if cur:
-        lines.append(pad + cur)
-    return lines
 
 
 def require_category(op, category: str) -> None:

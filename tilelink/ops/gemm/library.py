@@ -249,7 +249,7 @@ class GemmLibrary(Lowering):
 
     def _render_gathered(self, step, kb):
         from ...codegen import protocol
-        from ...codegen.module import _wrap
+        from ...codegen.views import wrap_items
 
         mb = kb.mb
         site = mb.site_of(step.op.result)
@@ -304,12 +304,13 @@ class GemmLibrary(Lowering):
         clear = [("sig_ptr", w * mb.plan.grids[a_full].axes[0].tiling.per_segment)] \
             if flags else []
         args = "sig_ptr, ctl_ptr, heap_bases, abort_ptr, diag_ptr, me, spin_limit"
-        lines = ["@triton.jit", f"def {wait_k}(", *_wrap([args, "src"] + consts, "    "), "):",
+        lines = ["@triton.jit", f"def {wait_k}(", *wrap_items([args, "src"] + consts, "    "), "):",
                  f'    """Before the GEMM of rank `src`\'s rows of {a_full}: wait until its '
                  'copy engine', "    delivered every chunk of them. The library GEMM after it "
                  'on the stream reads them."""']
         lines += indent(protocol.epoch_begin() + wait_lines)
-        lines += ["", "", "@triton.jit", f"def {done_k}(", *_wrap([args] + consts, "    "), "):",
+        lines += ["", "", "@triton.jit", f"def {done_k}(",
+                  *wrap_items([args] + consts, "    "), "):",
                   '    """Last of a call, after every GEMM: release this call\'s buffer to the '
                   "ranks that write", "    it, open the copy engine's gates for the next call, "
                   'count the call as completed."""', "    pid = tl.program_id(0)"]
