@@ -148,7 +148,8 @@ def test_a_tile_waits_before_each_block_for_its_chunks_own_rows_first(tmp_path, 
     for r in range(world):
         tiles = _tiles(tmp_path / f"probe.{r}")
         assert len(tiles) == rows // block
-        for m, blocks in enumerate(tiles):
+        for i, blocks in enumerate(tiles):
+            m = len(tiles) - 1 - i  # causal: the last query blocks (the longest) run first
             last = r * rows + (m + 1) * block  # keys up to the tile's last query
             nblk = -(-last // block)
             firsts = [n0 for n0, _ in blocks]
@@ -323,7 +324,9 @@ def test_a_zigzag_tile_skips_the_blocks_it_does_not_see(tmp_path, monkeypatch):
     skipped = 0
     for r in range(world):
         qpos = positions(r, rows, world, 1)
-        for m, blocks in enumerate(_tiles(tmp_path / f"probe.{r}")):
+        tiles = _tiles(tmp_path / f"probe.{r}")
+        for i, blocks in enumerate(tiles):
+            m = len(tiles) - 1 - i  # causal: the last query blocks run first
             last = int(qpos[m * block:(m + 1) * block].max())
             nblk = world * rows // block
             order = [(r * rows // block + i) % nblk * block for i in range(nblk)]

@@ -15,6 +15,8 @@ positions and skips, unread and unwaited, the blocks it does not see.
 
 from __future__ import annotations
 
+import math
+
 from ..codegen.module import TL_DTYPES, ident
 from ..codegen.tiles import item_loop, operand_waits
 from ..ir.tensor import DTYPE_BYTES
@@ -163,14 +165,18 @@ class AttentionTiles(Lowering):
                     "kpos = tl.where(row < HALF, src * HALF + row, "
                     "(2 * WORLD - 1 - src) * HALF + row - HALF)"]
             seen = "nmask[None, :] & (kpos[None, :] <= qpos[:, None])"
+            partial = None  # every block is masked (positions differ per half)
         elif causal:
             # query i of this rank sits at position me * SQ + i and sees keys up to it
             keys = ["nkeys = tl.minimum(me * SQ + m1, SKV)  # keys up to the last query's "
                     "position: the blocks past them are never read"]
             seen = "nmask[None, :] & (offs_n[None, :] <= me * SQ + offs_m[:, None])"
+            # a block past the tile's first query position (the diagonal) or the last
+            partial = "(n0 + BN > nkeys) | (n0 + BN - 1 > me * SQ + m0)"
         else:
             keys = ["nkeys = SKV"]
             seen = "nmask[None, :]"
+            partial = "n0 + BN > nkeys"  # the last block, where SKV is ragged
         body = [
             "offs_m = m0 + tl.arange(0, BM)",
             "mmask = offs_m < SQ  # (the last query block may be ragged)",
@@ -195,13 +201,21 @@ class AttentionTiles(Lowering):
             "kvmask = nmask[:, None] & dmask[None, :]",
             f"kt = tl.load({k.base} + {tok('kv', k_name, step_waited)}, mask=kvmask, "
             f"other=0.0){up}",
-            f"scores = tl.dot(qt, tl.trans(kt){prec}) * (1.0 / tl.sqrt(D * 1.0))",
-            f"scores = tl.where({seen}, scores, float(\"-inf\"))",
+            # scores in log2 units (scaled by log2(e) / sqrt(D)): exp2 is the GPU's own
+            f"scores = tl.dot(qt, tl.trans(kt){prec}) * {_qk_scale(d)!r}",
+        ] + ([f"scores = tl.where({seen}, scores, float(\"-inf\"))"] if partial is None else [
+            f"if {partial}:  # keys some queries must not see: masked (whole blocks are not)",
+            f"    scores = tl.where({seen}, scores, float(\"-inf\"))",
+        ]) + [
             "m_new = tl.maximum(m_i, tl.max(scores, axis=1))",
+        ] + ([
             "# (a row that has seen no key yet keeps -inf: exp against 0 gives it 0s)",
             'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
-            "p = tl.exp(scores - m_use[:, None])",
-            "alpha = tl.exp(m_i - m_use)",
+        ] if causal else [
+            "m_use = m_new  # (every block holds a key every query sees: never -inf)",
+        ]) + [
+            "p = tl.exp2(scores - m_use[:, None])",
+            "alpha = tl.exp2(m_i - m_use)",
             "l_i = l_i * alpha + tl.sum(p, axis=1)",
             f"vt = tl.load({v.base} + {tok('kv', v_name, step_waited)}, mask=kvmask, "
             f"other=0.0){up}",
@@ -221,7 +235,13 @@ class AttentionTiles(Lowering):
             f"(acc / l_i[:, None]).to({TL_DTYPES[out.dtype]}), "
             "mask=mmask[:, None] & dmask[None, :])",
         ]
-        index = ["h = t % HQ", "g = h // G  # its key head", "m0 = (t // HQ) * BM",
+        if causal:  # the last query blocks see the most keys: they go first, so no
+            # program is left with a long tile at the end
+            self._const(kb, site, NMB=cdiv(sq, cfg.block_m))
+            m0 = "m0 = (NMB - 1 - t // HQ) * BM  # the longest tiles first"
+        else:
+            m0 = "m0 = (t // HQ) * BM"
+        index = ["h = t % HQ", "g = h // G  # its key head", m0,
                  "m1 = tl.minimum(m0 + BM, SQ)"]
         return item_loop(step, "((SQ + BM - 1) // BM) * HQ", index, waits, body)
 
@@ -234,6 +254,11 @@ class AttentionTiles(Lowering):
         if lw is not None and site.config.order == "own_first":
             row = lw.rows_ready_first(kb, kb.mb.site_of(keys))
         return f"(({row}) // BN) % nblk" if row else "0"
+
+
+def _qk_scale(d: int) -> float:
+    """The factor taking q . k to the exponent base 2 of the softmax: log2(e) / sqrt(D)."""
+    return math.log2(math.e) / math.sqrt(d)
 
 
 register_lowering(AttentionTiles())
