@@ -122,7 +122,8 @@ def _unpad_blocks(c: torch.Tensor, blocks: int, rows: int) -> torch.Tensor:
 # host_overhead.py). What those wrappers did stays true here: inputs that require grad are
 # refused by the checks (the ops have no backward), and every output is a new tensor (no
 # output aliases an input or another output).
-_LIB = torch.library.Library("tilelink", "DEF")
+# (a fragment, as custom_op's: other modules may define ops in the namespace too)
+_LIB = torch.library.Library("tilelink", "FRAGMENT")
 
 
 def _register(name: str, schema: str, impl, fake) -> None:
@@ -264,13 +265,13 @@ def _check_rs(A, B, reduce_op, scatter_dim, group_name) -> int:
     return w
 
 
-def _product_call(kind: str, A, B, group_name, key, check) -> _Call:
-    """The call entry of a gemm_rs / gemm_ar call whose key's first call `check` checks
-    (a scatter's bucket holds a multiple of W rows: every rank an equal block)."""
+def _product_call(kind: str, A, B, group_name, key, check, args: tuple) -> _Call:
+    """The call entry of a gemm_rs / gemm_ar call whose key's first call `check(*args)`
+    checks (a scatter's bucket holds a multiple of W rows: every rank an equal block)."""
     e = _entry(key, group_name) if key else None
     if e is not None:
         return e
-    w = check()
+    w = check(*args)
     e = _Call()
     k, n = A.shape[-1], B.shape[1]
     rows = A.shape[:-1].numel()
@@ -290,8 +291,8 @@ def gemm_rs(A, B, reduce_op, scatter_dim, group_name):
     ranks of the K-sharded products, through TileLink's GEMM-RS."""
     key = _plain(A) and _plain(B) and ("gemm_rs", A.shape, A.dtype, A.device, B.shape,
                                        B.dtype, B.device, reduce_op, scatter_dim, group_name)
-    e = _product_call("gemm_rs", A, B, group_name, key,
-                      lambda: _check_rs(A, B, reduce_op, scatter_dim, group_name))
+    e = _product_call("gemm_rs", A, B, group_name, key, _check_rs,
+                      (A, B, reduce_op, scatter_dim, group_name))
     a2 = _dense(A if e.flat else A.reshape(e.a2_shape))
     rows, bucket, w = e.rows, e.bucket, e.world
     if bucket != rows:
@@ -328,8 +329,8 @@ def gemm_ar(A, B, reduce_op, group_name):
     on every rank, through TileLink's GEMM-AllReduce."""
     key = _plain(A) and _plain(B) and ("gemm_ar", A.shape, A.dtype, A.device, B.shape,
                                        B.dtype, B.device, reduce_op, group_name)
-    e = _product_call("gemm_ar", A, B, group_name, key,
-                      lambda: _check_ar(A, B, reduce_op, group_name))
+    e = _product_call("gemm_ar", A, B, group_name, key, _check_ar,
+                      (A, B, reduce_op, group_name))
     a2 = _dense(A if e.flat else A.reshape(e.a2_shape))
     rows, bucket = e.rows, e.bucket
     if bucket != rows:
