@@ -91,8 +91,8 @@ def init_world(device_kind: str):
     return device, dist.group.WORLD.group_name
 
 
-def _cases(args, device, g) -> dict:
-    """name -> zero-argument callable (one call of the case)."""
+def _cases(args, device, g, want) -> dict:
+    """name -> zero-argument callable (one call of the case), for the names `want` takes."""
     import torch
 
     from tilelink.model import ColumnParallelLinear, RowParallelLinear, TPMLP, ops, plans
@@ -106,30 +106,31 @@ def _cases(args, device, g) -> dict:
         return (torch.randn(*shape, generator=gen) / shape[-1] ** 0.5).to(dtype).to(device)
 
     a, b, b_rs = rnd(t, h), rnd(h, h), rnd(h, h)
-    cases = {
-        "op.ag_gemm": lambda: torch.ops.tilelink.ag_gemm(a, [b], 0, g, return_A=False),
-        "op.gemm_rs": lambda: torch.ops.tilelink.gemm_rs(a, b_rs, "sum", 0, g),
-        "op.gemm_ar": lambda: torch.ops.tilelink.gemm_ar(a, b_rs, "sum", g),
-        "body.ag_gemm": lambda: _body(ops.ag_gemm)(a, [b], 0, g, return_A=False),
-        "body.gemm_rs": lambda: _body(ops.gemm_rs)(a, b_rs, "sum", 0, g),
-        "body.gemm_ar": lambda: _body(ops.gemm_ar)(a, b_rs, "sum", g),
+    ops_ = {
+        "ag_gemm": lambda: torch.ops.tilelink.ag_gemm(a, [b], 0, g, return_A=False),
+        "gemm_rs": lambda: torch.ops.tilelink.gemm_rs(a, b_rs, "sum", 0, g),
+        "gemm_ar": lambda: torch.ops.tilelink.gemm_ar(a, b_rs, "sum", g),
     }
-    for c in ("op.ag_gemm", "op.gemm_rs", "op.gemm_ar"):
-        cases[c]()  # builds the op of this shape (W = 1: rows are the tokens)
+    bodies = {
+        "ag_gemm": lambda: _body(ops.ag_gemm)(a, [b], 0, g, return_A=False),
+        "gemm_rs": lambda: _body(ops.gemm_rs)(a, b_rs, "sum", 0, g),
+        "gemm_ar": lambda: _body(ops.gemm_ar)(a, b_rs, "sum", g),
+    }
+    cases = {}
     dev = plans.norm_device(device)
-    for kind in ("ag_gemm", "gemm_rs", "gemm_ar"):
+    for kind, call in ops_.items():
+        call()  # builds the op of this shape (W = 1: rows are the tokens)
         prog, _ = plans.lookup(Shape(kind, g, h, h, dtype, dev), t)
-        cases[f"program.{kind}"] = (lambda p=prog, x=b if kind == "ag_gemm" else b_rs:
-                                    p(a, x))
-    for kind in ("ag_gemm", "gemm_rs", "gemm_ar"):
-        cases[f"wrapper.{kind}"] = _stubbed(cases[f"op.{kind}"], plans)
-    if device.type == "cuda":
+        weight = b if kind == "ag_gemm" else b_rs
+        for name, fn in ((f"op.{kind}", call), (f"body.{kind}", bodies[kind]),
+                         (f"wrapper.{kind}", _stubbed(call, plans)),
+                         (f"program.{kind}", lambda p=prog, x=weight: p(a, x))):
+            if want(name):
+                cases[name] = fn
+    if device.type == "cuda" and want("kernel.ag_gemm_sm"):
         cases.update(_kernel_cases(args, a, b, g))
-    cases["torch.mm"] = lambda: torch.mm(a, b)
-    if device.type == "cuda":
-        fused = _symm_mem_case(a, b, g)
-        if fused is not None:
-            cases["torch.symm_mem.fused_all_gather_matmul"] = fused
+    if want("torch.mm"):
+        cases["torch.mm"] = lambda: torch.mm(a, b)
     col = ColumnParallelLinear(b.clone())
     row_rs, row_ar = RowParallelLinear(b_rs.clone()), RowParallelLinear(b_rs.clone(),
                                                                        reduce="all")
@@ -138,12 +139,20 @@ def _cases(args, device, g) -> dict:
     layers = {"column": col, "row_scatter": row_rs, "row_all": row_ar, "mlp": mlp}
     with torch.no_grad():
         for name, layer in layers.items():
-            cases[f"layer.{name}"] = lambda m=layer: m(a)
-            cases[f"layer.{name}"]()
-            if not args.no_compile and (args.compile_all or name == "mlp"):
+            if want(f"layer.{name}"):
+                cases[f"layer.{name}"] = lambda m=layer: m(a)
+                cases[f"layer.{name}"]()
+            compile_it = not args.no_compile and (args.compile_all or name == "mlp")
+            if compile_it and want(f"layer.{name}.compiled"):
                 compiled = torch.compile(layer, fullgraph=True, backend=args.backend)
                 compiled(a)  # compiles now, outside the clock
                 cases[f"layer.{name}.compiled"] = lambda m=compiled: m(a)
+    # last: where torch's fused op fails on this world, nothing else has been left waiting
+    fused_name = "torch.symm_mem.fused_all_gather_matmul"
+    if device.type == "cuda" and want(fused_name):
+        fused = _symm_mem_case(a, b, g)
+        if fused is not None:
+            cases[fused_name] = fused
     return cases
 
 
@@ -272,9 +281,12 @@ def run(args) -> dict:
         args.backend = "inductor" if device.type == "cuda" else "aot_eager"
     if args.dtype is None:
         args.dtype = "bf16" if device.type == "cuda" else "fp32"
-    cases = _cases(args, device, g)
-    if args.only:
-        cases = {k: v for k, v in cases.items() if any(s in k for s in args.only)}
+
+    def want(name: str) -> bool:
+        return ((not args.only or any(x in name for x in args.only))
+                and not any(x in name for x in args.skip or ()))
+
+    cases = _cases(args, device, g, want)
     rounds: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(args.rounds):  # rounds interleave the cases: load changes hit all alike
         for name, fn in cases.items():
@@ -327,6 +339,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile-all", action="store_true",
                    help="every layer compiled (default: TPMLP's only; each takes a compile)")
     p.add_argument("--only", nargs="+", metavar="TEXT", help="only cases whose name has TEXT")
+    p.add_argument("--skip", nargs="+", metavar="TEXT",
+                   help="no case whose name has TEXT (e.g. symm_mem where torch's fused op "
+                   "does not run on this machine)")
     p.add_argument("--profile", metavar="TEXT", help="cProfile the cases whose name has TEXT")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--out", help="write the measurements as JSON here")
