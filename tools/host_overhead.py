@@ -25,6 +25,10 @@ host's. Cases:
   `--no-compile`) under torch.compile(fullgraph=True) (`--backend`: inductor on GPUs,
   aot_eager on the CPU, where inductor's C++ build is slow).
 
+`--stub` replaces every built op by such a stub for the whole run: every case then times
+the host path alone (on the CPU the gloo plan's own time varies by more than the host path's
+from run to run; this takes it out).
+
 Prints µs per call (the median over `--rounds`, and the rounds' spread) and writes them as
 JSON to `--out`. `--profile CASE` prints cProfile's top functions over one round of a case.
 On a GPU the whole run takes well under a minute at the defaults. Compare numbers from one
@@ -287,6 +291,11 @@ def run(args) -> dict:
                 and not any(x in name for x in args.skip or ()))
 
     cases = _cases(args, device, g, want)
+    if args.stub:
+        from tilelink.model import plans
+
+        plans._OPS.update({k: _Stub(v) for k, v in plans._OPS.items()})
+        getattr(plans, "forget_calls", lambda: None)()  # (call entries hold their op)
     rounds: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(args.rounds):  # rounds interleave the cases: load changes hit all alike
         for name, fn in cases.items():
@@ -306,7 +315,7 @@ def run(args) -> dict:
                    else platform.processor() or platform.machine()),
         "torch": torch.__version__, "calls": args.calls, "rounds": args.rounds,
         "shape": {"tokens": args.tokens, "hidden": args.hidden, "dtype": args.dtype},
-        "backend": args.backend,
+        "backend": args.backend, "stub": args.stub,
         "us_per_call": {k: {"median": statistics.median(v), "min": min(v), "max": max(v),
                             "rounds": v} for k, v in rounds.items()},
     }
@@ -343,6 +352,8 @@ def main(argv=None) -> int:
                    help="no case whose name has TEXT (e.g. symm_mem where torch's fused op "
                    "does not run on this machine)")
     p.add_argument("--profile", metavar="TEXT", help="cProfile the cases whose name has TEXT")
+    p.add_argument("--stub", action="store_true",
+                   help="every compiled op a stub returning its first result (host path only)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--out", help="write the measurements as JSON here")
     args = p.parse_args(argv)
