@@ -16,8 +16,9 @@ host's. Cases:
   checks, plan lookup, reshapes), without the compute or the communication;
 * `program.*`: the compiled op the call runs (`tilelink.model.plans.lookup`), called directly;
 * `kernel.*` (GPUs): an overlapped AG-GEMM (`comm=sm`) compiled with `compile_op`, called
-  directly, and its Triton kernel relaunched through its compiled launcher (the host floor
-  of a kernel launch);
+  directly, and its Triton kernel relaunched with the same arguments through TileLink's
+  launcher (`runtime.fast_launch`: Triton's compiled launcher, called directly): the host
+  floor of a call's kernel launch;
 * `torch.*`: torch's own: `torch.mm` at the shape, and on GPUs
   `torch.ops.symm_mem.fused_all_gather_matmul` (where this torch has it and it runs);
 * `layer.*`: the tensor-parallel layers' forward (ColumnParallelLinear, RowParallelLinear
@@ -178,8 +179,8 @@ class _Stub:
 
 
 def _stubbed(call, plans):
-    """`call` with every built op of tilelink.model.plans replaced by a `_Stub` while it
-    runs (the op caches are restored after each call)."""
+    """`call` as a case whose timing loop runs with every built op of tilelink.model.plans
+    replaced by a `_Stub` (the ops are put back after the loop)."""
 
     def run():
         saved = dict(plans._OPS)
@@ -232,9 +233,9 @@ def _kernel_cases(args, a, b, g) -> dict:
     seen = []
     launcher = op.rt.launcher
     real = launcher.launch
-    launcher.launch = lambda *x: (seen.append(x), real(*x))[1]
+    launcher.launch = lambda *x: (seen.append(x), real(*x))[1]  # (records the launch)
     op(a, b)
-    launcher.launch = real
+    del launcher.launch  # (the class's method again)
     torch.cuda.synchronize()
     if len(seen) == 1:
         kernel, grid, kargs, options, stream = seen[0]
