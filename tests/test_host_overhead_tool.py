@@ -17,7 +17,7 @@ def test_host_overhead_runs_on_the_cpu_and_writes_every_case(tmp_path):
     out = tmp_path / "host.json"
     res = subprocess.run([sys.executable, "tools/host_overhead.py", "--device", "cpu",
                           "--calls", "5", "--rounds", "2", "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     rec = json.loads(out.read_text())
     cases = rec["us_per_call"]
@@ -39,5 +39,5 @@ def test_host_overhead_runs_on_the_cpu_and_writes_every_case(tmp_path):
 
 def test_host_overhead_has_help():
     res = subprocess.run([sys.executable, "tools/host_overhead.py", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0 and "--out" in res.stdout and "wrapper" in res.stdout

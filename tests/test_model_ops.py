@@ -343,9 +343,9 @@ def _lean_checks(rank: int, world: int) -> dict:
     out["refused"] = {}
     for name, call in calls.items():
         for what, bad in (("grad", leaf), ("sparse", sparse)):
-            seen = _raises(TileLinkError, "", lambda: call(bad, b))
+            seen = _raises(TileLinkError, "", lambda c=call, x=bad: c(x, b))
             plans.forget_calls()
-            fresh = _raises(TileLinkError, "", lambda: call(bad, b))
+            fresh = _raises(TileLinkError, "", lambda c=call, x=bad: c(x, b))
             assert seen == fresh, (seen, fresh)
             out["refused"][f"{name} {what}"] = seen
         call(a, b)  # (the key known again)

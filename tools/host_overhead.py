@@ -100,7 +100,7 @@ def _cases(args, device, g, want) -> dict:
     """name -> zero-argument callable (one call of the case), for the names `want` takes."""
     import torch
 
-    from tilelink.model import ColumnParallelLinear, RowParallelLinear, TPMLP, ops, plans
+    from tilelink.model import TPMLP, ColumnParallelLinear, RowParallelLinear, ops, plans
     from tilelink.model.plans import Shape
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -261,7 +261,10 @@ def _symm_mem_case(a, b, g):
         symm_mem.enable_symm_mem_for_group(g)
         kw = ({"return_A": False} if any(x.name == "return_A"
                                          for x in fused.default._schema.arguments) else {})
-        fn = lambda: fused(a, [b], 0, g, **kw)  # noqa: E731
+
+        def fn():
+            return fused(a, [b], 0, g, **kw)
+
         fn()
         torch.cuda.synchronize()
         return fn
@@ -324,9 +327,9 @@ def run(args) -> dict:
 
 def _table(rec: dict) -> str:
     width = max(len(k) for k in rec["us_per_call"])
-    lines = [f"{rec['device']}, torch {rec['torch']}, {rec['calls']} calls x {rec['rounds']} "
-             f"rounds, tokens {rec['shape']['tokens']} hidden {rec['shape']['hidden']} "
-             f"{rec['shape']['dtype']}",
+    lines = [(f"{rec['device']}, torch {rec['torch']}, {rec['calls']} calls x {rec['rounds']} "
+              f"rounds, tokens {rec['shape']['tokens']} hidden {rec['shape']['hidden']} "
+              f"{rec['shape']['dtype']}"),
              f"{'case':<{width}}  {'us/call':>9}  {'min':>9}  {'max':>9}"]
     for k, v in rec["us_per_call"].items():
         lines.append(f"{k:<{width}}  {v['median']:9.1f}  {v['min']:9.1f}  {v['max']:9.1f}")

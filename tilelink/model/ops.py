@@ -147,8 +147,8 @@ class _Call:
     made every check (a later call of the key re-checks what the key does not hold: `_plain`
     and that its group is still the one registered under its name)."""
 
-    __slots__ = ("group", "world", "op", "rows", "bucket", "flat", "a2_shape", "out_shape",
-                 "full_a_shape", "gathered")
+    __slots__ = ("a2_shape", "bucket", "flat", "full_a_shape", "gathered", "group", "op",
+                 "out_shape", "rows", "world")
 
 
 def _entry(key: tuple, group_name: str):
