@@ -306,3 +306,93 @@ def test_a_gloo_without_a_collective_is_named(monkeypatch):
     msg = _raises(NotSupportedError, "gloo backend lacks a collective",
                   lambda: plan(torch.zeros(4, 2), torch.zeros(2, 2)))
     assert "torch 2.13" in msg
+
+
+# ---- the lean per-call path: a key's first call checks, later calls reuse ------------------
+
+def _lean_checks(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    plans.clear()
+    g = dist.group.WORLD.group_name
+    out: dict = {}
+    counts = {"ag": 0, "rs": 0, "ar": 0}
+    real = {"ag": ops._check_ag, "rs": ops._check_rs, "ar": ops._check_ar}
+
+    def spy(name):
+        def run(*args):
+            counts[name] += 1
+            return real[name](*args)
+        return run
+
+    ops._check_ag, ops._check_rs, ops._check_ar = spy("ag"), spy("rs"), spy("ar")
+    a, b = torch.randn(2 * world, 8), torch.randn(8, 4)
+    calls = {
+        "ag": lambda x, y: torch.ops.tilelink.ag_gemm(x, [y], 0, g, return_A=False)[1][0],
+        "rs": lambda x, y: torch.ops.tilelink.gemm_rs(x, y, "sum", 0, g),
+        "ar": lambda x, y: torch.ops.tilelink.gemm_ar(x, y, "sum", g),
+    }
+    for name, call in calls.items():
+        first = call(a, b)
+        for _ in range(3):
+            assert torch.equal(call(a, b), first)
+    out["checks_after_4_calls"] = dict(counts)
+    # a seen key still refuses what a first call refuses, with the same message
+    leaf = a.clone().requires_grad_()
+    sparse = a.to_sparse()
+    out["refused"] = {}
+    for name, call in calls.items():
+        for what, bad in (("grad", leaf), ("sparse", sparse)):
+            seen = _raises(TileLinkError, "", lambda c=call, x=bad: c(x, b))
+            plans.forget_calls()
+            fresh = _raises(TileLinkError, "", lambda c=call, x=bad: c(x, b))
+            assert seen == fresh, (seen, fresh)
+            out["refused"][f"{name} {what}"] = seen
+        call(a, b)  # (the key known again)
+    # a newly prepared bucket serves the calls of a key that a larger one served before
+    ops.prepare_op("gemm_ar", n=4, k=8 * world, rows=[16 * world], dtype=torch.float32,
+                   group_name=g, device="cpu")
+    x = torch.randn(3 * world, 8)
+    got = calls["ar"](x, b)
+    out["bucket_before"] = [e.bucket for k, e in plans.CALLS.items() if k[1] == x.shape]
+    ops.prepare_op("gemm_ar", n=4, k=8 * world, rows=[4 * world], dtype=torch.float32,
+                   group_name=g, device="cpu")
+    assert torch.equal(calls["ar"](x, b), got)
+    out["bucket_after"] = [e.bucket for k, e in plans.CALLS.items() if k[1] == x.shape]
+    ops._check_ag, ops._check_rs, ops._check_ar = real["ag"], real["rs"], real["ar"]
+    # a seen key after the world is gone: the refusal of a first call, not a stale op's run
+    dist.destroy_process_group()
+    out["no_world"] = _raises(TileLinkError, "torch.distributed to be initialised",
+                              lambda: calls["ar"](a, b))
+    return out
+
+
+def test_a_key_seen_before_skips_the_checks_and_still_refuses_bad_inputs():
+    (out,) = cpu_world.run(_lean_checks, 1, timeout=300)
+    # each op checked its key's first call only (the fast path), ...
+    assert out["checks_after_4_calls"] == {"ag": 1, "rs": 1, "ar": 1}
+    # ... yet inputs its key cannot tell apart are refused as at a first call
+    assert len(out["refused"]) == 6
+    assert all("requires grad" in m for k, m in out["refused"].items() if "grad" in k)
+    assert all("layout torch.sparse_coo" in m for k, m in out["refused"].items()
+               if "sparse" in k)
+    assert out["bucket_before"] == [16] and out["bucket_after"] == [4]
+    assert "torch.distributed to be initialised" in out["no_world"]
+
+
+def test_a_layer_weight_reaches_the_compiled_op_as_a_plain_tensor():
+    # the compiled op's quick input check and Triton's direct launcher take exact tensors
+    w = torch.nn.Parameter(torch.randn(8, 4), requires_grad=False)
+    d = ops._dense(w)
+    assert type(d) is torch.Tensor and d.data_ptr() == w.data_ptr() and d.shape == w.shape
+    t = torch.randn(8, 4)
+    assert ops._dense(t) is t  # a plain dense tensor is passed as it is
+
+
+def test_the_ops_have_no_python_autograd_wrapper():
+    # torch.library.custom_op's autograd and backend wrappers cost ~45 us per call; the ops
+    # are registered for every backend in one kernel (inputs requiring grad are refused)
+    for name in ("ag_gemm", "gemm_rs", "gemm_ar"):
+        op = f"tilelink::{name}"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(op, "Autograd")

@@ -11,6 +11,11 @@ row-parallel product summed on every rank (A @ B, then all-reduce). Each has a f
 implementation, so `torch.compile(fullgraph=True)` traces a model calling them without a
 graph break, and a call does no host synchronisation of its own.
 
+A call's checks run in full at the first call of its key (its inputs' shapes, dtypes and
+devices, its other arguments); later calls of the key re-check only what the key does not
+hold (layout, requires grad, the group still registered) and reuse the first call's plan
+lookup: small shapes are host-bound (tools/host_overhead.py times a call's parts).
+
 Each call runs the compiled op of its (group, rows bucket, N, K, dtype, device), built once
 (`tilelink.model.plans`): on GPUs TileLink's op for the pattern (overlapped kernel or the
 non-overlapped plan, as the scheduler chooses); on the CPU (gloo) the non-overlapped plan.
@@ -80,10 +85,17 @@ def _check_reduce(reduce_op: str, op: str) -> None:
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
-    """`t` as a contiguous tensor at a 16-byte aligned address (what a kernel reads)."""
+    """`t` as a contiguous tensor at a 16-byte aligned address (what a kernel reads), of
+    type torch.Tensor: a layer's weight is an nn.Parameter, and a compiled op's quick paths
+    take exact tensors only (its input check and Triton's launcher, `runtime.fast_launch`,
+    send anything else through their slow, general paths on every call); `detach` gives a
+    plain tensor over the same memory."""
     if t.is_contiguous() and t.data_ptr() % 16 == 0:
-        return t
+        return t if type(t) is not _PARAMETER else t.detach()
     return t.clone(memory_format=torch.contiguous_format)
+
+
+_PARAMETER = torch.nn.Parameter
 
 
 def _pad_blocks(a2: torch.Tensor, blocks: int, rows: int) -> torch.Tensor:
@@ -101,6 +113,62 @@ def _unpad_blocks(c: torch.Tensor, blocks: int, rows: int) -> torch.Tensor:
     return c.view(blocks, c.shape[0] // blocks, n)[:, :rows].reshape(blocks * rows, n)
 
 
+# ---- registration -------------------------------------------------------------------------
+
+# The ops are defined on a torch.library.Library, not with torch.library.custom_op: a
+# custom_op call goes through Python wrappers at two dispatch keys (autograd, then the
+# backend, with an aliasing check of the outputs) and cost ~45 us of host time per call on
+# top of the kernel's Python on a CPU where this registration costs ~10 (tools/
+# host_overhead.py). What those wrappers did stays true here: inputs that require grad are
+# refused by the checks (the ops have no backward), and every output is a new tensor (no
+# output aliases an input or another output).
+# (a fragment, as custom_op's: other modules may define ops in the namespace too)
+_LIB = torch.library.Library("tilelink", "FRAGMENT")
+
+
+def _register(name: str, schema: str, impl, fake) -> None:
+    _LIB.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    # one kernel for every backend: the plan lookup refuses devices it has no op for
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"tilelink::{name}", fake, lib=_LIB)
+
+
+def _plain(t) -> bool:
+    """What a call checks again whatever its key (the key holds shape, dtype and device):
+    `refuse_tensor`'s refusals (nested, sparse or other layouts, requires grad)."""
+    return not (t.requires_grad or t.is_nested) and t.layout is _STRIDED
+
+
+_STRIDED = torch.strided
+
+
+class _Call:
+    """What calls of one key run (`plans.CALLS`), worked out by the key's first call, which
+    made every check (a later call of the key re-checks what the key does not hold: `_plain`
+    and that its group is still the one registered under its name)."""
+
+    __slots__ = ("a2_shape", "bucket", "flat", "full_a_shape", "gathered", "group", "op",
+                 "out_shape", "rows", "world")
+
+
+def _entry(key: tuple, group_name: str):
+    """The call entry of `key`, if its group is still the registered one."""
+    e = _CALLS.get(key)
+    if e is not None and e.group is _registered(group_name):
+        return e
+    return None
+
+
+_CALLS, _registered = plans.CALLS, plans.registered_group
+
+
+def _remember(key: tuple, e: _Call, group_name: str) -> _Call:
+    e.group = _registered(group_name)
+    if e.group is not None:  # (None would match a later call without any group)
+        _CALLS[key] = e
+    return e
+
+
 # ---- ag_gemm ------------------------------------------------------------------------------
 
 AG_SCHEMA = ("(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, "
@@ -115,40 +183,69 @@ def _check_ag(A, Bs, gather_dim, group_name) -> int:
     return world_size(group_name)
 
 
-@torch.library.custom_op("tilelink::ag_gemm", mutates_args=(), schema=AG_SCHEMA)
+def _ag_call(A, Bs, gather_dim, group_name, return_A) -> _Call:
+    """The call entry of an ag_gemm call (its first call of a key: every check, the lookup)."""
+    if len(Bs) == 1:
+        B = Bs[0]
+        plain = _plain(A) and _plain(B)
+        key = plain and ("ag_gemm", A.shape, A.dtype, A.device, B.shape, B.dtype, B.device,
+                         gather_dim, group_name, return_A)
+    else:
+        plain = _plain(A) and all(_plain(b) for b in Bs)
+        key = plain and ("ag_gemm", A.shape, A.dtype, A.device,
+                         tuple((b.shape, b.dtype, b.device) for b in Bs), gather_dim,
+                         group_name, return_A)
+    e = _entry(key, group_name) if plain else None
+    if e is not None:
+        return e
+    w = _check_ag(A, Bs, gather_dim, group_name)
+    e = _Call()
+    k = A.shape[-1]
+    m = A.shape[:-1].numel()
+    e.gathered = return_A or len(Bs) > 1
+    n0 = Bs[0].shape[1]
+    shape = Shape("ag_gemm_gathered" if e.gathered else "ag_gemm", group_name, n0 * w, k,
+                  A.dtype, A.device)
+    e.op, rows = plans.lookup(shape, m * w, step=w)
+    e.world, e.rows, e.bucket = w, m, rows // w  # per rank: this rank's rows, the bucket's
+    e.flat = A.dim() == 2
+    e.a2_shape = (m, k)
+    e.out_shape = (A.shape[0] * w, *A.shape[1:-1])  # the leading dims of every result
+    e.full_a_shape = (*e.out_shape, k)
+    return _remember(key, e, group_name)
+
+
 def ag_gemm(A, Bs, gather_dim, group_name, *, return_A=True):
     """all_gather(A, dim 0) @ B for each B of Bs: (the gathered A or None, [products]).
     The first B runs TileLink's AG-GEMM (overlapped where the scheduler chooses, and
     return_A=False); further Bs multiply the gathered A that the first call returned."""
-    w = _check_ag(A, Bs, gather_dim, group_name)
-    lead, k = A.shape[:-1], A.shape[-1]
-    a2 = _dense(A.reshape(-1, k))
-    m = a2.shape[0]
-    gathered = return_A or len(Bs) > 1
-    b0 = _dense(Bs[0])
-    shape = Shape("ag_gemm_gathered" if gathered else "ag_gemm", group_name,
-                  b0.shape[1] * w, k, a2.dtype, a2.device)
-    op, rows = plans.lookup(shape, m * w, step=w)
-    mb = rows // w
+    e = _ag_call(A, Bs, gather_dim, group_name, return_A)
+    a2 = _dense(A if e.flat else A.reshape(e.a2_shape))
+    m, mb = e.rows, e.bucket
     if mb != m:
         a2 = _pad_blocks(a2, 1, mb)
-    out = op(a2, b0)
-    a_full, c0 = out if gathered else (None, out)
+    out = e.op(a2, _dense(Bs[0]))
+    a_full, c0 = out if e.gathered else (None, out)
     if mb != m:
-        c0 = _unpad_blocks(c0, w, m)
-        a_full = None if a_full is None else _unpad_blocks(a_full, w, m)
-    cs = [c0] + [a_full @ b for b in Bs[1:]]
-    full_lead = (lead[0] * w, *lead[1:])
-    cs = [c.view(*full_lead, c.shape[-1]) for c in cs]
-    return (a_full.view(*full_lead, k) if return_A else None), cs
+        c0 = _unpad_blocks(c0, e.world, m)
+        a_full = None if a_full is None else _unpad_blocks(a_full, e.world, m)
+    cs = [c0] if len(Bs) == 1 else [c0] + [a_full @ b for b in Bs[1:]]
+    if not e.flat:
+        lead = e.out_shape
+        cs = [c.view(*lead, c.shape[-1]) for c in cs]
+        if return_A:
+            a_full = a_full.view(e.full_a_shape)
+    return (a_full if return_A else None), cs
 
 
-@ag_gemm.register_fake
 def _ag_gemm_fake(A, Bs, gather_dim, group_name, *, return_A=True):
     w = _check_ag(A, Bs, gather_dim, group_name)
     full = (A.shape[0] * w, *A.shape[1:-1])
     a_full = A.new_empty((*full, A.shape[-1])) if return_A else None
     return a_full, [A.new_empty((*full, b.shape[1])) for b in Bs]
+
+
+_register("ag_gemm", AG_SCHEMA, ag_gemm, _ag_gemm_fake)
 
 
 # ---- gemm_rs ------------------------------------------------------------------------------
@@ -168,30 +265,52 @@ def _check_rs(A, B, reduce_op, scatter_dim, group_name) -> int:
     return w
 
 
-@torch.library.custom_op("tilelink::gemm_rs", mutates_args=(), schema=RS_SCHEMA)
+def _product_call(kind: str, A, B, group_name, key, check, args: tuple) -> _Call:
+    """The call entry of a gemm_rs / gemm_ar call whose key's first call `check(*args)`
+    checks (a scatter's bucket holds a multiple of W rows: every rank an equal block)."""
+    e = _entry(key, group_name) if key else None
+    if e is not None:
+        return e
+    w = check(*args)
+    e = _Call()
+    k, n = A.shape[-1], B.shape[1]
+    rows = A.shape[:-1].numel()
+    shape = Shape(kind, group_name, n, B.shape[0] * w, A.dtype, A.device)
+    e.op, e.bucket = plans.lookup(shape, rows, step=w if kind == "gemm_rs" else 1)
+    e.world, e.rows, e.flat, e.a2_shape = w, rows, A.dim() == 2, (rows, k)
+    e.gathered = False
+    lead = (A.shape[0] // w, *A.shape[1:-1]) if kind == "gemm_rs" else tuple(A.shape[:-1])
+    e.out_shape, e.full_a_shape = (*lead, n), None
+    if key:
+        _remember(key, e, group_name)
+    return e
+
+
 def gemm_rs(A, B, reduce_op, scatter_dim, group_name):
     """reduce_scatter(A @ B, reduce_op, dim 0): this rank's block of the sum (or mean) over
     ranks of the K-sharded products, through TileLink's GEMM-RS."""
-    w = _check_rs(A, B, reduce_op, scatter_dim, group_name)
-    a2 = _dense(A.reshape(-1, A.shape[-1]))
-    b = _dense(B)
-    rows = a2.shape[0]
-    shape = Shape("gemm_rs", group_name, b.shape[1], b.shape[0] * w, a2.dtype, a2.device)
-    op, bucket = plans.lookup(shape, rows, step=w)
+    key = _plain(A) and _plain(B) and ("gemm_rs", A.shape, A.dtype, A.device, B.shape,
+                                       B.dtype, B.device, reduce_op, scatter_dim, group_name)
+    e = _product_call("gemm_rs", A, B, group_name, key, _check_rs,
+                      (A, B, reduce_op, scatter_dim, group_name))
+    a2 = _dense(A if e.flat else A.reshape(e.a2_shape))
+    rows, bucket, w = e.rows, e.bucket, e.world
     if bucket != rows:
         a2 = _pad_blocks(a2, w, bucket // w)
-    out = op(a2, b)
+    out = e.op(a2, _dense(B))
     if bucket != rows:
         out = out[:rows // w]
     if reduce_op == "avg":
         out = out / w
-    return out.view(A.shape[0] // w, *A.shape[1:-1], b.shape[1])
+    return out if e.flat else out.view(e.out_shape)
 
 
-@gemm_rs.register_fake
 def _gemm_rs_fake(A, B, reduce_op, scatter_dim, group_name):
     w = _check_rs(A, B, reduce_op, scatter_dim, group_name)
     return A.new_empty((A.shape[0] // w, *A.shape[1:-1], B.shape[1]))
+
+
+_register("gemm_rs", RS_SCHEMA, gemm_rs, _gemm_rs_fake)
 
 
 # ---- gemm_ar ------------------------------------------------------------------------------
@@ -205,30 +324,31 @@ def _check_ar(A, B, reduce_op, group_name) -> int:
     return world_size(group_name)
 
 
-@torch.library.custom_op("tilelink::gemm_ar", mutates_args=(), schema=AR_SCHEMA)
 def gemm_ar(A, B, reduce_op, group_name):
     """all_reduce(A @ B, reduce_op): the sum (or mean) over ranks of the K-sharded products,
     on every rank, through TileLink's GEMM-AllReduce."""
-    w = _check_ar(A, B, reduce_op, group_name)
-    a2 = _dense(A.reshape(-1, A.shape[-1]))
-    b = _dense(B)
-    rows = a2.shape[0]
-    shape = Shape("gemm_ar", group_name, b.shape[1], b.shape[0] * w, a2.dtype, a2.device)
-    op, bucket = plans.lookup(shape, rows)
+    key = _plain(A) and _plain(B) and ("gemm_ar", A.shape, A.dtype, A.device, B.shape,
+                                       B.dtype, B.device, reduce_op, group_name)
+    e = _product_call("gemm_ar", A, B, group_name, key, _check_ar,
+                      (A, B, reduce_op, group_name))
+    a2 = _dense(A if e.flat else A.reshape(e.a2_shape))
+    rows, bucket = e.rows, e.bucket
     if bucket != rows:
         a2 = _pad_blocks(a2, 1, bucket)
-    out = op(a2, b)
+    out = e.op(a2, _dense(B))
     if bucket != rows:
         out = out[:rows]
     if reduce_op == "avg":
-        out = out / w
-    return out.view(*A.shape[:-1], b.shape[1])
+        out = out / e.world
+    return out if e.flat else out.view(e.out_shape)
 
 
-@gemm_ar.register_fake
 def _gemm_ar_fake(A, B, reduce_op, group_name):
     _check_ar(A, B, reduce_op, group_name)
     return A.new_empty((*A.shape[:-1], B.shape[1]))
+
+
+_register("gemm_ar", AR_SCHEMA, gemm_ar, _gemm_ar_fake)
 
 
 # ---- preparing ----------------------------------------------------------------------------

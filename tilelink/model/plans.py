@@ -55,6 +55,35 @@ class Shape:
 _OPS: dict[tuple[Shape, int], object] = {}
 _ROWS: dict[Shape, list[int]] = {}  # prepared row counts per shape, sorted
 _LOCK = threading.Lock()
+# What a call of one key (its inputs' shapes, dtypes and devices, its other arguments) runs,
+# worked out by its first call (`tilelink.model.ops`): later calls of the key skip the
+# checks their key already passed and the lookup. Forgotten whenever the buckets change
+# (a prepared row count may serve a key better) or the ops are forgotten.
+CALLS: dict[tuple, object] = {}
+
+
+def forget_calls() -> None:
+    """Forget what each call key runs (the next call of every key looks it up again)."""
+    CALLS.clear()
+
+
+def registered_group(group_name: str):
+    """The process group registered under `group_name`, or None (no check of its own: a
+    call's cheap test that the group its key was checked with is still the one)."""
+    global _resolve_pg
+    if _resolve_pg is None:  # (imported once: an import statement costs a call ~1 us)
+        try:
+            from torch.distributed import distributed_c10d as c10d
+        except ImportError:  # a torch built without torch.distributed
+            return None
+        _resolve_pg = c10d._resolve_process_group
+    try:
+        return _resolve_pg(group_name)
+    except (ValueError, RuntimeError, KeyError):
+        return None
+
+
+_resolve_pg = None
 
 
 def resolve_group(group_name: str):
@@ -155,6 +184,7 @@ def prepare_rows(shape: Shape, rows) -> None:
             known = _ROWS.setdefault(shape, [])
             if r not in known:
                 bisect.insort(known, r)
+            forget_calls()
 
 
 def _get(shape: Shape, rows: int, build: bool):
@@ -231,6 +261,7 @@ def clear() -> None:
     with _LOCK:
         _OPS.clear()
         _ROWS.clear()
+        forget_calls()
 
 
 def check_dtype(dtype: torch.dtype, what: str) -> None:

@@ -441,14 +441,24 @@ class TileLinkOp:
         ins = self._bind(args, kwargs)
         outs = self._new_outputs()
         self._launch(ins, outs)
-        vals = tuple(outs[n] for n in self.output_names)
-        return vals[0] if len(vals) == 1 else vals
+        names = self.output_names
+        if len(names) == 1:
+            return outs[names[0]]
+        return tuple(outs[n] for n in names)
 
     def _new_outputs(self) -> dict:
+        """Fresh output tensors by name. Their (shape, torch dtype) pairs are worked out at the
+        first call and kept (the module's OUTPUTS never change): per call only the
+        allocations remain."""
         import torch
 
-        return {name: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
-                for name, (shape, dtype) in self.module.OUTPUTS.items()}
+        specs = self.__dict__.get("_out_specs")
+        if specs is None:
+            specs = self._out_specs = tuple(
+                (name, tuple(shape), TORCH_DTYPES[dtype])
+                for name, (shape, dtype) in self.module.OUTPUTS.items())
+        empty, device = torch.empty, self.device
+        return {name: empty(shape, dtype=dtype, device=device) for name, shape, dtype in specs}
 
     def _launch(self, ins, outs) -> None:
         import torch
@@ -472,7 +482,10 @@ class TileLinkOp:
         stream = self.rt.stream = torch._C._cuda_getCurrentRawStream(self._device_index)
         capturing = self.rt.capturing = torch.cuda.is_current_stream_capturing()
         self._order_after_previous_call(stream, capturing)
-        if getattr(self.module, "TMA", False):
+        tma = self.__dict__.get("_tma")
+        if tma is None:  # (the module's TMA flag, read once)
+            tma = self._tma = bool(getattr(self.module, "TMA", False))
+        if tma:
             _set_triton_allocator()  # a context variable: per thread, so per call
         epoch = wrap_epoch(self.epoch)
         engine = self.rt.engine
