@@ -12,13 +12,13 @@ from .conftest import EXAMPLES
 TEXT_EXAMPLES = sorted(p.stem for p in EXAMPLES.glob("*.tl"))
 # examples with an op that has no lowering yet (dynamic mappings: all-to-all): no kernel is
 # generated for them, they run as the non-overlapped plan
-PLAN_ONLY = ("ep_moe",)
+PLAN_ONLY = ("ep_moe", "sp_ulysses")
 # examples whose ops have lowerings that refuse this pattern (a grouped GEMM feeding a
 # collective): the non-overlapped plan runs them too -> what the refusal names
 REFUSED: dict[str, str] = {}
 WITH_KERNELS = tuple(n for n in TEXT_EXAMPLES if n not in PLAN_ONLY and n not in REFUSED)
 # the op of each that has no lowering
-UNLOWERED = {"ep_moe": "all_to_all"}
+UNLOWERED = {"ep_moe": "all_to_all", "sp_ulysses": "all_to_all_dims"}
 
 
 @pytest.mark.parametrize("name", TEXT_EXAMPLES)
