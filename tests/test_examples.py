@@ -12,13 +12,13 @@ from .conftest import EXAMPLES
 TEXT_EXAMPLES = sorted(p.stem for p in EXAMPLES.glob("*.tl"))
 # examples with an op that has no lowering yet (dynamic mappings: all-to-all): no kernel is
 # generated for them, they run as the non-overlapped plan
-PLAN_ONLY = ("ep_moe", "sp_ulysses")
+PLAN_ONLY = ("ep_moe",)
 # examples whose ops have lowerings that refuse this pattern (a grouped GEMM feeding a
 # collective): the non-overlapped plan runs them too -> what the refusal names
 REFUSED: dict[str, str] = {}
 WITH_KERNELS = tuple(n for n in TEXT_EXAMPLES if n not in PLAN_ONLY and n not in REFUSED)
 # the op of each that has no lowering
-UNLOWERED = {"ep_moe": "all_to_all", "sp_ulysses": "all_to_all_dims"}
+UNLOWERED = {"ep_moe": "all_to_all"}
 
 
 @pytest.mark.parametrize("name", TEXT_EXAMPLES)
@@ -89,7 +89,8 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
 # smaller sizes for the emulated run where the defaults take minutes a call in Triton's
 # interpreter (attention: every (query block, head) tile walks every block of keys)
 EMULATED_SIZES = {"sp_attention": ["-D", "S=128", "-D", "H=4"],
-                  "sp_attention_causal": ["-D", "S=128", "-D", "H=4"]}
+                  "sp_attention_causal": ["-D", "S=128", "-D", "H=4"],
+                  "sp_ulysses": ["-D", "S=36", "-D", "H=4"]}
 
 
 @pytest.mark.slow

@@ -123,3 +123,61 @@ def test_a_world_that_does_not_divide_the_heads_is_refused(capsys):
     err = capsys.readouterr().err
     assert "sp_ulysses.tl:9:26: error: all_to_all_dims cuts dim 1 of q" in err
     assert "Traceback" not in err
+
+
+# ---- the SM lowering -------------------------------------------------------------------
+
+from tilelink.codegen import render_triton  # noqa: E402
+from tilelink.codegen.compile import compile_module, kernel_names, load_module  # noqa: E402
+from tilelink.schedule import get_target, make_schedule  # noqa: E402
+
+# (target, world, sizes, config) at GPU sizes: even and ragged rows, W = 2, 3 and 4, one case
+# a target (a compile takes tens of seconds)
+GPU_CASES = [
+    ("cuda:90", 2, {"S": "4096", "H": "32", "D": "128"}, {"comm": "sm"}),
+    ("cuda:80", 3, {"S": "999", "H": "6", "D": "64"}, {"comm": "sm", "comm_block_m": "64"}),
+    ("hip:gfx942", 4, {"S": "1000", "H": "8", "D": "64"}, {"comm": "sm", "comm_programs": "8"}),
+]
+
+
+@pytest.mark.parametrize("target, world, sizes, cfg", GPU_CASES)
+def test_the_kernels_compile_for_every_gpu_target(target, world, sizes, cfg):
+    s = make_schedule(load_text(ULYSSES).bind(sizes, world), get_target(target), cfg)
+    assert {lw.name for lw in s.composition.lowerings.values()} == {"all_to_all_dims/sm",
+                                                                     "attention/triton"}
+    source = render_triton(s)
+    names = kernel_names(load_module(source))
+    assert len(names) == 2  # the re-shard pushes with attention's tiles; the push back
+    for name in names:
+        compiled = compile_module(source, get_target(target), name)
+        asm = compiled.asm["ptx" if target.startswith("cuda") else "amdgcn"]
+        assert ("atom" in asm) if target.startswith("cuda") else ("atomic" in asm), name
+
+
+def test_attention_tiles_wait_per_source_rank_of_the_rows_they_read():
+    # a query tile waits at its start for the chunks of its rows; each block of keys waits,
+    # as the loop reaches it, only for the chunks holding those keys (not the whole sequence)
+    bp = load_text(ULYSSES).bind({"S": "256", "H": "8", "D": "64"}, 4)
+    s = make_schedule(bp, get_target("cuda:90"), {"comm": "sm", "comm_block_m": "32",
+                                                  "block_m": "64", "block_n": "64"})
+    deps = {(d.tensor, d.consumer.op): d for d in s.plan.deps}
+    q, k = deps[("qh", "oh")], deps[("kh", "oh")]
+    assert q.closed is not None and not q.loops and k.closed is not None and k.loops == ("n",)
+    # key block 1 (rows 64..127 of the gathered sequence) is rank 1's rows: its 2 chunks
+    step = k.consumer.linear((0, 0, 0, 1))  # (rank 0, query block 0, head 0, key block 1)
+    assert k.wait_set(k.consumer.unlinear(step)) == [2, 3]
+    assert q.wait_set((2, 1, 3)) == [2, 3]  # query block 1 on rank 2: rank 1's 2 chunks
+    src = render_triton(s)
+    assert "all_to_all_dims at" in src and "all_gather" not in src
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world, sizes", [(2, ["-D", "S=36", "-D", "H=4"]),
+                                          (3, ["-D", "S=36", "-D", "H=6"]),
+                                          (4, ["-D", "S=36", "-D", "H=4"])])
+def test_ulysses_kernels_run_and_check_in_the_emulated_world(world, sizes, capsys):
+    # S = 36: 36 / W rows a rank and 36 queries, neither a multiple of the 32-row tiles
+    assert main(["run", str(ULYSSES), "--world-size", str(world), "--check", "--calls", "2",
+                 "--config", "comm=sm", *sizes]) == 0
+    out = capsys.readouterr().out
+    assert "check: OK" in out and "comm=sm" in out

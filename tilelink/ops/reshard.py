@@ -45,8 +45,12 @@ KIND = "all_to_all_dims"
               example="qh = all_to_all_dims(q, split = 1, concat = 0)",
               given=("q : [S, H, D] bf16 shard(0)",), sizes="S = 64, H = 8, D = 16",
               notes="A uniform all-to-all (equal parts, by dimension), unlike `all_to_all`'s "
-                    "run-time splits. The non-overlapped plan runs it as one all_to_all_single "
-                    "of a contiguous send buffer."))
+                    "run-time splits. On SMs a push role in the consumer's kernel puts each "
+                    "chunk of this rank's rows into every rank's result, and a consumer tile "
+                    "(attention's query block, each block of its keys) waits only for the "
+                    "chunks it reads; a computed x is pushed after its producer's kernel. The "
+                    "non-overlapped plan runs it as one all_to_all_single of a contiguous send "
+                    "buffer."))
 def shape(op, xs, attrs, world):
     (x,) = xs
     split, concat = attrs["split"], attrs["concat"]
@@ -146,3 +150,137 @@ def exchange_bytes(bp, op) -> float:
 
 
 register_library_comm(KIND, "nccl", exchange_bytes)
+
+
+# ---- the SM lowering ---------------------------------------------------------------------
+
+from ..codegen.module import ident  # noqa: E402
+from ..codegen.protocol import wait_released  # noqa: E402
+from ..codegen.tiles import first  # noqa: E402
+from ..codegen.waits import slot_expr  # noqa: E402
+from ..schedule.lowering import Step, register_lowering  # noqa: E402
+from .all_gather import COPY_BLOCK, _Gather  # noqa: E402
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+class AllToAllDimsSM(_Gather):
+    """all_to_all_dims on SMs (`comm=sm`). The result is laid out as a gather's: the parts
+    from source rank s fill segment s of the `concat` dim, in the symmetric heap
+    (double-buffered by epoch parity), one slot per chunk of `comm_block_m` rows of a
+    segment; a consumer tile waits on the slots of the chunks it reads (the plan's closed
+    form: which source's rows a tile reads follows from its coordinates). A push role of
+    `comm_programs` programs, before the consumer's tiles in its kernel (after the producer's
+    kernel where x is computed), sends each chunk of this rank's rows to each rank d: part d
+    of the `split` dim, as contiguous runs put into d's buffer at this rank's segment, then
+    the chunk's slot."""
+
+    kind = KIND
+    resource = "sm"
+    name = "all_to_all_dims/sm"
+
+    def moved_bytes(self, site) -> float:
+        return exchange_bytes(site.bp, site.op)
+
+    def _dim(self, site) -> int:
+        return site.attrs["concat"]
+
+    def own_in_place(self, site) -> bool:
+        """Never: this rank's own part is not contiguous in x (it is one of W parts of each
+        row), so it is copied like the peers'."""
+        return False
+
+    def steps(self, site) -> list[Step]:
+        what = ("push part d of each chunk of this rank's rows into rank d's "
+                f"{site.op.result} (this rank's first), then notify the chunk's slot")
+        return [Step("push", site.op, self, what)] + super().steps(site)
+
+    def _runs(self, site):
+        """The push's geometry around the result's dims (c = concat, s = split, p = the
+        part's length along s): (RUN, MID, Q) — with c before s, MID runs of RUN elements a
+        row of a chunk; with s before c, one run per outer index, Q = the outer indices per
+        block of the dims before s."""
+        shape = site.result.local_shape
+        c, s = site.attrs["concat"], site.attrs["split"]
+        if c < s:
+            return _prod(shape[s:]), _prod(shape[c + 1:s]), 1
+        return _prod(shape[c + 1:]), 1, _prod(shape[s:c])
+
+    def declare(self, mb, site) -> None:
+        res, src = site.op.result, site.op.args[0]
+        p = ident(res)
+        outer, seg, inner = self._geometry(site)
+        run, mid, q = self._runs(site)
+        chunk = mb.plan.grids[res].axes[0].tiling
+        a = site.attrs
+        mb.const(f"{p}_SEG", seg, f"{KIND} {res} = {KIND}({src}, split = {a['split']}, "
+                 f"concat = {a['concat']}): per rank [outer, W * seg, inner] around concat, "
+                 "chunks of each source's seg rows")
+        mb.const(f"{p}_OUTER", outer)
+        mb.const(f"{p}_INNER", inner)
+        mb.const(f"{p}_CB", site.config.comm_block_m)  # (a chunk past the segment's end is cut)
+        mb.const(f"{p}_CHUNKS", chunk.per_segment)
+        mb.const(f"{p}_RUN", run, "elements of one contiguous run of a part")
+        mb.const(f"{p}_MID", mid)
+        mb.const(f"{p}_Q", q)
+        mb.const("COPY_BLOCK", COPY_BLOCK, "elements a program copies per step of a push")
+        mb.signal(self.signal(mb, site), mb.plan.grids[res].size, "epoch")
+        mb.peer_written.add(res)
+
+    def _push(self, step, kb) -> list[str]:
+        mb, site = kb.mb, kb.mb.site_of(step.op.result)
+        res, src_name = step.op.result, step.op.args[0]
+        p = ident(res)
+        dst_buf = kb.view(res).base
+        src = kb.view(src_name).base
+        sig = kb.param(f"{self.signal(mb, site)}_ptr", "*i32", f"sym[{self.signal(mb, site)!r}]")
+        for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS", "RUN", "MID", "Q"):
+            kb.const(f"{p}_{c}")
+        kb.const("COPY_BLOCK")
+        slot = slot_expr(mb.plan.grids[res], {"chunk": f"me * {p}_CHUNKS + j"})
+        lines = [
+            f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
+            f"    step = item // {p}_CHUNKS",
+            f"    j = item % {p}_CHUNKS",
+            "    # own part first; then me - 1, me - 2, ...: receiver r gets rank r + 1's rows",
+            "    # first, the order its tiles read them in",
+            "    dst = (me + WORLD - step) % WORLD",
+            "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
+        ] + ["    " + x for x in wait_released("dst")]
+        lines.append(f"    rows = tl.minimum({p}_CB, {p}_SEG - j * {p}_CB)")
+        if site.attrs["concat"] < site.attrs["split"]:
+            lines += [
+                "    # concat before split: a row of the chunk holds, per middle index b, part",
+                "    # dst's RUN elements, W * RUN apart in x: one put per (outer a, row, b)",
+                f"    for r in range(0, {p}_OUTER * rows * {p}_MID):",
+                f"        a = r // (rows * {p}_MID)",
+                f"        row = j * {p}_CB + (r // {p}_MID) % rows",
+                f"        b = r % {p}_MID",
+                f"        tld.put({dst_buf} + ((a * WORLD + me) * {p}_SEG + row) * {p}_INNER + "
+                f"b * {p}_RUN,",
+                f"                {src} + (((a * {p}_SEG + row) * {p}_MID + b) * WORLD + dst) * "
+                f"{p}_RUN,",
+                f"                {p}_RUN, dst, me, heap_bases, COPY_BLOCK)"]
+        else:
+            lines += [
+                "    # split before concat: per outer index o, the chunk's rows are contiguous "
+                "in x's",
+                "    # part dst (the Q outer indices of a part are W * Q apart) and in the result",
+                f"    for o in range(0, {p}_OUTER):",
+                f"        tld.put({dst_buf} + ((o * WORLD + me) * {p}_SEG + j * {p}_CB) * "
+                f"{p}_INNER,",
+                f"                {src} + (((o // {p}_Q) * WORLD + dst) * {p}_Q + o % {p}_Q) * "
+                f"{p}_SEG * {p}_INNER",
+                f"                + j * {p}_CB * {p}_INNER, rows * {p}_INNER, dst, me, "
+                "heap_bases, COPY_BLOCK)"]
+        lines.append("    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, dst, me, "
+                                            "heap_bases)"))
+        return lines
+
+
+register_lowering(AllToAllDimsSM())
