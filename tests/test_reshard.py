@@ -181,3 +181,28 @@ def test_ulysses_kernels_run_and_check_in_the_emulated_world(world, sizes, capsy
                  "--config", "comm=sm", *sizes]) == 0
     out = capsys.readouterr().out
     assert "check: OK" in out and "comm=sm" in out
+
+
+# (declarations, statement, world): the push's index arithmetic on each layout — concat
+# before split with dims before concat and between the two (runs per outer index, row and
+# middle index), split before concat with dims between (runs per outer index), and a per-rank
+# operand computed by a gemm (pushed after the gemm's kernel)
+LAYOUTS = [
+    (("x : [B, S, H] fp32 shard(1)",), "y = all_to_all_dims(x, split = 2, concat = 1)", 3),
+    (("x : [S, B, H] fp32 shard(0)",), "y = all_to_all_dims(x, split = 2, concat = 0)", 2),
+    (("x : [H, B, S] fp32 shard(2)",), "y = all_to_all_dims(x, split = 0, concat = 2)", 2),
+    (("a : [S, B] fp32", "w : [B, H] fp32", "x = gemm(a, w)"),
+     "y = all_to_all_dims(x, split = 1, concat = 0)", 3),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decls, stmt, world", LAYOUTS)
+def test_every_layout_runs_and_checks_on_sms(decls, stmt, world, tmp_path, capsys):
+    path = tmp_path / "layout.tl"
+    # 40 rows of S a rank: chunks of 16, 16 and 8 rows; H = 6: parts of 3 or 2
+    path.write_text(_pattern(*decls, stmt, "return y", head=f"B = 3, S = {40 * world}, H = 6"))
+    assert main(["run", str(path), "--world-size", str(world), "--check", "--calls", "2",
+                 "--config", "comm=sm", "comm_block_m=16"]) == 0
+    out = capsys.readouterr().out
+    assert "check: OK" in out and "comm=sm" in out
