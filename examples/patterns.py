@@ -219,3 +219,16 @@ def sp_attention_causal(S=512, H=8, HKV=2, D=64, dtype="bf16"):
     v_full = tk.all_gather(v, dim=0)
     o = tk.attention(q, k_full, v_full, causal=1)
     return o
+
+
+@tk.pattern
+def sp_ulysses(S=84, H=12, D=16, dtype="bf16"):
+    q = tk.input((S, H, D), dtype, shard=0)
+    k = tk.input((S, H, D), dtype, shard=0)
+    v = tk.input((S, H, D), dtype, shard=0)
+    qh = tk.all_to_all_dims(q, split=1, concat=0)
+    kh = tk.all_to_all_dims(k, split=1, concat=0)
+    vh = tk.all_to_all_dims(v, split=1, concat=0)
+    oh = tk.attention(qh, kh, vh)
+    o = tk.all_to_all_dims(oh, split=0, concat=1)
+    return o

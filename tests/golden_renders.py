@@ -8,7 +8,8 @@ The set: the bench's design shapes (the defaults the bench and the Python API ta
 `gemm=ws` variants the next GPU runs name), the tuner's whole eager and CUDA-graph space at
 one AG and one GEMM-RS shape, every GPU case of `test_dist.py` at every world size it runs
 at, the emulated world's tuner space for the shipped examples, AG-MoE's kernel on both
-comm resources, and sequence-parallel attention's kernel (causal and not); on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and the interpreter.
+comm resources, sequence-parallel attention's kernel (causal and not) and Ulysses
+attention's; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and the interpreter.
 
     python -m tests.golden_renders --write            # record the current renders' hashes
                                                       # (and the readable renders' texts)
@@ -147,6 +148,14 @@ def _cases():
         bp = sp.bind({"S": 8192, "H": 32, "D": 128}, 2)
         for target in GPU_TARGETS:
             yield from emit(*render(bp, target, {"comm": "sm"}))
+    # Ulysses attention (all_to_all_dims re-sharding to heads and back, attention's tiles
+    # waiting per source rank's chunks): SMs in the emulated world and on the GPU targets
+    uly = load_pattern(str(ROOT / "examples" / "sp_ulysses.tl"))
+    for w in (1, 2, 4):
+        yield from emit(*render(uly.bind({}, w), "interp", {"comm": "sm"}))
+    bp = uly.bind({"S": 4096, "H": 32, "D": 128}, 2)
+    for target in GPU_TARGETS:
+        yield from emit(*render(bp, target, {"comm": "sm"}))
 
 
 # a user tile function's module is named after a hash of its file's absolute path

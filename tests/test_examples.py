@@ -89,7 +89,8 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
 # smaller sizes for the emulated run where the defaults take minutes a call in Triton's
 # interpreter (attention: every (query block, head) tile walks every block of keys)
 EMULATED_SIZES = {"sp_attention": ["-D", "S=128", "-D", "H=4"],
-                  "sp_attention_causal": ["-D", "S=128", "-D", "H=4"]}
+                  "sp_attention_causal": ["-D", "S=128", "-D", "H=4"],
+                  "sp_ulysses": ["-D", "S=36", "-D", "H=4"]}
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from . import (  # noqa: F401  (imported for their registrations, in this order)
     reduce_scatter,
     all_reduce,
     all_to_all,
+    reshard,
     gemm,
     grouped_gemm,
     attention,

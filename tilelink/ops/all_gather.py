@@ -239,8 +239,8 @@ class _Gather(Lowering):
         cons = dep.consumer.op
         cop = next(o for o in mb.bp.ops if o.result == cons)
         words = (f"{role} tile of {cons} = {cop.kind}(...) waits for a chunk of "
-                 f"{site.op.result} (all_gather at {_loc(site.op.loc)}, used at {_loc(cop.loc)})")
-        sid = mb.site_for(("all_gather", site.op.result, cons, kb.index), words, dep,
+                 f"{site.op.result} ({self.kind} at {_loc(site.op.loc)}, used at {_loc(cop.loc)})")
+        sid = mb.site_for((self.kind, site.op.result, cons, kb.index), words, dep,
                           (kb.index, role))
         return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat,
                             value=self._value(site)).splitlines()
@@ -261,8 +261,8 @@ class _Gather(Lowering):
         for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS"):
             kb.const(f"{p}_{c}")
         kb.const("COPY_BLOCK")
-        sid = mb.site_for(("all_gather copy_out", full), f"{step.name} waits for a chunk of "
-                          f"{full} (all_gather at {_loc(step.op.loc)}) to copy it to the output",
+        sid = mb.site_for((f"{self.kind} copy_out", full), f"{step.name} waits for a chunk of "
+                          f"{full} ({self.kind} at {_loc(step.op.loc)}) to copy it to the output",
                           None, (kb.index, step.name))
         mb.describe_lines += [
             f"    if site == {sid}:",
