@@ -90,14 +90,15 @@ def test_the_plan_shows_the_per_block_rule(capsys):
 
 
 def _probed(source: str) -> str:
-    """`source` with a record, on each rank, of every wait on a key chunk (its slot), every
+    """`source` with a record, on each rank, of every wait on key chunks (their slots), every
     block of keys a tile reads (its first key) and every tile's start (its first query):
     lines of "what value" in the file $SP_PROBE.<rank>."""
     out = []
     for line in source.splitlines():
         pad = line[:len(line) - len(line.lstrip())]
-        if line.lstrip().startswith("tok = tld.wait(sig_k_full_ptr + w_slot"):
-            out.append(f"{pad}_probe(me, 'wait', w_slot)")
+        if line.lstrip().startswith("tok = tld.wait_flat(sig_k_full_ptr + w_slot"):
+            # one wait on the chunk slots first .. end - 1
+            out.append(f"{pad}_probe(me, 'wait', w_chunk_first * 65536 + w_chunk_end)")
         if line.lstrip().startswith("nblk = "):
             out.append(f"{pad}_probe(me, 'tile', m0)")
         out.append(line)
@@ -127,7 +128,7 @@ def _tiles(path) -> list[list[tuple[int, list[int]]]]:
         if what == "tile":
             tiles.append([])
         elif what == "wait":
-            waits.append(int(value))
+            waits += range(int(value) // 65536, int(value) % 65536)
         else:
             tiles[-1].append((int(value), waits))
             waits = []

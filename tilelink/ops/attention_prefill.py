@@ -143,8 +143,10 @@ class AttentionTiles(Lowering):
         up, prec = AttentionPartialTiles._dot_operands(kb, q.dtype)
         names = {"rank": ("me", "me + 1"), "m": ("m0", "m1"), "h": ("h", "h + 1")}
         waits, waited = operand_waits(kb, step, names)
+        # a block's chunks in one wait_flat (an inline-asm spin, no loop): a wait with its
+        # own scf.while inside the KV loop stops Triton's software pipelining of the loads
         step_waits, step_waited = operand_waits(kb, step, names | {"n": ("n0", "n1")},
-                                                loop="n")
+                                                loop="n", flat=True)
 
         def tok(expr: str, tensor: str, during: set) -> str:
             return f"tld.consume_token({expr}, tok)" if tensor in during else expr
@@ -195,12 +197,14 @@ class AttentionTiles(Lowering):
             "    n0 = ((start + i) % nblk) * BN",
             "    n1 = tl.minimum(n0 + BN, SKV)",
         ]
-        block = ["offs_n = n0 + tl.arange(0, BN)", "nmask = offs_n < nkeys"]
+        block = ["offs_n = n0 + tl.arange(0, BN)", "nmask = offs_n < nkeys",
+                 "kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]",
+                 "kvmask = nmask[:, None] & dmask[None, :]"]
+        # the block's K and V offsets, made dependent on its waits (below) where it has any
+        k_at, v_at = (("k_at", "v_at") if step_waits and not zigzag else
+                      (tok("kv", k_name, step_waited), tok("kv", v_name, step_waited)))
         work = [
-            "kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]",
-            "kvmask = nmask[:, None] & dmask[None, :]",
-            f"kt = tl.load({k.base} + {tok('kv', k_name, step_waited)}, mask=kvmask, "
-            f"other=0.0){up}",
+            f"kt = tl.load({k.base} + {k_at}, mask=kvmask, other=0.0){up}",
             # scores in log2 units (scaled by log2(e) / sqrt(D)): exp2 is the GPU's own
             f"scores = tl.dot(qt, tl.trans(kt){prec}) * {_qk_scale(d)!r}",
         ] + ([f"scores = tl.where({seen}, scores, float(\"-inf\"))"] if partial is None else [
@@ -217,8 +221,7 @@ class AttentionTiles(Lowering):
             "p = tl.exp2(scores - m_use[:, None])",
             "alpha = tl.exp2(m_i - m_use)",
             "l_i = l_i * alpha + tl.sum(p, axis=1)",
-            f"vt = tl.load({v.base} + {tok('kv', v_name, step_waited)}, mask=kvmask, "
-            f"other=0.0){up}",
+            f"vt = tl.load({v.base} + {v_at}, mask=kvmask, other=0.0){up}",
             f"pv = tl.dot(p.to({dt}){up}, vt{prec})  # weights rounded to the inputs' dtype",
             "acc = acc * alpha[:, None] + pv",
             "m_i = m_new",
@@ -228,7 +231,15 @@ class AttentionTiles(Lowering):
                 "if tl.min(tl.where(nmask, kpos, SKV), axis=0) <= qlast:"] + [
                 "    " + x for x in step_waits + work]
         else:
-            work = step_waits + block + work
+            if step_waits:  # (first line: tok's initial value; then the waits)
+                # the waits and the token's use under an `if` (n1 > n0 holds for every
+                # block): Triton's pipeliner predicates an scf.if, not the inline asm of a
+                # bare wait or consume_token, so the K and V loads stay pipelined
+                step_waits = step_waits[:1] + ["k_at = kv", "v_at = kv", "if n1 > n0:"] + [
+                    "    " + x for x in step_waits[1:] + [
+                        f"k_at = {tok('kv', k_name, step_waited)}",
+                        f"v_at = {tok('kv', v_name, step_waited)}"]]
+            work = block + step_waits + work
         body += ["    " + x for x in work] + [
             "l_i = tl.where(l_i == 0.0, 1.0, l_i)",
             f"tl.store({out.base} + (offs_m[:, None] * HQ + h) * D + offs_d[None, :], "
