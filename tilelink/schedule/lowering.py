@@ -469,6 +469,13 @@ class Lowering:
         order=own_first). None: no row is ready before another."""
         return None
 
+    def rows_empty(self, kb, site: OpSite, lo: str, hi: str) -> str | None:
+        """A kernel expression, true when rows `lo` .. `hi` - 1 (kernel expressions) of its
+        result hold only zeros this call (rows past a count known at run time), evaluated by
+        a consumer tile after its waits on them (`tok` holds their last value), so a consumer
+        multiplying them may skip their loads. None (the default): nothing known."""
+        return None
+
     # ---- epilogue hooks: a producer calls these on its consumer's lowering ---------------
 
     #: it takes its input's tiles in the producing compute op's epilogue (a reduction's

@@ -218,6 +218,16 @@ def _never_default(bp: BoundPattern, cfg: Config, target: Target) -> bool:
                for site, lw in _comm_sites(bp, cfg, target))
 
 
+def unmeasured_note(bp: BoundPattern, cfg: Config, target: Target) -> str:
+    """Why the non-overlapped plan is the default where a collective's lowering under `cfg`
+    is one the default never takes (`Lowering.default_ok`)."""
+    kinds = sorted({site.op.kind for site, lw in _comm_sites(bp, cfg, target)
+                    if lw is not None and not lw.default_ok(site)})
+    return (f"{', '.join(kinds)} on comm={cfg.comm} is not the default yet (not measured "
+            "against its library call): running the non-overlapped plan; --config "
+            f"comm={cfg.comm} runs the kernel")
+
+
 def _base(target: Target) -> Config:
     if target.backend == "interp":
         return Config(num_programs=4, comm_programs=1, block_m=32, block_n=32, block_k=32,
@@ -254,6 +264,8 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
     for comm in resources:
         merged, bad = _merged_defaults(bp, target, space, replace(base, comm=comm))
         if not bad:
+            if allow_fallback and resource is None and _never_default(bp, merged, target):
+                return _fallbacks(bp, base)[0], unmeasured_note(bp, merged, target)
             if allow_fallback and resource is None and bp.world > 1:
                 return _decide(bp, target, merged, graph)
             return merged, None

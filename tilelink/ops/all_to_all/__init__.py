@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, OpDoc, fail, local_shape, register
-from ..ir.tensor import INT_DTYPES, LOCAL
-from ..plan.regions import access, chunk_axis, region_rule
-from ..plan.tiling import FULL, DimRule, TileGrid
-from ..bench.providers import peer_elements, transfer
-from ..runtime.bounds import rounding
-from ..runtime.dist_reference import dist_reference
-from ..runtime.reference import reference
-from .all_gather import copies
+from ...ir.ops import Inferred, OpDoc, fail, local_shape, register
+from ...ir.tensor import INT_DTYPES, LOCAL
+from ...plan.regions import access, chunk_axis, region_rule
+from ...plan.tiling import FULL, DimRule, TileGrid
+from ...bench.providers import peer_elements, transfer
+from ...runtime.bounds import rounding
+from ...runtime.dist_reference import dist_reference
+from ...runtime.reference import reference
+from ..all_gather import copies
 
 
 @register("all_to_all", "comm", ["x", "splits"], {"capacity": None},
@@ -23,9 +23,12 @@ from .all_gather import copies
               args={"x": "this rank's rows `[T, ...]`, grouped by destination: the first "
                          "splits[0] rows go to rank 0, the next splits[1] to rank 1, ...",
                     "splits": "`[W]` per rank: how many rows of x go to each "
-                              "rank (read when the call runs)",
-                    "capacity": "the most rows a rank receives from each rank (> 0); rows "
-                                "past it are dropped"},
+                              "rank (read when the call runs; a negative count sends none)",
+                    "capacity": "the most rows a rank receives from each rank (> 0). "
+                                "Capacity rule: rank d gets the first min(splits[d], "
+                                "capacity) of its rows; the rest, and rows past x's end, are "
+                                "dropped, max(0, splits[d] - capacity) of them, which the "
+                                "sender computes from its own splits"},
               result="`[W * capacity, ...]` (x's other dims), x's dtype, per rank (`local`): "
                      "block s of `capacity` rows holds the rows rank s sent here, in order, "
                      "zero past those",
@@ -33,7 +36,12 @@ from .all_gather import copies
               given=("tokens : [T, H] bf16", "splits : [W] int32"),
               sizes="T = 64, H = 32, CAP = 64",
               notes="The non-overlapped plan runs it as one all_to_all_single of NCCL on "
-                    "GPUs; a kernel would read rows that splits chooses at run time."))
+                    "GPUs (the default there, the kernel not being measured against it "
+                    "yet). The kernel (`comm=sm`) reads splits on the device, pushes each "
+                    "rank's rows into its slot for this rank in chunks of comm_block_m rows "
+                    "with the slot's count, and a GEMM reading the result waits per chunk and "
+                    "skips tiles past a source's count; the zeros past the counts cost "
+                    "NVLink bytes only where a count shrank since the call two before."))
 def shape(op, xs, attrs, world):
     x, splits = xs
     if tuple(splits.local_shape) != (world,):
@@ -59,11 +67,18 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
     return TileGrid(op.result, (chunk,), (read,), (write,), rank_of=("chunk", "segment"))
 
 
+def sent_rows(rows: int, splits: list[int], dst: int, cap: int) -> tuple[int, int]:
+    """(first row, count) of the rows of a `rows`-row x that go to rank `dst` under `splits`:
+    its `splits[dst]` rows after those for lower ranks, at most `cap` of them and none past
+    x's end; a negative count sends nothing (and takes no rows)."""
+    counts = [max(0, int(v)) for v in splits]
+    start = sum(counts[:dst])
+    return start, max(0, min(counts[dst], cap, rows - start))
+
+
 def _received(x: torch.Tensor, src_splits: list[int], dst: int, cap: int):
-    """The rows source rank's `x` sends to `dst` (its `src_splits[dst]` rows after those for
-    lower ranks), at most `cap` of them."""
-    start = sum(src_splits[:dst])
-    n = min(src_splits[dst], cap, max(0, x.shape[0] - start))
+    """The rows source rank's `x` sends to `dst` (`sent_rows`)."""
+    start, n = sent_rows(x.shape[0], src_splits, dst, cap)
     return x[start:start + n]
 
 
@@ -118,14 +133,16 @@ def dist_ref(op, ctx, args):
     return out
 
 
-# ---- cost (the non-overlapped plan's NCCL call; no kernel lowering yet) ------------------
+# ---- cost of the non-overlapped plan's NCCL call; the kernel (`sm`) ----------------------
 
-from ..schedule.lowering import local_bytes, register_library_comm  # noqa: E402
+from ...schedule.lowering import local_bytes, register_library_comm  # noqa: E402
 
 
-def _exchange_bytes(bp, op) -> float:
+def exchange_bytes(bp, op) -> float:
     """An all-to-all sends each peer its 1/W of this rank's send buffer (the result's size)."""
     return (bp.world - 1) / bp.world * local_bytes(bp, op.result)
 
 
-register_library_comm("all_to_all", "nccl", _exchange_bytes)
+register_library_comm("all_to_all", "nccl", exchange_bytes)
+
+from . import sm  # noqa: E402,F401  (the SM lowering registers itself)

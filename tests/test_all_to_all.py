@@ -1,0 +1,110 @@
+"""all_to_all's kernel on SMs (`comm=sm`): counts read on the device, rows pushed into the
+receivers' slots, zeros past the counts, the capacity rule, and the expert-parallel pattern
+(dispatch -> gemm -> combine) against the torch reference in the emulated world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilelink as tk
+
+from tilelink.frontend import load_pattern
+from tilelink.runtime import check, emulate
+from tilelink.runtime.reference import make_inputs
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EP_MOE = EXAMPLES / "ep_moe.tl"
+# T rows per rank, not a multiple of the interpreter's 32-row tiles; CAP = 24 rows a slot in
+# chunks of 16 (a short last chunk); H = 24 columns (a short last column tile)
+SIZES = {"T": 40, "H": 24, "CAP": 24}
+SM = {"comm": "sm", "comm_block_m": "16"}
+
+
+def _splits(world: int, rows: list[int]) -> torch.Tensor:
+    return torch.tensor(rows[:world] + [0] * max(0, world - len(rows)), dtype=torch.int32)
+
+
+def _calls(bp, plans: list[list[list[int]]], seed: int = 0) -> list[dict]:
+    """One call's inputs per entry of `plans` (per rank, its splits; back_splits the same
+    counts rotated), random rows and weights."""
+    out = []
+    for i, plan in enumerate(plans):
+        ins = make_inputs(bp, seed + i)
+        w = bp.world
+        ins["splits"] = [_splits(w, plan[r % len(plan)]) for r in range(w)]
+        ins["back_splits"] = [_splits(w, plan[(r + 1) % len(plan)][::-1]) for r in range(w)]
+        out.append(ins)
+    return out
+
+
+def _run(world: int, plans, config=None, values=None):
+    bp = load_pattern(str(EP_MOE)).bind(values or SIZES, world)
+    s, res = emulate(bp, world_size=world, config=config or SM, inputs=_calls(bp, plans),
+                     calls=1, timeout=600, progress=False)
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+    return s, res
+
+
+# per call, per rank: the splits. Call 1 sends every row to one rank (past capacity: rows
+# dropped); call 2 leaves some ranks without rows and sends a negative count; call 3 uses
+# call 1's buffers again with fewer rows, so the rows call 1 left past the new counts must
+# read as zeros
+SKEWED = [[[0, 0, 0, 40]], [[5, 0, -3, 9], [0, 0, 0, 0]], [[2, 1, 3, 0]]]
+
+
+# CAP = 32: slots of whole 32-row GEMM tiles, so a tile past its source's count skips its
+# K loop (rows_empty); CAP = 24: tiles straddle two sources' slots
+@pytest.mark.parametrize("world,cap", [(1, 24), (2, 32), (3, 24), (4, 32)])
+def test_ep_moe_kernel_matches_the_reference(world, cap):
+    every_row_to_last = [[0] * (world - 1) + [40]]
+    plans = [every_row_to_last] + SKEWED[1:]
+    s, res = _run(world, plans, values={**SIZES, "CAP": cap})
+    assert s.config.comm == "sm"
+    assert "all_to_all/sm" in s.render()
+    assert res.outputs[2]["out"][0].shape[0] == world * cap
+
+
+@tk.pattern
+def dispatch(T=40, H=24, CAP=24, dtype="bf16"):
+    tokens = tk.input((T, H), dtype)
+    splits = tk.input((tk.W,), "int32")
+    recv = tk.all_to_all(tokens, splits, capacity=CAP)
+    return recv
+
+
+def test_rows_past_the_counts_are_zeros_in_later_calls():
+    # the received rows themselves (a returned result: the push has a kernel of its own and
+    # a copy to the output). Calls 1 and 3 use one buffer: call 1 fills both slots (rank 0
+    # sends 16 rows to itself, 24 to rank 1: capacity, rows dropped), call 3 sends 1 row to
+    # each, so rows 1..23 of each slot that call 1 wrote must read as zeros
+    bp = dispatch.bind({}, 2)
+    plans = [[16, 30], [0, 0], [1, 1]]
+    calls = []
+    for i, plan in enumerate(plans):
+        ins = make_inputs(bp, i)
+        ins["splits"] = [torch.tensor(plan, dtype=torch.int32)] * 2
+        calls.append(ins)
+    s, res = emulate(bp, world_size=2, config=SM, inputs=calls, timeout=600, progress=False)
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+    first, third = res.outputs[0]["recv"][1], res.outputs[2]["recv"][1]
+    assert first[SIZES["CAP"] + 1:].abs().sum() > 0  # call 1 left rows there ...
+    assert third[1:SIZES["CAP"]].abs().sum() == 0  # ... which call 3 reads as zeros
+    assert third[SIZES["CAP"] + 1:].abs().sum() == 0
+    assert third[SIZES["CAP"]].abs().sum() > 0
+
+
+def test_capacity_rule_in_the_reference():
+    from tilelink.ops.all_to_all import sent_rows
+
+    # rows for rank 1 start after rank 0's 3; at most CAP = 4 of the 9 asked; none past x's
+    # 10 rows for rank 2 (3 + 9 = 12 > 10); a negative count sends nothing
+    assert sent_rows(10, [3, 9, 5], 1, 4) == (3, 4)
+    assert sent_rows(10, [3, 9, 5], 2, 4) == (12, 0)
+    assert sent_rows(10, [3, 5, 5], 2, 8) == (8, 2)
+    assert sent_rows(10, [-2, 5, 1], 0, 4) == (0, 0)
+    assert sent_rows(10, [-2, 5, 1], 1, 4) == (0, 4)
