@@ -10,7 +10,7 @@ from ...plan.regions import access, chunk_axis, region_rule
 from ...plan.tiling import FULL, DimRule, TileGrid
 from ...bench.providers import peer_elements, transfer
 from ...runtime.bounds import rounding
-from ...runtime.dist_reference import dist_reference
+from ...runtime.dist_reference import Prepared, dist_reference, library_variant
 from ...runtime.reference import reference
 from ..all_gather import copies
 
@@ -98,15 +98,26 @@ def ref(op, ctx, args):
 
 
 
+def _sent(x: torch.Tensor, splits: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row, count) per destination as `sent_rows` gives them, on x's device, int64
+    [W] each, computed there (no host sync)."""
+    want = splits.to(device=x.device, dtype=torch.int64).clamp(min=0)
+    starts = torch.cumsum(want, 0) - want
+    n = torch.minimum(want.clamp(max=cap), (x.shape[0] - starts).clamp(min=0))
+    return starts, n
+
+
 def _send_buffer(x, splits, ctx):
-    """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded)."""
-    cap = ctx.attrs["capacity"]
-    mine = [int(v) for v in splits.tolist()]
-    send = torch.zeros((ctx.world * cap,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    for d in range(ctx.world):
-        rows = _received(x, mine, d, cap)
-        send[d * cap:d * cap + rows.shape[0]] = rows
-    return send
+    """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded), built
+    on the device without a host sync (the plan's call can be captured in a CUDA graph)."""
+    cap, w = ctx.attrs["capacity"], ctx.world
+    starts, n = _sent(x, splits, cap)
+    i = torch.arange(cap, device=x.device)
+    idx = (starts[:, None] + i[None, :]).reshape(-1)
+    valid = (i[None, :] < n[:, None]).reshape(-1)
+    rows = x.index_select(0, torch.where(valid, idx, 0).clamp(max=max(0, x.shape[0] - 1)))
+    keep = valid.view((w * cap,) + (1,) * (x.dim() - 1))
+    return torch.where(keep, rows, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 # the result holds W slots of `capacity` rows, one per source rank: W - 1 come from peers
@@ -125,12 +136,42 @@ rounding("all_to_all")(copies)  # rows move between ranks unchanged
 
 @dist_reference("all_to_all")
 def dist_ref(op, ctx, args):
+    """One all_to_all_single of the `capacity`-row slots (padding included): no count
+    exchange, no host sync."""
     import torch.distributed as dist
 
     send = _send_buffer(*args, ctx)
     out = torch.empty_like(send)
     dist.all_to_all_single(out, send, group=ctx.group)
     return out
+
+
+@library_variant("all_to_all", "nccl_counts")
+def with_counts(op, ctx) -> Prepared:
+    """all_to_all_single with its count exchange, as expert-parallel layers call NCCL: the
+    counts first (an all_to_all_single of W ints), read on the host (a sync: NCCL takes the
+    split sizes as host ints), then the rows themselves, no padding, placed into the
+    receiver's slots."""
+
+    def run(op, ctx, args):
+        import torch.distributed as dist
+
+        x, splits = args
+        cap, w = ctx.attrs["capacity"], ctx.world
+        starts, n = _sent(x, splits, cap)
+        got = torch.empty_like(n)
+        dist.all_to_all_single(got, n, group=ctx.group)
+        first, sizes, recv_sizes = torch.stack([starts, n, got]).tolist()
+        send = torch.cat([x[a:a + k] for a, k in zip(first, sizes)])
+        recv = x.new_empty((sum(recv_sizes),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(recv, send, recv_sizes, sizes, group=ctx.group)
+        out = x.new_zeros((w * cap,) + tuple(x.shape[1:]))
+        at = torch.cat([torch.arange(k, device=x.device) + s * cap
+                        for s, k in enumerate(recv_sizes)])
+        out.index_copy_(0, at, recv)
+        return out
+
+    return Prepared(run)
 
 
 # ---- cost of the non-overlapped plan's NCCL call; the kernel (`sm`) ----------------------
@@ -143,6 +184,13 @@ def exchange_bytes(bp, op) -> float:
     return (bp.world - 1) / bp.world * local_bytes(bp, op.result)
 
 
+def counted_bytes(bp, op) -> float:
+    """With the count exchange: the rows themselves, at most every slot full (what the
+    schedule knows), and the counts."""
+    return exchange_bytes(bp, op) + 4.0 * (bp.world - 1)
+
+
 register_library_comm("all_to_all", "nccl", exchange_bytes)
+register_library_comm("all_to_all", "nccl_counts", counted_bytes)
 
 from . import sm  # noqa: E402,F401  (the SM lowering registers itself)
