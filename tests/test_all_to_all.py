@@ -98,6 +98,24 @@ def test_rows_past_the_counts_are_zeros_in_later_calls():
     assert third[SIZES["CAP"]].abs().sum() > 0
 
 
+@pytest.mark.parametrize("change,message,hint", [
+    ("slots = 1", "all_to_all with slots = 1 reads x in W slots of capacity = 24 rows (48 "
+     "rows at W = 2); h has 40 per rank", "pass x of W * 24 rows"),
+    ("slots = 2", "all_to_all slots must be 0 or 1; got 2", "write slots = 1 where x holds"),
+])
+def test_slots_errors_name_the_line_and_what_to_write(change, message, hint):
+    from tilelink.errors import PatternError
+    from tilelink.frontend.text import parse_text
+
+    src = EP_MOE.read_text().replace("capacity = CAP, slots = 1", f"capacity = CAP, {change}")
+    src = src.replace("h = gemm(recv, w)", "h = gemm(tokens, w)")  # (40 rows, not W * CAP)
+    pattern = parse_text(src, "ep_moe.tl")
+    with pytest.raises(PatternError) as e:
+        pattern.bind(SIZES, 2)
+    assert e.value.message.startswith(message), str(e.value)
+    assert hint in str(e.value.hint) and e.value.loc.line == 12
+
+
 def test_capacity_rule_in_the_reference():
     from tilelink.ops.all_to_all import sent_rows
 
@@ -108,6 +126,10 @@ def test_capacity_rule_in_the_reference():
     assert sent_rows(10, [3, 5, 5], 2, 8) == (8, 2)
     assert sent_rows(10, [-2, 5, 1], 0, 4) == (0, 0)
     assert sent_rows(10, [-2, 5, 1], 1, 4) == (0, 4)
+    # slots: rank d's rows are the first of slot d (rows d * cap ..), whatever lower ranks get
+    assert sent_rows(12, [9, 2, 3], 1, 4, slots=1) == (4, 2)
+    assert sent_rows(12, [9, 2, 3], 0, 4, slots=1) == (0, 4)
+    assert sent_rows(10, [0, 0, 3], 2, 4, slots=1) == (8, 2)
 
 
 def test_the_non_overlapped_plan_keeps_the_capacity_rule():

@@ -11,24 +11,30 @@ from ...plan.tiling import FULL, DimRule, TileGrid
 from ...bench.providers import peer_elements, transfer
 from ...runtime.bounds import rounding
 from ...runtime.dist_reference import Prepared, dist_reference, library_variant
-from ...runtime.reference import reference
+from ...runtime.reference import int_draw, reference
 from ..all_gather import copies
 
 
-@register("all_to_all", "comm", ["x", "splits"], {"capacity": None},
+@register("all_to_all", "comm", ["x", "splits"], {"capacity": None, "slots": 0},
           "Send rows of `x` to ranks by per-rank counts `splits` ([W] ints, rows grouped by "
           "destination); each rank receives up to `capacity` rows from every rank.",
           dtypes={1: INT_DTYPES},  # x: any (rows are copied); splits: row counts
           details=OpDoc(
               args={"x": "this rank's rows `[T, ...]`, grouped by destination: the first "
-                         "splits[0] rows go to rank 0, the next splits[1] to rank 1, ...",
+                         "splits[0] rows go to rank 0, the next splits[1] to rank 1, ...; "
+                         "with slots = 1, `[W * capacity, ...]` in slots as this op's result "
+                         "holds them: rank d's rows are the first splits[d] of slot d",
                     "splits": "`[W]` per rank: how many rows of x go to each "
                               "rank (read when the call runs; a negative count sends none)",
                     "capacity": "the most rows a rank receives from each rank (> 0). "
                                 "Capacity rule: rank d gets the first min(splits[d], "
                                 "capacity) of its rows; the rest, and rows past x's end, are "
                                 "dropped, max(0, splits[d] - capacity) of them, which the "
-                                "sender computes from its own splits"},
+                                "sender computes from its own splits",
+                    "slots": "0: x's rows grouped by destination, one after another; 1: x in "
+                             "`capacity`-row slots, one per destination (the result of an "
+                             "all_to_all, or of ops on it row by row: an expert-parallel "
+                             "layer's combine sends each rank's slot back)"},
               result="`[W * capacity, ...]` (x's other dims), x's dtype, per rank (`local`): "
                      "block s of `capacity` rows holds the rows rank s sent here, in order, "
                      "zero past those",
@@ -51,6 +57,13 @@ def shape(op, xs, attrs, world):
     if cap is None or cap <= 0:
         fail(op, "all_to_all needs a positive capacity (rows received from each rank)",
              "write all_to_all(x, splits, capacity = T)")
+    if attrs["slots"] not in (0, 1):
+        fail(op, f"all_to_all slots must be 0 or 1; got {attrs['slots']}",
+             "write slots = 1 where x holds a capacity-row slot per rank, else leave it out")
+    if attrs["slots"] and local_shape(x)[0] != world * cap:
+        fail(op, f"all_to_all with slots = 1 reads x in W slots of capacity = {cap} rows "
+             f"({world * cap} rows at W = {world}); {x.name} has {local_shape(x)[0]} per rank",
+             f"pass x of W * {cap} rows (an all_to_all's result), or leave slots out", 0)
     shape = (world * cap,) + tuple(local_shape(x)[1:])
     return Inferred(shape, x.dtype, LOCAL)
 
@@ -67,19 +80,33 @@ def region(bp, op, ins, out, tiles) -> TileGrid:
     return TileGrid(op.result, (chunk,), (read,), (write,), rank_of=("chunk", "segment"))
 
 
-def sent_rows(rows: int, splits: list[int], dst: int, cap: int) -> tuple[int, int]:
+def sent_rows(rows: int, splits: list[int], dst: int, cap: int,
+              slots: int = 0) -> tuple[int, int]:
     """(first row, count) of the rows of a `rows`-row x that go to rank `dst` under `splits`:
-    its `splits[dst]` rows after those for lower ranks, at most `cap` of them and none past
-    x's end; a negative count sends nothing (and takes no rows)."""
+    its `splits[dst]` rows after those for lower ranks (with `slots`, from row dst * cap),
+    at most `cap` of them and none past x's end; a negative count sends nothing (and takes
+    no rows)."""
     counts = [max(0, int(v)) for v in splits]
-    start = sum(counts[:dst])
+    start = dst * cap if slots else sum(counts[:dst])
     return start, max(0, min(counts[dst], cap, rows - start))
 
 
-def _received(x: torch.Tensor, src_splits: list[int], dst: int, cap: int):
+def _received(x: torch.Tensor, src_splits: list[int], dst: int, cap: int, slots: int = 0):
     """The rows source rank's `x` sends to `dst` (`sent_rows`)."""
-    start, n = sent_rows(x.shape[0], src_splits, dst, cap)
+    start, n = sent_rows(x.shape[0], src_splits, dst, cap, slots)
     return x[start:start + n]
+
+
+@int_draw("all_to_all")
+def routed_counts(bp, op, i, gen):
+    """Random counts (operand 1) as a router makes them: each of x's rows goes to a rank
+    drawn uniformly, so the counts sum to x's rows, about T / W each (with slots, about
+    capacity each: some past it)."""
+    if i != 1:
+        return None
+    rows = bp.tensors[op.args[0]].local_shape[0]
+    dest = torch.randint(0, bp.world, (rows,), generator=gen)
+    return torch.bincount(dest, minlength=bp.world)
 
 
 @reference("all_to_all")
@@ -91,18 +118,20 @@ def ref(op, ctx, args):
     for d in range(ctx.world):
         out = torch.zeros((ctx.world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
         for s in range(ctx.world):
-            rows = _received(xs[s], plans[s], d, cap)
+            rows = _received(xs[s], plans[s], d, cap, ctx.attrs["slots"])
             out[s * cap:s * cap + rows.shape[0]] = rows
         outs.append(out)
     return outs
 
 
 
-def _sent(x: torch.Tensor, splits: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _sent(x: torch.Tensor, splits: torch.Tensor, cap: int,
+          slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(first row, count) per destination as `sent_rows` gives them, on x's device, int64
     [W] each, computed there (no host sync)."""
     want = splits.to(device=x.device, dtype=torch.int64).clamp(min=0)
-    starts = torch.cumsum(want, 0) - want
+    starts = (torch.arange(want.shape[0], device=x.device) * cap if slots
+              else torch.cumsum(want, 0) - want)
     n = torch.minimum(want.clamp(max=cap), (x.shape[0] - starts).clamp(min=0))
     return starts, n
 
@@ -111,7 +140,7 @@ def _send_buffer(x, splits, ctx):
     """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded), built
     on the device without a host sync (the plan's call can be captured in a CUDA graph)."""
     cap, w = ctx.attrs["capacity"], ctx.world
-    starts, n = _sent(x, splits, cap)
+    starts, n = _sent(x, splits, cap, ctx.attrs["slots"])
     i = torch.arange(cap, device=x.device)
     idx = (starts[:, None] + i[None, :]).reshape(-1)
     valid = (i[None, :] < n[:, None]).reshape(-1)
@@ -158,7 +187,7 @@ def with_counts(op, ctx) -> Prepared:
 
         x, splits = args
         cap, w = ctx.attrs["capacity"], ctx.world
-        starts, n = _sent(x, splits, cap)
+        starts, n = _sent(x, splits, cap, ctx.attrs["slots"])
         got = torch.empty_like(n)
         dist.all_to_all_single(got, n, group=ctx.group)
         first, sizes, recv_sizes = torch.stack([starts, n, got]).tolist()

@@ -4,8 +4,8 @@ destination's rows straight into its receive slot for this rank.
 Per call, each rank's push role walks (destination, chunk) items, destinations in the
 order their consumers read them (this rank first, then rank - 1, rank - 2, ...: receiver r
 reads its own slot, then rank r + 1's). For an item it reads `splits` (no host sync),
-finds the rows for the destination (after those for lower ranks, at most `capacity`, none
-past x's end), puts the chunk's rows into the destination's slot `me` of its receive
+finds the rows for the destination (after those for lower ranks, or with slots = 1 the
+first of slot d; at most `capacity`, none past x's end), puts the chunk's rows into the destination's slot `me` of its receive
 buffer (double-buffered by epoch parity), writes how many valid rows the slot holds into
 the destination's count word of this source, and notifies the chunk's slot. A consumer
 tile waits on exactly the chunks its rows lie in (the plan's closed form); a GEMM tile
@@ -164,7 +164,8 @@ class AllToAllSM(Lowering):
             "    # own slot first; then me - 1, me - 2, ...: receiver r gets rank r + 1's rows "
             "first,", "    # the order its tiles read them in",
             "    dst = (me + WORLD - step) % WORLD",
-            "    start = tl.sum(tl.where(offs_w < dst, want, 0))",
+            ("    start = dst * {p}_CAP  # x in slots: rank d's rows start at slot d".format(p=p)
+             if site.attrs["slots"] else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
             f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), {p}_CAP),",
             f"                   tl.maximum({p}_T - start, 0))",
             "    # rows this rank wrote there two calls ago (the last call using this buffer)",
