@@ -190,3 +190,36 @@ def test_all_to_all_single_with_its_count_exchange_keeps_the_capacity_rule():
         want = evaluate(bp, ins)["recv"]
         for r in range(world):
             assert torch.equal(torch.from_numpy(got[r][i]), want[r].float()), (i, r)
+
+
+def test_random_counts_partition_the_rows_as_a_router_would():
+    # inputs made for a run (emulated world) and for a GPU rank: the counts sum to x's rows
+    # (dispatch: T = 40; combine with slots: W * CAP = 96), not 0 .. 3 per destination
+    from tilelink.runtime.dist_reference import make_local_inputs
+
+    bp = load_pattern(str(EP_MOE)).bind(SIZES, 4)
+    ins = make_inputs(bp, 3)
+    local = [make_local_inputs(bp, r, 3, torch.device("cpu")) for r in range(4)]
+    for splits in ins["splits"] + [x["splits"] for x in local]:
+        assert splits.dtype == torch.int32 and int(splits.sum()) == 40 and splits.min() >= 0
+    for splits in ins["back_splits"]:
+        assert int(splits.sum()) == 4 * SIZES["CAP"]
+    assert len({tuple(s.tolist()) for s in ins["splits"]}) > 1  # each rank its own routing
+
+
+def test_a_dropped_chunk_signal_is_reported_naming_the_wait():
+    # every chunk's signal dropped: the expert GEMM's tiles and the combine's copy out wait
+    # in vain; the run ends in a HangError that says which all_to_all chunk was waited for
+    from tilelink.codegen import render_triton
+    from tilelink.errors import HangError
+    from tilelink.schedule import get_target, make_schedule
+
+    from .conftest import run_broken
+
+    s = make_schedule(load_pattern(str(EP_MOE)).bind(SIZES, 2), get_target("interp"), SM)
+    src = render_triton(s, fault="drop_notify")
+    assert src.count("fault injected (drop_notify)") == 2  # the dispatch's and the combine's
+    with pytest.raises(HangError) as err:
+        run_broken(s, src)
+    text = str(err.value)
+    assert "waits for a chunk of" in text and "all_to_all at" in text
