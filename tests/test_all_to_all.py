@@ -223,3 +223,22 @@ def test_a_dropped_chunk_signal_is_reported_naming_the_wait():
         run_broken(s, src)
     text = str(err.value)
     assert "waits for a chunk of" in text and "all_to_all at" in text
+
+
+@tk.pattern
+def gathered_dispatch(T=32, H=16, CAP=16, dtype="bf16"):
+    x = tk.input((T, H), dtype, shard=0)
+    splits = tk.input((tk.W,), "int32")
+    x_full = tk.all_gather(x, dim=0)
+    recv = tk.all_to_all(x_full, splits, capacity=CAP)
+    return recv
+
+
+def test_a_push_of_rows_another_collective_delivers_is_refused():
+    # the push reads x when its kernel starts; a gather's rows arrive during it
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target, make_schedule
+
+    with pytest.raises(ConfigError) as e:
+        make_schedule(gathered_dispatch.bind({}, 2), get_target("interp"), {"comm": "sm"})
+    assert "x_full comes from a collective (all_gather)" in str(e.value)

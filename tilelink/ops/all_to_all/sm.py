@@ -57,6 +57,10 @@ class AllToAllSM(Lowering):
 
     def reasons(self, site) -> list[str]:
         out = []
+        if site.producer is not None and spec(site.producer.kind).category == "comm":
+            out.append(f"{site.op.args[0]} comes from a collective ({site.producer.kind}) "
+                       "whose rows peers deliver while the push would read them (compute on "
+                       "it first, or use comm=none)")
         takers = [c for c in site.consumers if spec(c.kind).category == "comm"]
         if takers:
             out.append(f"{takers[0].kind} reads {site.op.result} directly: a collective's "
