@@ -242,3 +242,22 @@ def test_a_push_of_rows_another_collective_delivers_is_refused():
     with pytest.raises(ConfigError) as e:
         make_schedule(gathered_dispatch.bind({}, 2), get_target("interp"), {"comm": "sm"})
     assert "x_full comes from a collective (all_gather)" in str(e.value)
+
+
+def test_the_count_exchange_is_left_out_of_cuda_graphs():
+    # its split sizes are read on the host each call: no graph captures it; the NCCL call
+    # of the slots (built on the device) and the kernel capture as they are
+    from tilelink.schedule import get_target
+    from tilelink.schedule.config import Config
+    from tilelink.schedule.schedule import graph_values
+    from tilelink.tune.space import candidates
+
+    bp = load_pattern(str(EP_MOE)).bind({}, 2)
+    t = get_target("cuda:90")
+    assert graph_values(bp, Config(comm="none", library_comm="nccl_counts"), t) is None
+    assert graph_values(bp, Config(comm="none"), t) == {}
+    assert graph_values(bp, Config(comm="sm"), t) == {}
+    eager, graph = candidates(bp, t), candidates(bp, t, graph=True)
+    assert any(c.library_comm == "nccl_counts" for c in eager)
+    assert not any(c.library_comm == "nccl_counts" for c in graph)
+    assert any(c.comm == "none" for c in graph) and any(c.comm == "sm" for c in graph)

@@ -23,7 +23,7 @@ from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose, op_sites
 from .config import COMM_RESOURCES, Config, ConfigSpace, default_value
 from .knobs import feature_knobs, plan_knobs
-from .lowering import LOWERINGS, library_comms, lowering_for
+from .lowering import LOWERINGS, library_capturable, library_comms, lowering_for
 from .targets import Target
 
 
@@ -344,9 +344,10 @@ def graph_values(bp: BoundPattern, cfg: Config, target: Target) -> dict[str, str
     """The knob values calls of `cfg` need to be captured in a CUDA graph, from its lowerings
     (`Lowering.graph_values`): {} where they capture as they are (SM kernels read their epoch
     from device memory; the non-overlapped plan's library calls capture as they are), None
-    where no values make them (a copy engine without a flag protocol)."""
+    where no values make them (a copy engine without a flag protocol, a library call that
+    reads device values on the host: `lowering.library_capturable`)."""
     if cfg.comm == "none" or unlowered_ops(bp):
-        return {}
+        return {} if cfg.comm != "none" or library_capturable(bp, cfg.library_comm) else None
     out: dict[str, str] = {}
     sites = op_sites(bp, cfg, target)
     for op in bp.ops:

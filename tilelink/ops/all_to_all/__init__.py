@@ -220,6 +220,7 @@ def counted_bytes(bp, op) -> float:
 
 
 register_library_comm("all_to_all", "nccl", exchange_bytes)
-register_library_comm("all_to_all", "nccl_counts", counted_bytes)
+# (NCCL takes the split sizes as host ints: read each call, so no CUDA graph captures it)
+register_library_comm("all_to_all", "nccl_counts", counted_bytes, host_sync=True)
 
 from . import sm  # noqa: E402,F401  (the SM lowering registers itself)
