@@ -67,7 +67,7 @@ def ep_moe(T=128, H=256, CAP=128, dtype="bf16"):
     w = tk.input((H, H), dtype)
     recv = tk.all_to_all(tokens, splits, capacity=CAP)
     h = tk.gemm(recv, w)
-    out = tk.all_to_all(h, back_splits, capacity=CAP)
+    out = tk.all_to_all(h, back_splits, capacity=CAP, slots=1)
     return out
 
 

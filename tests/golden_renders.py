@@ -8,8 +8,9 @@ The set: the bench's design shapes (the defaults the bench and the Python API ta
 `gemm=ws` variants the next GPU runs name), the tuner's whole eager and CUDA-graph space at
 one AG and one GEMM-RS shape, every GPU case of `test_dist.py` at every world size it runs
 at, the emulated world's tuner space for the shipped examples, AG-MoE's kernel on both
-comm resources, sequence-parallel attention's kernel (causal and not) and Ulysses
-attention's; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and the interpreter.
+comm resources, EP MoE's all_to_all kernels, sequence-parallel attention's kernel (causal
+and not) and Ulysses attention's; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and
+the interpreter.
 
     python -m tests.golden_renders --write            # record the current renders' hashes
                                                       # (and the readable renders' texts)
@@ -135,6 +136,15 @@ def _cases():
     for w in (1, 2, 4):
         yield from emit(*render(rs.bind({}, w), "interp", {"comm": "sm"}))
     bp = rs.bind({"T": 1200, "K": 1024, "N": 1024}, 2)
+    for target in GPU_TARGETS:
+        yield from emit(*render(bp, target, {"comm": "sm"}))
+    # EP MoE (all_to_all's pushes by run-time counts, the GEMM waiting per chunk and skipping
+    # tiles past a source's count, the combine in a kernel of its own): SMs in the emulated
+    # world at its default sizes and on the GPU targets at sizes off the tiles
+    ep = load_pattern(str(ROOT / "examples" / "ep_moe.tl"))
+    for w in (1, 2, 4):
+        yield from emit(*render(ep.bind({}, w), "interp", {"comm": "sm"}))
+    bp = ep.bind({"T": 1000, "H": 520, "CAP": 768}, 2)
     for target in GPU_TARGETS:
         yield from emit(*render(bp, target, {"comm": "sm"}))
     # sequence-parallel attention (attention's kernel waiting per block of gathered keys):

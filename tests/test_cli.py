@@ -91,9 +91,8 @@ AR_OF_AN_INPUT = """pattern ar_in(M = 128, N = 64, dtype = bf16)
     # no overlapped kernel can run an all_reduce of a pattern input
     ("ar_in", [], False, "no overlapped kernel can run this pattern: all_reduce/sm"),
     ("ar_in", ["--config", "block_m=64"], False, "no overlapped kernel can run this pattern"),
-    # no lowering at all
-    ("ep_moe", [], False, ("the op has no lowering, so the pattern runs as the "
-                           "non-overlapped plan")),
+    # a lowering the default does not take yet (all_to_all/sm): the kernel is shown
+    ("ep_moe", [], True, "@triton.jit"),
 ])
 def test_compile_shows_the_overlapped_kernel_only_where_there_is_one(case, config, shown,
                                                                      needle, tmp_path, capsys):

@@ -16,6 +16,7 @@ from .conftest import AG_RETURNING_GATHERED, EXAMPLES
 AG = load_text(EXAMPLES / "ag_gemm.tl")
 RS = load_text(EXAMPLES / "gemm_rs.tl")
 AG_MOE = load_text(EXAMPLES / "ag_moe.tl")
+EP_MOE = load_text(EXAMPLES / "ep_moe.tl")
 
 # (pattern, world size, sizes, config): both comm resources, several tile sizes, W = 2, 4, 8.
 CONFIGS = [
@@ -50,6 +51,11 @@ CONFIGS = [
                                         "comm_block_m": "256"}),
     (AG, 3, {"M": "300", "N": "99", "K": "100"}, {"comm": "copy_engine", "capturable": "1",
                                                   "block_m": "64", "flatten": "1"}),
+    # EP MoE: all_to_all's pushes read the counts on the device; the GEMM waits per chunk and
+    # skips tiles past a source's count; the combine pushes in a kernel of its own
+    (EP_MOE, 2, {"T": "1000", "H": "520", "CAP": "768"}, {"comm": "sm"}),
+    (EP_MOE, 4, {"T": "300", "H": "256", "CAP": "256"}, {"comm": "sm", "block_m": "64",
+                                                          "comm_block_m": "64"}),
     # AG-MoE: the grouped GEMM's tiles wait on the chunks of their run-time token range
     (AG_MOE, 2, {"T": "1200", "K": "1000", "N": "1200"}, {"comm": "sm"}),
     (AG_MOE, 4, {"T": "1200", "K": "1000", "N": "1200", "TOPK": "4"},
@@ -114,8 +120,16 @@ def test_invalid_configs_are_rejected_with_reasons():
         make_schedule(bp, get_target("cuda:90"), {"blockm": "64"})
 
 
-def test_plan_only_patterns_say_so_for_triton():
-    # all_to_all has a region rule and references but no lowering: the plan, not a kernel
+@pytest.fixture
+def no_all_to_all_lowering(monkeypatch):
+    """all_to_all without its lowerings, as an op family that has none yet."""
+    from tilelink.schedule.lowering import LOWERINGS
+
+    monkeypatch.delitem(LOWERINGS, "all_to_all")
+
+
+def test_plan_only_patterns_say_so_for_triton(no_all_to_all_lowering):
+    # an op with a region rule and references but no lowering: the plan, not a kernel
     s = make_schedule(load_text(EXAMPLES / "ep_moe.tl").bind({}, 2), get_target("cuda:90"), {})
     assert s.plan.deps and s.plan.render() and s.kernel is None
     with pytest.raises(NotSupportedError, match="--emit plan") as e:
@@ -126,7 +140,8 @@ def test_plan_only_patterns_say_so_for_triton():
 
 @pytest.mark.parametrize("target", ["cuda:90", "interp"])
 @pytest.mark.parametrize("name,op", [("ep_moe", "all_to_all")])
-def test_patterns_without_a_lowering_default_to_the_non_overlapped_plan(target, name, op):
+def test_patterns_without_a_lowering_default_to_the_non_overlapped_plan(
+        target, name, op, no_all_to_all_lowering):
     # the default the scheduler gives run, compile_op and the Python API, eager and captured
     bp = load_text(EXAMPLES / f"{name}.tl").bind({}, 2)
     t = get_target(target)
@@ -148,6 +163,21 @@ def test_patterns_without_a_lowering_default_to_the_non_overlapped_plan(target, 
     # a kernel knob alone keeps the plan that runs (it derives the plan's tiles)
     knob = make_schedule(bp, t, {"block_m": "64"})
     assert knob.config.comm == "none" and knob.plan.tiles.block_m == 64
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_lowering_the_default_never_takes_leaves_the_plan_the_default(graph):
+    # all_to_all/sm is not measured against NCCL's all_to_all_single yet (default_ok): on
+    # GPU targets the default is the plan, saying so; comm=sm names the kernel; the emulated
+    # world's default runs it
+    bp = load_text(EXAMPLES / "ep_moe.tl").bind({}, 2)
+    cfg, why = default_config(bp, get_target("cuda:90"), graph=graph)
+    assert cfg.comm == "none"
+    assert why.startswith("all_to_all on comm=sm is not the default yet") and \
+        "--config comm=sm runs the kernel" in why
+    s = make_schedule(bp, get_target("cuda:90"), {"comm": "sm"})
+    assert s.config.comm == "sm" and "all_to_all/sm" in render_triton(s)
+    assert default_config(bp, get_target("interp"), graph=graph)[0].comm == "sm"
 
 
 @pytest.mark.parametrize("world,m,block_m,chunk", [(1, 33, 32, 32), (2, 66, 64, 16),

@@ -69,13 +69,20 @@ def test_ops_prints_every_op(capsys):
     out = capsys.readouterr().out
     for sp in OPS.values():
         assert reference.signature(sp) in out
-    assert "non-overlapped plan only" in out  # ops without lowerings say so
+
+
+def test_an_op_without_lowerings_says_it_runs_as_the_plan_only(capsys, monkeypatch):
+    from tilelink.schedule.lowering import LOWERINGS
+
+    monkeypatch.delitem(LOWERINGS, "all_to_all")  # (as an op family that has none yet)
+    assert main(["ops"]) == 0
+    assert "non-overlapped plan only" in capsys.readouterr().out
 
 
 def test_ops_name_prints_that_op_alone(capsys):
     assert main(["ops", "all_to_all"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("all_to_all(x, splits, capacity)")
+    assert out.startswith("all_to_all(x, splits, capacity, slots = 0)")
     assert "[W * capacity, ...]" in out and "gemm(a, b)" not in out
     assert "recv = tk.all_to_all(tokens, splits, capacity=CAP)" in out
 

@@ -12,6 +12,8 @@
                  variant (`dist_reference.library_variant`: torch symmetric memory's
                  all-reduce kernels) done by it, the op before it writing its result into the
                  variant's symmetric workspace; absent when no collective has one
+    nccl_counts  the same for the collectives that send rows by run-time counts
+                 (all_to_all): the counts exchanged and read on the host, then the rows
     gemm         compute alone: the compute ops on the collectives' results (computed once,
                  here, outside anything timed)
     nccl_comm    the collectives alone (NCCL), on their operands computed once here
@@ -278,8 +280,8 @@ def _build_library_comm(bp, inputs, group, variant: str) -> Baseline:
     words = [f"{_op_words(bp, op)} [{variant}]" if (op.kind, variant) in LIBRARY_VARIANTS
              else _op_words(bp, op) for op in bp.ops]
     return Baseline(variant, lambda: plan(inputs), _output_check(bp, lambda: plan(inputs)),
-                    "the non-overlapped plan with torch symmetric memory's collective calls: "
-                    + "; then ".join(words))
+                    f"the non-overlapped plan with the library variant {variant} of its "
+                    "collectives: " + "; then ".join(words))
 
 
 def _build_compute(bp, compute, vals, group) -> Baseline:

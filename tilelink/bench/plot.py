@@ -17,10 +17,12 @@ from ..errors import TileLinkError
 from .files import BadFile, NotJSON, check_writable, write_atomic
 from .report import NAMES, BenchResult, load_json
 
-PLOTTED = ("tilelink", "async_tp", "symm_one_shot", "symm_two_shot", "nccl_cublas", "gemm")
+PLOTTED = ("tilelink", "async_tp", "symm_one_shot", "symm_two_shot", "nccl_counts", "nccl_cublas",
+           "gemm")
 CLIP = 2.5  # time / floor above this is drawn cut (and labelled), so the rest stays legible
 COLORS = {"tilelink": "#1f77b4", "async_tp": "#ff7f0e", "symm_one_shot": "#9467bd",
-          "symm_two_shot": "#8c564b", "nccl_cublas": "#7f7f7f", "gemm": "#2ca02c"}
+          "symm_two_shot": "#8c564b", "nccl_counts": "#e377c2", "nccl_cublas": "#7f7f7f",
+          "gemm": "#2ca02c"}
 INSTALL_HINT = "pip install matplotlib"
 WRITE_HINT = "write the chart elsewhere (a .png name in a directory you can write)"
 

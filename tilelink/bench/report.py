@@ -14,6 +14,9 @@ Systems (keys of `steady_ms` / `single_ms`):
                  the non-overlapped plan with each collective that has a torch symmetric-
                  memory call done by it (cuBLAS + torch's one-shot / two-shot all-reduce:
                  what vLLM and SGLang run for a row-parallel layer)
+    nccl_counts  the non-overlapped plan with each collective that sends rows by run-time
+                 counts done as NCCL does it in expert-parallel layers: the counts
+                 exchanged first and read on the host, then only the rows
     gemm         the compute ops alone (cuBLAS / torch) on the collectives' results
     nccl_comm    the NCCL collectives alone, same bytes
     ce_comm      copy-engine peer copies of the same bytes alone
@@ -34,21 +37,23 @@ from typing import Any
 
 from ..ir.tensor import DTYPE_BYTES
 
-SYSTEMS = ("tilelink", "nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot", "gemm",
-           "nccl_comm", "ce_comm")
+SYSTEMS = ("tilelink", "nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot", "nccl_counts",
+           "gemm", "nccl_comm", "ce_comm")
 NAMES = {"tilelink": "TileLink", "nccl_cublas": "NCCL+cuBLAS", "async_tp": "torch async-TP",
          "symm_one_shot": "cuBLAS+symm-mem 1-shot", "symm_two_shot": "cuBLAS+symm-mem 2-shot",
+         "nccl_counts": "NCCL (count exchange)",
          "gemm": "compute alone", "nccl_comm": "NCCL comm alone",
          "ce_comm": "copy-engine comm alone", "floor": "floor"}
 # what a user could run instead of TileLink: its speedup is reported over each, and the
 # fastest of them is the bar
-BASELINES = ("nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot")
+BASELINES = ("nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot", "nccl_counts")
 SYMM = ("symm_one_shot", "symm_two_shot")
 COMM = ("nccl_comm", "ce_comm")
 # why a pattern may have no such baseline (its ops decide: `baselines.build`)
 NOT_APPLICABLE = {"nccl_cublas": "no ops", "async_tp": "no op pair torch async-TP fuses",
                   "symm_one_shot": "no collective with a torch symmetric-memory call",
                   "symm_two_shot": "no collective with a torch symmetric-memory call",
+                  "nccl_counts": "no collective exchanging run-time counts",
                   "gemm": "no compute op", "nccl_comm": "no collective",
                   "ce_comm": "no collective"}
 

@@ -47,8 +47,8 @@ SUITE_NAMES = (*SUITES, "matrix")
 ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 # the harness's systems, for --help without importing torch (tilelink.bench.report.SYSTEMS;
 # a test keeps the two equal)
-SYSTEM_NAMES = ("tilelink", "nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot", "gemm",
-                "nccl_comm", "ce_comm")
+SYSTEM_NAMES = ("tilelink", "nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot",
+                "nccl_counts", "gemm", "nccl_comm", "ce_comm")
 
 # The options that only a measuring run uses, with their defaults: left unset (None) by the
 # parser, so `--from` (which measures nothing) can tell which were given and refuse them.

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import NotSupportedError
 from ..ir import BoundPattern
-from .reference import TORCH_DTYPES, RefContext, random_int_high
+from .reference import TORCH_DTYPES, RefContext, drawn_ints, random_int_high
 
 # op kind -> fn(op, ctx, args) -> this rank's result, where args are this rank's operands
 # and ctx a RefContext with the process group (ctx.exact: fp32 arithmetic, the checking
@@ -114,6 +114,9 @@ def make_local_inputs(bp: BoundPattern, rank: int, seed: int, device) -> dict[st
         gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i * 1009 + who)
         if dtype.is_floating_point:
             out[decl.name] = torch.randn(t.local_shape, generator=gen, device=device).to(dtype)
+        elif (drawn := drawn_ints(bp, decl.name, torch.Generator().manual_seed(
+                seed * 1_000_003 + i * 1009 + who))) is not None:
+            out[decl.name] = drawn.to(device=device, dtype=dtype)
         else:
             out[decl.name] = torch.randint(0, random_int_high(bp, decl.name), t.local_shape,
                                            generator=gen, device=device).to(dtype)

@@ -75,6 +75,36 @@ def int_range(kind: str):
     return wrap
 
 
+# op kind -> fn(bp, op, i, gen) -> random values of its integer operand i (a tensor of the
+# operand's local shape, int64, drawn with torch.Generator `gen` on the CPU), or None where
+# the op has no draw of its own for it (all_to_all's counts: rows routed to random ranks,
+# so they partition x's rows as an expert-parallel router's would); filled by tilelink.ops
+INT_DRAWS: dict[str, Callable] = {}
+
+
+def int_draw(kind: str):
+    """Decorator: register `fn(bp, op, i, gen)` for op `kind` (see INT_DRAWS)."""
+
+    def wrap(fn: Callable) -> Callable:
+        INT_DRAWS[kind] = fn
+        return fn
+
+    return wrap
+
+
+def drawn_ints(bp: BoundPattern, name: str, gen) -> torch.Tensor | None:
+    """Random values for integer input `name` drawn by the first op reading it that has a
+    draw of its own (`INT_DRAWS`), on the CPU; None where none has."""
+    for op in bp.ops:
+        fn = INT_DRAWS.get(op.kind)
+        for i, a in enumerate(op.args):
+            if fn is not None and a == name:
+                out = fn(bp, op, i, gen)
+                if out is not None:
+                    return out
+    return None
+
+
 def random_int_high(bp: BoundPattern, name: str) -> int:
     """The exclusive upper bound of random values for integer input `name`: RANDOM_INTS, or
     less where an op reading it takes fewer values (every op's range holds)."""
@@ -90,7 +120,8 @@ def random_int_high(bp: BoundPattern, name: str) -> int:
 
 def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
     """Random inputs, per rank, with the pattern's local shapes (replicated: one value;
-    integers in the range the ops reading them take: `random_int_high`)."""
+    integers drawn by an op reading them, `drawn_ints`, else in the range the ops reading
+    them take: `random_int_high`)."""
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, list[torch.Tensor]] = {}
     for decl in bp.pattern.inputs:
@@ -100,6 +131,9 @@ def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
         def one(shape=t.local_shape, dtype=dtype, high=random_int_high(bp, decl.name)):
             if dtype.is_floating_point:
                 return torch.randn(shape, generator=gen).to(dtype)
+            drawn = drawn_ints(bp, decl.name, gen)
+            if drawn is not None:
+                return drawn.to(dtype)
             return torch.randint(0, high, shape, generator=gen).to(dtype)
 
         if t.placement.kind == "replicated":

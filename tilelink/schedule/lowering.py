@@ -50,20 +50,30 @@ class LibraryTraits:
     whether it can take this op of this pattern (None: every op of its kind); `pipelined`:
     one fused call does the collective and the compute op it feeds or is fed by, in W steps
     that overlap the copies with the compute (torch async-TP's fused symmetric-memory ops),
-    so the cost model times the pair as that pipeline."""
+    so the cost model times the pair as that pipeline; `host_sync`: each call reads device
+    values on the host (split sizes, say), so no CUDA graph can capture it."""
 
     applies: Callable | None = None
     pipelined: bool = False
+    host_sync: bool = False
 
 
 def register_library_comm(kind: str, name: str, moved: Callable,
-                          applies: Callable | None = None, pipelined: bool = False) -> None:
+                          applies: Callable | None = None, pipelined: bool = False,
+                          host_sync: bool = False) -> None:
     """Register library call `name` ("nccl", or a `library_comm` variant) of collective
     `kind` in the non-overlapped plan, with `moved(bp, op)`: the bytes one rank sends per call
     with it (what the cost model charges), and its `LibraryTraits`. An op family module calls
     this at import."""
     LIBRARY_COMMS.setdefault(kind, {})[name] = moved
-    LIBRARY_TRAITS[(kind, name)] = LibraryTraits(applies, pipelined)
+    LIBRARY_TRAITS[(kind, name)] = LibraryTraits(applies, pipelined, host_sync)
+
+
+def library_capturable(bp, name: str) -> bool:
+    """Whether the non-overlapped plan of `bp` with library_comm=`name` can be captured in a
+    CUDA graph: no collective of it takes a variant that reads device values on the host."""
+    return not any(LIBRARY_TRAITS[(op.kind, name)].host_sync for op in bp.ops
+                   if takes_library(bp, op, name))
 
 
 def takes_library(bp, op, name: str) -> bool:
@@ -467,6 +477,13 @@ class Lowering:
         """A kernel expression of the first row of the consumer's first operand that is ready
         first (a gather's own rows), so the consumer's tile order starts there (with
         order=own_first). None: no row is ready before another."""
+        return None
+
+    def rows_empty(self, kb, site: OpSite, lo: str, hi: str) -> str | None:
+        """A kernel expression, true when rows `lo` .. `hi` - 1 (kernel expressions) of its
+        result hold only zeros this call (rows past a count known at run time), evaluated by
+        a consumer tile after its waits on them (`tok` holds their last value), so a consumer
+        multiplying them may skip their loads. None (the default): nothing known."""
         return None
 
     # ---- epilogue hooks: a producer calls these on its consumer's lowering ---------------

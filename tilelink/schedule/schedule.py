@@ -23,7 +23,7 @@ from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose, op_sites
 from .config import COMM_RESOURCES, Config, ConfigSpace, default_value
 from .knobs import feature_knobs, plan_knobs
-from .lowering import LOWERINGS, library_comms, lowering_for
+from .lowering import LOWERINGS, library_capturable, library_comms, lowering_for
 from .targets import Target
 
 
@@ -218,6 +218,16 @@ def _never_default(bp: BoundPattern, cfg: Config, target: Target) -> bool:
                for site, lw in _comm_sites(bp, cfg, target))
 
 
+def unmeasured_note(bp: BoundPattern, cfg: Config, target: Target) -> str:
+    """Why the non-overlapped plan is the default where a collective's lowering under `cfg`
+    is one the default never takes (`Lowering.default_ok`)."""
+    kinds = sorted({site.op.kind for site, lw in _comm_sites(bp, cfg, target)
+                    if lw is not None and not lw.default_ok(site)})
+    return (f"{', '.join(kinds)} on comm={cfg.comm} is not the default yet (not measured "
+            "against its library call): running the non-overlapped plan; --config "
+            f"comm={cfg.comm} runs the kernel")
+
+
 def _base(target: Target) -> Config:
     if target.backend == "interp":
         return Config(num_programs=4, comm_programs=1, block_m=32, block_n=32, block_k=32,
@@ -254,6 +264,8 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
     for comm in resources:
         merged, bad = _merged_defaults(bp, target, space, replace(base, comm=comm))
         if not bad:
+            if allow_fallback and resource is None and _never_default(bp, merged, target):
+                return _fallbacks(bp, base)[0], unmeasured_note(bp, merged, target)
             if allow_fallback and resource is None and bp.world > 1:
                 return _decide(bp, target, merged, graph)
             return merged, None
@@ -332,9 +344,10 @@ def graph_values(bp: BoundPattern, cfg: Config, target: Target) -> dict[str, str
     """The knob values calls of `cfg` need to be captured in a CUDA graph, from its lowerings
     (`Lowering.graph_values`): {} where they capture as they are (SM kernels read their epoch
     from device memory; the non-overlapped plan's library calls capture as they are), None
-    where no values make them (a copy engine without a flag protocol)."""
+    where no values make them (a copy engine without a flag protocol, a library call that
+    reads device values on the host: `lowering.library_capturable`)."""
     if cfg.comm == "none" or unlowered_ops(bp):
-        return {}
+        return {} if cfg.comm != "none" or library_capturable(bp, cfg.library_comm) else None
     out: dict[str, str] = {}
     sites = op_sites(bp, cfg, target)
     for op in bp.ops:

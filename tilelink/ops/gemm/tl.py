@@ -312,6 +312,14 @@ class GemmTriton(Lowering):
                     lines += w
         elif own:  # (an alias without waits cannot happen: aliases come from gathers)
             lines.append(f"own = (row_lo >= {av.alias.lo}) & (row_lo < {av.alias.hi})")
+        # rows the producer knows are zeros this call (past a run-time count): no K loop
+        empty = next((lw.rows_empty(kb, mb.site_of(name), "row_lo", "row_hi")
+                      for name, view, lw, _ in producers if view is av and waits), None)
+        k_end = "K"
+        if empty is not None:
+            lines += ["# rows past their source's count are zeros: the tile is zero, skip its "
+                      "K loop", f"k_end = tl.where({empty}, 0, K)"]
+            k_end = "k_end"
         peer = av.peer_written or bv.peer_written
         if tma:
             if own:
@@ -332,7 +340,7 @@ class GemmTriton(Lowering):
                 lines += ["b_col = tld.consume_token(col_lo, tok)"]
                 b_col = "b_col"
             lines += ["acc = tl.zeros((BM, BN), dtype=tl.float32)",
-                      "for k0 in tl.range(0, K, BK, num_stages=STAGES):",
+                      f"for k0 in tl.range(0, {k_end}, BK, num_stages=STAGES):",
                       "    a_tile = tile_desc.load([src_row, k0])",
                       f"    b_tile = b_desc.load([k0, {b_col}])", "    " + dot_step(mb, dtype)]
         else:
@@ -350,8 +358,8 @@ class GemmTriton(Lowering):
                           view is bv for view, _ in waits) else "col_lo")
                       + " + tl.arange(0, BN)",
                       "acc = tl.zeros((BM, BN), dtype=tl.float32)",
-                      "for k0 in " + ("range(0, K, BK)" if interp else
-                                      "tl.range(0, K, BK, num_stages=STAGES)") + ":",
+                      "for k0 in " + (f"range(0, {k_end}, BK)" if interp else
+                                      f"tl.range(0, {k_end}, BK, num_stages=STAGES)") + ":",
                       "    offs_k = k0 + tl.arange(0, BK)",
                       "    a_tile = tl.load(src + offs_src[:, None] * K + offs_k[None, :],",
                       "                     mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), "

@@ -1,0 +1,226 @@
+"""all_to_all: send rows to ranks by per-rank counts; each rank receives into fixed slots."""
+
+from __future__ import annotations
+
+import torch
+
+from ...ir.ops import Inferred, OpDoc, fail, local_shape, register
+from ...ir.tensor import INT_DTYPES, LOCAL
+from ...plan.regions import access, chunk_axis, region_rule
+from ...plan.tiling import FULL, DimRule, TileGrid
+from ...bench.providers import peer_elements, transfer
+from ...runtime.bounds import rounding
+from ...runtime.dist_reference import Prepared, dist_reference, library_variant
+from ...runtime.reference import int_draw, reference
+from ..all_gather import copies
+
+
+@register("all_to_all", "comm", ["x", "splits"], {"capacity": None, "slots": 0},
+          "Send rows of `x` to ranks by per-rank counts `splits` ([W] ints, rows grouped by "
+          "destination); each rank receives up to `capacity` rows from every rank.",
+          dtypes={1: INT_DTYPES},  # x: any (rows are copied); splits: row counts
+          details=OpDoc(
+              args={"x": "this rank's rows `[T, ...]`, grouped by destination: the first "
+                         "splits[0] rows go to rank 0, the next splits[1] to rank 1, ...; "
+                         "with slots = 1, `[W * capacity, ...]` in slots as this op's result "
+                         "holds them: rank d's rows are the first splits[d] of slot d",
+                    "splits": "`[W]` per rank: how many rows of x go to each "
+                              "rank (read when the call runs; a negative count sends none)",
+                    "capacity": "the most rows a rank receives from each rank (> 0). "
+                                "Capacity rule: rank d gets the first min(splits[d], "
+                                "capacity) of its rows; the rest, and rows past x's end, are "
+                                "dropped, max(0, splits[d] - capacity) of them, which the "
+                                "sender computes from its own splits",
+                    "slots": "0: x's rows grouped by destination, one after another; 1: x in "
+                             "`capacity`-row slots, one per destination (the result of an "
+                             "all_to_all, or of ops on it row by row: an expert-parallel "
+                             "layer's combine sends each rank's slot back)"},
+              result="`[W * capacity, ...]` (x's other dims), x's dtype, per rank (`local`): "
+                     "block s of `capacity` rows holds the rows rank s sent here, in order, "
+                     "zero past those",
+              example="recv = all_to_all(tokens, splits, capacity = CAP)",
+              given=("tokens : [T, H] bf16", "splits : [W] int32"),
+              sizes="T = 64, H = 32, CAP = 64",
+              notes="The non-overlapped plan runs it as one all_to_all_single of NCCL on "
+                    "GPUs (the default there, the kernel not being measured against it "
+                    "yet). The kernel (`comm=sm`) reads splits on the device, pushes each "
+                    "rank's rows into its slot for this rank in chunks of comm_block_m rows "
+                    "with the slot's count, and a GEMM reading the result waits per chunk and "
+                    "skips tiles past a source's count; the zeros past the counts cost "
+                    "NVLink bytes only where a count shrank since the call two before."))
+def shape(op, xs, attrs, world):
+    x, splits = xs
+    if tuple(splits.local_shape) != (world,):
+        fail(op, f"all_to_all splits must have shape [W]; {splits.name} is "
+             f"{list(splits.local_shape)}", f"declare {splits.name} : [W] int32", 1)
+    cap = attrs["capacity"]
+    if cap is None or cap <= 0:
+        fail(op, "all_to_all needs a positive capacity (rows received from each rank)",
+             "write all_to_all(x, splits, capacity = T)")
+    if attrs["slots"] not in (0, 1):
+        fail(op, f"all_to_all slots must be 0 or 1; got {attrs['slots']}",
+             "write slots = 1 where x holds a capacity-row slot per rank, else leave it out")
+    if attrs["slots"] and local_shape(x)[0] != world * cap:
+        fail(op, f"all_to_all with slots = 1 reads x in W slots of capacity = {cap} rows "
+             f"({world * cap} rows at W = {world}); {x.name} has {local_shape(x)[0]} per rank",
+             f"pass x of W * {cap} rows (an all_to_all's result), or leave slots out", 0)
+    shape = (world * cap,) + tuple(local_shape(x)[1:])
+    return Inferred(shape, x.dtype, LOCAL)
+
+
+@region_rule("all_to_all")
+def region(bp, op, ins, out, tiles) -> TileGrid:
+    """Chunks of the received rows, one segment per source rank; which rows of the source a
+    chunk holds is known only at run time (the splits)."""
+    x, _splits = ins
+    chunk = chunk_axis(out.shape[0], bp.world, tiles.comm_block_m)
+    read = access(x, DimRule("chunk", "segment"), {},
+                  dynamic=f"rows of {x.name} sent to each rank follow {op.args[1]} at run time")
+    write = access(out, FULL, {0: DimRule("chunk")})
+    return TileGrid(op.result, (chunk,), (read,), (write,), rank_of=("chunk", "segment"))
+
+
+def sent_rows(rows: int, splits: list[int], dst: int, cap: int,
+              slots: int = 0) -> tuple[int, int]:
+    """(first row, count) of the rows of a `rows`-row x that go to rank `dst` under `splits`:
+    its `splits[dst]` rows after those for lower ranks (with `slots`, from row dst * cap),
+    at most `cap` of them and none past x's end; a negative count sends nothing (and takes
+    no rows)."""
+    counts = [max(0, int(v)) for v in splits]
+    start = dst * cap if slots else sum(counts[:dst])
+    return start, max(0, min(counts[dst], cap, rows - start))
+
+
+def _received(x: torch.Tensor, src_splits: list[int], dst: int, cap: int, slots: int = 0):
+    """The rows source rank's `x` sends to `dst` (`sent_rows`)."""
+    start, n = sent_rows(x.shape[0], src_splits, dst, cap, slots)
+    return x[start:start + n]
+
+
+@int_draw("all_to_all")
+def routed_counts(bp, op, i, gen):
+    """Random counts (operand 1) as a router makes them: each of x's rows goes to a rank
+    drawn uniformly, so the counts sum to x's rows, about T / W each (with slots, about
+    capacity each: some past it)."""
+    if i != 1:
+        return None
+    rows = bp.tensors[op.args[0]].local_shape[0]
+    dest = torch.randint(0, bp.world, (rows,), generator=gen)
+    return torch.bincount(dest, minlength=bp.world)
+
+
+@reference("all_to_all")
+def ref(op, ctx, args):
+    xs, splits = args
+    cap = ctx.attrs["capacity"]
+    plans = [[int(v) for v in s.tolist()] for s in splits]
+    outs = []
+    for d in range(ctx.world):
+        out = torch.zeros((ctx.world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
+        for s in range(ctx.world):
+            rows = _received(xs[s], plans[s], d, cap, ctx.attrs["slots"])
+            out[s * cap:s * cap + rows.shape[0]] = rows
+        outs.append(out)
+    return outs
+
+
+
+def _sent(x: torch.Tensor, splits: torch.Tensor, cap: int,
+          slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row, count) per destination as `sent_rows` gives them, on x's device, int64
+    [W] each, computed there (no host sync)."""
+    want = splits.to(device=x.device, dtype=torch.int64).clamp(min=0)
+    starts = (torch.arange(want.shape[0], device=x.device) * cap if slots
+              else torch.cumsum(want, 0) - want)
+    n = torch.minimum(want.clamp(max=cap), (x.shape[0] - starts).clamp(min=0))
+    return starts, n
+
+
+def _send_buffer(x, splits, ctx):
+    """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded), built
+    on the device without a host sync (the plan's call can be captured in a CUDA graph)."""
+    cap, w = ctx.attrs["capacity"], ctx.world
+    starts, n = _sent(x, splits, cap, ctx.attrs["slots"])
+    i = torch.arange(cap, device=x.device)
+    idx = (starts[:, None] + i[None, :]).reshape(-1)
+    valid = (i[None, :] < n[:, None]).reshape(-1)
+    rows = x.index_select(0, torch.where(valid, idx, 0).clamp(max=max(0, x.shape[0] - 1)))
+    keep = valid.view((w * cap,) + (1,) * (x.dim() - 1))
+    return torch.where(keep, rows, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+# the result holds W slots of `capacity` rows, one per source rank: W - 1 come from peers
+@transfer("all_to_all", received=lambda bp, op: peer_elements(bp, op.result) // bp.world)
+def sends(op, ctx, args):
+    """Peer d receives its `capacity`-row slot of this rank's send buffer."""
+    import torch.distributed as dist
+
+    me, cap = dist.get_rank(ctx.group), ctx.attrs["capacity"]
+    send = _send_buffer(*args, ctx)
+    return {d: send[d * cap:(d + 1) * cap] for d in range(ctx.world) if d != me}
+
+
+rounding("all_to_all")(copies)  # rows move between ranks unchanged
+
+
+@dist_reference("all_to_all")
+def dist_ref(op, ctx, args):
+    """One all_to_all_single of the `capacity`-row slots (padding included): no count
+    exchange, no host sync."""
+    import torch.distributed as dist
+
+    send = _send_buffer(*args, ctx)
+    out = torch.empty_like(send)
+    dist.all_to_all_single(out, send, group=ctx.group)
+    return out
+
+
+@library_variant("all_to_all", "nccl_counts")
+def with_counts(op, ctx) -> Prepared:
+    """all_to_all_single with its count exchange, as expert-parallel layers call NCCL: the
+    counts first (an all_to_all_single of W ints), read on the host (a sync: NCCL takes the
+    split sizes as host ints), then the rows themselves, no padding, placed into the
+    receiver's slots."""
+
+    def run(op, ctx, args):
+        import torch.distributed as dist
+
+        x, splits = args
+        cap, w = ctx.attrs["capacity"], ctx.world
+        starts, n = _sent(x, splits, cap, ctx.attrs["slots"])
+        got = torch.empty_like(n)
+        dist.all_to_all_single(got, n, group=ctx.group)
+        first, sizes, recv_sizes = torch.stack([starts, n, got]).tolist()
+        send = torch.cat([x[a:a + k] for a, k in zip(first, sizes)])
+        recv = x.new_empty((sum(recv_sizes),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(recv, send, recv_sizes, sizes, group=ctx.group)
+        out = x.new_zeros((w * cap,) + tuple(x.shape[1:]))
+        at = torch.cat([torch.arange(k, device=x.device) + s * cap
+                        for s, k in enumerate(recv_sizes)])
+        out.index_copy_(0, at, recv)
+        return out
+
+    return Prepared(run)
+
+
+# ---- cost of the non-overlapped plan's NCCL call; the kernel (`sm`) ----------------------
+
+from ...schedule.lowering import local_bytes, register_library_comm  # noqa: E402
+
+
+def exchange_bytes(bp, op) -> float:
+    """An all-to-all sends each peer its 1/W of this rank's send buffer (the result's size)."""
+    return (bp.world - 1) / bp.world * local_bytes(bp, op.result)
+
+
+def counted_bytes(bp, op) -> float:
+    """With the count exchange: the rows themselves, at most every slot full (what the
+    schedule knows), and the counts."""
+    return exchange_bytes(bp, op) + 4.0 * (bp.world - 1)
+
+
+register_library_comm("all_to_all", "nccl", exchange_bytes)
+# (NCCL takes the split sizes as host ints: read each call, so no CUDA graph captures it)
+register_library_comm("all_to_all", "nccl_counts", counted_bytes, host_sync=True)
+
+from . import sm  # noqa: E402,F401  (the SM lowering registers itself)

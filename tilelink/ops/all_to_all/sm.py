@@ -1,0 +1,268 @@
+"""all_to_all on SMs (`comm=sm`): a push role reads the counts on the device and writes each
+destination's rows straight into its receive slot for this rank.
+
+Per call, each rank's push role walks (destination, chunk) items, destinations in the
+order their consumers read them (this rank first, then rank - 1, rank - 2, ...: receiver r
+reads its own slot, then rank r + 1's). For an item it reads `splits` (no host sync),
+finds the rows for the destination (after those for lower ranks, or with slots = 1 the
+first of slot d; at most `capacity`, none past x's end), puts the chunk's rows into the destination's slot `me` of its receive
+buffer (double-buffered by epoch parity), writes how many valid rows the slot holds into
+the destination's count word of this source, and notifies the chunk's slot. A consumer
+tile waits on exactly the chunks its rows lie in (the plan's closed form); a GEMM tile
+whose rows all lie past its source's count skips its K loop (`rows_empty`).
+
+The result promises zeros past the count. Pushing whole `capacity`-row slots would send
+every slot's padding over NVLink each call, and the receiver cannot clear its slots before
+the sender writes them without one more round trip. So the sender clears only what it
+itself left there: it keeps, per destination, how many rows it wrote into the buffer this
+call uses two calls ago (a local word; the buffer starts zeroed), and zeros the rows
+between this call's count and that one. The zeros cost bytes only where a count shrank.
+"""
+
+from __future__ import annotations
+
+from ...codegen.module import ident
+from ...codegen.protocol import wait_released
+from ...codegen.tiles import first
+from ...codegen.waits import render_waits, slot_expr
+from ...ir import spec
+from ...schedule.lowering import Lowering, Step, register_lowering
+
+#: elements one program copies per step of a push (as all_gather's pushes)
+COPY_BLOCK = 8192
+
+
+def _loc(loc) -> str:
+    return f"{loc.file}:{loc.line}" if loc else "?"
+
+
+#: the result's dtype as Triton names it (rows of any dtype are copied)
+_TL = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32", "int32": "tl.int32",
+       "int64": "tl.int64"}
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+class AllToAllSM(Lowering):
+    """See the module docstring."""
+
+    kind = "all_to_all"
+    resource = "sm"
+    name = "all_to_all/sm"
+    knobs = ("comm", "comm_programs", "comm_block_m")
+
+    # ---- the schedule --------------------------------------------------------------------
+
+    def reasons(self, site) -> list[str]:
+        out = []
+        if site.producer is not None and spec(site.producer.kind).category == "comm":
+            out.append(f"{site.op.args[0]} comes from a collective ({site.producer.kind}) "
+                       "whose rows peers deliver while the push would read them (compute on "
+                       "it first, or use comm=none)")
+        takers = [c for c in site.consumers if spec(c.kind).category == "comm"]
+        if takers:
+            out.append(f"{takers[0].kind} reads {site.op.result} directly: a collective's "
+                       "push does not wait for the rows peers deliver (read it with a compute "
+                       "op, or use comm=none)")
+        return out
+
+    def default_ok(self, site) -> bool:
+        """Not measured against NCCL's all_to_all_single yet: `comm=sm` asks for it."""
+        return False
+
+    def steps(self, site) -> list[Step]:
+        out = [Step("push", site.op, self, "read the counts, push each rank's rows into its "
+                    "slot for this rank (zeros where this rank's last rows there went past "
+                    "this call's count), then the count and each chunk's slot")]
+        if site.is_output:
+            out.append(Step("copy_out", site.op, self, f"wait for every chunk of "
+                            f"{site.op.result}, copy it to the output"))
+        return out
+
+    def notes(self, site) -> list[str]:
+        c = self._consts(site)
+        return [f"{site.op.result}: {c['CHUNKS']} chunk(s) of up to {c['CB']} rows per source "
+                f"slot of {c['CAP']} rows; rows past a source's count are zeros (cleared by "
+                "the sender where its rows of two calls ago reach past them)"]
+
+    def moved_bytes(self, site) -> float:
+        """At most every slot full: `capacity` rows to each of the W - 1 peers (the kernel
+        sends only the rows the counts give, which the schedule does not know)."""
+        from . import exchange_bytes
+
+        return exchange_bytes(site.bp, site.op)
+
+    # ---- codegen -------------------------------------------------------------------------
+
+    def result_home(self, site):
+        return ("heap", 2)
+
+    def _consts(self, site) -> dict:
+        x = site.tensor(site.op.args[0])
+        inner = 1
+        for d in x.local_shape[1:]:
+            inner *= d
+        cap = site.attrs["capacity"]
+        cb = max(1, min(site.config.comm_block_m, cap))
+        return {"CAP": cap, "INNER": inner, "T": x.local_shape[0], "CB": cb,
+                "CHUNKS": -(-cap // cb), "WP": _pow2(site.bp.world)}
+
+    def _names(self, site) -> dict[str, str]:
+        r = site.op.result
+        return {"sig": f"sig_{r}", "count": f"{r}_count", "sent": f"{r}_sent"}
+
+    def declare(self, mb, site) -> None:
+        r = site.op.result
+        p = ident(r)
+        c = self._consts(site)
+        w = site.bp.world
+        mb.const(f"{p}_CAP", c["CAP"], f"all_to_all {r} = all_to_all({site.op.args[0]}, "
+                 f"{site.op.args[1]}, capacity = {c['CAP']}): per source a slot of CAP rows of "
+                 "INNER elements, chunks of CB rows; x has T rows")
+        for k in ("INNER", "T", "CB", "CHUNKS", "WP"):
+            mb.const(f"{p}_{k}", c[k])
+        mb.const("COPY_BLOCK", COPY_BLOCK, "elements a program copies per step of a push")
+        n = self._names(site)
+        grid = mb.plan.grids[r]
+        mb.signal(n["sig"], grid.size, "epoch")
+        # [buffer parity, source]: valid rows of that source's slot (peers write it)
+        mb.signal(n["count"], 2 * w, init="zero")
+        # [call % 4, destination]: rows this rank wrote into that destination's slot (local)
+        mb.signal(n["sent"], 4 * w, init="zero")
+        mb.peer_written.add(r)
+        # the slots start zeroed: what the senders' clearing of their own old rows assumes
+        mb.init_lines.append(f"    symmetric[{r!r}].zero_()  # rows past the counts read as "
+                             "zeros from the first call on")
+
+    def _params(self, kb, site):
+        n = self._names(site)
+        return {k: kb.param(f"{v}_ptr", "*i32", f"sym[{v!r}]") for k, v in n.items()}
+
+    def render_step(self, step, kb) -> list[str]:
+        if step.kind == "copy_out":
+            return self._copy_out(step, kb)
+        return self._push(step, kb)
+
+    def _push(self, step, kb) -> list[str]:
+        mb, site = kb.mb, kb.mb.site_of(step.op.result)
+        r, x_name, splits_name = step.op.result, step.op.args[0], step.op.args[1]
+        p = ident(r)
+        for k in ("CAP", "INNER", "T", "CB", "CHUNKS", "WP"):
+            kb.const(f"{p}_{k}")
+        kb.const("COPY_BLOCK")
+        dst_buf = kb.view(r).base
+        x = kb.view(x_name).base
+        splits = kb.view(splits_name).base
+        ptr = self._params(kb, site)
+        slot = slot_expr(mb.plan.grids[r], {"chunk": f"me * {p}_CHUNKS + j"})
+        lines = [
+            f"offs_w = tl.arange(0, {p}_WP)",
+            f"# this call's counts, read on the device (a negative count sends nothing)",
+            f"want = tl.load({splits} + offs_w, mask=offs_w < WORLD, other=0).to(tl.int32)",
+            "want = tl.maximum(want, 0)",
+            f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
+            f"    step = item // {p}_CHUNKS",
+            f"    j = item % {p}_CHUNKS",
+            "    # own slot first; then me - 1, me - 2, ...: receiver r gets rank r + 1's rows "
+            "first,", "    # the order its tiles read them in",
+            "    dst = (me + WORLD - step) % WORLD",
+            ("    start = dst * {p}_CAP  # x in slots: rank d's rows start at slot d".format(p=p)
+             if site.attrs["slots"] else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
+            f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), {p}_CAP),",
+            f"                   tl.maximum({p}_T - start, 0))",
+            "    # rows this rank wrote there two calls ago (the last call using this buffer)",
+            f"    old = tl.load({ptr['sent']} + ((epoch + 2) & 3) * WORLD + dst)",
+            f"    lo = j * {p}_CB",
+            f"    span = tl.minimum({p}_CB, {p}_CAP - lo)",
+            "    rows = tl.minimum(tl.maximum(n - lo, 0), span)",
+            "    dirty = tl.minimum(tl.maximum(tl.maximum(n, old) - lo, 0), span)",
+            "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
+        ] + ["    " + y for y in wait_released("dst")] + [
+            f"    at = {dst_buf} + (me * {p}_CAP + lo) * {p}_INNER",
+            f"    tld.put(at, {x} + (start + lo) * {p}_INNER, rows * {p}_INNER, dst, me, "
+            "heap_bases,", "            COPY_BLOCK)",
+            "    # zeros over this rank's old rows past this call's count",
+            "    remote = tld.symm_at(at, dst, me, heap_bases)",
+            f"    for i in range(rows * {p}_INNER, dirty * {p}_INNER, COPY_BLOCK):",
+            "        offs = i + tl.arange(0, COPY_BLOCK)",
+            f"        tl.store(remote + offs, tl.zeros((COPY_BLOCK,), {_TL[site.result.dtype]}),",
+            f"                 mask=offs < dirty * {p}_INNER)",
+            "    # the slot's count (every chunk's program writes the same), then the chunk's "
+            "signal,", "    # whose release makes the rows and the count visible",
+            f"    tl.store(tld.symm_at({ptr['count']} + buf * WORLD + me, dst, me, heap_bases), n)",
+            "    " + mb.notify_data(f"tld.notify_peer({ptr['sig']} + {slot}, epoch, dst, me, "
+                                    "heap_bases)"),
+            "    if j == 0:",
+            f"        tl.store({ptr['sent']} + (epoch & 3) * WORLD + dst, n)",
+        ]
+        return lines
+
+    def _copy_out(self, step, kb) -> list[str]:
+        """Every chunk, once it arrived, from the heap into the pattern's output (zeros past
+        the counts included: the slots hold them)."""
+        from ...codegen.module import SIG_DTYPES
+
+        mb, site = kb.mb, kb.mb.site_of(step.op.result)
+        r = step.op.result
+        p = ident(r)
+        src = kb.view(r).base
+        out = kb.param(f"{r}_out_ptr", f"*{SIG_DTYPES[site.result.dtype]}", f"outputs[{r!r}]")
+        ptr = self._params(kb, site)
+        for k in ("CAP", "INNER", "CB", "CHUNKS"):
+            kb.const(f"{p}_{k}")
+        kb.const("COPY_BLOCK")
+        sid = mb.site_for(("all_to_all copy_out", r), f"{step.name} waits for a chunk of {r} "
+                          f"(all_to_all at {_loc(step.op.loc)}) to copy it to the output",
+                          None, (kb.index, step.name))
+        mb.describe_lines += [
+            f"    if site == {sid}:",
+            f"        src, j = divmod(slot, {p}_CHUNKS)",
+            f"        return (f\"{self._names(site)['sig']}[{{slot}}] = chunk {{j}} of {r} from "
+            f"rank {{src}}\")"]
+        return [
+            f"for c in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
+            f"    tok = tld.wait({ptr['sig']} + c, epoch, spin_limit, abort_ptr, diag_ptr, "
+            f"{sid}, c, me)",
+            f"    lo = (c % {p}_CHUNKS) * {p}_CB",
+            f"    at = ((c // {p}_CHUNKS) * {p}_CAP + lo) * {p}_INNER",
+            "    at = tld.consume_token(at, tok)",
+            f"    rows = tl.minimum({p}_CB, {p}_CAP - lo)",
+            f"    for i in range(0, rows * {p}_INNER, COPY_BLOCK):",
+            "        offs = i + tl.arange(0, COPY_BLOCK)",
+            f"        mask = offs < rows * {p}_INNER",
+            f"        tl.store({out} + at + offs, tl.load({src} + at + offs, mask=mask), "
+            "mask=mask)",
+        ]
+
+    # ---- what the consumer asks ----------------------------------------------------------
+
+    def render_waits(self, kb, site, dep, names, flat=False, role="compute") -> list[str]:
+        """The consumer tile's waits on the chunks it reads (the plan's closed form)."""
+        mb = kb.mb
+        sig = self._params(kb, site)["sig"]
+        cons = dep.consumer.op
+        cop = next(o for o in mb.bp.ops if o.result == cons)
+        words = (f"{role} tile of {cons} = {cop.kind}(...) waits for a chunk of "
+                 f"{site.op.result} (all_to_all at {_loc(site.op.loc)}, used at "
+                 f"{_loc(cop.loc)})")
+        sid = mb.site_for(("all_to_all", site.op.result, cons, kb.index), words, dep,
+                          (kb.index, role))
+        return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat).splitlines()
+
+    def rows_ready_first(self, kb, site) -> str | None:
+        """This rank's own slot is written first (a local copy)."""
+        return f"me * {ident(site.op.result)}_CAP"
+
+    def rows_empty(self, kb, site, lo: str, hi: str) -> str | None:
+        """Rows lo .. hi - 1 lie in one source's slot, past its count (zeros)."""
+        p = ident(site.op.result)
+        kb.const(f"{p}_CAP")
+        count = self._params(kb, site)["count"]
+        return (f"((({lo}) // {p}_CAP) == (({hi}) - 1) // {p}_CAP) & "
+                f"((({lo}) % {p}_CAP) >= tl.load(tld.consume_token({count} + buf * WORLD + "
+                f"({lo}) // {p}_CAP, tok)))")
+
+
+register_lowering(AllToAllSM())
