@@ -224,6 +224,18 @@ CASES |= {
                                      graph=True, mixed=True),
     "moe_rs_default": RunSpec(MOE_RS, MOE_RS_SIZES, {}, calls=5),
 }
+# EP MoE: all_to_all on SMs (dispatch -> the expert GEMM waiting per chunk -> combine), the
+# counts drawn as a router's every call (rows to random ranks, some past capacity), back to
+# back with no host barrier; T, H and CAP off the 128-row tiles. Not yet run on GPUs.
+EP_MOE = str(EXAMPLES / "ep_moe.tl")
+EP_SIZES = {"T": "1000", "H": "520", "CAP": "768"}
+NOT_YET_RUN |= {
+    "ep_moe_sm_200_delays": RunSpec(EP_MOE, EP_SIZES, {"comm": "sm"}, calls=200, delays=True,
+                                    seed=70),
+    "ep_moe_sm_graph_mixed": RunSpec(EP_MOE, EP_SIZES, {"comm": "sm"}, calls=20, graph=True,
+                                     mixed=True),
+    "ep_moe_default": RunSpec(EP_MOE, EP_SIZES, {}, calls=5),
+}
 # gemm=ws (dba0d87): the warp-specialised Gluon GEMM; its loader warp waits for the chunks.
 # Ragged: 1000 / W rows per rank, N / W = 1088 / W columns and K = 1000 (rows a multiple of 16
 # bytes, so TMA still applies): no tile divides evenly, and each rank's own rows are copied
