@@ -114,3 +114,18 @@ def no_planning(monkeypatch):
     real = plan.derive
     monkeypatch.setattr(plan, "derive", lambda *a, **k: derived.append(a[0]) or real(*a, **k))
     return derived
+
+
+@pytest.fixture(scope="session")
+def fork_world():
+    """Runs `fn(rank, *args)` on a world of rank processes, as `torch.multiprocessing.spawn`
+    does, each rank forked from one interpreter that has imported torch and TileLink
+    (tests/_fork_world.py): Python's start is paid once, not per rank of every world."""
+    from ._fork_world import ForkWorld
+
+    world = ForkWorld(["torch", "torch.distributed", "tilelink.bench.baselines",
+                       "tilelink.bench.run", "tilelink.runtime.dist_reference",
+                       "tilelink.runtime.gpu", "tilelink.runtime.reference",
+                       "tilelink.runtime.timing"])
+    yield world
+    world.close()
