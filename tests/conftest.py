@@ -129,3 +129,16 @@ def fork_world():
                        "tilelink.runtime.timing"])
     yield world
     world.close()
+
+
+@pytest.fixture(scope="session")
+def tilelink_cli():
+    """Runs `python -m tilelink ARGS` (and `python -c SOURCE`), each command in a process of
+    its own forked from one that has imported TileLink (tests/_cli_server.py): Python's start
+    is paid once."""
+    from ._cli_server import CliServer
+
+    server = CliServer({**os.environ,
+                        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    yield server
+    server.close()

@@ -255,15 +255,8 @@ def test_install_commands_install_this_checkout(c):
 # ---------------------------------------------------------------- CPU commands run
 
 
-@pytest.fixture(scope="module")
-def tilelink_cli():
-    """Runs `python -m tilelink ARGS` (and `python -c SOURCE`), each command in a process of its own forked from one
-    that has imported TileLink (tests/_cli_server.py): Python's start is paid once."""
-    from ._cli_server import CliServer
-
-    server = CliServer(_env())
-    yield server
-    server.close()
+# (each command runs through conftest's `tilelink_cli`: a process forked from one that has
+# imported TileLink, tests/_cli_server.py)
 
 
 @pytest.mark.slow
