@@ -1,10 +1,11 @@
-"""`python -m tilelink ARGS` for many commands, without paying Python's start each time.
+"""`python -m tilelink ARGS` (or `python -c SOURCE`) for many commands, without paying Python's
+start each time.
 
 Starting `python -m tilelink` imports torch, Triton and TileLink: about 5 CPU-seconds, more
 than most documented commands take themselves. `CliServer` starts one interpreter that
 imports what `python -m tilelink` imports before it runs (`tilelink.cli.main`), and forks
 a child of it for each command: the child runs `tilelink/__main__.py` as `python -m` does
-(`runpy`), with its stdout and stderr in files and stdin empty, and exits with the status
+(`runpy`), or the source as `python -c` does (a fresh `__main__` module), with its stdout and stderr in files and stdin empty, and exits with the status
 the command would (SystemExit's code, 1 and a traceback for an exception escaping, atexit
 handlers run). Every command still runs in a process of its own that ran nothing before it
 but those imports.
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 _SERVER = r'''
-import atexit, json, os, runpy, sys, traceback
+import atexit, json, os, runpy, sys, traceback, types
 import tilelink.cli.main  # what `python -m tilelink` imports before running the command
 
 for line in sys.stdin:
@@ -39,9 +40,15 @@ for line in sys.stdin:
                 os.dup2(f, fd)
                 os.close(f)
             sys.stdin = open(0, closefd=False)
-            sys.argv = ["-m", *req["argv"]]
             try:
-                runpy.run_module("tilelink", run_name="__main__", alter_sys=True)
+                if "source" in req:  # `python -c SOURCE`: a fresh __main__, argv ["-c"]
+                    sys.argv = ["-c"]
+                    main = types.ModuleType("__main__")
+                    sys.modules["__main__"] = main
+                    exec(compile(req["source"], "<string>", "exec"), main.__dict__)
+                else:
+                    sys.argv = ["-m", *req["argv"]]
+                    runpy.run_module("tilelink", run_name="__main__", alter_sys=True)
                 code = 0
             except SystemExit as e:
                 if e.code is None or isinstance(e.code, int):
@@ -91,19 +98,27 @@ class CliServer:
         """`python -m tilelink *argv` in `cwd`: its exit status, stdout and stderr (as
         `subprocess.run(..., capture_output=True, text=True)` gives them). Past `timeout`
         seconds the command is killed and TimeoutExpired raised."""
+        return self._request({"argv": list(argv)}, ["tilelink", *argv], cwd, timeout)
+
+    def run_python(self, source: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        """`python -c SOURCE` in `cwd`, as `run` runs a command: `source` runs as a fresh
+        `__main__` module with `sys.argv == ["-c"]`."""
+        return self._request({"source": source}, ["python", "-c", source], cwd, timeout)
+
+    def _request(self, req: dict, args: list, cwd: Path,
+                 timeout: float) -> subprocess.CompletedProcess:
         out, err = Path(self.tmp.name, "out"), Path(self.tmp.name, "err")
-        self.proc.stdin.write(json.dumps({"argv": list(argv), "cwd": str(cwd),
-                                          "out": str(out), "err": str(err)}).encode()
-                             + b"\n")
+        self.proc.stdin.write(json.dumps({**req, "cwd": str(cwd), "out": str(out),
+                                          "err": str(err)}).encode() + b"\n")
         self.proc.stdin.flush()
         pid = self._line(None)["pid"]
         done = self._line(timeout)
         if done is None:
             os.kill(pid, signal.SIGKILL)
             self._line(None)
-            raise subprocess.TimeoutExpired(["tilelink", *argv], timeout)
-        return subprocess.CompletedProcess(["tilelink", *argv], done["code"],
-                                           out.read_text(), err.read_text())
+            raise subprocess.TimeoutExpired(args, timeout)
+        return subprocess.CompletedProcess(args, done["code"], out.read_text(),
+                                           err.read_text())
 
     def close(self) -> None:
         self.sel.close()

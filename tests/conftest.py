@@ -114,3 +114,31 @@ def no_planning(monkeypatch):
     real = plan.derive
     monkeypatch.setattr(plan, "derive", lambda *a, **k: derived.append(a[0]) or real(*a, **k))
     return derived
+
+
+@pytest.fixture(scope="session")
+def fork_world():
+    """Runs `fn(rank, *args)` on a world of rank processes, as `torch.multiprocessing.spawn`
+    does, each rank forked from one interpreter that has imported torch and TileLink
+    (tests/_fork_world.py): Python's start is paid once, not per rank of every world."""
+    from ._fork_world import ForkWorld
+
+    world = ForkWorld(["torch", "torch.distributed", "tilelink.bench.baselines",
+                       "tilelink.bench.run", "tilelink.runtime.dist_reference",
+                       "tilelink.runtime.gpu", "tilelink.runtime.reference",
+                       "tilelink.runtime.timing"])
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="session")
+def tilelink_cli():
+    """Runs `python -m tilelink ARGS` (and `python -c SOURCE`), each command in a process of
+    its own forked from one that has imported TileLink (tests/_cli_server.py): Python's start
+    is paid once."""
+    from ._cli_server import CliServer
+
+    server = CliServer({**os.environ,
+                        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    yield server
+    server.close()

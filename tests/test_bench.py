@@ -427,11 +427,10 @@ def _gloo_reference_worker(rank, world, port, path, values):
 @pytest.mark.slow
 @pytest.mark.parametrize("path,world", [(AG, 2), (RS, 2), (RS, 3),
                                         (str(EXAMPLES / "gemm_ar.tl"), 3)])
-def test_fp32_reference_over_gloo(path, world):
-    import torch.multiprocessing as mp
-
+def test_fp32_reference_over_gloo(path, world, fork_world):
     values = {"M": 96, "N": 48, "K": 96}
-    mp.spawn(_gloo_reference_worker, args=(world, _free_port(), path, values), nprocs=world)
+    fork_world.run(_gloo_reference_worker, args=(world, _free_port(), path, values),
+                   nprocs=world)
 
 
 # ---------------------------------------------------------------- GPU end to end
@@ -617,20 +616,17 @@ def _baselines_worker(rank, world, port, cases, q):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-def test_baselines_follow_from_the_ops_of_any_pattern(world):
+def test_baselines_follow_from_the_ops_of_any_pattern(world, fork_world):
     # the systems a pattern has, what each runs, and every check passing, for patterns
     # beyond AG-GEMM / GEMM-RS: an all_reduce, a four-op MLP (two fusable pairs), an
     # all_to_all, attention with a compute op after its collective, and sizes off the tiles
-    import torch.multiprocessing as mp
-
     cases = [(str(EXAMPLES / "gemm_ar.tl"), {"M": 48, "N": 32, "K": 24 * world}),
              (str(EXAMPLES / "tp_mlp.tl"), {"M": 24 * world, "H": 32, "I": 24 * world}),
              (str(EXAMPLES / "ep_moe.tl"), {"T": 16, "H": 32, "CAP": 8}),
              (str(EXAMPLES / "flash_decode.tl"), {"B": 2, "H": 2, "S": 24 * world, "D": 16}),
              (AG, {"M": 13 * world, "N": 5 * world, "K": 40})]
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.spawn(_baselines_worker, args=(world, _free_port(), cases, q), nprocs=world)
+    q = fork_world.queue()
+    fork_world.run(_baselines_worker, args=(world, _free_port(), cases, q), nprocs=world)
     found = q.get()
     every = ["ce_comm", "gemm", "nccl_comm", "nccl_cublas"]
     # no pair torch async-TP fuses; torch symmetric memory's all-reduce calls
@@ -650,12 +646,9 @@ def test_baselines_follow_from_the_ops_of_any_pattern(world):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [AG, RS])
 @pytest.mark.parametrize("wrong", [False, True])
-def test_bench_body_on_cpu_gloo(path, wrong):
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.spawn(_bench_body_worker, args=(2, _free_port(), path, wrong, q), nprocs=2)
+def test_bench_body_on_cpu_gloo(path, wrong, fork_world):
+    q = fork_world.queue()
+    fork_world.run(_bench_body_worker, args=(2, _free_port(), path, wrong, q), nprocs=2)
     r = BenchResult.from_dict(q.get())
     assert set(r.failed) == ({"async_tp", "tilelink"} if wrong else {"async_tp"})
     assert "NotImplementedError" in r.failed["async_tp"]  # no CPU async-TP: reported, untimed
@@ -710,14 +703,11 @@ def _bench_graph_worker(rank, world, port, path, q):
 
 
 @pytest.mark.slow
-def test_bench_graph_mode_on_cpu_gloo_survives_one_rank_failing_a_capture():
+def test_bench_graph_mode_on_cpu_gloo_survives_one_rank_failing_a_capture(fork_world):
     # --graph's phases end in agreements every rank reaches: the rank whose capture raised
     # and the rank whose capture worked both mark that system FAILED, and go on together
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.spawn(_bench_graph_worker, args=(2, _free_port(), AG, q), nprocs=2)
+    q = fork_world.queue()
+    fork_world.run(_bench_graph_worker, args=(2, _free_port(), AG, q), nprocs=2)
     r = BenchResult.from_dict(q.get())
     assert r.graph
     second = [k for k, v in r.failed.items() if k != "async_tp"]

@@ -16,10 +16,7 @@ import ast
 import bisect
 import dataclasses
 import functools
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -28,7 +25,7 @@ from tilelink.errors import PatternError, TileLinkError
 from tilelink.frontend import load_pattern
 from tilelink.runtime.api import schedule_for
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES
 
 KERNEL_EXAMPLES = ["ag_gemm", "gemm_rs", "gemm_ar", "tp_mlp", "flash_decode"]
 
@@ -314,16 +311,16 @@ def _tl(tmp_path, names: dict[str, str]):
     return path
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tilelink", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _cli(server, *args, cwd):
+    """`python -m tilelink ARGS` in `cwd`, through conftest's command server (a process of
+    its own forked from one that has imported TileLink)."""
+    return server.run([str(a) for a in args], cwd=cwd, timeout=600)
 
 
 @pytest.mark.slow
-def test_a_refused_name_is_a_located_cli_error(tmp_path):
+def test_a_refused_name_is_a_located_cli_error(tmp_path, tilelink_cli):
     path = _tl(tmp_path, {"a": "abort"})
-    r = _cli("run", path, "-W", "2", "--check", cwd=tmp_path)
+    r = _cli(tilelink_cli, "run", path, "-W", "2", "--check", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert f"{path}:4:5: error: the tensor name 'abort' clashes" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "MISMATCH" not in r.stdout
@@ -344,13 +341,13 @@ def test_a_python_dsl_name_is_refused_at_its_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_renamed_to_the_kernels_own_words_it_still_computes(tmp_path):
+def test_renamed_to_the_kernels_own_words_it_still_computes(tmp_path, tilelink_cli):
     # names of the kernel's own locals and arguments, in the user's pattern: kept, and right
     names = {"a": "me", "b": "pid", "a_full": "tok", "c": "acc"}
     path = _tl(tmp_path, names)
     text = render(load_pattern(path))
     assert alpha_difference(render(load_pattern(EXAMPLES / "ag_gemm.tl")), text) is None
-    r = _cli("run", path, "-W", "2", "--check", cwd=tmp_path)
+    r = _cli(tilelink_cli, "run", path, "-W", "2", "--check", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "check: OK" in r.stdout and "Traceback" not in r.stderr
 

@@ -10,9 +10,6 @@ again); a name that is not an identifier is refused with its location.
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -24,7 +21,7 @@ from tilelink.frontend import load_pattern
 from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES
 
 RUN = 'open("PWNED", "w")'
 # each breaks out of a docstring or a comment line in its own way
@@ -92,25 +89,25 @@ def _hostile_example(tmp_path, example: str = "ag_gemm"):
     return path
 
 
-def _cli(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "tilelink", *map(str, args)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _cli(server, tmp_path, *args):
+    """`python -m tilelink ARGS` in `tmp_path`, through conftest's command server (a process
+    of its own forked from one that has imported TileLink)."""
+    return server.run([str(a) for a in args], cwd=tmp_path, timeout=600)
 
 
 @pytest.mark.slow
-def test_tilelink_run_of_a_hostile_file_name(tmp_path):
+def test_tilelink_run_of_a_hostile_file_name(tmp_path, tilelink_cli):
     path = _hostile_example(tmp_path)
-    r = _cli(tmp_path, "run", path.name, "-W", "2", "--check")
+    r = _cli(tilelink_cli, tmp_path, "run", path.name, "-W", "2", "--check")
     assert r.returncode == 0, r.stderr
     assert "check: OK" in r.stdout
     assert not (tmp_path / "PWNED").exists()
 
 
 @pytest.mark.slow
-def test_emit_ttir_of_a_hostile_file_name(tmp_path):
+def test_emit_ttir_of_a_hostile_file_name(tmp_path, tilelink_cli):
     path = _hostile_example(tmp_path, "gemm_ar")
-    r = _cli(tmp_path, "compile", path.name, "--emit", "ttir", "-W", "2")
+    r = _cli(tilelink_cli, tmp_path, "compile", path.name, "--emit", "ttir", "-W", "2")
     assert r.returncode == 0, r.stderr
     assert "tt.func" in r.stdout
     assert not (tmp_path / "PWNED").exists()

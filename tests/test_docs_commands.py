@@ -255,15 +255,8 @@ def test_install_commands_install_this_checkout(c):
 # ---------------------------------------------------------------- CPU commands run
 
 
-@pytest.fixture(scope="module")
-def tilelink_cli():
-    """Runs `python -m tilelink ARGS`, each command in a process of its own forked from one
-    that has imported TileLink (tests/_cli_server.py): Python's start is paid once."""
-    from ._cli_server import CliServer
-
-    server = CliServer(_env())
-    yield server
-    server.close()
+# (each command runs through conftest's `tilelink_cli`: a process forked from one that has
+# imported TileLink, tests/_cli_server.py)
 
 
 @pytest.mark.slow
@@ -282,12 +275,12 @@ def test_cpu_command_runs(c, tilelink_cli):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where,source,gpu", python_blocks(), ids=lambda x: str(x)[:40])
-def test_python_snippet_runs(where, source, gpu):
+def test_python_snippet_runs(where, source, gpu, tilelink_cli):
     compile(source, where, "exec")  # every snippet is valid Python
     if gpu:
         return
-    out = subprocess.run([sys.executable, "-c", source], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=TIMEOUT)
+    # `python -c source`, forked from the interpreter that has imported TileLink
+    out = tilelink_cli.run_python(source, cwd=ROOT, timeout=TIMEOUT)
     assert out.returncode == 0 and "Traceback" not in out.stderr, f"{where}\n{out.stderr[-3000:]}"
 
 
