@@ -166,10 +166,13 @@ def test_patterns_without_a_lowering_default_to_the_non_overlapped_plan(
 
 
 @pytest.mark.parametrize("graph", [False, True])
-def test_a_lowering_the_default_never_takes_leaves_the_plan_the_default(graph):
-    # all_to_all/sm is not measured against NCCL's all_to_all_single yet (default_ok): on
-    # GPU targets the default is the plan, saying so; comm=sm names the kernel; the emulated
-    # world's default runs it
+def test_a_lowering_the_default_never_takes_leaves_the_plan_the_default(graph, monkeypatch):
+    # a lowering not yet measured against its library call declares default_ok False (here
+    # all_to_all/sm made so): on GPU targets the default is the plan, saying so; comm=sm
+    # names the kernel; the emulated world's default runs it
+    from tilelink.ops.all_to_all.sm import AllToAllSM
+
+    monkeypatch.setattr(AllToAllSM, "default_ok", lambda self, site: False)
     bp = load_text(EXAMPLES / "ep_moe.tl").bind({}, 2)
     cfg, why = default_config(bp, get_target("cuda:90"), graph=graph)
     assert cfg.comm == "none"

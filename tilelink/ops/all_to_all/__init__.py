@@ -42,8 +42,8 @@ from ..all_gather import copies
               given=("tokens : [T, H] bf16", "splits : [W] int32"),
               sizes="T = 64, H = 32, CAP = 64",
               notes="The non-overlapped plan runs it as one all_to_all_single of NCCL on "
-                    "GPUs (the default there, the kernel not being measured against it "
-                    "yet). The kernel (`comm=sm`) reads splits on the device, pushes each "
+                    "GPUs. The kernel (`comm=sm`, the default: on 4x H100 it ran EP MoE "
+                    "1.25-7.8x faster than NCCL + cuBLAS at 128-4096 tokens) reads splits on the device, pushes each "
                     "rank's rows into its slot for this rank in chunks of comm_block_m rows "
                     "with the slot's count, and a GEMM reading the result waits per chunk and "
                     "skips tiles past a source's count; the zeros past the counts cost "

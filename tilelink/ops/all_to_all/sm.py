@@ -68,10 +68,6 @@ class AllToAllSM(Lowering):
                        "op, or use comm=none)")
         return out
 
-    def default_ok(self, site) -> bool:
-        """Not measured against NCCL's all_to_all_single yet: `comm=sm` asks for it."""
-        return False
-
     def steps(self, site) -> list[Step]:
         out = [Step("push", site.op, self, "read the counts, push each rank's rows into its "
                     "slot for this rank (zeros where this rank's last rows there went past "
