@@ -273,10 +273,9 @@ def _spin(sig_ptr, expected, limit, abort_ptr):
 
 
 @triton.jit
-def _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me):
-    # Called with CTA-uniform obs < expected. One diagnostic record; on a timeout (abort flag
-    # still clear) raise the abort flag so every other wait polling it stops.
-    aborted = load_acquire_atomic(abort_ptr)
+def _write_record(diag_ptr, me, site, slot, expected, observed, iterations, reason):
+    # Claim the next diagnostic record (later ones past DIAG_CAPACITY are only counted) and
+    # fill its fields in DIAG_LAYOUT's order.
     idx = tl.atomic_add(diag_ptr, 1, sem="relaxed", scope="sys")
     if idx < _CAP:
         rec = diag_ptr + _HDR + idx * _NF
@@ -285,9 +284,18 @@ def _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me):
         tl.store(rec + 2, tl.cast(site, tl.int32))
         tl.store(rec + 3, tl.cast(slot, tl.int32))
         tl.store(rec + 4, tl.cast(expected, tl.int32))
-        tl.store(rec + 5, obs)
-        tl.store(rec + 6, tl.minimum(it, _INT32_MAX).to(tl.int32))
-        tl.store(rec + 7, tl.where(aborted != 0, _ABORTED, _TIMEOUT))
+        tl.store(rec + 5, tl.cast(observed, tl.int32))
+        tl.store(rec + 6, tl.cast(iterations, tl.int32))
+        tl.store(rec + 7, tl.cast(reason, tl.int32))
+
+
+@triton.jit
+def _record_giveup(obs, it, expected, abort_ptr, diag_ptr, site, slot, me):
+    # Called with CTA-uniform obs < expected. One diagnostic record; on a timeout (abort flag
+    # still clear) raise the abort flag so every other wait polling it stops.
+    aborted = load_acquire_atomic(abort_ptr)
+    _write_record(diag_ptr, me, site, slot, expected, obs, tl.minimum(it, _INT32_MAX),
+                  tl.where(aborted != 0, _ABORTED, _TIMEOUT))
     if aborted == 0:
         # release: the record is written before anyone can see the flag
         tl.atomic_xchg(abort_ptr, 1, sem="release", scope="sys")
@@ -303,17 +311,7 @@ def refuse(abort_ptr, diag_ptr, site, slot, expected, observed, me):
     (release, system scope), so every wait of this launch polling the flag gives up at once
     instead of waiting for data the refused input will never produce; the host raises a
     RuntimeCheckError naming the check. Call it from one program (scalar arguments)."""
-    idx = tl.atomic_add(diag_ptr, 1, sem="relaxed", scope="sys")
-    if idx < _CAP:
-        rec = diag_ptr + _HDR + idx * _NF
-        tl.store(rec + 0, tl.cast(me, tl.int32))
-        tl.store(rec + 1, tl.program_id(0))
-        tl.store(rec + 2, tl.cast(site, tl.int32))
-        tl.store(rec + 3, tl.cast(slot, tl.int32))
-        tl.store(rec + 4, tl.cast(expected, tl.int32))
-        tl.store(rec + 5, tl.cast(observed, tl.int32))
-        tl.store(rec + 6, 0)
-        tl.store(rec + 7, _REFUSED)
+    _write_record(diag_ptr, me, site, slot, expected, observed, 0, _REFUSED)
     tl.atomic_xchg(abort_ptr, 1, sem="release", scope="sys")
 
 
