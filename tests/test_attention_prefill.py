@@ -14,6 +14,7 @@ import torch
 from tilelink.cli.main import main
 from tilelink.codegen import render_triton
 from tilelink.codegen.compile import compile_module
+from tilelink.errors import ConfigError
 from tilelink.frontend import load_text
 from tilelink.ops.attention import _attend
 from tilelink.runtime import check
@@ -162,6 +163,29 @@ def test_a_tile_waits_before_each_block_for_its_chunks_own_rows_first(tmp_path, 
             assert all(n0 < last for n0 in firsts)  # no block past the causal boundary
 
 
+def test_a_tile_waits_once_for_a_chunk_of_several_blocks(tmp_path, monkeypatch):
+    # chunks of 32 rows, blocks of 16 keys: a tile waits for a chunk before its first block
+    # of it and not again for the chunk's second block (a wait is an acquire load and a CTA
+    # barrier); a block of a chunk not waited for yet by this tile still waits first
+    world, rows, block, chunk = 3, 32, 16, 32
+    bp = load_text(CAUSAL).bind({"S": str(world * rows), "H": "1", "HKV": "1", "D": "64"},
+                                world)
+    s = make_schedule(bp, get_target("interp"), SMALL | {"comm_block_m": str(chunk)})
+    monkeypatch.setenv("SP_PROBE", str(tmp_path / "probe"))
+    res = run_emulated(_probed(render_triton(s)), world, [make_inputs(s.bound, 0)], timeout=300)
+    assert check(s.bound, res).ok
+    skipped = 0
+    for r in range(world):
+        for blocks in _tiles(tmp_path / f"probe.{r}"):
+            before = None
+            for n0, waited in blocks:
+                c = n0 // chunk
+                assert waited == ([] if c == before else [c]), (r, n0, waited)
+                skipped += c == before
+                before = c
+    assert skipped > 0  # the case has blocks sharing a chunk
+
+
 def test_a_causal_rank_never_waits_for_a_later_ranks_keys(monkeypatch):
     # rank 1 never launches: rank 0's causal tiles read only rank 0's keys, so it finishes
     # its call, right; a tile waiting for every gathered key at its start would hang
@@ -191,6 +215,37 @@ def test_the_kernel_compiles(target, layout, sizes, tmp_path):
         assert "mma" in compiled.asm["ptx"]  # q k and p v on the tensor cores
     else:
         assert compiled.asm["amdgcn"]
+
+
+@pytest.mark.parametrize("target,dtype,overrides,want", [
+    # H100 / H200: 128 x 128 tiles in 3 stages (measured fastest of the body's shapes)
+    ("cuda:90", "bf16", {}, ("128", "128", "3")),
+    # fp32 takes twice the bytes: stages down to 2, then 64-key blocks, to fit 232,448 B
+    ("cuda:90", "fp32", {}, ("128", "64", "2")),
+    # knobs the user set stay as set: 64-key blocks in 4 stages fit
+    ("cuda:90", "bf16", {"block_n": "64", "stages": "4"}, ("128", "64", "4")),
+    # A100 and MI300X: FlashAttention-2's usual forward tiles
+    ("cuda:80", "bf16", {}, ("128", "64", "2")),
+    ("hip:gfx942", "bf16", {}, ("128", "64", "2")),
+])
+def test_the_gpu_tiles_fit_the_targets_shared_memory(target, dtype, overrides, want):
+    bp = load_text(CAUSAL).bind({"S": "16384", "H": "32", "HKV": "8", "D": "128",
+                                 "dtype": dtype}, 2)
+    s = make_schedule(bp, get_target(target), {"comm": "sm"} | overrides)
+    cfg = s.config
+    assert (str(cfg.block_m), str(cfg.block_n), str(cfg.stages)) == want
+    limit = get_target(target).smem_bytes
+    if limit is not None and not overrides:
+        elem = 4 if dtype == "fp32" else 2
+        assert (cfg.block_m + cfg.stages * 2 * cfg.block_n) * 128 * elem <= limit
+
+
+def test_user_tiles_that_cannot_fit_are_refused_with_the_way_out():
+    # fp32, 128-key blocks kept as the user set them: even 2 stages need 327,680 B
+    bp = load_text(CAUSAL).bind({"S": "16384", "H": "32", "HKV": "8", "D": "128",
+                                 "dtype": "fp32"}, 2)
+    with pytest.raises(ConfigError, match="327680 B of shared memory.*fewer stages"):
+        make_schedule(bp, get_target("cuda:90"), {"comm": "sm", "block_n": "128"})
 
 
 def test_the_cost_model_sees_the_kernels_work():
@@ -255,6 +310,21 @@ def _zigzag(tmp_path):
     path = tmp_path / "sp_attention_zigzag.tl"
     path.write_text(CAUSAL.read_text().replace("causal = 1", "causal = 1, zigzag = 1"))
     return path
+
+
+def test_the_reference_takes_heads_a_few_at_a_time_with_the_same_result(monkeypatch):
+    # a score matrix of 3 heads at a time (8 query heads, 2 key heads): each query head
+    # against a softmax written out here, causal from position 13
+    import tilelink.ops.attention as attn
+    torch.manual_seed(0)
+    q, k, v = torch.randn(37, 8, 16), torch.randn(50, 2, 16), torch.randn(50, 2, 16)
+    monkeypatch.setattr(attn, "_SCORE_BYTES", 4 * 37 * 50 * 3)
+    got = attn._attend(q, k, v, 1, 13, torch.float32)
+    for h in range(8):
+        s = q[:, h] @ k[:, h // 4].T / 4.0
+        s[torch.arange(50)[None, :] > torch.arange(37)[:, None] + 13] = float("-inf")
+        want = torch.softmax(s, dim=-1) @ v[:, h // 4]
+        assert torch.allclose(got[:, h], want, atol=1e-5), h
 
 
 def test_zigzag_positions_are_blocks_r_and_2w_minus_1_minus_r():

@@ -8,7 +8,7 @@ mapping), so a compute op never knows which collective, resource or protocol fee
 
 from __future__ import annotations
 
-from .module import indent
+from .module import ident, indent
 
 
 def find_dep(plan, consumer: str, tensor: str):
@@ -17,14 +17,17 @@ def find_dep(plan, consumer: str, tensor: str):
 
 
 def operand_waits(kb, step, names: dict, flat: bool = False,
-                  loop: str | None = None) -> tuple[list[str], set[str]]:
+                  loop: str | None = None, memo: bool = False) -> tuple[list[str], set[str]]:
     """Lines that wait until every operand of `step`'s tile that a collective produces has
     arrived (leaving the last observed value in `tok`; empty when nothing is waited for),
     and the names of those operands (whose loads the tile makes depend on `tok`).
     `names`: the consumer grid's axes -> the kernel variables of the tile's [lo, hi).
     `loop`: None for the operands read once per tile (at the tile's start); a loop axis of
     the consumer's grid (`TileGrid.loops`) for those read per step of that loop (the lines
-    go at the top of the loop's body, `names` then giving the step's interval too)."""
+    go at the top of the loop's body, `names` then giving the step's interval too).
+    `memo` (with `flat`, in a loop): a step whose chunks the tile already waited for skips
+    the wait; the loop-carried variables it keeps are set before the loop by
+    `memo_init(waited)`."""
     mb = kb.mb
     lines, waited = [], set()
     for name in dict.fromkeys(step.op.args):
@@ -34,11 +37,22 @@ def operand_waits(kb, step, names: dict, flat: bool = False,
             continue
         if (loop not in dep.loops) if loop is not None else bool(dep.loops):
             continue  # (read in another place of the tile)
-        waits = lw.render_waits(kb, mb.site_of(name), dep, names, flat=flat, role=step.name)
+        waits = lw.render_waits(kb, mb.site_of(name), dep, names, flat=flat, role=step.name,
+                                memo=_memo(name) if memo else None)
         if waits is not None:  # (None: the producer's result is complete: stream order)
             lines += waits
             waited.add(name)
     return (["tok = epoch * 0"] + lines if lines else []), waited
+
+
+def _memo(tensor: str) -> str:
+    return f"seen_{ident(tensor)}"
+
+
+def memo_init(waited) -> list[str]:
+    """Before a loop of `operand_waits(..., memo=True)`: no slot of `waited`'s operands is
+    known set yet (an empty range)."""
+    return [f"{_memo(t)}_{end} = 0" for t in sorted(waited) for end in ("lo", "hi")]
 
 
 def first(step) -> str:

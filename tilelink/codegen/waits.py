@@ -51,7 +51,7 @@ def interval_exprs(dep: Dependency, names: dict[str, tuple[str, str]]) -> list[t
 
 def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str, site: int,
                  indent: int, token: str = "tok", flat: bool = False,
-                 value: str = "epoch") -> str:
+                 value: str = "epoch", memo: str | None = None) -> str:
     """Nested loops that wait on every slot the consumer tile depends on, until each slot
     holds `value` (cyclic >=): the call's epoch, or "1" for flag signals (capturable=1).
 
@@ -59,6 +59,11 @@ def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str
     `flat`: where the slots form one contiguous range (a one-axis producer grid), a single
     `tld.wait_flat` on the range instead of a loop of waits, so no loop is left in the tile
     body (a flattened, software-pipelined tile loop needs that).
+    `memo` (flat waits only): the prefix of two loop-carried variables, `{memo}_lo` and
+    `{memo}_hi`, holding the slots this tile already waited for (the caller sets both to 0
+    before its loop): a range inside them is not waited for again. A signal never goes back
+    within a call, so a slot seen set stays set; without the memo, a loop whose steps share
+    a chunk (64 keys a step, 2048 a chunk) would spin and pass a CTA barrier once per step.
     """
     if dep.closed is None:  # (a dynamic range has one: over the tile's run-time interval)
         raise NotSupportedError(
@@ -89,8 +94,17 @@ def render_waits(dep: Dependency, names: dict[str, tuple[str, str]], *, sig: str
         lines.append(f"{p}{var}_end = {hi}")
         if flat:  # one axis: slots first .. end - 1 are consecutive words
             lines.append(f"{p}w_slot = {slot_expr(dep.producer, {w.axis: f'{var}_first'})}")
-            lines.append(f"{p}{token} = tld.wait_flat({sig} + w_slot, {var}_end - {var}_first, "
-                         f"{value}, spin_limit, abort_ptr, diag_ptr, {site}, w_slot, me)")
+            wait = (f"{token} = tld.wait_flat({sig} + w_slot, {var}_end - {var}_first, "
+                    f"{value}, spin_limit, abort_ptr, diag_ptr, {site}, w_slot, me)")
+            if memo is None:
+                lines.append(p + wait)
+            else:
+                n = f"{var}_end - {var}_first"
+                lines += [f"{p}if (w_slot < {memo}_lo) | (w_slot + {n} > {memo}_hi):  "
+                          "# not yet waited for by this tile",
+                          f"{p}    {wait}",
+                          f"{p}    {memo}_lo = w_slot",
+                          f"{p}    {memo}_hi = w_slot + {n}"]
             return "\n".join(lines)
         lines.append(f"{p}for {var} in range({var}_first, {var}_end):")
         depth += 1

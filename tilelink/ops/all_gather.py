@@ -232,7 +232,8 @@ class _Gather(Lowering):
             return None
         return f"me * {self._geometry(site)[1]}"
 
-    def render_waits(self, kb, site, dep, names, flat=False, role="compute") -> list[str]:
+    def render_waits(self, kb, site, dep, names, flat=False, role="compute",
+                     memo=None) -> list[str]:
         """The consumer tile's waits on the chunks it reads (derived from the plan)."""
         mb = kb.mb
         sig = kb.param(f"{self.signal(mb, site)}_ptr", "*i32", f"sym[{self.signal(mb, site)!r}]")
@@ -243,7 +244,7 @@ class _Gather(Lowering):
         sid = mb.site_for((self.kind, site.op.result, cons, kb.index), words, dep,
                           (kb.index, role))
         return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat,
-                            value=self._value(site)).splitlines()
+                            value=self._value(site), memo=memo).splitlines()
 
     def render_step(self, step, kb) -> list[str]:
         if step.kind == "copy_out":

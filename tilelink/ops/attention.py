@@ -115,19 +115,32 @@ def _attend(q, k, v, causal: int, q_offset, dtype, kpos=None):
     """softmax(q k^T / sqrt(D)) v per head in fp32 (query head h reads key head h // G,
     G = H / HKV); with `causal`, query i (at global position q_offset + i, or q_offset[i]
     where it is a tensor of positions) sees the keys at or before it (key t at position t,
-    or kpos[t])."""
+    or kpos[t]). Heads go a few at a time, each score matrix within `_SCORE_BYTES` (one
+    32K-key sequence of 32 heads would otherwise take 137 GB of fp32 scores)."""
     group = _group(q.shape, k.shape)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    s = torch.einsum("shd,thd->hst", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    mask = None
     if causal:
         if isinstance(q_offset, torch.Tensor):
             pos = q_offset.to(q.device).unsqueeze(1)
         else:
             pos = torch.arange(q.shape[0], device=q.device).unsqueeze(1) + q_offset
         kp = torch.arange(k.shape[0], device=q.device) if kpos is None else kpos.to(q.device)
-        s = s.masked_fill(kp.unsqueeze(0) > pos, float("-inf"))
-    return torch.einsum("hst,thd->shd", torch.softmax(s, dim=-1), v.float()).to(dtype)
+        mask = kp.unsqueeze(0) > pos
+    heads = max(1, _SCORE_BYTES // max(1, 4 * q.shape[0] * k.shape[0]))
+    out = []
+    for h in range(0, q.shape[1], heads):
+        hs = slice(h, h + heads)
+        s = torch.einsum("shd,thd->hst", q[:, hs].float(), k[:, hs].float()) / \
+            math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(mask, float("-inf"))
+        out.append(torch.einsum("hst,thd->shd", torch.softmax(s, dim=-1), v[:, hs].float()))
+    return torch.cat(out, dim=1).to(dtype)
 
+
+#: the fp32 scores `_attend` holds at once (bytes)
+_SCORE_BYTES = 1 << 31
 
 
 @reference("attention")

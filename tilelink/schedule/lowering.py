@@ -463,11 +463,13 @@ class Lowering:
     # ---- collective-lowering hooks: the compute op reading its result asks ---------------
 
     def render_waits(self, kb, site: OpSite, dep, names: dict, flat: bool = False,
-                     role: str = "compute") -> list[str] | None:
+                     role: str = "compute", memo: str | None = None) -> list[str] | None:
         """The lines a consumer tile runs before reading this op's result: waits on the slots
         of the chunks it reads (`dep`: the plan's dependency; `names`: the consumer grid's
         axes -> the kernel variables of the tile's [lo, hi); `flat`: one wait over a
-        contiguous range of slots), leaving the last observed value in `tok`. Asked by a
+        contiguous range of slots; `memo`: with `flat`, the prefix of the loop-carried
+        variables naming the slots already waited for, as in `codegen.waits.render_waits`),
+        leaving the last observed value in `tok`. Asked by a
         compute lowering (`codegen.tiles.operand_waits`, the GEMM kernels) for each operand
         an op of the module produces. None (the default): the consumer does not wait per
         tile (the result is complete when the consumer's kernel starts: stream order)."""

@@ -234,7 +234,8 @@ class AllToAllSM(Lowering):
 
     # ---- what the consumer asks ----------------------------------------------------------
 
-    def render_waits(self, kb, site, dep, names, flat=False, role="compute") -> list[str]:
+    def render_waits(self, kb, site, dep, names, flat=False, role="compute",
+                     memo=None) -> list[str]:
         """The consumer tile's waits on the chunks it reads (the plan's closed form)."""
         mb = kb.mb
         sig = self._params(kb, site)["sig"]
@@ -245,7 +246,8 @@ class AllToAllSM(Lowering):
                  f"{_loc(cop.loc)})")
         sid = mb.site_for(("all_to_all", site.op.result, cons, kb.index), words, dep,
                           (kb.index, role))
-        return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat).splitlines()
+        return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat,
+                            memo=memo).splitlines()
 
     def rows_ready_first(self, kb, site) -> str | None:
         """This rank's own slot is written first (a local copy)."""
