@@ -167,7 +167,7 @@ class AttentionTiles(Lowering):
         zigzag = causal and bool(site.attrs["zigzag"])
         self._const(kb, site, SQ=sq, SKV=skv, HQ=heads, HKV=kv_heads,
                     G=_group(q.shape, k.shape), D=d, DP=max(16, _pow2(d)), BM=cfg.block_m,
-                    BN=cfg.block_n)
+                    BN=cfg.block_n, STAGES=cfg.stages)
         up, prec = AttentionPartialTiles._dot_operands(kb, q.dtype)
         names = {"rank": ("me", "me + 1"), "m": ("m0", "m1"), "h": ("h", "h + 1")}
         waits, waited = operand_waits(kb, step, names)
@@ -183,6 +183,8 @@ class AttentionTiles(Lowering):
 
         q_name, k_name, v_name = step.op.args
         first = self._first_block(kb, site, k_name)
+        # the head dim padded to a power of two (DP) is masked to D; unpadded, no mask
+        dmask = "" if max(16, _pow2(d)) == d else " & dmask[None, :]"
         dt = TL_DTYPES[q.dtype]
         if zigzag:
             # rank r holds blocks r and 2W - 1 - r of the sequence (SQ / 2 rows each), for
@@ -213,26 +215,29 @@ class AttentionTiles(Lowering):
             "offs_m = m0 + tl.arange(0, BM)",
             "mmask = offs_m < SQ  # (the last query block may be ragged)",
             "offs_d = tl.arange(0, DP)",
-            "dmask = offs_d < D",
+        ] + (["dmask = offs_d < D"] if dmask else []) + [
             f"q_rows = {tok('(offs_m * HQ + h) * D', q_name, waited)}",
             f"qt = tl.load({q.base} + q_rows[:, None] + offs_d[None, :], "
-            f"mask=mmask[:, None] & dmask[None, :], other=0.0){up}",
+            f"mask=mmask[:, None]{dmask}, other=0.0){up}",
             'm_i = tl.full((BM,), float("-inf"), tl.float32)  # running max per row',
             "l_i = tl.zeros((BM,), tl.float32)  # running sum of exp(score - m_i)",
             "acc = tl.zeros((BM, DP), dtype=tl.float32)",
         ] + keys + memo_init(step_waited) + [
             "nblk = (nkeys + BN - 1) // BN",
             f"start = {first}",
-            "for i in range(0, nblk):",
+            "for i in tl.range(0, nblk, num_stages=STAGES):  # K and V blocks in flight",
             "    n0 = ((start + i) % nblk) * BN",
             "    n1 = tl.minimum(n0 + BN, SKV)",
         ]
-        block = ["offs_n = n0 + tl.arange(0, BN)", "nmask = offs_n < nkeys",
+        # the block's first key, made dependent on its waits (below) where it has any: a
+        # scalar, so the K and V offsets are computed after the waits' `if` (a [BN, D]
+        # offset tensor carried out of it would hold 2 x BN x D / threads registers)
+        n_at = "n0_at" if step_waits and not zigzag else "n0"
+        block = [f"offs_n = {n_at} + tl.arange(0, BN)", "nmask = offs_n < nkeys",
                  "kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]",
-                 "kvmask = nmask[:, None] & dmask[None, :]"]
-        # the block's K and V offsets, made dependent on its waits (below) where it has any
-        k_at, v_at = (("k_at", "v_at") if step_waits and not zigzag else
-                      (tok("kv", k_name, step_waited), tok("kv", v_name, step_waited)))
+                 f"kvmask = nmask[:, None]{dmask}"]
+        k_at, v_at = ((tok("kv", k_name, step_waited), tok("kv", v_name, step_waited))
+                      if zigzag else ("kv", "kv"))
         work = [
             f"kt = tl.load({k.base} + {k_at}, mask=kvmask, other=0.0){up}",
             # scores in log2 units (scaled by log2(e) / sqrt(D)): exp2 is the GPU's own
@@ -265,16 +270,14 @@ class AttentionTiles(Lowering):
                 # the waits and the token's use under an `if` (n1 > n0 holds for every
                 # block): Triton's pipeliner predicates an scf.if, not the inline asm of a
                 # bare wait or consume_token, so the K and V loads stay pipelined
-                step_waits = step_waits[:1] + ["k_at = kv", "v_at = kv", "if n1 > n0:"] + [
-                    "    " + x for x in step_waits[1:] + [
-                        f"k_at = {tok('kv', k_name, step_waited)}",
-                        f"v_at = {tok('kv', v_name, step_waited)}"]]
-            work = block + step_waits + work
+                step_waits = step_waits[:1] + ["n0_at = n0", "if n1 > n0:"] + [
+                    "    " + x for x in step_waits[1:] + ["n0_at = tld.consume_token(n0, tok)"]]
+            work = step_waits + block + work
         body += ["    " + x for x in work] + [
             "l_i = tl.where(l_i == 0.0, 1.0, l_i)",
             f"tl.store({out.base} + (offs_m[:, None] * HQ + h) * D + offs_d[None, :], "
             f"(acc / l_i[:, None]).to({TL_DTYPES[out.dtype]}), "
-            "mask=mmask[:, None] & dmask[None, :])",
+            f"mask=mmask[:, None]{dmask})",
         ]
         if causal:  # the last query blocks see the most keys: they go first, so no
             # program is left with a long tile at the end
