@@ -77,9 +77,8 @@ from dataclasses import dataclass, field
 from ..errors import NotSupportedError
 from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
-from .compose import op_sites
 from .config import Config
-from .lowering import (VENDOR_WORK, Work, library_moved_bytes, lowering_for, pipelined,
+from .lowering import (VENDOR_WORK, Work, library_moved_bytes, op_sites, pipelined,
                        takes_library)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
@@ -398,7 +397,7 @@ def is_fallback(cfg: Config) -> bool:
 def op_lowerings(bp: BoundPattern, cfg: Config, target=None):
     """(site, lowering) of every op under `cfg` (lowering None: none for this config)."""
     sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], lowering_for(sites[op.result])) for op in bp.ops]
+    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
 
 
 def uses_comm_programs(cfg: Config, bp: BoundPattern, target=None) -> bool:

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
-from .compose import Composition, compose, op_sites
-from .config import COMM_RESOURCES, Config, ConfigSpace, default_value
+from .compose import Composition, compose
+from .config import COMM_RESOURCES, Config, default_value
 from .knobs import feature_knobs, plan_knobs
-from .lowering import LOWERINGS, library_capturable, library_comms, lowering_for
+from .lowering import LOWERINGS, library_capturable, library_comms, op_sites
+from .space import ConfigSpace
 from .targets import Target
 
 
@@ -194,7 +195,7 @@ def default_space(target: Target) -> ConfigSpace:
 def _comm_sites(bp: BoundPattern, cfg: Config, target: Target):
     """(site, lowering) of every collective of `bp` under `cfg`."""
     sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], lowering_for(sites[op.result])) for op in bp.ops
+    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops
             if spec(op.kind).category == "comm"]
 
 
@@ -280,7 +281,7 @@ def _merged_defaults(bp: BoundPattern, target: Target, space, cfg: Config
     can)."""
     sites = op_sites(bp, cfg, target)
     proposals = [lw.defaults(sites[op.result]) for op in bp.ops
-                 if (lw := lowering_for(sites[op.result])) is not None]
+                 if (lw := sites[op.result].lowering) is not None]
     first, first_bad = None, []
     # Two ops' lowerings may want different values of a knob they share (an all_gather's
     # one-chunk-per-shard comm_block_m against a reduce_scatter's register-sized reduce
@@ -351,7 +352,7 @@ def graph_values(bp: BoundPattern, cfg: Config, target: Target) -> dict[str, str
     out: dict[str, str] = {}
     sites = op_sites(bp, cfg, target)
     for op in bp.ops:
-        lw = lowering_for(sites[op.result])
+        lw = sites[op.result].lowering
         values = lw.graph_values(sites[op.result]) if lw is not None else {}
         if values is None:
             return None
@@ -525,7 +526,7 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)
         for op in bp.ops:
-            lw = lowering_for(sites[op.result])
+            lw = sites[op.result].lowering
             knob = lw.variant_knob if lw is not None else ""
             if knob and knob not in overrides and lw.variant != default_value(knob) and \
                     any(k in overrides for k in lw.foreign_knobs):
@@ -535,7 +536,7 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)
         for op in bp.ops:
-            lw = lowering_for(sites[op.result])
+            lw = sites[op.result].lowering
             if lw is not None:
                 cfg = lw.fit(cfg, overrides, sites[op.result])
     return cfg
@@ -591,7 +592,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     space = default_space(target)
     if overrides:
         cfg = _drop_inherited(cfg, overrides, bp, space, start)
-    space.check(cfg, bp)  # also refuses debug knobs on GPU targets
+    sites = space.validate(cfg, bp)  # also refuses debug knobs on GPU targets
     unlowered = unlowered_ops(bp)
     if cfg.comm != "none" and not unlowered:
         _check_int32_offsets(bp)  # before the plan: sizes the kernels cannot index fail at once
@@ -614,9 +615,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                      + ", ".join(sorted(LOWERINGS)))
         return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
     plan = build_plan(bp, tiles)
-    comp = compose(bp, cfg, target)
-    if comp.reasons:  # (space.check asked the same lowerings: kept in step)
-        raise ConfigError("invalid schedule config: " + "; ".join(comp.reasons))
+    comp = compose(bp, cfg, target, sites)  # (the lowerings `validate` chose and asked)
     roles = tuple(Role(st.name, st.first, st.count, st.what, st.waits_on, st.kernel)
                   for st in comp.steps())
     for op in bp.ops:
