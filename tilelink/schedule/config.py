@@ -75,6 +75,14 @@ class Config:
             raise AttributeError(name)
         return dict(self.op_values).get(name, knob.default)
 
+    def value(self, knob: str):
+        """The value of knob `knob` (generic or op knob), named by a string: how code that
+        holds knob names (the registry's, a lowering's `variant_knob`) reads them.
+        AttributeError for a name no knob has."""
+        fields_ = self.__dict__  # (a frozen dataclass keeps its fields there)
+        return fields_[knob] if knob in fields_ and knob != "op_values" else \
+            self.__getattr__(knob)
+
     @staticmethod
     def knob_names() -> tuple[str, ...]:
         """Every knob, generic and registered, in the config text's order: the generic
@@ -105,7 +113,7 @@ class Config:
         return replace(self, **out)
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.knob_names()}
+        return {k: self.value(k) for k in self.knob_names()}
 
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.as_dict().items() if self.shown(k))
@@ -120,7 +128,7 @@ class Config:
         did)."""
         quiet = knob.startswith("debug_") or knob in ("library_comm", "profile") or \
             (knob in OP_KNOBS and OP_KNOBS[knob].quiet)
-        return not quiet or getattr(self, knob) != default_value(knob)
+        return not quiet or self.value(knob) != default_value(knob)
 
 
 _GENERIC = tuple(f for f in fields(Config) if f.name != "op_values")
@@ -165,7 +173,7 @@ def default_value(knob: str):
     """`knob`'s default value (a generic field's, or the op knob's declared one)."""
     if knob in OP_KNOBS:
         return OP_KNOBS[knob].default
-    return getattr(_DEFAULT, knob)
+    return _DEFAULT.value(knob)
 
 
 _DEFAULT = Config()

@@ -513,8 +513,8 @@ def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
                                        if spec(op.kind).category == "comm"), None))]
     # a chain's pairs one after another (each pair's own overlap; none across pairs)
     parts = [_pair_estimate(bp, cfg, dev, g, c) for g, c in segs]
-    return Estimate(*(sum(getattr(e, f) for e in parts) for f in ("total", "gemm", "comm",
-                                                                  "exposed")))
+    return Estimate(sum(e.total for e in parts), sum(e.gemm for e in parts),
+                    sum(e.comm for e in parts), sum(e.exposed for e in parts))
 
 
 def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Estimate:

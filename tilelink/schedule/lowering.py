@@ -607,7 +607,7 @@ def lowering_for(site: OpSite) -> Lowering | None:
     for lw in cands:
         if lw.resource is not None and lw.resource != cfg.comm:
             continue
-        if lw.variant is not None and getattr(cfg, lw.variant_knob) != lw.variant:
+        if lw.variant is not None and cfg.value(lw.variant_knob) != lw.variant:
             continue
         return lw
     return None

@@ -114,7 +114,7 @@ class Schedule:
     def config_text(self) -> str:
         """The config, knobs this schedule reads only (the generated module's header)."""
         cfg = self.config
-        return " ".join(f"{k}={getattr(cfg, k)}" for k in self.knobs if cfg.shown(k))
+        return " ".join(f"{k}={cfg.value(k)}" for k in self.knobs if cfg.shown(k))
 
     def render(self) -> str:
         c = self.config
@@ -364,7 +364,7 @@ def capturable(cfg: Config, bp: BoundPattern, target: Target) -> bool:
     """Whether calls of `cfg` can be captured in a CUDA graph: its lowerings' `graph_values`
     exist and `cfg` has them."""
     values = graph_values(bp, cfg, target)
-    return values is not None and all(str(getattr(cfg, k)) == str(v) for k, v in values.items())
+    return values is not None and all(str(cfg.value(k)) == str(v) for k, v in values.items())
 
 
 def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config | None:
@@ -419,7 +419,7 @@ def _decide(bp: BoundPattern, target: Target, overlapped: Config,
         if replayed.comm != "none":
             why += (f"; calls captured in a CUDA graph run the overlapped kernel instead "
                     f"({_words(replayed)}" + "".join(
-                        f", {k}={getattr(replayed, k)}"
+                        f", {k}={replayed.value(k)}"
                         for k in graph_values(bp, replayed, target) or {})
                     + "): a replay has no host work per call, and the model predicts it "
                     "faster there")
@@ -453,8 +453,8 @@ def _words(cfg: Config) -> str:
     """The knobs that say which overlapped plan `cfg` is (for messages)."""
     out = [f"comm={cfg.comm}"]
     for k in plan_knobs():
-        if getattr(cfg, k.name) != k.default:
-            out.append(f"{k.name}={getattr(cfg, k.name)}")
+        if cfg.value(k.name) != k.default:
+            out.append(f"{k.name}={cfg.value(k.name)}")
     return " ".join(out)
 
 
@@ -498,7 +498,7 @@ def _drop_invalid_features(cfg: Config, overrides: dict, bp: BoundPattern,
     """Feature knobs the default turned on that make the config invalid are turned off
     again (a knob the user set stays, and is checked)."""
     for knob in (k.name for k in feature_knobs()):
-        if knob in overrides or getattr(cfg, knob) == default_value(knob):
+        if knob in overrides or cfg.value(knob) == default_value(knob):
             continue
         probe = replace(cfg, **{knob: default_value(knob)})
         if len(space.reasons(probe, bp)) < len(space.reasons(cfg, bp)):

@@ -55,6 +55,13 @@ class ConfigSpace:
     warp_specialized: bool = False
     target: object = None  # the Target the lowerings are asked about
 
+    def allowed(self, knob: str) -> tuple | None:
+        """The values this space allows generic knob `knob` (None: it holds none for it, as
+        for num_programs, bounded by max_programs, and the op knobs, whose declarations
+        hold theirs)."""
+        values = self.__dict__.get(knob)  # (a frozen dataclass keeps its fields there)
+        return values if isinstance(values, tuple) else None
+
     def reasons(self, cfg: Config, bp) -> list[str]:
         """Why `cfg` is invalid for the bound pattern `bp` (empty: valid)."""
         return self._judge(cfg, bp)[0]
@@ -79,16 +86,16 @@ class ConfigSpace:
         where none was)."""
         bad = []
         for name in cfg.knob_names():
-            allowed = getattr(self, name, None)
-            if isinstance(allowed, tuple) and getattr(cfg, name) not in allowed:
-                bad.append(f"{name}={getattr(cfg, name)} is not one of "
+            allowed = self.allowed(name)
+            if isinstance(allowed, tuple) and cfg.value(name) not in allowed:
+                bad.append(f"{name}={cfg.value(name)} is not one of "
                            f"{', '.join(map(str, allowed))}")
             elif name in OP_KNOBS:
-                why = OP_KNOBS[name].why_invalid(getattr(cfg, name))
+                why = OP_KNOBS[name].why_invalid(cfg.value(name))
                 bad += [why] if why else []
         for name in ("block_m", "block_n", "block_k", "comm_block_m", "comm_block_n"):
-            if not _pow2(getattr(cfg, name)):
-                bad.append(f"{name}={getattr(cfg, name)} must be a power of two (tl.arange)")
+            if not _pow2(cfg.value(name)):
+                bad.append(f"{name}={cfg.value(name)} must be a power of two (tl.arange)")
         if not 1 <= cfg.num_programs <= self.max_programs:
             bad.append(f"num_programs={cfg.num_programs} must be in 1..{self.max_programs} "
                        "(the persistent grid may not exceed co-resident CTAs)")
@@ -108,8 +115,8 @@ class ConfigSpace:
             bad.append("profile=1 with flatten=1: the timers in the tile loop keep Triton from "
                        "flattening it (its nested-loop fusion fails); profile with flatten=0")
         if cfg.comm == "none":  # the non-overlapped plan runs every pattern, no lowering
-            bad += [f"{k.name}={getattr(cfg, k.name)} does nothing with the non-overlapped plan "
-                    "(comm=none)" for k in feature_knobs() if getattr(cfg, k.name) != k.default]
+            bad += [f"{k.name}={cfg.value(k.name)} does nothing with the non-overlapped plan "
+                    "(comm=none)" for k in feature_knobs() if cfg.value(k.name) != k.default]
             return bad + _library_comm_reasons(cfg, bp), None
         if cfg.library_comm != _DEFAULT.library_comm:
             bad.append(f"library_comm={cfg.library_comm} chooses the non-overlapped plan's "
@@ -127,7 +134,7 @@ class ConfigSpace:
         instead of values gets none: the lowerings reading it say what they take)."""
         rows = []
         for name in Config.knob_names():
-            allowed = getattr(self, name, None)
+            allowed = self.allowed(name)
             if name in OP_KNOBS:
                 allowed = OP_KNOBS[name].values or None
             if isinstance(allowed, tuple) and (knobs is None or name in knobs):
@@ -165,7 +172,7 @@ def lowering_reasons(cfg: Config, bp, sites: dict[str, OpSite]) -> list[str]:
         lw = site.lowering
         if lw is None:
             what = f"comm={cfg.comm}" if lw is None and _is_comm(op) else \
-                f"{_variant_of(op)}={getattr(cfg, _variant_of(op), '')}"
+                f"{_variant_of(op)}={cfg.value(_variant_of(op))}"
             have = available(op.kind)
             bad.append(f"{op.kind} ({site.where}) has no lowering for {what}"
                        + (f"; its lowerings: {', '.join(have)}" if have else
@@ -176,10 +183,10 @@ def lowering_reasons(cfg: Config, bp, sites: dict[str, OpSite]) -> list[str]:
         bad += [f"{lw.name} ({site.where}): {r}" for r in lw.reasons(site)]
         shares |= lw.shares_kernel(site)
     for knob in (k.name for k in feature_knobs()):
-        if getattr(cfg, knob) != default_value(knob) and knob not in read:
+        if cfg.value(knob) != default_value(knob) and knob not in read:
             readers = sorted({lw.name for lws in LOWERINGS.values() for lw in lws
                               if knob in lw.knobs})
-            bad.append(f"{knob}={getattr(cfg, knob)} does nothing with these lowerings "
+            bad.append(f"{knob}={cfg.value(knob)} does nothing with these lowerings "
                        f"({', '.join(sorted(chosen))}): it applies to "
                        + ", ".join(readers))
     if shares and cfg.comm_programs >= cfg.num_programs:
