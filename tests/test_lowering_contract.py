@@ -144,3 +144,16 @@ def test_every_hook_of_the_base_class_says_what_it_is_for():
                     if callable(getattr(Lowering, name))
                     and not (getattr(Lowering, name).__doc__ or "").strip()]
     assert undocumented == []
+
+
+def test_the_layers_lowerings_live_in_make_no_reflective_lookup():
+    # (the check `grep -rnE "hasattr|getattr\(" tilelink/codegen tilelink/schedule
+    # tilelink/ops` reads clean): a knob named by a string is read through Config.value, a
+    # space's allowed values through ConfigSpace.allowed, a generated module's names through
+    # its namespace; so a probe of a lowering's optional member cannot hide among them
+    files = [p for d in SCANNED for p in sorted((ROOT / d).rglob("*.py"))]
+    found = [f"{p.relative_to(ROOT.parent)}:{node.lineno}: {ast.unparse(node)}"
+             for p in files for node in ast.walk(ast.parse(p.read_text(), str(p)))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id in ("hasattr", "getattr")]
+    assert len(files) > 20 and not found, "; ".join(found)

@@ -160,6 +160,24 @@ def test_a_knob_is_declared_once_and_never_over_a_generic_one():
     assert "new_knob" not in OP_KNOBS
 
 
+def test_a_knob_named_by_a_string_reads_as_its_attribute():
+    # Config.value: generic and op knobs alike, defaults included; no such knob: as getattr
+    cfg = Config(comm="copy_engine", block_m=128, capturable=1)
+    for name in Config.knob_names():
+        assert cfg.value(name) == getattr(cfg, name), name
+    assert (cfg.value("comm"), cfg.value("block_m"), cfg.value("capturable")) == \
+        ("copy_engine", 128, 1)
+    with pytest.raises(AttributeError):
+        cfg.value("op_values")
+    with pytest.raises(AttributeError):
+        cfg.value("no_such_knob")
+    # ConfigSpace.allowed: a generic knob's values; none for a bound or an op knob
+    sp = space.default_space(CUDA)
+    assert sp.allowed("comm") == ("sm", "copy_engine", "none")
+    assert sp.allowed("num_programs") is None and sp.allowed("capturable") is None
+    assert sp.allowed("target") is None  # (a field of the space, not a knob's values)
+
+
 def test_a_registered_knob_joins_the_config_space(monkeypatch):
     knob = Knob("test_depth", 0, "a test family's depth", "test_op", values=(0, 1, 2),
                 quiet=True, after="comm")

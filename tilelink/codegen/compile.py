@@ -102,11 +102,11 @@ def kernel_of(mod: ModuleType, name: str | None = None):
                           "launch() makes host calls only)",
                           hint="--emit triton shows the module; --emit schedule says why")
     if name is None:
-        return getattr(mod, names[0])
+        return vars(mod)[names[0]]
     if name not in names:
         raise ConfigError(f"the generated module has no kernel '{name}'",
                           hint="kernels: " + ", ".join(names))
-    return getattr(mod, name)
+    return vars(mod)[name]
 
 
 def compile_module(source: str, target: Target, kernel: str | None = None):
@@ -117,6 +117,13 @@ def compile_module(source: str, target: Target, kernel: str | None = None):
         raise ConfigError(f"target {target.name} runs in the interpreter; nothing to compile",
                           hint="use --target cuda:90, cuda:80 or hip:gfx942")
     return _compile_kernel(load_module(source), kernel, target)
+
+
+def _is_gluon(fn) -> bool:
+    """Whether kernel `fn` is a Gluon kernel (gemm=ws), which compiles from Gluon's source."""
+    from triton.experimental.gluon._runtime import GluonJITFunction
+
+    return isinstance(fn, GluonJITFunction)
 
 
 def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
@@ -133,23 +140,23 @@ def _compile_kernel(mod: ModuleType, kernel: str | None, target: Target):
                           hint="unset TRITON_INTERPRET to compile (the emulated world sets it "
                           "in its rank processes itself)")
     consts = {}
-    bound = getattr(mod, "KERNEL_CONSTS", {}).get(fn.__name__, {})  # composed modules
+    bound = vars(mod).get("KERNEL_CONSTS", {}).get(fn.__name__, {})  # composed modules
     for name in fn.arg_names:
         if name not in mod.SIGNATURE:
-            consts[name] = bound[name] if name in bound else getattr(mod, name, None)
+            consts[name] = bound[name] if name in bound else vars(mod).get(name)
     if "DOT_FP32" in fn.arg_names:
         consts["DOT_FP32"] = target.dot_fp32
     sig = {k: v for k, v in mod.SIGNATURE.items() if k in fn.arg_names}
     sig.update({k: "constexpr" for k in consts})
     attrs = launch_attrs(fn, sig)
-    if getattr(fn, "is_gluon", lambda: False)():  # gemm=ws: a Gluon kernel
+    if _is_gluon(fn):  # gemm=ws: a Gluon kernel
         from triton.experimental.gluon._runtime import GluonASTSource
 
         src = GluonASTSource(fn, sig, consts, attrs)
     else:
         src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     gpu = GPUTarget(target.backend, target.arch, target.warp_size)
-    warps = getattr(mod, "KERNEL_WARPS", {}).get(fn.__name__, mod.NUM_WARPS)
+    warps = vars(mod).get("KERNEL_WARPS", {}).get(fn.__name__, mod.NUM_WARPS)
     opts = {"num_warps": warps}
     extra = flavour(target.lang).launch_options(target.arch)  # e.g. NVSHMEM's device library
     if "extern_libs" in extra:

@@ -144,15 +144,26 @@ def _functions(body):
     for st in body:
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield st
-        for field in _BLOCKS:
-            yield from _functions(getattr(st, field, ()))
-        for h in getattr(st, "handlers", ()):
+        for block in _blocks(st):
+            yield from _functions(block)
+        for h in _handlers(st):
             yield from _functions(h.body)
 
 
 # statement fields that hold statements (a walk over statements alone is ten times faster
 # than over every node, and generated code binds names in statements only: no walrus)
 _BLOCKS = ("body", "orelse", "finalbody")
+
+
+def _blocks(st: ast.stmt):
+    """The statement lists statement `st` holds (its body, else and finally blocks)."""
+    fields_ = vars(st)  # (an AST node keeps its fields there)
+    return [fields_[f] for f in _BLOCKS if isinstance(fields_.get(f), list)]
+
+
+def _handlers(st: ast.stmt) -> list:
+    """The except handlers of a try statement (none for other statements)."""
+    return vars(st).get("handlers", [])
 
 
 def _stores(body):
@@ -174,9 +185,9 @@ def _stores(body):
         for t in targets:
             for n in _target_names(t):
                 yield n, st.lineno
-        for field in _BLOCKS:
-            yield from _stores(getattr(st, field, ()))
-        for h in getattr(st, "handlers", ()):
+        for block in _blocks(st):
+            yield from _stores(block)
+        for h in _handlers(st):
             if h.name:
                 yield h.name, h.lineno
             yield from _stores(h.body)

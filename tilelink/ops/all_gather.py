@@ -177,13 +177,11 @@ class _Gather(Lowering):
         gathered on dim 0 from a pattern input, not returned, and every consumer's lowering
         says it reads them in place (`reads_in_place`: a GEMM whose row tiles never straddle
         two ranks' rows, the library GEMM)."""
-        from ..schedule.lowering import OpSite, lowering_for
-
         if site.is_output or self._dim(site) != 0 or site.producer is not None:
             return False
         seg = self._geometry(site)[1]
         for c in site.consumers:
-            lw = lowering_for(OpSite(site.bp, c, site.config, site.target))
+            lw = site.site_of(c.result).lowering
             if lw is None or not lw.reads_in_place(c, site.op.result, seg, site.config):
                 return False
         return bool(site.consumers)

@@ -25,11 +25,11 @@ after another. Non-tile roles get `comm_programs` programs each; the tiles get t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import ConfigError, NotSupportedError
 from ..ir import BoundPattern, spec
-from .lowering import LOWERINGS, Lowering, OpSite, Step, available, lowering_for
+from .lowering import LOWERINGS, Lowering, OpSite, Step, op_sites
 
 _ORDER = {"push": 0, "tiles": 1, "reduce": 2, "copy_out": 3}
 
@@ -41,7 +41,6 @@ class Composition:
     sites: dict[str, OpSite]  # op result -> its site
     lowerings: dict[str, Lowering]  # op result -> its lowering
     kernels: list[list[Step]]  # per kernel, its roles in program-id order
-    reasons: list[str] = field(default_factory=list)  # why the config cannot run
 
     def steps(self):
         """Every step, kernel by kernel."""
@@ -52,46 +51,26 @@ class Composition:
                     None)
 
 
-def op_sites(bp: BoundPattern, config, target) -> dict[str, OpSite]:
-    """Every op's site: its producer, consumers and whether it is returned."""
-    producer = {op.result: op for op in bp.ops}
-    sites = {}
-    for op in bp.ops:
-        consumers = tuple(o for o in bp.ops if op.result in o.args)
-        src = producer.get(op.args[0]) if op.args else None
-        sites[op.result] = OpSite(bp, op, config, target, src, consumers,
-                                  op.result in bp.pattern.outputs)
-    return sites
-
-
 def choose_lowerings(bp: BoundPattern, sites: dict[str, OpSite]) -> dict[str, Lowering]:
-    """The lowering of every op under its site's config; NotSupportedError names the op and
-    resource that lack one, and the ones that exist."""
+    """The lowering of every op under its site's config. The config was validated
+    (`space.ConfigSpace.validate`), which refuses an op that has none, naming it."""
     chosen = {}
     for op in bp.ops:
-        site = sites[op.result]
-        lw = lowering_for(site)
+        lw = sites[op.result].lowering
         if lw is None:
-            cfg = site.config
-            what = (f"comm={cfg.comm}" if spec(op.kind).category == "comm"
-                    else "this pattern")
-            have = available(op.kind)
-            raise NotSupportedError(
-                f"no lowering of {op.kind} for {what} ({site.where})", op.loc,
-                ("lowerings of " + op.kind + ": " + ", ".join(have)) if have else
-                f"{op.kind} has no kernel lowering yet: --emit plan shows its mappings")
+            raise ValueError(f"compose: {op.kind} ({sites[op.result].where}) has no lowering "
+                             "for this config; compose validated configs only")
         chosen[op.result] = lw
     return chosen
 
 
-def compose(bp: BoundPattern, config, target) -> Composition:
-    """Lower every op and place the steps into kernels (see the module docstring)."""
-    sites = op_sites(bp, config, target)
+def compose(bp: BoundPattern, config, target,
+            sites: dict[str, OpSite] | None = None) -> Composition:
+    """Lower every op and place the steps into kernels (see the module docstring). `config`
+    is a validated one (`space.ConfigSpace.validate`, which also returns `sites`, the ops'
+    sites under it, with their lowerings chosen: nothing is asked twice)."""
+    sites = sites if sites is not None else op_sites(bp, config, target)
     lowerings = choose_lowerings(bp, sites)
-    reasons = []
-    for op in bp.ops:
-        for r in lowerings[op.result].reasons(sites[op.result]):
-            reasons.append(f"{op.kind} ({sites[op.result].where}): {r}")
     kernels: list[list[Step]] = []
     tiles_kernel: dict[str, int] = {}  # op result -> kernel of its tiles step
     pending: dict[str, list[Step]] = {}  # consumer op result -> pushes before its tiles
@@ -140,7 +119,7 @@ def compose(bp: BoundPattern, config, target) -> Composition:
         if not kernels:
             kernels.append([])
         kernels[-1].extend(last)
-    comp = Composition(sites, lowerings, [k for k in kernels if k], reasons)
+    comp = Composition(sites, lowerings, [k for k in kernels if k])
     _lay_out(comp, config)
     return comp
 

@@ -77,9 +77,8 @@ from dataclasses import dataclass, field
 from ..errors import NotSupportedError
 from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
-from .compose import op_sites
 from .config import Config
-from .lowering import (VENDOR_WORK, Work, library_moved_bytes, lowering_for, pipelined,
+from .lowering import (VENDOR_WORK, Work, library_moved_bytes, op_sites, pipelined,
                        takes_library)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
@@ -398,7 +397,7 @@ def is_fallback(cfg: Config) -> bool:
 def op_lowerings(bp: BoundPattern, cfg: Config, target=None):
     """(site, lowering) of every op under `cfg` (lowering None: none for this config)."""
     sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], lowering_for(sites[op.result])) for op in bp.ops]
+    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
 
 
 def uses_comm_programs(cfg: Config, bp: BoundPattern, target=None) -> bool:
@@ -514,8 +513,8 @@ def _gpu_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
                                        if spec(op.kind).category == "comm"), None))]
     # a chain's pairs one after another (each pair's own overlap; none across pairs)
     parts = [_pair_estimate(bp, cfg, dev, g, c) for g, c in segs]
-    return Estimate(*(sum(getattr(e, f) for e in parts) for f in ("total", "gemm", "comm",
-                                                                  "exposed")))
+    return Estimate(sum(e.total for e in parts), sum(e.gemm for e in parts),
+                    sum(e.comm for e in parts), sum(e.exposed for e in parts))
 
 
 def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Estimate:

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 # knob name -> its declaration, in registration order
 OP_KNOBS: dict[str, Knob] = {}
+# names no op knob may take: the generic knobs' (`config` reserves them when it is imported,
+# which importing any module of `tilelink.schedule` does first)
+_RESERVED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,17 @@ class Knob:
 def register_knob(knob: Knob) -> Knob:
     """Declare op knob `knob` (an op family module calls this at import, next to the
     lowerings reading it). A name may be declared once, and not as a generic knob's."""
-    from .config import GENERIC_KNOBS
-
-    if knob.name in OP_KNOBS or knob.name in GENERIC_KNOBS:
+    if knob.name in OP_KNOBS or knob.name in _RESERVED:
         raise ValueError(f"config knob '{knob.name}' is already declared")
     if knob.values and knob.default not in knob.values:
         raise ValueError(f"knob {knob.name}: default {knob.default!r} is not one of its values")
     OP_KNOBS[knob.name] = knob
     return knob
+
+
+def reserve_names(names) -> None:
+    """Keep `names` (the generic knobs) from being declared as op knobs."""
+    _RESERVED.update(names)
 
 
 def feature_knobs() -> tuple[Knob, ...]:

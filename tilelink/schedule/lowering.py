@@ -183,6 +183,26 @@ class OpSite:
     producer: Op | None = None
     consumers: tuple = ()
     is_output: bool = False
+    # what was worked out once for this site: its lowering, and the sites of the pattern's
+    # other ops under the same config ("sites", shared by every site `op_sites` makes); not
+    # copied by `dataclasses.replace` (a site of another config works them out anew)
+    _known: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def lowering(self) -> Lowering | None:
+        """The lowering its config selects (`lowering_for`), chosen once per site."""
+        known = self._known
+        if "lowering" not in known:
+            known["lowering"] = lowering_for(self)
+        return known["lowering"]
+
+    def site_of(self, result: str) -> OpSite:
+        """The site of the op producing `result` in the same pattern, config and target (a
+        neighbour a lowering asks about: a consumer taking its tiles, say)."""
+        known = self._known
+        if "sites" not in known:
+            known["sites"] = op_sites(self.bp, self.config, self.target)
+        return known["sites"][result]
 
     @property
     def attrs(self) -> dict:
@@ -201,6 +221,20 @@ class OpSite:
         loc = self.op.loc
         return f"{self.op.result} = {self.op.kind}(...)" + (f" at {loc.file}:{loc.line}"
                                                              if loc else "")
+
+
+def op_sites(bp: BoundPattern, config: Config, target: Target) -> dict[str, OpSite]:
+    """Every op's site under `config` (op result -> site): its producer, consumers and
+    whether it is returned. The sites share the table, so each answers `site_of` from it."""
+    producer = {op.result: op for op in bp.ops}
+    sites: dict[str, OpSite] = {}
+    for op in bp.ops:
+        consumers = tuple(o for o in bp.ops if op.result in o.args)
+        src = producer.get(op.args[0]) if op.args else None
+        site = OpSite(bp, op, config, target, src, consumers, op.result in bp.pattern.outputs)
+        site._known["sites"] = sites
+        sites[op.result] = site
+    return sites
 
 
 @dataclass(frozen=True)
@@ -575,7 +609,7 @@ def lowering_for(site: OpSite) -> Lowering | None:
     for lw in cands:
         if lw.resource is not None and lw.resource != cfg.comm:
             continue
-        if lw.variant is not None and getattr(cfg, lw.variant_knob) != lw.variant:
+        if lw.variant is not None and cfg.value(lw.variant_knob) != lw.variant:
             continue
         return lw
     return None

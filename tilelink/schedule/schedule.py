@@ -20,10 +20,11 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
-from .compose import Composition, compose, op_sites
-from .config import COMM_RESOURCES, Config, ConfigSpace, default_value
+from .compose import Composition, compose
+from .config import COMM_RESOURCES, Config, default_value
 from .knobs import feature_knobs, plan_knobs
-from .lowering import LOWERINGS, library_capturable, library_comms, lowering_for
+from .lowering import LOWERINGS, library_capturable, library_comms, op_sites
+from .space import ConfigSpace
 from .targets import Target
 
 
@@ -113,7 +114,7 @@ class Schedule:
     def config_text(self) -> str:
         """The config, knobs this schedule reads only (the generated module's header)."""
         cfg = self.config
-        return " ".join(f"{k}={getattr(cfg, k)}" for k in self.knobs if cfg.shown(k))
+        return " ".join(f"{k}={cfg.value(k)}" for k in self.knobs if cfg.shown(k))
 
     def render(self) -> str:
         c = self.config
@@ -194,7 +195,7 @@ def default_space(target: Target) -> ConfigSpace:
 def _comm_sites(bp: BoundPattern, cfg: Config, target: Target):
     """(site, lowering) of every collective of `bp` under `cfg`."""
     sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], lowering_for(sites[op.result])) for op in bp.ops
+    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops
             if spec(op.kind).category == "comm"]
 
 
@@ -280,7 +281,7 @@ def _merged_defaults(bp: BoundPattern, target: Target, space, cfg: Config
     can)."""
     sites = op_sites(bp, cfg, target)
     proposals = [lw.defaults(sites[op.result]) for op in bp.ops
-                 if (lw := lowering_for(sites[op.result])) is not None]
+                 if (lw := sites[op.result].lowering) is not None]
     first, first_bad = None, []
     # Two ops' lowerings may want different values of a knob they share (an all_gather's
     # one-chunk-per-shard comm_block_m against a reduce_scatter's register-sized reduce
@@ -351,7 +352,7 @@ def graph_values(bp: BoundPattern, cfg: Config, target: Target) -> dict[str, str
     out: dict[str, str] = {}
     sites = op_sites(bp, cfg, target)
     for op in bp.ops:
-        lw = lowering_for(sites[op.result])
+        lw = sites[op.result].lowering
         values = lw.graph_values(sites[op.result]) if lw is not None else {}
         if values is None:
             return None
@@ -363,7 +364,7 @@ def capturable(cfg: Config, bp: BoundPattern, target: Target) -> bool:
     """Whether calls of `cfg` can be captured in a CUDA graph: its lowerings' `graph_values`
     exist and `cfg` has them."""
     values = graph_values(bp, cfg, target)
-    return values is not None and all(str(getattr(cfg, k)) == str(v) for k, v in values.items())
+    return values is not None and all(str(cfg.value(k)) == str(v) for k, v in values.items())
 
 
 def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config | None:
@@ -418,7 +419,7 @@ def _decide(bp: BoundPattern, target: Target, overlapped: Config,
         if replayed.comm != "none":
             why += (f"; calls captured in a CUDA graph run the overlapped kernel instead "
                     f"({_words(replayed)}" + "".join(
-                        f", {k}={getattr(replayed, k)}"
+                        f", {k}={replayed.value(k)}"
                         for k in graph_values(bp, replayed, target) or {})
                     + "): a replay has no host work per call, and the model predicts it "
                     "faster there")
@@ -452,8 +453,8 @@ def _words(cfg: Config) -> str:
     """The knobs that say which overlapped plan `cfg` is (for messages)."""
     out = [f"comm={cfg.comm}"]
     for k in plan_knobs():
-        if getattr(cfg, k.name) != k.default:
-            out.append(f"{k.name}={getattr(cfg, k.name)}")
+        if cfg.value(k.name) != k.default:
+            out.append(f"{k.name}={cfg.value(k.name)}")
     return " ".join(out)
 
 
@@ -497,7 +498,7 @@ def _drop_invalid_features(cfg: Config, overrides: dict, bp: BoundPattern,
     """Feature knobs the default turned on that make the config invalid are turned off
     again (a knob the user set stays, and is checked)."""
     for knob in (k.name for k in feature_knobs()):
-        if knob in overrides or getattr(cfg, knob) == default_value(knob):
+        if knob in overrides or cfg.value(knob) == default_value(knob):
             continue
         probe = replace(cfg, **{knob: default_value(knob)})
         if len(space.reasons(probe, bp)) < len(space.reasons(cfg, bp)):
@@ -525,7 +526,7 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)
         for op in bp.ops:
-            lw = lowering_for(sites[op.result])
+            lw = sites[op.result].lowering
             knob = lw.variant_knob if lw is not None else ""
             if knob and knob not in overrides and lw.variant != default_value(knob) and \
                     any(k in overrides for k in lw.foreign_knobs):
@@ -535,7 +536,7 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
     if cfg.comm != "none":
         sites = op_sites(bp, cfg, space.target)
         for op in bp.ops:
-            lw = lowering_for(sites[op.result])
+            lw = sites[op.result].lowering
             if lw is not None:
                 cfg = lw.fit(cfg, overrides, sites[op.result])
     return cfg
@@ -591,7 +592,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     space = default_space(target)
     if overrides:
         cfg = _drop_inherited(cfg, overrides, bp, space, start)
-    space.check(cfg, bp)  # also refuses debug knobs on GPU targets
+    sites = space.validate(cfg, bp)  # also refuses debug knobs on GPU targets
     unlowered = unlowered_ops(bp)
     if cfg.comm != "none" and not unlowered:
         _check_int32_offsets(bp)  # before the plan: sizes the kernels cannot index fail at once
@@ -614,9 +615,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
                      + ", ".join(sorted(LOWERINGS)))
         return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
     plan = build_plan(bp, tiles)
-    comp = compose(bp, cfg, target)
-    if comp.reasons:  # (space.check asked the same lowerings: kept in step)
-        raise ConfigError("invalid schedule config: " + "; ".join(comp.reasons))
+    comp = compose(bp, cfg, target, sites)  # (the lowerings `validate` chose and asked)
     roles = tuple(Role(st.name, st.first, st.count, st.what, st.waits_on, st.kernel)
                   for st in comp.steps())
     for op in bp.ops:

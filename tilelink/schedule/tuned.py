@@ -65,7 +65,14 @@ def versions() -> dict[str, str]:
     import tilelink
 
     return {"torch": torch.__version__, "triton": triton.__version__,
-            "tilelink": getattr(tilelink, "__version__", "0")}
+            "tilelink": vars(tilelink).get("__version__", "0")}
+
+
+def _python_function(fn):
+    """The Python function of a tile function: a @triton.jit kernel's `fn`, else `fn`."""
+    from triton.runtime.jit import JITFunction
+
+    return fn.fn if isinstance(fn, JITFunction) else fn
 
 
 def _pattern_text(bp: BoundPattern) -> str:
@@ -77,7 +84,7 @@ def _pattern_text(bp: BoundPattern) -> str:
         fn = bp.pattern.functions[name]
         fn = fn[0] if isinstance(fn, tuple) else fn
         try:
-            text += "\n" + inspect.getsource(getattr(fn, "fn", fn))
+            text += "\n" + inspect.getsource(_python_function(fn))
         except (OSError, TypeError):
             text += f"\n<function {name}>"
     return text

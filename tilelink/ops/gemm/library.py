@@ -16,8 +16,8 @@ from __future__ import annotations
 from ...codegen.module import TL_DTYPES, ident, indent
 from ...codegen.tiles import find_dep
 from ...ir import spec
-from ...schedule.lowering import Lowering, Step, lowering_for, register_lowering
-from .tl import TILE_KNOBS, GemmTriton
+from ...schedule.lowering import Lowering, Step, register_lowering
+from .common import TILE_KNOBS, tile_out
 
 class GemmLibrary(Lowering):
     """The vendor library's GEMM (`gemm=library`: torch.mm, i.e. cuBLAS / hipBLASLt); see the
@@ -55,14 +55,11 @@ class GemmLibrary(Lowering):
     @staticmethod
     def hooks(site) -> list:
         """(lowering, site) of the consumers taking the GEMM's tiles in their epilogue."""
-        from ...schedule.compose import op_sites
-
-        sites = op_sites(site.bp, site.config, site.target)
         out = []
         for c in site.consumers:
-            lw = lowering_for(sites[c.result])
-            if lw is not None and lw.takes_epilogue:
-                out.append((lw, sites[c.result]))
+            cs = site.site_of(c.result)
+            if cs.lowering is not None and cs.lowering.takes_epilogue:
+                out.append((cs.lowering, cs))
         return out
 
     def store_into(self, site) -> str | None:
@@ -227,7 +224,7 @@ class GemmLibrary(Lowering):
         kb.const("BM")
         kb.const("BN")
         hooks = mb.hooks_of(c)
-        tile = GemmTriton._tile_out(TL_DTYPES[site.result.dtype], False)
+        tile = tile_out()
         lines = []
         for lw, hs in hooks:  # e.g. a reduction's wait for its buffers' release
             lines += lw.prologue(kb, hs)

@@ -3,14 +3,13 @@ GEMM's steps (grouped tile order, TMA or pointer loads, the K loop, the epilogue
 
 from __future__ import annotations
 
-from ...codegen.module import TL_DTYPES, TileOut, ident, indent
+from ...codegen.module import TL_DTYPES, ident, indent
 from ...ir.tensor import DTYPE_BYTES
 from ...codegen.tiles import find_dep
 from ...schedule.lowering import Lowering, Step, register_lowering
+from .common import TILE_KNOBS, tile_out
+from .library import LIBRARY
 
-#: the config fields TileLink's GEMM kernel reads (overriding one asks for that kernel)
-TILE_KNOBS = ("num_programs", "block_m", "block_n", "block_k", "order", "group_m", "stages",
-              "warps", "flatten")
 
 
 #: tiles for GEMMs with few output tiles, largest first, with deep pipelines: with a tile or
@@ -96,8 +95,6 @@ class GemmTriton(Lowering):
         GEMM feeding a collective would lose its in-kernel epilogue."""
         from dataclasses import replace
 
-        from .library import LIBRARY
-
         if not site.target.tma or site.bp.world != 1:
             return False
         if site.result.dtype not in ("bf16", "fp16"):
@@ -143,8 +140,6 @@ class GemmTriton(Lowering):
         delivers an operand): cuBLAS beats this kernel at decode sizes (docs/perf.md), and a
         consumer taking the tiles gets them from its epilogue pass. (On gathered rows the
         library GEMM is a CUDA-graph candidate only: `graph_axes`.)"""
-        from .library import LIBRARY
-
         if site.target.backend == "interp" or not LIBRARY.whole(site):
             return [{}]
         return [{}, {"gemm": "library"}]
@@ -154,8 +149,6 @@ class GemmTriton(Lowering):
         out of the eager space for its host cost: a replay has none (2x H200, AG M = 1024,
         graph replays: 0.103 ms against 0.107 for TileLink's kernel, docs/perf.md). Its
         lowering refuses it where the copy engine does not gather the rows."""
-        from .library import LIBRARY
-
         if site.target.backend == "interp" or LIBRARY.whole(site):
             return []
         return [{"gemm": "library"}]
@@ -371,7 +364,7 @@ class GemmTriton(Lowering):
         tl_dtype = TL_DTYPES[dtype]
         if fused is not None:
             lw, hs = fused
-            tile = self._tile_out(tl_dtype, tma)
+            tile = tile_out()
             lines += lw.fused_epilogue(kb, hs, tile)
             return lines
         if cv is not None:
@@ -385,15 +378,10 @@ class GemmTriton(Lowering):
             lines += [f"vals = acc.to({tl_dtype})"]
             if tma:
                 lines += ["offs_m = row_lo + tl.arange(0, BM)", "offs_n = col_lo + tl.arange(0, BN)"]
-            tile = self._tile_out(tl_dtype, tma)
+            tile = tile_out()
             for lw, hs in hooks:
                 lines += lw.epilogue(kb, hs, tile)
         return lines
-
-    @staticmethod
-    def _tile_out(tl_dtype, tma) -> TileOut:
-        return TileOut("vals", "offs_m", "offs_n", "row_lo", "row_hi", "col_lo", "col_hi",
-                       {"rank": "me", "m": "pid_m", "n": "pid_n"}, ("BM", "BN"))
 
 
 def dot_step(mb, dtype: str) -> str:

@@ -144,16 +144,12 @@ class GemmWarpSpecialized(GemmTriton):
         """The gathered rows come from a copy-engine all_gather (or inputs), and the tiles go
         to the result or to a collective whose lowering places its epilogue in the
         consumer partitions (`ws_epilogue`: a copy-engine reduction) with reduce_after=1."""
-        from ...schedule.compose import op_sites
-        from ...schedule.lowering import lowering_for
-
         for a in site.op.args:
             prod = next((o for o in site.bp.ops if o.result == a), None)
             if prod is not None and (prod.kind != "all_gather" or a != site.op.args[0]):
                 return False
-        sites = op_sites(site.bp, site.config, site.target) if site.consumers else {}
         for c in site.consumers:
-            lw = lowering_for(sites[c.result])
+            lw = site.site_of(c.result).lowering
             if lw is None or not lw.takes_ws_epilogue or not site.config.reduce_after:
                 return False
         return True

@@ -105,7 +105,7 @@ def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=T
 def grouped_mm_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `torch._grouped_mm` takes x's sorted rows against w: on the CPU, and on CUDA
     for bf16 on sm90 or newer with 16-byte aligned rows (its kernel's requirements)."""
-    fn = getattr(torch, "_grouped_mm", None)
+    fn = vars(torch).get("_grouped_mm")  # (a private op: absent from some torch builds)
     if fn is None or x.dtype != w.dtype:
         return False
     if x.device.type == "cpu":
