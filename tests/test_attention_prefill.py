@@ -229,9 +229,11 @@ def test_the_stages_knob_sets_the_kv_blocks_in_flight(stages):
 
 
 @pytest.mark.parametrize("target,dtype,overrides,want", [
-    # H100 / H200: 128 x 128 tiles in 3 stages (measured fastest of the body's shapes)
-    ("cuda:90", "bf16", {}, ("128", "128", "3")),
-    # fp32 takes twice the bytes: stages down to 2, then 64-key blocks, to fit 232,448 B
+    # H100 / H200: 64-key blocks in 3 stages (measured fastest of the body's tiles)
+    ("cuda:90", "bf16", {}, ("128", "64", "3")),
+    # 128-key blocks set by the user: 3 stages fit in bf16
+    ("cuda:90", "bf16", {"block_n": "128"}, ("128", "128", "3")),
+    # fp32 takes twice the bytes: stages down to 2 to fit 232,448 B
     ("cuda:90", "fp32", {}, ("128", "64", "2")),
     # knobs the user set stay as set: 64-key blocks in 4 stages fit
     ("cuda:90", "bf16", {"block_n": "64", "stages": "4"}, ("128", "64", "4")),

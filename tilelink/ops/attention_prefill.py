@@ -26,11 +26,13 @@ from .attention import AttentionPartialTiles, _group, _pow2, seen_keys
 
 #: on GPU targets: (block_m, block_n, stages) a program's query rows, a KV block's keys and
 #: the K / V blocks in flight; warps per program by head size. cuda:90 measured on one H100
-#: (2026-11-27, S = 8192 and 16384, 32 heads, D = 128, bf16, a kernel of this body's shape):
-#: 128 x 128 in 3 stages took 2.31 ms non-causal where 128 x 64 in 2 took 2.87 (1.24x); the
-#: other targets keep FlashAttention-2's usual forward tiles (not measured here). `fit`
-#: takes stages, then block_n, down to the target's shared memory
-PREFILL_TILES = {"cuda:90": (128, 128, 3)}
+#: (2026-11-27, 3e31dee, examples/attention.tl -W 1, S = 8192, 32 query heads, D = 128,
+#: bf16, ms for GQA 32/8 and MHA): 128 x 64 in 2 stages 2.887 / 3.132, in 3 2.429 / 2.489,
+#: in 4 2.473 / 2.500; 128 x 128 in 2 2.625 / 2.721, in 3 2.454 / 2.532; S = 16384 GQA:
+#: 128 x 64 x 3 9.246, 128 x 128 x 3 9.360. The other targets keep FlashAttention-2's
+#: usual forward tiles (not measured here). `fit` takes stages, then block_n, down to the
+#: target's shared memory
+PREFILL_TILES = {"cuda:90": (128, 64, 3)}
 PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_STAGES = 128, 64, 2
 
 
