@@ -387,3 +387,31 @@ def test_check_runs_several_calls_with_delays_unless_told(monkeypatch, capsys):
     assert seen == [(3, True), (1, False), (1, False)]
     out = capsys.readouterr().out
     assert "ran 3 call(s)" in out and out.count("check: OK") == 2
+
+
+def test_a_row_of_few_large_terms_is_judged_at_its_own_scale():
+    # causal attention in bf16 (P rounded before P V, as the fused kernels do), 2,048 keys:
+    # the first queries see a few keys, rows of size ~0.7 against the output's rms of
+    # ~0.09, and their rounding errors are of their size (0.005 of it here); against the
+    # global rms alone the same rounding is 0.018
+    from tilelink.ops.attention import _attend
+    from tilelink.runtime.bounds import Bound, judge
+
+    torch.manual_seed(0)
+    s, d = 2048, 64
+    q, k, v = (torch.randn(s, 1, d).bfloat16() for _ in range(3))
+    want = _attend(q, k, v, 1, 0, torch.float32)
+    sc = (q.float()[:, 0] @ k.float()[:, 0].T) / d ** 0.5
+    sc = sc.masked_fill(torch.arange(s)[None, :] > torch.arange(s)[:, None], float("-inf"))
+    p = torch.exp(sc - sc.amax(-1, keepdim=True))
+    got = ((p.bfloat16().float() @ v.float()[:, 0]) / p.sum(-1, keepdim=True)).bfloat16()
+    got = got.unsqueeze(1)
+    bound = Bound(elementwise=0.01, normwise=0.01)
+    assert judge(got, want, bound).ok
+    rms = float(want.pow(2).mean().sqrt())
+    worst_global = float(((got.float() - want).abs() / (want.abs() + rms)).max())
+    assert worst_global > 0.01  # (the global rms alone would call this rounding a mismatch)
+    # and a wrong value in that large row still fails by far
+    bad = got.clone()
+    bad[1, 0, 3] += 0.5
+    assert not judge(bad, want, bound).ok

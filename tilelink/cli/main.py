@@ -373,7 +373,7 @@ def _report(args, res: dict, timing: str) -> int:
         print(f"  {r['calls']} call(s); {ms}")
         for name, (ae, re_) in r["errors"].items():
             print(f"  {name}: max abs error {ae:.3g}, worst error {re_:.3g} of |ref| + "
-                  "rms(ref)")
+                  "scale(ref)")
         if args.check:
             ok &= r["bad_calls"] == 0
             if r["bad_calls"]:
