@@ -230,6 +230,11 @@ class Step:
                  after its tiles, or in a kernel of its own right after (`own_kernel`)
       "copy_out" copies a result that peers wrote into the symmetric heap to the pattern
                  output: in the last kernel, after everything else
+      "receive"  device work on the receiving rank that turns the rows a collective landed
+                 (`receives`: that collective's result) into what the op makes, waiting per
+                 chunk as they land: placed where its declaration puts it, in the kernel of
+                 the steps delivering `receives` (a push pending for this op starts a kernel
+                 with it), right after the last role it reads from
     """
 
     kind: str
@@ -246,6 +251,8 @@ class Step:
     # this step also waits on data the peers send it, produced by roles of other kernels
     # or ranks (informational: not part of the program-order check)
     extra: dict = field(default_factory=dict)
+    # a "receive" step: the collective result (a tensor name) whose landed rows it reads
+    receives: str = ""
 
     @property
     def last(self) -> int:
