@@ -11,8 +11,9 @@ vendor library). It answers, for one op of a bound pattern under one config:
   rules, so an invalid combination is refused naming the op and what to change;
 - `defaults`: knob values it proposes for the op (the scheduler's starting point);
 - `steps`: the pieces of device work it contributes (`Step`s: a tile loop, a push of chunks
-  to the peers, a reduction, a copy into an output), where the composer should put each
-  one, and the epilogue it needs from the op producing its input;
+  to the peers, a reduction, a copy into an output, work on the receiving rank over rows a
+  collective landed), where the composer should put each one, and the epilogue it needs
+  from the op producing its input;
 - `prepare`: device work run from the host before its kernel every call, without a host
   sync (a routing table built from a run-time input), placed right before that kernel;
 - `notes`: what `--emit schedule` says about it.
