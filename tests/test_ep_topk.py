@@ -95,7 +95,7 @@ def test_the_receive_step_computes_the_moe_layer(world):
     plans = routings(world, SIZES["T"], SIZES["TOPK"], gen)
     calls = [moe_inputs(bp, dests, i) for i, dests in enumerate(plans)]
     s, res = emulate(bp, world_size=world, config=SM, inputs=[c[0] for c in calls],
-                     timeout=600, progress=False)
+                     delays=True, timeout=600, progress=False)
     assert s.config.comm == "sm" and "topk_combine/sm" in s.render()
     report = check(s.bound, res)
     assert report.ok, "\n".join(report.lines)
@@ -176,9 +176,20 @@ def test_a_combine_of_rows_no_collective_lands_is_refused():
         wts = tk.input((T, TOPK), dtype)
         return tk.topk_combine(y, pos, wts)
 
-    with pytest.raises(ConfigError) as e:
-        make_schedule(local_combine.bind({}, 2), get_target("interp"), {"comm": "sm"})
-    assert "receive step of the collective landing y; y is a pattern input" in str(e.value)
+    @tk.pattern
+    def reduced_combine(T=8, R=16, N=8, TOPK=2, dtype="bf16"):
+        a = tk.input((R, 8), dtype)
+        b = tk.input((8, N), dtype)
+        pos = tk.input((T, TOPK), "int32")
+        wts = tk.input((T, TOPK), dtype)
+        y = tk.reduce_scatter(tk.gemm(a, b), dim=0)
+        return tk.topk_combine(y, pos, wts)
+
+    for pattern, why in ((local_combine, "y is a pattern input"),
+                         (reduced_combine, "y is computed by reduce_scatter")):
+        with pytest.raises(ConfigError) as e:
+            make_schedule(pattern.bind({}, 2), get_target("interp"), {"comm": "sm"})
+        assert f"receive step of the all_to_all landing y; {why}" in str(e.value)
 
 
 def test_pos_and_wts_of_different_shapes_are_refused_at_the_line():

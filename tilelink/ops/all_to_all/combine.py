@@ -163,8 +163,9 @@ class TopkCombineSM(Lowering):
     def reasons(self, site) -> list[str]:
         y = site.op.args[0]
         prod = site.producer
-        if prod is None or spec(prod.kind).category != "comm":
-            return [f"its kernel is a receive step of the collective landing {y}; {y} is "
+        if prod is None or prod.kind != "all_to_all":
+            # (its waits and its slots, one per source rank, are the all_to_all's)
+            return [f"its kernel is a receive step of the all_to_all landing {y}; {y} is "
                     + ("a pattern input" if prod is None else f"computed by {prod.kind}")]
         for name in site.op.args[1:]:
             src = next((o for o in site.bp.ops if o.result == name), None)
