@@ -201,3 +201,47 @@ def test_pos_and_wts_of_different_shapes_are_refused_at_the_line():
         parse_text(src, "ep_moe_topk.tl").bind(SIZES, 2)
     assert "topk_combine needs pos and wts of one shape [T, k]" in e.value.message
     assert e.value.loc.line == 16 and "declare pos" in str(e.value.hint)
+
+
+def test_a_receive_joins_the_kernel_already_holding_its_collective_and_checks():
+    # the dispatched rows read by a GEMM first (their push is in its kernel) and combined too:
+    # the receive role joins that kernel right after the push it reads from
+    import tilelink as tk
+    from tilelink.schedule import get_target, make_schedule
+
+    @tk.pattern
+    def shared_landing(T=40, TOPK=2, H=24, CAP=24, dtype="bf16"):
+        copies = tk.input((T * TOPK, H), dtype)
+        splits = tk.input((tk.W,), "int32")
+        w = tk.input((H, H), dtype)
+        pos = tk.input((T, TOPK), "int32")
+        wts = tk.input((T, TOPK), dtype)
+        recv = tk.all_to_all(copies, splits, capacity=CAP)
+        h = tk.gemm(recv, w)
+        out = tk.topk_combine(recv, pos, wts)
+        return h, out
+
+    bp = shared_landing.bind({}, 2)
+    s = make_schedule(bp, get_target("interp"), SM)
+    (kernel,) = s.composition.kernels
+    assert [(r.kind, r.op.result) for r in kernel] == [("push", "recv"), ("receive", "out"),
+                                                       ("tiles", "h")]
+    assert kernel[1].waits_on == ("push recv",) and not s.program_order_violations()
+    s, res = emulate(bp, world_size=2, config=SM, calls=2, delays=True, timeout=600,
+                     progress=False)
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+
+
+def test_a_receive_with_nothing_landing_its_rows_is_refused_by_the_composer():
+    from tilelink.errors import NotSupportedError
+    from tilelink.schedule import get_target, make_schedule
+    from tilelink.schedule.compose import _place_receive
+    from tilelink.schedule.lowering import Step
+
+    s = make_schedule(load_pattern(str(EXAMPLE)).bind(SIZES, 2), get_target("interp"), SM)
+    receive = s.composition.kernels[-1][-1]
+    stray = Step("receive", receive.op, receive.lowering, receive.what, receives="copies")
+    with pytest.raises(NotSupportedError) as e:
+        _place_receive([list(k) for k in s.composition.kernels], None, stray)
+    assert "receives copies, but no kernel delivers it" in str(e.value)
