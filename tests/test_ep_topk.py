@@ -245,3 +245,19 @@ def test_a_receive_with_nothing_landing_its_rows_is_refused_by_the_composer():
     with pytest.raises(NotSupportedError) as e:
         _place_receive([list(k) for k in s.composition.kernels], None, stray)
     assert "receives copies, but no kernel delivers it" in str(e.value)
+
+
+def test_the_kernel_and_the_plan_capture_in_cuda_graphs():
+    # the receive step reads the positions on the device and waits on device signals: no
+    # host value per call, so a graph captures the kernel as it is (and the plan's gather)
+    from tilelink.schedule import get_target
+    from tilelink.schedule.config import Config
+    from tilelink.schedule.schedule import graph_values
+    from tilelink.tune.space import candidates
+
+    bp = load_pattern(str(EXAMPLE)).bind({}, 2)
+    t = get_target("cuda:90")
+    assert graph_values(bp, Config(comm="sm"), t) == {}
+    assert graph_values(bp, Config(comm="none"), t) == {}
+    graph = candidates(bp, t, graph=True)
+    assert any(c.comm == "sm" for c in graph) and any(c.comm == "none" for c in graph)
