@@ -195,7 +195,7 @@ class TopkCombineSM(Lowering):
     def render_step(self, step, kb) -> list[str]:
         mb, op = kb.mb, step.op
         y_name, pos_name, wts_name = op.args
-        y, pos, wts = mb.bp.tensors[y_name], mb.bp.tensors[pos_name], mb.bp.tensors[wts_name]
+        y, pos = mb.bp.tensors[y_name], mb.bp.tensors[pos_name]
         t, k = pos.local_shape
         rows, n = y.local_shape
         p = ident(op.result)
