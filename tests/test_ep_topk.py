@@ -261,3 +261,21 @@ def test_the_kernel_and_the_plan_capture_in_cuda_graphs():
     assert graph_values(bp, Config(comm="none"), t) == {}
     graph = candidates(bp, t, graph=True)
     assert any(c.comm == "sm" for c in graph) and any(c.comm == "none" for c in graph)
+
+
+def test_a_receive_role_counts_as_compute_in_a_profile():
+    # the combine computing on landed rows is a compute op's work: the push it overlaps is
+    # communication hidden under it (hand-made events: push 0..100, receive 40..120 waiting
+    # 40..60, so computing 60..100 of the push's time)
+    from tilelink.profile.events import Event, Profile, Role
+    from tilelink.profile.summary import summarize_call
+
+    roles = [Role(0, "k", "push back", "push", "back", 0, 1, True),
+             Role(1, "k", "receive out", "receive", "out", 1, 1, True)]
+    prof = Profile("p", "T=1", 1, 1, "", "emulated", roles, {0: "a chunk of back"},
+                   events=[Event(0, 0, *e) for e in [
+                       (0, 0, -1, "role", -1, 0, 100), (1, 1, -1, "role", -1, 40, 120),
+                       (1, 1, 0, "wait", 0, 40, 60)]])
+    s = summarize_call(prof, 0, 0)
+    assert (s.compute_ns, s.compute_wait_ns) == (80, 20)
+    assert (s.comm_ns, s.hidden_ns) == (100, 40)
