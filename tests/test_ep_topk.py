@@ -279,3 +279,24 @@ def test_a_receive_role_counts_as_compute_in_a_profile():
     s = summarize_call(prof, 0, 0)
     assert (s.compute_ns, s.compute_wait_ns) == (80, 20)
     assert (s.comm_ns, s.hidden_ns) == (100, 40)
+
+
+def test_the_receive_takes_the_programs_a_copy_out_beside_it_leaves():
+    # the landed rows also returned: the copy out joins the combine's kernel after the
+    # receive; the receive (the kernel's compute) gets the rest of the programs, the copy out
+    # comm_programs; both outputs check
+    from tilelink.frontend.text import parse_text
+    from tilelink.schedule import get_target, make_schedule
+
+    src = EXAMPLE.read_text().replace("    return out", "    return back, out")
+    bp = parse_text(src, "ep_moe_topk.tl").bind(SIZES, 2)
+    s = make_schedule(bp, get_target("interp"), SM)
+    push, receive, copy = s.composition.kernels[-1]
+    assert (push.kind, receive.kind, copy.kind) == ("push", "receive", "copy_out")
+    assert (push.count, copy.count) == (s.config.comm_programs, s.config.comm_programs)
+    assert receive.count == s.config.num_programs - 2 * s.config.comm_programs
+    assert not s.program_order_violations()
+    s, res = emulate(bp, world_size=2, config=SM, calls=2, delays=True, timeout=600,
+                     progress=False)
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)

@@ -25,7 +25,8 @@ another on the caller's stream) and gives each a range of program ids:
 Within a kernel, roles are laid out in that order, so a role only ever waits on roles with
 lower program ids of its rank (producers first): the program-order rule that keeps a
 persistent kernel deadlock-free on a GPU and lets the interpreter run a rank's programs one
-after another. Non-tile roles get `comm_programs` programs each; the tiles get the rest.
+after another. Non-tile roles get `comm_programs` programs each; the tiles get the rest (in
+a kernel without tiles, a receive step, else the last role).
 """
 
 from __future__ import annotations
@@ -186,17 +187,18 @@ def _lay_out(comp: Composition, config) -> None:
         roles[:] = _in_order(roles)
         if config.debug_reverse_roles:
             roles.reverse()  # DEBUG: consumers before producers (emulated world only)
-        has_tiles = any(s.kind == "tiles" for s in roles)
+        # the rest of the programs go to the kernel's compute: its tiles, else a receive
+        # step, else its last role
+        takes_rest = next((s for s in roles if s.kind == "tiles"), None) or next(
+            (s for s in roles if s.kind == "receive"), roles[-1])
         counts = []
         for s in roles:
             if s.host:
                 counts.append(0)  # a library call: no program of the kernel
             elif len(roles) == 1:
                 counts.append(config.num_programs)
-            elif has_tiles and s.kind == "tiles":
+            elif s is takes_rest:
                 counts.append(None)  # the rest
-            elif not has_tiles and s is roles[-1]:
-                counts.append(None)
             else:
                 counts.append(config.comm_programs)
         rest = config.num_programs - sum(c for c in counts if c is not None)
