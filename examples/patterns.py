@@ -240,10 +240,11 @@ def ep_moe_topk(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
     splits = tk.input((W,), "int32")
     back_splits = tk.input((W,), "int32")
     w = tk.input((H, H), dtype)
-    pos = tk.input((T, TOPK), "int32")
+    dest = tk.input((T, TOPK), "int32")
     wts = tk.input((T, TOPK), dtype)
     recv = tk.all_to_all(copies, splits, capacity=CAP)
     h = tk.gemm(recv, w)
     back = tk.all_to_all(h, back_splits, capacity=CAP, slots=1)
+    pos = tk.landing_positions(dest, capacity=CAP)
     out = tk.topk_combine(back, pos, wts)
     return out

@@ -1,7 +1,8 @@
-"""EP MoE with top-k routing (`examples/ep_moe_topk.tl`): the combine's weighted sum as a
-receive step of the all_to_all bringing the expert outputs back, checked in the emulated
-world against the torch reference and against the MoE layer computed directly, on skewed
-routings, back-to-back calls and sizes off the tiles; and the receive step's placement."""
+"""EP MoE with top-k routing (`examples/ep_moe_topk.tl`): where each copy lands back computed
+on the device from its destination, and the combine's weighted sum as a receive step of the
+all_to_all bringing the expert outputs back, checked in the emulated world against the torch
+reference and against the MoE layer computed directly, on skewed routings, back-to-back calls
+and sizes off the tiles; and the receive step's placement."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def moe_inputs(bp, dests: list[torch.Tensor], seed: int):
         routed.append(splits)
         ins["copies"][r] = x[order // k]
         ins["splits"][r] = splits.to(torch.int32)
-        ins["pos"][r] = pos.to(torch.int32)
+        ins["dest"][r] = dests[r].to(torch.int32)  # (the kernel computes pos from it)
     # rank r sends back, to each source s, the rows it received from s
     ins["back_splits"] = [torch.tensor([min(int(routed[s][r]), cap) for s in range(w)],
                                        dtype=torch.int32) for r in range(w)]
@@ -102,7 +103,7 @@ def test_the_receive_step_computes_the_moe_layer(world):
     dropped = 0
     for i, ((ins, tokens), dests) in enumerate(zip(calls, plans)):
         want = layer(ins, tokens, dests, SIZES["CAP"])
-        dropped += sum(int((p < 0).sum()) for p in ins["pos"])
+        dropped += sum(int((route(d, world, SIZES["CAP"])[2] < 0).sum()) for d in dests)
         for r in range(world):
             got = res.outputs[i]["out"][r].float()
             assert got.abs().sum() > 0
@@ -200,7 +201,7 @@ def test_pos_and_wts_of_different_shapes_are_refused_at_the_line():
     with pytest.raises(PatternError) as e:
         parse_text(src, "ep_moe_topk.tl").bind(SIZES, 2)
     assert "topk_combine needs pos and wts of one shape [T, k]" in e.value.message
-    assert e.value.loc.line == 16 and "declare pos" in str(e.value.hint)
+    assert e.value.loc.line == 18 and "declare pos" in str(e.value.hint)
 
 
 def test_a_receive_joins_the_kernel_already_holding_its_collective_and_checks():
@@ -300,3 +301,50 @@ def test_the_receive_takes_the_programs_a_copy_out_beside_it_leaves():
                      progress=False)
     report = check(s.bound, res)
     assert report.ok, "\n".join(report.lines)
+
+
+def _positions_by_hand(dest, world: int, cap: int) -> list[int]:
+    """landing_positions copy by copy: the i-th copy sent to rank d lands at d * cap + i."""
+    seen, out = [0] * world, []
+    for d in dest.reshape(-1).tolist():
+        if not 0 <= d < world:
+            out.append(-1)
+            continue
+        out.append(d * cap + seen[d] if seen[d] < cap else -1)
+        seen[d] += 1
+    return out
+
+
+def test_landing_positions_reference_counts_copies_by_hand():
+    from tilelink.ops.all_to_all.combine import positions
+
+    gen = torch.Generator().manual_seed(3)
+    dest = torch.randint(-1, 4, (50, 3), generator=gen)  # -1 and 3 (= W): not sent
+    got = positions(dest, 3, 7)
+    assert got.dtype == torch.int32 and got.shape == dest.shape
+    assert got.reshape(-1).tolist() == _positions_by_hand(dest, 3, 7)
+    assert (got < 0).sum() > (dest < 0).sum() + (dest == 3).sum()  # some dropped past CAP
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_the_positions_kernel_matches_copy_by_copy(world):
+    # 300 tokens x 2: 600 copies, two steps of the kernel (512 and a part); destinations out
+    # of range (-1, W) and past the capacity among them; three back-to-back calls
+    import tilelink as tk
+
+    @tk.pattern
+    def landing(T=300, TOPK=2, CAP=90):
+        dest = tk.input((T, TOPK), "int32")
+        return tk.landing_positions(dest, capacity=CAP)
+
+    bp = landing.bind({}, world)
+    gen = torch.Generator().manual_seed(world)
+    calls = [{"dest": [torch.randint(-1, world + 1, (300, 2), generator=gen).to(torch.int32)
+                       for _ in range(world)]} for _ in range(3)]
+    s, res = emulate(bp, world_size=world, config={"comm": "sm"}, inputs=calls, timeout=600,
+                     progress=False)
+    assert "landing_positions/triton" in s.render()
+    for i, ins in enumerate(calls):
+        for r in range(world):
+            got = res.outputs[i][s.bound.pattern.outputs[0]][r]
+            assert got.reshape(-1).tolist() == _positions_by_hand(ins["dest"][r], world, 90)

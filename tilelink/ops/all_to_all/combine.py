@@ -259,3 +259,138 @@ class TopkCombineSM(Lowering):
 
 
 register_lowering(TopkCombineSM())
+
+
+# ---- where each copy lands back, from its destination: landing_positions -------------------
+
+
+@register("landing_positions", "compute", ["dest"], {"capacity": None},
+          "Where each top-k copy lands back after an EP layer's all_to_all round trip: "
+          "[T, k] destination ranks -> [T, k] rows of the combine's result.",
+          dtypes={0: INT_DTYPES},
+          details=OpDoc(
+              args={"dest": "`[T, k]` int32: the rank copy (t, j) is sent to (its expert's "
+                            "rank), the copies sent in order t * k + j grouped by this rank, "
+                            "stably (as `all_to_all` takes them); a value outside 0 .. W - 1 "
+                            "is a copy not sent",
+                    "capacity": "the all_to_all's capacity (> 0): the rows a rank takes from "
+                                "each rank, the rest dropped"},
+              result="`[T, k]` int32, per rank (`local`): d * capacity + i for the i-th copy "
+                     "sent to rank d (i < capacity), -1 for a copy dropped or not sent: the "
+                     "`pos` of `topk_combine`",
+              example="pos = landing_positions(dest, capacity = CAP)",
+              given=("dest : [T, TOPK] int32",),
+              sizes="T = 32, TOPK = 2, CAP = 24",
+              notes="Computed on the device by one program of a kernel of its own, in "
+                    "steps over the copies with a running count per rank (no host sync)."))
+def landing_shape(op, xs, attrs, world):
+    (dest,) = xs
+    if len(local_shape(dest)) != 2:
+        fail(op, f"landing_positions needs dest [T, k]; {dest.name} is "
+             f"{list(local_shape(dest))}", f"declare {dest.name} : [T, k] int32", 0)
+    cap = attrs["capacity"]
+    if cap is None or cap <= 0:
+        fail(op, "landing_positions needs the all_to_all's positive capacity",
+             "write landing_positions(dest, capacity = CAP)")
+    return Inferred(tuple(local_shape(dest)), "int32", result_placement([dest]))
+
+
+@region_rule("landing_positions")
+def landing_region(bp, op, ins, out, tiles) -> TileGrid:
+    """One tile per rank: a copy's position counts the copies before it (all of dest)."""
+    (dest,) = ins
+    return TileGrid(op.result, (rank_axis(bp.world),), (access(dest, own(dest, op), {}),),
+                    (access(out, DimRule("rank"), {}),))
+
+
+def positions(dest: torch.Tensor, world: int, cap: int) -> torch.Tensor:
+    """`landing_positions` with torch ops, no host sync: each copy's index among the copies
+    sent to its rank (a stable sort by rank), d * cap + index below the capacity, else -1."""
+    flat = dest.reshape(-1).long()
+    sent = (flat >= 0) & (flat < world)
+    key = torch.where(sent, flat, world)  # (copies not sent sort last)
+    order = torch.sort(key, stable=True).indices
+    counts = torch.zeros(world + 1, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    first = torch.cumsum(counts, 0) - counts
+    index = torch.empty_like(flat)
+    index[order] = torch.arange(flat.numel(), device=flat.device) - first[key[order]]
+    pos = torch.where(sent & (index < cap), flat * cap + index, torch.full_like(flat, -1))
+    return pos.view(dest.shape).to(torch.int32)
+
+
+@reference("landing_positions")
+def landing_ref(op, ctx, args):
+    return [positions(d, ctx.world, ctx.attrs["capacity"]) for d in args[0]]
+
+
+@dist_reference("landing_positions")
+def landing_dist_ref(op, ctx, args):
+    return positions(args[0], ctx.world, ctx.attrs["capacity"])
+
+
+rounding("landing_positions")(lambda bp, op, plan: Sums(rounds=False))  # integers, exact
+
+
+@int_draw("landing_positions")
+def destinations(bp, op, i, gen):
+    """Random destinations: each copy to a rank drawn uniformly."""
+    return torch.randint(0, bp.world, tuple(bp.tensors[op.args[0]].local_shape), generator=gen)
+
+
+register_vendor_work("landing_positions", lambda bp, op: Work(
+    0.0, 8.0 * bp.tensors[op.args[0]].local_shape[0] * bp.tensors[op.args[0]].local_shape[1]))
+
+
+#: copies one step of the positions kernel takes
+LANDING_STEP = 512
+
+
+class LandingPositionsTriton(Lowering):
+    """landing_positions on one program (`landing_positions/triton`): steps of LANDING_STEP
+    copies in order, each copy's index among its rank's copies so far from a running count
+    per rank (a cumulative sum of the step's one-hot [copies, ranks] block)."""
+
+    kind = "landing_positions"
+    name = "landing_positions/triton"
+
+    def steps(self, site) -> list[Step]:
+        return [Step("tiles", site.op, self, "one program: each copy's index among the copies "
+                     "sent to its rank, in order (a running count per rank)")]
+
+    def work(self, site) -> Work:
+        """dest read, pos written (4 B each), on one program."""
+        t, k = site.result.local_shape
+        return Work(0.0, 8.0 * t * k, programs=1)
+
+    def render_step(self, step, kb) -> list[str]:
+        mb, op = kb.mb, step.op
+        t, k = mb.bp.tensors[op.result].local_shape
+        p = ident(op.result)
+        kb.const(f"{p}_C", value=t * k, comment=f"landing_positions {op.result}: C copies, "
+                 "CAP rows a slot, WP ranks padded to a power of two, CB copies a step")
+        kb.const(f"{p}_CAP", value=mb.bp.op_attrs(op)["capacity"])
+        kb.const(f"{p}_WP", value=1 << max(0, mb.bp.world - 1).bit_length())
+        kb.const(f"{p}_CB", value=min(LANDING_STEP, 1 << max(0, t * k - 1).bit_length()))
+        dest, pos = kb.view(op.args[0]).base, kb.view(op.result).base
+        c = {x: f"{p}_{x}" for x in ("C", "CAP", "WP", "CB")}
+        body = [
+            f"lp_w = tl.arange(0, {c['WP']})",
+            f"lp_seen = tl.zeros(({c['WP']},), dtype=tl.int32)  # copies sent to each rank so far",
+            f"for lp_c0 in range(0, {c['C']}, {c['CB']}):",
+            f"    lp_offs = lp_c0 + tl.arange(0, {c['CB']})",
+            f"    lp_in = lp_offs < {c['C']}",
+            f"    lp_d = tl.load({dest} + lp_offs, mask=lp_in, other=-1).to(tl.int32)",
+            "    lp_ok = lp_in & (lp_d >= 0) & (lp_d < WORLD)",
+            "    lp_hit = (lp_d[:, None] == lp_w[None, :]) & lp_ok[:, None]",
+            "    # index among its rank's copies: those of earlier steps, then of this step",
+            "    lp_i = tl.sum(tl.where(lp_hit, lp_seen[None, :] + tl.cumsum(lp_hit.to(tl.int32), "
+            "0) - 1, 0), axis=1)",
+            f"    lp_pos = tl.where(lp_ok & (lp_i < {c['CAP']}), lp_d * {c['CAP']} + lp_i, -1)",
+            f"    tl.store({pos} + lp_offs, lp_pos, mask=lp_in)",
+            "    lp_seen += tl.sum(lp_hit.to(tl.int32), axis=0)",
+        ]
+        return item_loop(step, "1", [], [], body)
+
+
+register_lowering(LandingPositionsTriton())
