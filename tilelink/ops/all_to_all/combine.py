@@ -15,6 +15,11 @@ rows there (the collective's waits over the run-time interval [lo, hi) of those 
 of one destination keep their token order, so a tile's rows in a slot are few and close),
 then sums its k rows per token in fp32 and stores the tile. No host sync, no barrier: a
 tile starts as soon as its own rows have landed, and a CUDA graph captures the call.
+
+`landing_positions(dest, capacity)` computes pos on the device from each copy's destination
+rank, under the dispatch's convention (copies sent in order t * k + j, grouped by rank
+stably, at most `capacity` a rank): one program in steps over the copies with a running
+count per rank, a kernel of its own.
 """
 
 from __future__ import annotations
