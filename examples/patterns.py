@@ -232,3 +232,19 @@ def sp_ulysses(S=84, H=12, D=16, dtype="bf16"):
     oh = tk.attention(qh, kh, vh)
     o = tk.all_to_all_dims(oh, split=0, concat=1)
     return o
+
+
+@tk.pattern
+def ep_moe_topk(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
+    copies = tk.input((T * TOPK, H), dtype)
+    splits = tk.input((W,), "int32")
+    back_splits = tk.input((W,), "int32")
+    w = tk.input((H, H), dtype)
+    dest = tk.input((T, TOPK), "int32")
+    wts = tk.input((T, TOPK), dtype)
+    recv = tk.all_to_all(copies, splits, capacity=CAP)
+    h = tk.gemm(recv, w)
+    back = tk.all_to_all(h, back_splits, capacity=CAP, slots=1)
+    pos = tk.landing_positions(dest, capacity=CAP)
+    out = tk.topk_combine(back, pos, wts)
+    return out

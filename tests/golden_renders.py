@@ -8,8 +8,9 @@ The set: the bench's design shapes (the defaults the bench and the Python API ta
 `gemm=ws` variants the next GPU runs name), the tuner's whole eager and CUDA-graph space at
 one AG and one GEMM-RS shape, every GPU case of `test_dist.py` at every world size it runs
 at, the emulated world's tuner space for the shipped examples, AG-MoE's kernel on both
-comm resources, EP MoE's all_to_all kernels, sequence-parallel attention's kernel (causal
-and not) and Ulysses attention's; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and
+comm resources, EP MoE's all_to_all kernels (one expert per rank, and top-k routing with
+its combine as a receive step), sequence-parallel attention's kernel (causal and not) and
+Ulysses attention's; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and
 the interpreter.
 
     python -m tests.golden_renders --write            # record the current renders' hashes
@@ -164,6 +165,15 @@ def _cases():
     for w in (1, 2, 4):
         yield from emit(*render(uly.bind({}, w), "interp", {"comm": "sm"}))
     bp = uly.bind({"S": 4096, "H": 32, "D": 128}, 2)
+    for target in GPU_TARGETS:
+        yield from emit(*render(bp, target, {"comm": "sm"}))
+    # EP MoE with top-k routing (the combine's weighted sum a receive step in the kernel of
+    # the all_to_all landing the expert outputs, waiting per source slot on its rows'
+    # chunks): SMs in the emulated world and on the GPU targets at sizes off the tiles
+    ept = load_pattern(str(ROOT / "examples" / "ep_moe_topk.tl"))
+    for w in (1, 2, 4):
+        yield from emit(*render(ept.bind({}, w), "interp", {"comm": "sm"}))
+    bp = ept.bind({"T": 500, "H": 520, "CAP": 768}, 2)
     for target in GPU_TARGETS:
         yield from emit(*render(bp, target, {"comm": "sm"}))
 

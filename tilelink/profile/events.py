@@ -15,7 +15,8 @@ from ..lang.core import PROFILE_FIELDS, PROFILE_HEADER
 
 KINDS = {KIND_ROLE: "role", KIND_ITEM: "item", KIND_WAIT: "wait"}
 #: what an item of a role of each step kind is (a trace event's name)
-ITEM_WORDS = {"tiles": "tile", "push": "push", "reduce": "reduce", "copy_out": "copy out"}
+ITEM_WORDS = {"tiles": "tile", "push": "push", "reduce": "reduce", "copy_out": "copy out",
+              "receive": "receive tile"}
 #: clocks the kernels read, by world
 CLOCKS = {"emulated": "host wall clock (time.perf_counter_ns) in Triton's interpreter",
           "gpus": "each GPU's global timer (%globaltimer)",
@@ -29,7 +30,7 @@ class Role:
     index: int
     kernel: str
     name: str
-    kind: str  # the schedule step's kind: tiles, push, reduce, copy_out
+    kind: str  # the schedule step's kind: tiles, push, reduce, copy_out, receive
     op: str
     first: int
     count: int
@@ -37,8 +38,9 @@ class Role:
 
     @property
     def compute(self) -> bool:
-        """A compute op's tile loop (every other role moves or reduces data)."""
-        return self.kind == "tiles"
+        """A compute op's work: its tile loop, or its receive step computing on the rows a
+        collective landed (every other role moves or reduces data)."""
+        return self.kind in ("tiles", "receive")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Per rank and call:
 - compute time: the compute roles' spans (every compute program, summed);
 - compute wait: the time those programs spent in wait statements (summed; <= compute time);
 - communication time: the union of the spans of the roles that move or reduce data (every
-  role that is not a compute op's tile loop);
+  role that is not a compute op's: its tile loop or its receive step);
 - hidden share: the part of the communication time during which at least one compute
   program was computing (in its role and not in a wait), over the communication time;
 - critical path: the role (program) that finished last, so ended the call on that rank, and

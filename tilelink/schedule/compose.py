@@ -13,6 +13,11 @@ another on the caller's stream) and gives each a range of program ids:
 - a reduction of what a producer's epilogue delivered goes right after the producer's tiles
   in the same kernel, or into a kernel of its own right after it;
 - a copy of a peer-written result into the pattern's output goes last;
+- a receive step (device work on the receiving rank reading the rows a collective landed,
+  `Step.receives`) goes where the steps delivering those rows are: a push still waiting for
+  its first compute consumer (this op) starts a kernel with it, else the receive joins the
+  kernel already holding that collective's steps; within the kernel it follows the last
+  role it reads from;
 - a compute op whose lowering takes its producer's tiles in the epilogue (a combine of the
   producer's rows) has no tiles of its own: it runs in the producer's kernel, and a
   reduction of its result goes after the producer's tiles.
@@ -20,7 +25,8 @@ another on the caller's stream) and gives each a range of program ids:
 Within a kernel, roles are laid out in that order, so a role only ever waits on roles with
 lower program ids of its rank (producers first): the program-order rule that keeps a
 persistent kernel deadlock-free on a GPU and lets the interpreter run a rank's programs one
-after another. Non-tile roles get `comm_programs` programs each; the tiles get the rest.
+after another. Non-tile roles get `comm_programs` programs each; the tiles get the rest (in
+a kernel without tiles, a receive step, else the last role).
 """
 
 from __future__ import annotations
@@ -105,6 +111,8 @@ def compose(bp: BoundPattern, config, target,
                     kernels[k].append(step)
             elif step.kind == "copy_out":
                 last.append(step)
+            elif step.kind == "receive":
+                _place_receive(kernels, pending.pop(op.result, None), step)
             else:
                 raise ValueError(f"unknown step kind {step.kind!r} from {op.kind}")
         if (op.result not in tiles_kernel and lowerings[op.result].takes_epilogue
@@ -124,24 +132,52 @@ def compose(bp: BoundPattern, config, target,
     return comp
 
 
+def _place_receive(kernels: list[list[Step]], pushes: list[Step] | None, step: Step) -> None:
+    """Put receive step `step` where its data lands: with the pushes waiting for its op
+    (`pushes`: a kernel of their own), else into the last kernel holding a step of the
+    collective whose result it receives."""
+    if pushes:
+        kernels.append(pushes + [step])
+        return
+    k = next((i for i in range(len(kernels) - 1, -1, -1)
+              if any(s.op.result == step.receives for s in kernels[i])), None)
+    if k is None:
+        raise NotSupportedError(
+            f"{step.op.kind} receives {step.receives or 'nothing'}, but no kernel delivers it "
+            "(a receive step reads rows a collective of the pattern lands)", step.op.loc,
+            "use comm=none (the non-overlapped plan)")
+    kernels[k].append(step)
+
+
+def _in_order(roles: list[Step]) -> list[Step]:
+    """The roles by kind (pushes, tiles, reductions, copies out), then each receive step
+    right after the last role it reads from (at the end where it reads none of them)."""
+    out = sorted((s for s in roles if s.kind != "receive"), key=lambda s: _ORDER[s.kind])
+    for r in (s for s in roles if s.kind == "receive"):
+        after = [i for i, p in enumerate(out) if _reads(r, p)]
+        out.insert(after[-1] + 1 if after else len(out), r)
+    return out
+
+
 def _lay_out(comp: Composition, config) -> None:
     """Order every kernel's roles, give them program ids, name them, derive what each waits
     on (a role of its own kernel whose data it reads), and check the split fits."""
     for index, roles in enumerate(comp.kernels):
-        roles.sort(key=lambda s: _ORDER[s.kind])
+        roles[:] = _in_order(roles)
         if config.debug_reverse_roles:
             roles.reverse()  # DEBUG: consumers before producers (emulated world only)
-        has_tiles = any(s.kind == "tiles" for s in roles)
+        # the rest of the programs go to the kernel's compute: its tiles, else a receive
+        # step, else its last role
+        takes_rest = next((s for s in roles if s.kind == "tiles"), None) or next(
+            (s for s in roles if s.kind == "receive"), roles[-1])
         counts = []
         for s in roles:
             if s.host:
                 counts.append(0)  # a library call: no program of the kernel
             elif len(roles) == 1:
                 counts.append(config.num_programs)
-            elif has_tiles and s.kind == "tiles":
+            elif s is takes_rest:
                 counts.append(None)  # the rest
-            elif not has_tiles and s is roles[-1]:
-                counts.append(None)
             else:
                 counts.append(config.comm_programs)
         rest = config.num_programs - sum(c for c in counts if c is not None)
@@ -171,6 +207,8 @@ def _reads(consumer: Step, producer: Step) -> bool:
     if producer.kind == "copy_out":
         return False  # it fills the pattern's output; the other roles read the heap copy
     if producer.op is consumer.op:
+        if "receive" in (producer.kind, consumer.kind):  # (after its op's other steps)
+            return consumer.kind == "receive"
         return _ORDER[producer.kind] < _ORDER[consumer.kind]
     return producer.op.result in consumer.op.args
 

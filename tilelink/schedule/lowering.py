@@ -11,8 +11,9 @@ vendor library). It answers, for one op of a bound pattern under one config:
   rules, so an invalid combination is refused naming the op and what to change;
 - `defaults`: knob values it proposes for the op (the scheduler's starting point);
 - `steps`: the pieces of device work it contributes (`Step`s: a tile loop, a push of chunks
-  to the peers, a reduction, a copy into an output), where the composer should put each
-  one, and the epilogue it needs from the op producing its input;
+  to the peers, a reduction, a copy into an output, work on the receiving rank over rows a
+  collective landed), where the composer should put each one, and the epilogue it needs
+  from the op producing its input;
 - `prepare`: device work run from the host before its kernel every call, without a host
   sync (a routing table built from a run-time input), placed right before that kernel;
 - `notes`: what `--emit schedule` says about it.
@@ -264,6 +265,11 @@ class Step:
                  after its tiles, or in a kernel of its own right after (`own_kernel`)
       "copy_out" copies a result that peers wrote into the symmetric heap to the pattern
                  output: in the last kernel, after everything else
+      "receive"  device work on the receiving rank that turns the rows a collective landed
+                 (`receives`: that collective's result) into what the op makes, waiting per
+                 chunk as they land: placed where its declaration puts it, in the kernel of
+                 the steps delivering `receives` (a push pending for this op starts a kernel
+                 with it), right after the last role it reads from
     """
 
     kind: str
@@ -280,6 +286,8 @@ class Step:
     # this step also waits on data the peers send it, produced by roles of other kernels
     # or ranks (informational: not part of the program-order check)
     extra: dict = field(default_factory=dict)
+    # a "receive" step: the collective result (a tensor name) whose landed rows it reads
+    receives: str = ""
 
     @property
     def last(self) -> int:

@@ -224,3 +224,4 @@ register_library_comm("all_to_all", "nccl", exchange_bytes)
 register_library_comm("all_to_all", "nccl_counts", counted_bytes, host_sync=True)
 
 from . import sm  # noqa: E402,F401  (the SM lowering registers itself)
+from . import combine  # noqa: E402,F401  (EP top-k combine: a receive step of the all_to_all)
