@@ -248,3 +248,12 @@ def ep_moe_topk(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
     pos = tk.landing_positions(dest, capacity=CAP)
     out = tk.topk_combine(back, pos, wts)
     return out
+
+
+@tk.pattern
+def attention(S=512, H=8, HKV=8, D=64, dtype="bf16"):
+    q = tk.input((S, H, D), dtype)
+    k = tk.input((S, HKV, D), dtype)
+    v = tk.input((S, HKV, D), dtype)
+    o = tk.attention(q, k, v)
+    return o
