@@ -187,6 +187,13 @@ class AllToAllDimsSM(_Gather):
     def moved_bytes(self, site) -> float:
         return exchange_bytes(site.bp, site.op)
 
+    def default_ok(self, site) -> bool:
+        """Not by default: on 4x H100 (2026-11-27, sp_ulysses S = 16384, 32 heads, D = 128,
+        W = 2) the kernel took 21.1 ms against the plan's 4.52 (NCCL all_to_all + SDPA), with
+        an attention tile body since made about twice as fast at W = 1; the cost model does not
+        see what made it slow, so `comm=sm` runs it only where asked for (or tuned)."""
+        return False
+
     def _dim(self, site) -> int:
         return site.attrs["concat"]
 
