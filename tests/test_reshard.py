@@ -211,7 +211,7 @@ def test_every_layout_runs_and_checks_on_sms(decls, stmt, world, tmp_path, capsy
 @pytest.mark.parametrize("world,sizes", [(2, {"S": 16384, "H": 32, "D": 128}),
                                          (4, {"S": 4096, "H": 32, "D": 128})])
 def test_the_default_never_takes_the_ulysses_kernel(world, sizes):
-    # measured 21.1 ms against the plan's 4.52 (4x H100, W = 2, S = 16384): the default is
+    # measured 19.3 ms against the plan's 4.51 (2x H100, W = 2, S = 16384): the default is
     # the plan however the cost model ranks them; comm=sm still runs the kernel when asked
     from dataclasses import replace
 

@@ -188,10 +188,11 @@ class AllToAllDimsSM(_Gather):
         return exchange_bytes(site.bp, site.op)
 
     def default_ok(self, site) -> bool:
-        """Not by default: on 4x H100 (2026-11-27, sp_ulysses S = 16384, 32 heads, D = 128,
-        W = 2) the kernel took 21.1 ms against the plan's 4.52 (NCCL all_to_all + SDPA), with
-        an attention tile body since made about twice as fast at W = 1; the cost model does not
-        see what made it slow, so `comm=sm` runs it only where asked for (or tuned)."""
+        """Not by default: on 2x H100 (2026-11-27, b710efc, sp_ulysses S = 16384, 32 heads,
+        D = 128, W = 2) the kernel took 19.3 ms against the plan's 4.51 (NCCL all_to_all +
+        SDPA; SDPA alone 3.61), where attention's tile body alone runs at 0.78x SDPA: the time
+        goes elsewhere and the cost model does not see it, so `comm=sm` runs the kernel only
+        where asked for (or tuned)."""
         return False
 
     def _dim(self, site) -> int:
