@@ -1,5 +1,5 @@
-"""`python -m tilelink ARGS` (or `python -c SOURCE`) for many commands, without paying Python's
-start each time.
+"""`python -m tilelink ARGS` (or `python -c SOURCE`, `python SCRIPT ARGS`) for many commands,
+without paying Python's start each time.
 
 Starting `python -m tilelink` imports torch, Triton and TileLink: about 5 CPU-seconds, more
 than most documented commands take themselves. `CliServer` starts one interpreter that
@@ -104,6 +104,19 @@ class CliServer:
         """`python -c SOURCE` in `cwd`, as `run` runs a command: `source` runs as a fresh
         `__main__` module with `sys.argv == ["-c"]`."""
         return self._request({"source": source}, ["python", "-c", source], cwd, timeout)
+
+    def run_script(self, path, argv, cwd: Path,
+                   timeout: float) -> subprocess.CompletedProcess:
+        """`python PATH *argv` in `cwd`, as `run` runs a command: the script runs as
+        `__main__` (`runpy.run_path`) with `sys.argv` and `sys.path[0]` (its folder) as
+        `python PATH` sets them."""
+        path = str(path)
+        source = ("import os, runpy, sys\n"
+                  f"sys.argv = {[path, *map(str, argv)]!r}\n"
+                  f"sys.path[0] = os.path.dirname(os.path.abspath({path!r}))\n"
+                  f"runpy.run_path({path!r}, run_name='__main__')\n")
+        return self._request({"source": source}, ["python", path, *map(str, argv)], cwd,
+                             timeout)
 
     def _request(self, req: dict, args: list, cwd: Path,
                  timeout: float) -> subprocess.CompletedProcess:

@@ -142,47 +142,30 @@ def test_the_non_overlapped_plan_keeps_the_capacity_rule():
     assert report.ok, "\n".join(report.lines)
 
 
-def _counts_worker(rank, world, port, plans, q):
-    import os
-
-    import torch.distributed as dist
-
+def _counts_worker(rank, world, plans):
     from tilelink.runtime.dist_reference import local_program
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        bp = dispatch.bind({}, world)
-        program = local_program(bp, None, exact=False, library_comm="nccl_counts")
-        outs = []
-        for i, plan in enumerate(plans):
-            ins = make_inputs(bp, i)
-            outs.append(program({"tokens": ins["tokens"][rank],
-                                 "splits": torch.tensor(plan[rank], dtype=torch.int32)})[0])
-        q.put((rank, [o.float().numpy() for o in outs]))  # (by value: the child exits)
-    finally:
-        dist.destroy_process_group()
+    bp = dispatch.bind({}, world)
+    program = local_program(bp, None, exact=False, library_comm="nccl_counts")
+    outs = []
+    for i, plan in enumerate(plans):
+        ins = make_inputs(bp, i)
+        outs.append(program({"tokens": ins["tokens"][rank],
+                             "splits": torch.tensor(plan[rank], dtype=torch.int32)})[0])
+    return [o.float().numpy() for o in outs]  # (by value: the rank's process exits)
 
 
 def test_all_to_all_single_with_its_count_exchange_keeps_the_capacity_rule():
     # library_comm=nccl_counts (the bench's "NCCL (count exchange)" baseline): the counts
     # exchanged and read on the host, then only the rows; bit for bit the reference's slots
-    # (the emulated world's plan takes NCCL's call, so this runs the variant over gloo)
-    import socket
-
-    import torch.multiprocessing as mp
-
+    # (the emulated world's plan takes NCCL's call, so this runs the variant over gloo, on
+    # a world of forked ranks: tilelink.model.cpu_world)
+    from tilelink.model import cpu_world
     from tilelink.runtime.reference import evaluate
 
     world = 3
     plans = [[[0, 0, 40], [40, 0, 0], [1, 2, 3]], [[5, 0, -3], [0, 0, 0], [30, 30, 30]]]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.spawn(_counts_worker, args=(world, port, plans, q), nprocs=world)
-    got = dict(q.get() for _ in range(world))
+    got = cpu_world.run(_counts_worker, world, (plans,), timeout=300)
     bp = dispatch.bind({}, world)
     for i, plan in enumerate(plans):
         ins = make_inputs(bp, i)

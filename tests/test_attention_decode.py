@@ -7,7 +7,6 @@ arguments (tools/decode_bw.py) without a GPU."""
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 
 import pytest
@@ -255,11 +254,10 @@ def test_decode_bw_parses_its_arguments_without_a_gpu():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-def test_decode_bw_refuses_cleanly_without_a_gpu():
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "decode_bw.py"), "--batch", "1"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+def test_decode_bw_refuses_cleanly_without_a_gpu(tilelink_cli):
+    tool = ROOT / "tools" / "decode_bw.py"
+    run = tilelink_cli.run_script(tool, ["--batch", "1"], ROOT, timeout=120)
     assert run.returncode == 2
     assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
-    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "decode_bw.py"), "--heads",
-                          "32/5"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    bad = tilelink_cli.run_script(tool, ["--heads", "32/5"], ROOT, timeout=120)
     assert bad.returncode == 2 and "KV must divide H" in bad.stderr

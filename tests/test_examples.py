@@ -104,10 +104,15 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
 
 
 # smaller sizes for the emulated run where the defaults take minutes a call in Triton's
-# interpreter (attention: every (query block, head) tile walks every block of keys)
+# interpreter (attention: every (query block, head) tile walks every block of keys; ep_moe:
+# W * CAP rows of expert GEMM a rank, 92 s at W = 4 on 2 busy cores). Each keeps sizes that
+# do not divide the 32-row and 32-column tiles (ep_moe: T = 56 rows, H = 40 columns,
+# CAP = 24-row slots). sp_ulysses at S = 36, H = 4 is also tests/test_reshard.py's run at
+# W = 2 and 4 (this interp default is its comm=sm kernel; test_reshard pins that)
 EMULATED_SIZES = {"sp_attention": ["-D", "S=128", "-D", "H=4"],
                   "sp_attention_causal": ["-D", "S=128", "-D", "H=4"],
-                  "sp_ulysses": ["-D", "S=36", "-D", "H=4"]}
+                  "sp_ulysses": ["-D", "S=36", "-D", "H=4"],
+                  "ep_moe": ["-D", "T=56", "-D", "H=40", "-D", "CAP=24"]}
 
 
 @pytest.mark.slow

@@ -1,23 +1,21 @@
 """tools/host_overhead.py runs on the CPU (gloo, a world of one rank) and records every case
-it promises, so the GPU run the numbers come from does not fail on its first line (a
-subprocess: the tool initialises torch.distributed in its own process)."""
+it promises, so the GPU run the numbers come from does not fail on its first line (a process
+of its own, forked by the command server: the tool initialises torch.distributed there)."""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_host_overhead_runs_on_the_cpu_and_writes_every_case(tmp_path):
+def test_host_overhead_runs_on_the_cpu_and_writes_every_case(tmp_path, tilelink_cli):
     out = tmp_path / "host.json"
-    res = subprocess.run([sys.executable, "tools/host_overhead.py", "--device", "cpu",
-                          "--calls", "5", "--rounds", "2", "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    res = tilelink_cli.run_script("tools/host_overhead.py", ["--device", "cpu", "--calls", "5",
+                                                             "--rounds", "2", "--out", out],
+                                  ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     rec = json.loads(out.read_text())
     cases = rec["us_per_call"]
@@ -37,7 +35,6 @@ def test_host_overhead_runs_on_the_cpu_and_writes_every_case(tmp_path):
                    for line in res.stdout.splitlines()), name
 
 
-def test_host_overhead_has_help():
-    res = subprocess.run([sys.executable, "tools/host_overhead.py", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, check=False)
+def test_host_overhead_has_help(tilelink_cli):
+    res = tilelink_cli.run_script("tools/host_overhead.py", ["--help"], ROOT, timeout=120)
     assert res.returncode == 0 and "--out" in res.stdout and "wrapper" in res.stdout

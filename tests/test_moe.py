@@ -346,8 +346,10 @@ def test_moe_rs_plan_matches_the_reference_under_skewed_routings(world):
 
 # T = 18 W tokens: not a multiple of block_m (16); back-to-back calls (no barrier between
 # them) route differently, with random producer delays; one hot expert, empty experts, all
-# tokens to one expert
-@pytest.mark.parametrize("world,topk", [(1, 2), (2, 2), (3, 1), (4, 4)])
+# tokens to one expert. W = 4 (top-4) is the slowest cell (29 s on 2 busy cores), the same
+# kernel and delays as W = 3: CI's full suite runs it, the quick selection the other three
+@pytest.mark.parametrize("world,topk", [(1, 2), (2, 2), (3, 1),
+                                        pytest.param(4, 4, marks=pytest.mark.slow)])
 def test_moe_rs_kernel_matches_reference_under_skewed_routings(world, topk):
     sizes = {"T": 18 * world, "K": 16 * world, "N": 32, "E": 4, "TOPK": topk}
     res = _run_moe(world, sizes, ["hot", "sparse", "all_one", "random"], seed=world,

@@ -172,15 +172,24 @@ def test_attention_tiles_wait_per_source_rank_of_the_rows_they_read():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, sizes", [(2, ["-D", "S=36", "-D", "H=4"]),
-                                          (3, ["-D", "S=36", "-D", "H=6"]),
-                                          (4, ["-D", "S=36", "-D", "H=4"])])
-def test_ulysses_kernels_run_and_check_in_the_emulated_world(world, sizes, capsys):
-    # S = 36: 36 / W rows a rank and 36 queries, neither a multiple of the 32-row tiles
-    assert main(["run", str(ULYSSES), "--world-size", str(world), "--check", "--calls", "2",
-                 "--config", "comm=sm", *sizes]) == 0
+def test_ulysses_kernels_run_and_check_in_the_emulated_world(capsys):
+    # S = 36: 36 / W rows a rank and 36 queries, neither a multiple of the 32-row tiles.
+    # W = 2 and 4 at these sizes (H = 4) are tests/test_examples.py's runs of the example,
+    # whose interp default is this kernel (test_the_interp_default_is_the_kernel)
+    assert main(["run", str(ULYSSES), "--world-size", "3", "--check", "--calls", "2",
+                 "--config", "comm=sm", "-D", "S=36", "-D", "H=6"]) == 0
     out = capsys.readouterr().out
     assert "check: OK" in out and "comm=sm" in out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_interp_default_is_the_kernel(world):
+    # what tests/test_examples.py's runs of sp_ulysses (S = 36, H = 4, no --config) exercise
+    from tilelink.schedule import default_config
+
+    bp = load_text(ULYSSES).bind({"S": "36", "H": "4"}, world)
+    cfg, _why = default_config(bp, get_target("interp"))
+    assert cfg.comm == "sm"
 
 
 # (declarations, statement, world): the push's index arithmetic on each layout — concat

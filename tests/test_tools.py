@@ -105,13 +105,16 @@ def _decoder_bench(*argv, timeout=60):
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def test_decoder_bench_help_and_refusals_need_no_gpu():
-    out = _decoder_bench("--help")
+def test_decoder_bench_help_and_refusals_need_no_gpu(tilelink_cli):
+    # (no rank starts here: the command server's forked child stands in for `python`)
+    tool = TOOLS / "decoder_bench.py"
+    out = tilelink_cli.run_script(tool, ["--help"], ROOT, timeout=60)
     assert out.returncode == 0 and "--prefill" in out.stdout and "async_tp" in out.stdout
     # sizes that do not split over W are refused before any rank starts
-    out = _decoder_bench("--cpu", "-W", "3", "--heads", "4/2", "--hidden", "64",
-                         "--intermediate", "96", "--prefill", "12", "--decode", "3",
-                         "--out", "unused.json")
+    out = tilelink_cli.run_script(tool, ["--cpu", "-W", "3", "--heads", "4/2", "--hidden",
+                                         "64", "--intermediate", "96", "--prefill", "12",
+                                         "--decode", "3", "--out", "unused.json"],
+                                  ROOT, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "heads (4) is not divisible by W = 3" in out.stderr
     assert not (ROOT / "unused.json").exists()
