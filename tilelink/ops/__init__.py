@@ -11,7 +11,7 @@ A family module holds, in one place:
   the non-overlapped meaning every run is checked against;
 - how it rounds (`tilelink.runtime.bounds.rounding`): terms per result element and the
   dtypes they are held and summed in, from which the check's error bound follows;
-- its lowerings (`tilelink.codegen.lowering`): the tile body of a compute op, or for a
+- its lowerings (`tilelink.schedule.lowering`): the tile body of a compute op, or for a
   collective, per resource (SMs, the copy engine), its roles, hooks, buffers, signals, host
   steps and knobs.
 
