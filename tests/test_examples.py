@@ -108,11 +108,15 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
 # W * CAP rows of expert GEMM a rank, 92 s at W = 4 on 2 busy cores). Each keeps sizes that
 # do not divide the 32-row and 32-column tiles (ep_moe: T = 56 rows, H = 40 columns,
 # CAP = 24-row slots). sp_ulysses at S = 36, H = 4 is also tests/test_reshard.py's run at
-# W = 2 and 4 (this interp default is its comm=sm kernel; test_reshard pins that)
+# W = 2 and 4 (this interp default is its comm=sm kernel; test_reshard pins that);
+# attention (no collective) at S = 72 keeps a ragged last block and a key head per 2 query
+# heads (221 s at S = 512 on 2 cores, W = 2 and 4)
 EMULATED_SIZES = {"sp_attention": ["-D", "S=128", "-D", "H=4"],
                   "sp_attention_causal": ["-D", "S=128", "-D", "H=4"],
                   "sp_ulysses": ["-D", "S=36", "-D", "H=4"],
-                  "ep_moe": ["-D", "T=56", "-D", "H=40", "-D", "CAP=24"]}
+                  "ep_moe": ["-D", "T=56", "-D", "H=40", "-D", "CAP=24"],
+                  "ep_moe_topk": ["-D", "T=40", "-D", "H=40", "-D", "CAP=48"],
+                  "attention": ["-D", "S=72", "-D", "H=4", "-D", "HKV=2"]}
 
 
 @pytest.mark.slow
