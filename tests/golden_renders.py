@@ -121,61 +121,36 @@ def _cases():
             yield from emit(*render(bp, "interp"))
             for cfg in candidates(bp, get_target("interp")):
                 yield from emit(*render(bp, "interp", base=cfg))
-    # AG-MoE (the grouped GEMM's kernel after an all_gather): both comm resources in the
-    # emulated world at its default sizes, SMs on the GPU targets at a GPU case's sizes (the
-    # grouped lowering refuses the copy engine's gather there)
-    moe = load_pattern(str(ROOT / "examples" / "ag_moe.tl"))
-    for comm in ("sm", "copy_engine"):
-        for w in (1, 2, 4):
-            yield from emit(*render(moe.bind({}, w), "interp", {"comm": comm}))
-    bp = moe.bind({"T": 1200, "K": 1000, "N": 1200}, 2)
-    for target in GPU_TARGETS:
-        yield from emit(*render(bp, target, {"comm": "sm"}))
-    # MoE-RS (the combine in the grouped GEMM's epilogue, chunks reduce-scattered): SMs in
-    # the emulated world at its default sizes and on the GPU targets at a GPU case's sizes
-    rs = load_pattern(str(ROOT / "examples" / "moe_rs.tl"))
-    for w in (1, 2, 4):
-        yield from emit(*render(rs.bind({}, w), "interp", {"comm": "sm"}))
-    bp = rs.bind({"T": 1200, "K": 1024, "N": 1024}, 2)
-    for target in GPU_TARGETS:
-        yield from emit(*render(bp, target, {"comm": "sm"}))
-    # EP MoE (all_to_all's pushes by run-time counts, the GEMM waiting per chunk and skipping
-    # tiles past a source's count, the combine in a kernel of its own): SMs in the emulated
-    # world at its default sizes and on the GPU targets at sizes off the tiles
-    ep = load_pattern(str(ROOT / "examples" / "ep_moe.tl"))
-    for w in (1, 2, 4):
-        yield from emit(*render(ep.bind({}, w), "interp", {"comm": "sm"}))
-    bp = ep.bind({"T": 1000, "H": 520, "CAP": 768}, 2)
-    for target in GPU_TARGETS:
-        yield from emit(*render(bp, target, {"comm": "sm"}))
-    # sequence-parallel attention (attention's kernel waiting per block of gathered keys):
-    # both comm resources in the emulated world, SMs on the GPU targets; causal with
-    # grouped-query heads and not
-    for f in ("sp_attention.tl", "sp_attention_causal.tl"):
-        sp = load_pattern(str(ROOT / "examples" / f))
-        for comm in ("sm", "copy_engine"):
+    def example(file, gpu_sizes, comms=("sm",)):
+        """An example's renders: each of `comms` in the emulated world at W = 1, 2, 4 (its
+        default sizes), then SMs on every GPU target at `gpu_sizes`, W = 2."""
+        pattern = load_pattern(str(ROOT / "examples" / file))
+        for comm in comms:
             for w in (1, 2, 4):
-                yield from emit(*render(sp.bind({}, w), "interp", {"comm": comm}))
-        bp = sp.bind({"S": 8192, "H": 32, "D": 128}, 2)
+                yield from emit(*render(pattern.bind({}, w), "interp", {"comm": comm}))
+        bp = pattern.bind(gpu_sizes, 2)
         for target in GPU_TARGETS:
             yield from emit(*render(bp, target, {"comm": "sm"}))
+
+    # AG-MoE (the grouped GEMM's kernel after an all_gather): both comm resources in the
+    # emulated world (the grouped lowering refuses the copy engine's gather on GPU targets)
+    yield from example("ag_moe.tl", {"T": 1200, "K": 1000, "N": 1200}, ("sm", "copy_engine"))
+    # MoE-RS (the combine in the grouped GEMM's epilogue, chunks reduce-scattered)
+    yield from example("moe_rs.tl", {"T": 1200, "K": 1024, "N": 1024})
+    # EP MoE (all_to_all's pushes by run-time counts, the GEMM waiting per chunk and skipping
+    # tiles past a source's count, the combine in a kernel of its own), at GPU sizes off the
+    # tiles
+    yield from example("ep_moe.tl", {"T": 1000, "H": 520, "CAP": 768})
+    # sequence-parallel attention (attention's kernel waiting per block of gathered keys):
+    # both comm resources in the emulated world; causal with grouped-query heads and not
+    for f in ("sp_attention.tl", "sp_attention_causal.tl"):
+        yield from example(f, {"S": 8192, "H": 32, "D": 128}, ("sm", "copy_engine"))
     # Ulysses attention (all_to_all_dims re-sharding to heads and back, attention's tiles
-    # waiting per source rank's chunks): SMs in the emulated world and on the GPU targets
-    uly = load_pattern(str(ROOT / "examples" / "sp_ulysses.tl"))
-    for w in (1, 2, 4):
-        yield from emit(*render(uly.bind({}, w), "interp", {"comm": "sm"}))
-    bp = uly.bind({"S": 4096, "H": 32, "D": 128}, 2)
-    for target in GPU_TARGETS:
-        yield from emit(*render(bp, target, {"comm": "sm"}))
+    # waiting per source rank's chunks)
+    yield from example("sp_ulysses.tl", {"S": 4096, "H": 32, "D": 128})
     # EP MoE with top-k routing (the combine's weighted sum a receive step in the kernel of
-    # the all_to_all landing the expert outputs, waiting per source slot on its rows'
-    # chunks): SMs in the emulated world and on the GPU targets at sizes off the tiles
-    ept = load_pattern(str(ROOT / "examples" / "ep_moe_topk.tl"))
-    for w in (1, 2, 4):
-        yield from emit(*render(ept.bind({}, w), "interp", {"comm": "sm"}))
-    bp = ept.bind({"T": 500, "H": 520, "CAP": 768}, 2)
-    for target in GPU_TARGETS:
-        yield from emit(*render(bp, target, {"comm": "sm"}))
+    # the all_to_all landing the expert outputs, waiting per source slot on its rows' chunks)
+    yield from example("ep_moe_topk.tl", {"T": 500, "H": 520, "CAP": 768})
 
 
 # a user tile function's module is named after a hash of its file's absolute path
