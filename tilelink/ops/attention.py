@@ -453,7 +453,7 @@ from ..codegen.module import TL_DTYPES, ident  # noqa: E402
 from ..codegen.tiles import item_loop, operand_waits  # noqa: E402
 from ..ir.tensor import DTYPE_BYTES  # noqa: E402
 from ..schedule.lowering import (Lowering, Step, Work, register_lowering,  # noqa: E402
-                                 register_vendor_work)
+                                 register_vendor_work, shrink_to_fit)
 
 
 def _pow2(x: int) -> int:
@@ -606,12 +606,10 @@ class AttentionPartialTiles(_DecodeTiles):
         """Fewer stages (down to 1, unless the user set them) until the KV loop fits the
         target's shared memory."""
         limit = site.target.smem_bytes
-        if limit is None or "stages" in keep:
+        if limit is None:
             return {}
-        stages = cfg.stages
-        while stages > 1 and self._smem(site, cfg.with_values({"stages": str(stages)})) > limit:
-            stages -= 1
-        return {} if stages == cfg.stages else {"stages": str(stages)}
+        steps = [("stages", str(s)) for s in range(cfg.stages - 1, 0, -1)]
+        return shrink_to_fit(cfg, steps, lambda c: self._smem(site, c), limit, keep)
 
     def tune_axes(self, site) -> list[dict]:
         """On GPUs, also twice and four times the default's splits where the keys allow

@@ -21,7 +21,7 @@ from ..codegen.module import TL_DTYPES, ident
 from ..codegen.tiles import item_loop, memo_init, operand_waits
 from ..ir.tensor import DTYPE_BYTES
 from ..plan.tiling import cdiv
-from ..schedule.lowering import Lowering, Step, Work, register_lowering
+from ..schedule.lowering import Lowering, Step, Work, register_lowering, shrink_to_fit
 from .attention import AttentionPartialTiles, _group, _pow2, seen_keys
 
 #: on GPU targets: (block_m, block_n, stages) a program's query rows, a KV block's keys and
@@ -101,18 +101,11 @@ class AttentionTiles(Lowering):
         """Fewer stages (down to 2), then narrower key blocks (down to 64), until a tile fits
         the target's shared memory (knobs in `keep` stay)."""
         limit = site.target.smem_bytes
-        out: dict = {}
         if limit is None:
-            return out
+            return {}
         steps = [("stages", str(s)) for s in range(cfg.stages - 1, 1, -1)] + \
             [("block_n", str(b)) for b in (64,) if b < cfg.block_n]
-        for knob, value in steps:
-            if self._smem(site, cfg) <= limit:
-                break
-            if knob not in keep:
-                cfg = cfg.with_values({knob: value})
-                out[knob] = value
-        return out
+        return shrink_to_fit(cfg, steps, lambda c: self._smem(site, c), limit, keep)
 
     def steps(self, site) -> list[Step]:
         return [Step("tiles", site.op, self, self.what)]

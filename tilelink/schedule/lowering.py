@@ -163,6 +163,20 @@ def register_vendor_work(kind: str, fn: Callable) -> None:
     VENDOR_WORK[kind] = fn
 
 
+def shrink_to_fit(cfg, steps, need: Callable, limit: int, keep=()) -> dict:
+    """The knob values, taken from `steps` ((knob, value) pairs, in order) until `need(cfg)`
+    is at most `limit` (a tile's shared memory against the target's), that a lowering's
+    `fit` sets; knobs in `keep` (the user's) stay and their steps are skipped."""
+    out: dict = {}
+    for knob, value in steps:
+        if need(cfg) <= limit:
+            break
+        if knob not in keep:
+            cfg = cfg.with_values({knob: value})
+            out[knob] = value
+    return out
+
+
 def register_lowering(lowering: Lowering) -> Lowering:
     """Add `lowering` to the registry (an op family module calls this at import)."""
     LOWERINGS.setdefault(lowering.kind, []).append(lowering)

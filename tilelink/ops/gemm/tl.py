@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...codegen.module import TL_DTYPES, ident, indent
 from ...ir.tensor import DTYPE_BYTES
 from ...codegen.tiles import find_dep
-from ...schedule.lowering import Lowering, Step, register_lowering
+from ...schedule.lowering import Lowering, Step, register_lowering, shrink_to_fit
 from .common import TILE_KNOBS, tile_out
 from .library import LIBRARY
 
@@ -126,14 +126,10 @@ class GemmTriton(Lowering):
         c_tile = elem > 2
         steps = [("stages", str(s)) for s in range(cfg.stages - 1, 1, -1)] + \
             [("block_n", str(b)) for b in (128, 64) if b < cfg.block_n] + [("stages", "1")]
-        out: dict = {}
-        for knob, value in steps:
-            if self.smem_needed(cfg, elem) + c_tile * cfg.block_m * cfg.block_n * elem <= limit:
-                break
-            if knob not in keep:
-                cfg = cfg.with_values({knob: value})
-                out[knob] = value
-        return out
+        return shrink_to_fit(
+            cfg, steps,
+            lambda c: self.smem_needed(c, elem) + c_tile * c.block_m * c.block_n * elem,
+            limit, keep)
 
     def tune_axes(self, site) -> list[dict]:
         """On GPUs, the vendor library's GEMM too where it is the whole GEMM (no collective
