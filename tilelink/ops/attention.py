@@ -891,14 +891,41 @@ def seen_keys(bp, op) -> float:
                      .clamp(max=skv).sum()) for r in ranks) / max(1, sq)
 
 
-def _attention_work(bp, op) -> tuple[float, float]:
-    """(flops, HBM bytes) of attention: q k and p v over the keys the busiest rank's queries
-    see (`seen_keys`), q, k, v read and the output written once."""
+#: torch's SDPA in the non-overlapped plan (`_sdpa`), as a share of the cost model's GEMM
+#: rate, measured on one H100 (2026-11-27, a1d6c81; the model's rate there is 771 TFLOP/s;
+#: 32 query heads, D = 128, bf16): without a mask cuDNN runs 553-640 TFLOP/s at S = 4096-32768
+#: (0.72-0.83; S = 8192 GQA 32/8: 1.877 ms); causal with queries and keys aligned (one rank's
+#: whole sequence) 1.087 ms at S = 8192 32/8 (0.66); causal with the queries at an offset (a
+#: later rank's slice: the lower-right mask, which torch runs on its flash kernel, the keys
+#: repeated for GQA) about 0.39 (the plan at W = 2 / 4, S = 8192 32/8: 1.571 / 1.035 ms,
+#: its NCCL all-gathers of about 0.2 ms included). Zig-zag's boolean mask is not measured and
+#: is taken as the offset case.
+SDPA_EFFICIENCY = 0.77
+SDPA_ALIGNED_CAUSAL_EFFICIENCY = 0.66
+SDPA_OFFSET_CAUSAL_EFFICIENCY = 0.39
+
+
+def sdpa_efficiency(bp, op) -> float:
+    """The share of the model's GEMM rate torch's SDPA runs `op` at on its busiest rank (the
+    last: `seen_keys`), by the kernel torch picks for its mask (`SDPA_EFFICIENCY`)."""
+    attrs = bp.op_attrs(op)
+    if not attrs.get("causal"):
+        return SDPA_EFFICIENCY
+    # the last rank's queries sit at (W - 1) * S / W: aligned with the keys only at W = 1
+    aligned = bp.world == 1 and not attrs.get("zigzag")
+    return SDPA_ALIGNED_CAUSAL_EFFICIENCY if aligned else SDPA_OFFSET_CAUSAL_EFFICIENCY
+
+
+def _attention_work(bp, op) -> Work:
+    """attention as torch's SDPA runs it: q k and p v over the keys the busiest rank's
+    queries see (`seen_keys`) at `sdpa_efficiency`, q, k, v read and the output written
+    once."""
     sq, h, d = bp.tensors[op.args[0]].local_shape
     skv, hkv = bp.tensors[op.args[1]].local_shape[:2]
     elem = _elem(bp, op.args[0])
-    return (4.0 * sq * seen_keys(bp, op) * h * d,
-            float((2 * sq * h + 2 * skv * hkv) * d * elem))
+    return Work(4.0 * sq * seen_keys(bp, op) * h * d,
+                float((2 * sq * h + 2 * skv * hkv) * d * elem),
+                efficiency=sdpa_efficiency(bp, op))
 
 
 register_lowering(AttentionPartialTiles())
@@ -913,4 +940,4 @@ register_knob(Knob("kv_splits", 0, "decode attention: programs each (batch, KV h
                    quiet=True, searched=True, after="library_comm"))
 register_vendor_work("attention_partial", lambda bp, op: Work(*_partial_work(bp, op)))
 register_vendor_work("lse_combine", lambda bp, op: Work(*_combine_work(bp, op)))
-register_vendor_work("attention", lambda bp, op: Work(*_attention_work(bp, op)))
+register_vendor_work("attention", _attention_work)

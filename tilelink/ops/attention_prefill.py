@@ -36,14 +36,16 @@ PREFILL_TILES = {"cuda:90": (128, 64, 3)}
 PREFILL_BLOCK_M, PREFILL_BLOCK_N, PREFILL_STAGES = 128, 64, 2
 
 
-#: the tile body's share of the rate the model gives the plan's fused SDPA: 4x H100, causal
-#: sequence-parallel attention S = 8192, 32 / 8 heads, D = 128 (2026-11-27, a1d6c81,
-#: `tilelink bench examples/sp_attention_causal.tl`): the kernel gathering on the copy
-#: engine took 1.266 / 0.798 ms at W = 2 / 4 where the plan (NCCL all-gather + SDPA) took
-#: 1.571 / 1.035 (0.81 / 0.77 of it); the model at 0.95 of the rate puts the kernel at
-#: 0.90 / 0.77 of the plan (1.0: 0.86 / 0.73, 0.9: 0.95 / 0.81). On SMs the kernel took 1.898
-#: at W = 2 (its gather takes programs from the tiles)
-TILE_EFFICIENCY = 0.95
+#: the tile body's share of the cost model's GEMM rate (as `attention.SDPA_EFFICIENCY`),
+#: measured on one H100 (2026-11-27, a1d6c81, `tilelink bench examples/attention.tl -W 1`,
+#: 32 query heads, D = 128, bf16): without a mask 441-476 TFLOP/s at S = 4096-32768 of the
+#: model's 771 (S = 8192 GQA 32/8: 2.429 ms, 0.59); causal 0.43 (S = 8192 32/8 at W = 1:
+#: 1.669 ms; the gathering kernels at W = 2 / 4 measured 1.266 / 0.798 ms, 0.42 / 0.39 with
+#: their exposed communication). So the default runs torch's SDPA where nothing is
+#: communicated, and the overlapped kernel where the plan's SDPA takes the slower offset mask
+#: (`attention.SDPA_OFFSET_CAUSAL_EFFICIENCY`) or its gather is long enough to hide
+TILE_EFFICIENCY = 0.60
+CAUSAL_TILE_EFFICIENCY = 0.43
 
 
 class AttentionTiles(Lowering):
@@ -127,7 +129,7 @@ class AttentionTiles(Lowering):
 
     def work(self, site) -> Work:
         """q k and p v over the keys the busiest rank's queries see (`seen_keys`), at the
-        kernel's measured share (`TILE_EFFICIENCY`) of the GEMM rate of the tiles that can
+        kernel's measured share (`TILE_EFFICIENCY`, causal `CAUSAL_TILE_EFFICIENCY`) of the GEMM rate of the tiles that can
         run at once. Bytes: q read and the output written once; the keys and values once
         per wave of programs (the programs of one wave working on a head read its blocks at
         about the same time, sharing them through L2)."""
@@ -140,8 +142,8 @@ class AttentionTiles(Lowering):
         programs = max(1, min(tiles, cfg.num_programs))
         waves = cdiv(tiles, programs)
         nbytes = 2.0 * sq * h * d * elem + waves * 2.0 * seen * hkv * d * elem
-        return Work(4.0 * sq * seen * h * d, nbytes, programs=programs,
-                    efficiency=TILE_EFFICIENCY)
+        eff = CAUSAL_TILE_EFFICIENCY if site.attrs["causal"] else TILE_EFFICIENCY
+        return Work(4.0 * sq * seen * h * d, nbytes, programs=programs, efficiency=eff)
 
     # ---- codegen -----------------------------------------------------------------------------
 

@@ -241,7 +241,8 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
                    resource: str | None = None, graph: bool = False
                    ) -> tuple[Config, str | None]:
     """A starting point (the tuner improves on it) and, when it is the non-overlapped plan,
-    why. On GPU targets at W >= 2 the overlapped default is taken only where the cost model
+    why. On GPU targets (at every W: on one rank a kernel must beat the library calls alone)
+    the overlapped default is taken only where the cost model
     predicts it beats the non-overlapped plan's fastest library calls by `OVERLAP_MARGIN`
     (for eager calls, or with `graph` for CUDA-graph replays). `allow_fallback=False`:
     always an overlapped config (to show a kernel). `resource`: start from that comm
@@ -267,7 +268,7 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         if not bad:
             if allow_fallback and resource is None and _never_default(bp, merged, target):
                 return _fallbacks(bp, base)[0], unmeasured_note(bp, merged, target)
-            if allow_fallback and resource is None and bp.world > 1:
+            if allow_fallback and resource is None:
                 return _decide(bp, target, merged, graph)
             return merged, None
         if first is None:
