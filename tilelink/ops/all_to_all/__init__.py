@@ -194,9 +194,10 @@ def _plan(op, ctx, x: torch.Tensor, splits: torch.Tensor) -> tuple[torch.Tensor,
     return torch.arange(ctx.world, device=x.device) * cap, got
 
 
-def _send_buffer(op, ctx, x, splits):
+def _send_buffer(x, splits, ctx, op=None):
     """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded), built
-    on the device without a host sync (the plan's call can be captured in a CUDA graph)."""
+    on the device without a host sync (the plan's call can be captured in a CUDA graph).
+    `op`: the all_to_all (back = 1 finds its dispatch from it)."""
     cap, w = ctx.attrs["capacity"], ctx.world
     starts, n = _plan(op, ctx, x, splits)
     i = torch.arange(cap, device=x.device)
@@ -214,7 +215,7 @@ def sends(op, ctx, args):
     import torch.distributed as dist
 
     me, cap = dist.get_rank(ctx.group), ctx.attrs["capacity"]
-    send = _send_buffer(op, ctx, *args)
+    send = _send_buffer(*args, ctx, op)
     return {d: send[d * cap:(d + 1) * cap] for d in range(ctx.world) if d != me}
 
 
@@ -227,7 +228,7 @@ def dist_ref(op, ctx, args):
     no count exchange but back = 1's (W ints, on the device)."""
     import torch.distributed as dist
 
-    send = _send_buffer(op, ctx, *args)
+    send = _send_buffer(*args, ctx, op)
     out = torch.empty_like(send)
     dist.all_to_all_single(out, send, group=ctx.group)
     return out
