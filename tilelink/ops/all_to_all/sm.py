@@ -78,11 +78,6 @@ class AllToAllSM(Lowering):
                        "op, or use comm=none)")
         return out
 
-    def default_ok(self, site) -> bool:
-        """back = 1 (sending back the counts the dispatch landed) is not measured on GPUs
-        yet: there the default is the non-overlapped plan, `comm=sm` runs the kernel."""
-        return not site.attrs["back"]
-
     def steps(self, site) -> list[Step]:
         out = [Step("push", site.op, self, "read the counts, push each rank's rows into its "
                     "slot for this rank (zeros where this rank's last rows there went past "
