@@ -393,7 +393,7 @@ def test_integer_dtypes_on_float_ops_are_one_located_refusal_everywhere(pattern,
               for c in DTYPE_ENTRY_POINTS}
     assert len(set(errors.values())) == 1, errors
     err = next(iter(errors.values()))
-    assert re.search(r"\b(gemm|grouped_gemm|attention|attention_partial|map) \(\w+ = \w+\(.*\), "
+    assert re.search(r"\b(gemm|grouped_gemm|attention|attention_partial|map|group_by_dest) \(\w+ = \w+\(.*\), "
                      r"at [^ ]+:\d+:\d+\)", err), err
     if dtype in ("int8", "bool"):
         assert f"dtype = {dtype} is not a dtype (TileLink's are bf16, fp16, fp32, int32, " \

