@@ -151,6 +151,9 @@ def _cases():
     # EP MoE with top-k routing (the combine's weighted sum a receive step in the kernel of
     # the all_to_all landing the expert outputs, waiting per source slot on its rows' chunks)
     yield from example("ep_moe_topk.tl", {"T": 500, "H": 520, "CAP": 768})
+    # EP MoE from plain routing (the grouping and counts computed by kernels of their own,
+    # the combine's all_to_all sending back the counts the dispatch landed)
+    yield from example("ep_moe_routed.tl", {"T": 500, "H": 520, "CAP": 768})
     # flash-decode over a ragged batch (attention_partial reading each sequence's length:
     # its splits' loops end at the length, its combines take rows with no key), several
     # splits on the GPU targets

@@ -116,6 +116,7 @@ EMULATED_SIZES = {"sp_attention": ["-D", "S=128", "-D", "H=4"],
                   "sp_ulysses": ["-D", "S=36", "-D", "H=4"],
                   "ep_moe": ["-D", "T=56", "-D", "H=40", "-D", "CAP=24"],
                   "ep_moe_topk": ["-D", "T=40", "-D", "H=40", "-D", "CAP=48"],
+                  "ep_moe_routed": ["-D", "T=40", "-D", "H=40", "-D", "CAP=48"],
                   "attention": ["-D", "S=72", "-D", "H=4", "-D", "HKV=2"]}
 
 

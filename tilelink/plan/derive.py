@@ -200,17 +200,21 @@ def derive(tensor: str, producer: TileGrid, consumer: TileGrid, extents) -> list
 
 def _derive_static(dep: Dependency) -> None:
     """The closed form of a static dependency where it reproduces the general derivation on
-    every consumer tile, else its lookup table. The read's box depends only on the consumer
+    every consumer tile (shown axis by axis, `_factors_agree`, or else tile by tile), else
+    its lookup table. The read's box depends only on the consumer
     axes its dims name, so the derivation visits their product (the other axes at 0) and a
     table, where one is needed, repeats it over the rest."""
     consumer, producer, read, write = dep.consumer, dep.producer, dep.read, dep.write
+    closed = _closed_form(producer, write)
+    if closed is not None and _factors_agree(dep, closed):
+        dep.closed = closed
+        return
     used = sorted({consumer.axis_index(r.axis) for r in read.dims if r.axis is not None})
     shape = consumer.shape
     some = {}
     for sub in itertools.product(*(range(shape[k]) for k in used)):
         box = consumer.box(read, _spread(sub, used, len(shape)), dep.extents)
         some[sub] = overlapping_producers(producer, write, box, dep.extents)
-    closed = _closed_form(producer, write)
     if closed is not None:
         if all(_closed_set(producer, closed, consumer.box(read, _spread(sub, used, len(shape)),
                                                           dep.extents)) == want
@@ -219,6 +223,42 @@ def _derive_static(dep: Dependency) -> None:
             return
     dep.table = {cidx: some[tuple(cidx[k] for k in used)]
                  for cidx in itertools.product(*(range(n) for n in shape))}
+
+
+def _factors_agree(dep: Dependency, closed: tuple[AxisWait, ...]) -> bool:
+    """Whether the closed form selects, for every consumer tile, the producer tiles the
+    general derivation (`overlapping_producers`) does, checked one producer axis at a time.
+    Both select a product of per-axis sets; an axis's set is a function of the one box dim
+    that drives it, and a box dim is a function of one consumer axis (`TileGrid.box`), so
+    equal sets for every coordinate of that axis make equal products on every tile, in the
+    sum of the axes' lengths rather than their product (a KV loop's steps times the query
+    blocks: 16,384 tiles of causal SP attention at S = 8192). Sufficient, not necessary:
+    False (an empty box in a dim that drives no axis, or one set differing) leaves the
+    decision to the tile-by-tile check."""
+    consumer, read, write = dep.consumer, dep.read, dep.write
+    boxes = []  # per box dim: the intervals its consumer axis's coordinates read
+    for dim, (rule, ext) in enumerate(zip(read.dims, dep.extents)):
+        if rule.axis is None:
+            boxes.append([(0, ext)])
+        elif rule.mode == "runtime":
+            return False
+        else:
+            t = consumer.axes[consumer.axis_index(rule.axis)].tiling
+            boxes.append([rule.interval(t, i) for i in range(t.count)])
+    driving = {w.dim for w in closed if w.dim is not None}
+    if any(hi <= lo for dim, per in enumerate(boxes) if dim not in driving for lo, hi in per):
+        return False  # (the general derivation selects nothing there, whatever the axes)
+    for w in closed:
+        if w.dim is None:
+            if w.range_for(0, 0) != range(w.tiling.count):
+                return False
+            continue
+        mode = write.dims[w.dim].mode
+        for lo, hi in boxes[w.dim]:
+            want = set() if hi <= lo else set(_narrow(w.tiling, mode, lo, hi))
+            if set(w.range_for(lo, hi)) != want:
+                return False
+    return True
 
 
 def _spread(sub: tuple[int, ...], used: list[int], n: int) -> tuple[int, ...]:

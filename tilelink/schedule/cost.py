@@ -575,20 +575,24 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     runs each op's vendor call and each collective's library call one after another; the
     overlapped kernel runs each compute op's tiles on the programs its lowering says can
     work at once, its collectives' bytes moved meanwhile (what is left of them after the
-    compute, exposed) with one signal round trip per collective."""
+    compute, exposed) with one signal round trip per collective; the work that cannot start
+    before the last chunk lands (`Work.ready_share`) runs after the collective."""
     comm_ops = [op for op in bp.ops if spec(op.kind).category == "comm"]
     if is_fallback(cfg):
         comp = sum(_work_ms(dev, VENDOR_WORK[op.kind](bp, op)) for op in bp.ops
                    if spec(op.kind).category != "comm")
         comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in comm_ops)
         return Estimate(comp + comm, comp, comm, comm)
-    comp = 0.0
+    comp = waiting = 0.0
     for site, lw in op_lowerings(bp, cfg):
         if spec(site.op.kind).category == "comm":
             continue
         work = lw.work(site) if lw is not None else None
-        comp += (_work_ms(dev, work, work.programs, work.program_gbs) if work is not None
-                 else _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op)))
+        ms = (_work_ms(dev, work, work.programs, work.program_gbs) if work is not None
+              else _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op)))
+        comp += ms
+        if work is not None:  # what cannot start before the last chunk has landed
+            waiting += ms * (1.0 - work.ready_share)
         prep = lw.prepare(site) if lw is not None else None
         if prep is not None:  # its device calls before the kernel: a launch each, and work
             comp += (prep.calls * dev.launch_us + prep.device_us) * 1e-3
@@ -599,7 +603,7 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         bw = sm_copy_gbs(dev, max(1, cfg.comm_programs), max(nbytes, 1.0)) * \
             share(dev, "sm", bp.world - 1)
     comm = nbytes / (bw * 1e9) * 1e3 + len(comm_ops) * dev.signal_us * 1e-3
-    total = max(comp, comm) + len(comm_ops) * dev.signal_us * 1e-3
+    total = max(comp, comm + waiting) + len(comm_ops) * dev.signal_us * 1e-3
     return Estimate(total, comp, comm, total - comp)
 
 

@@ -150,6 +150,12 @@ class Work:
     # the share of the device's GEMM rate (DeviceSpec.gemm_eff) its FLOPs run at, measured
     # (a grouped GEMM's experts are small GEMMs: below 1)
     efficiency: float = 1.0
+    # the share of the work its programs can do before the collective feeding it has
+    # delivered its last chunk: 1 where each tile waits only for its own chunks (a GEMM's
+    # row tiles start as their rows land); less where every tile reads every chunk (an
+    # attention tile needs all the keys its queries see, so until the last chunk lands only
+    # the first wave's own keys are computed)
+    ready_share: float = 1.0
 
 
 # op kind -> fn(bp, op) -> Work: what the vendor library's call for a compute op does in the

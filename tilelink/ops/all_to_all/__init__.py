@@ -15,7 +15,7 @@ from ...runtime.reference import int_draw, reference
 from ..all_gather import copies
 
 
-@register("all_to_all", "comm", ["x", "splits"], {"capacity": None, "slots": 0},
+@register("all_to_all", "comm", ["x", "splits"], {"capacity": None, "slots": 0, "back": 0},
           "Send rows of `x` to ranks by per-rank counts `splits` ([W] ints, rows grouped by "
           "destination); each rank receives up to `capacity` rows from every rank.",
           dtypes={1: INT_DTYPES},  # x: any (rows are copied); splits: row counts
@@ -34,7 +34,13 @@ from ..all_gather import copies
                     "slots": "0: x's rows grouped by destination, one after another; 1: x in "
                              "`capacity`-row slots, one per destination (the result of an "
                              "all_to_all, or of ops on it row by row: an expert-parallel "
-                             "layer's combine sends each rank's slot back)"},
+                             "layer's combine sends each rank's slot back)",
+                    "back": "1 (with slots = 1): x's slot s holds the rows an all_to_all over "
+                            "these same splits (the dispatch, earlier in the pattern, same "
+                            "capacity) landed here from rank s, or ops on them row by row; "
+                            "each slot goes back to its sender, as many rows as it sent here "
+                            "(what the dispatch landed), so no count of received rows is "
+                            "passed in"},
               result="`[W * capacity, ...]` (x's other dims), x's dtype, per rank (`local`): "
                      "block s of `capacity` rows holds the rows rank s sent here, in order, "
                      "zero past those",
@@ -47,7 +53,11 @@ from ..all_gather import copies
                     "rank's rows into its slot for this rank in chunks of comm_block_m rows "
                     "with the slot's count, and a GEMM reading the result waits per chunk and "
                     "skips tiles past a source's count; the zeros past the counts cost "
-                    "NVLink bytes only where a count shrank since the call two before."))
+                    "NVLink bytes only where a count shrank since the call two before. "
+                    "With back = 1 the kernel reads the counts the dispatch's kernel wrote "
+                    "into this rank (after a wait on each source's first chunk) and the "
+                    "non-overlapped plan exchanges them (an all_to_all_single of W ints on "
+                    "the device): no host sync either way."))
 def shape(op, xs, attrs, world):
     x, splits = xs
     if tuple(splits.local_shape) != (world,):
@@ -60,6 +70,12 @@ def shape(op, xs, attrs, world):
     if attrs["slots"] not in (0, 1):
         fail(op, f"all_to_all slots must be 0 or 1; got {attrs['slots']}",
              "write slots = 1 where x holds a capacity-row slot per rank, else leave it out")
+    if attrs["back"] not in (0, 1):
+        fail(op, f"all_to_all back must be 0 or 1; got {attrs['back']}",
+             "write back = 1 where x's slots hold rows a dispatch landed, else leave it out")
+    if attrs["back"] and not attrs["slots"]:
+        fail(op, "all_to_all back = 1 sends each slot of x back to its sender: x must be in "
+             "slots", "write all_to_all(h, splits, capacity = CAP, slots = 1, back = 1)")
     if attrs["slots"] and local_shape(x)[0] != world * cap:
         fail(op, f"all_to_all with slots = 1 reads x in W slots of capacity = {cap} rows "
              f"({world * cap} rows at W = {world}); {x.name} has {local_shape(x)[0]} per rank",
@@ -109,11 +125,38 @@ def routed_counts(bp, op, i, gen):
     return torch.bincount(dest, minlength=bp.world)
 
 
+def dispatch_of(bp, op):
+    """The all_to_all whose landed rows `op` (back = 1) sends back: the last one before it
+    over the same splits and capacity, rows grouped by destination (slots = 0); None if the
+    pattern has none."""
+    found = None
+    for o in bp.ops:
+        if o is op or o.result == op.result:
+            break
+        attrs = bp.op_attrs(o)
+        if (o.kind == "all_to_all" and o.args[1] == op.args[1] and not attrs["slots"]
+                and attrs["capacity"] == bp.op_attrs(op)["capacity"]):
+            found = o
+    return found
+
+
+def dispatched_rows(bp, op) -> int:
+    """The rows of the x that `op`'s dispatch (`dispatch_of`) sends from (rows past its end
+    are not sent, so not sent back); with no dispatch, no limit."""
+    d = dispatch_of(bp, op)
+    return bp.tensors[d.args[0]].local_shape[0] if d is not None else 1 << 62
+
+
 @reference("all_to_all")
 def ref(op, ctx, args):
     xs, splits = args
     cap = ctx.attrs["capacity"]
     plans = [[int(v) for v in s.tolist()] for s in splits]
+    if ctx.attrs["back"]:
+        # rank s sends d back the rows d sent s: d's count for s, as the dispatch applied it
+        rows = dispatched_rows(ctx.bp, op)
+        plans = [[sent_rows(rows, plans[d], s, cap)[1] for d in range(ctx.world)]
+                 for s in range(ctx.world)]
     outs = []
     for d in range(ctx.world):
         out = torch.zeros((ctx.world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
@@ -125,22 +168,38 @@ def ref(op, ctx, args):
 
 
 
-def _sent(x: torch.Tensor, splits: torch.Tensor, cap: int,
-          slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first row, count) per destination as `sent_rows` gives them, on x's device, int64
-    [W] each, computed there (no host sync)."""
-    want = splits.to(device=x.device, dtype=torch.int64).clamp(min=0)
-    starts = (torch.arange(want.shape[0], device=x.device) * cap if slots
+def _sent(rows: int, splits: torch.Tensor, cap: int, slots: int,
+          device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row, count) per destination as `sent_rows` gives them for a `rows`-row x, on
+    `device`, int64 [W] each, computed there (no host sync)."""
+    want = splits.to(device=device, dtype=torch.int64).clamp(min=0)
+    starts = (torch.arange(want.shape[0], device=device) * cap if slots
               else torch.cumsum(want, 0) - want)
-    n = torch.minimum(want.clamp(max=cap), (x.shape[0] - starts).clamp(min=0))
+    n = torch.minimum(want.clamp(max=cap), (rows - starts).clamp(min=0))
     return starts, n
 
 
-def _send_buffer(x, splits, ctx):
+def _plan(op, ctx, x: torch.Tensor, splits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's (first row, count) per destination under torch.distributed. With back = 1
+    the counts are those the dispatch sent here, exchanged on the device (an
+    all_to_all_single of W ints: no host sync)."""
+    cap = ctx.attrs["capacity"]
+    if not ctx.attrs["back"]:
+        return _sent(x.shape[0], splits, cap, ctx.attrs["slots"], x.device)
+    import torch.distributed as dist
+
+    _, sent = _sent(dispatched_rows(ctx.bp, op), splits, cap, 0, x.device)
+    got = torch.empty_like(sent)
+    dist.all_to_all_single(got, sent, group=ctx.group)
+    return torch.arange(ctx.world, device=x.device) * cap, got
+
+
+def _send_buffer(x, splits, ctx, op=None):
     """[W * capacity, ...]: slot d holds the rows this rank sends rank d (zero padded), built
-    on the device without a host sync (the plan's call can be captured in a CUDA graph)."""
+    on the device without a host sync (the plan's call can be captured in a CUDA graph).
+    `op`: the all_to_all (back = 1 finds its dispatch from it)."""
     cap, w = ctx.attrs["capacity"], ctx.world
-    starts, n = _sent(x, splits, cap, ctx.attrs["slots"])
+    starts, n = _plan(op, ctx, x, splits)
     i = torch.arange(cap, device=x.device)
     idx = (starts[:, None] + i[None, :]).reshape(-1)
     valid = (i[None, :] < n[:, None]).reshape(-1)
@@ -156,7 +215,7 @@ def sends(op, ctx, args):
     import torch.distributed as dist
 
     me, cap = dist.get_rank(ctx.group), ctx.attrs["capacity"]
-    send = _send_buffer(*args, ctx)
+    send = _send_buffer(*args, ctx, op)
     return {d: send[d * cap:(d + 1) * cap] for d in range(ctx.world) if d != me}
 
 
@@ -165,11 +224,11 @@ rounding("all_to_all")(copies)  # rows move between ranks unchanged
 
 @dist_reference("all_to_all")
 def dist_ref(op, ctx, args):
-    """One all_to_all_single of the `capacity`-row slots (padding included): no count
-    exchange, no host sync."""
+    """One all_to_all_single of the `capacity`-row slots (padding included), no host sync;
+    no count exchange but back = 1's (W ints, on the device)."""
     import torch.distributed as dist
 
-    send = _send_buffer(*args, ctx)
+    send = _send_buffer(*args, ctx, op)
     out = torch.empty_like(send)
     dist.all_to_all_single(out, send, group=ctx.group)
     return out
@@ -187,7 +246,7 @@ def with_counts(op, ctx) -> Prepared:
 
         x, splits = args
         cap, w = ctx.attrs["capacity"], ctx.world
-        starts, n = _sent(x, splits, cap, ctx.attrs["slots"])
+        starts, n = _plan(op, ctx, x, splits)
         got = torch.empty_like(n)
         dist.all_to_all_single(got, n, group=ctx.group)
         first, sizes, recv_sizes = torch.stack([starts, n, got]).tolist()
@@ -225,3 +284,4 @@ register_library_comm("all_to_all", "nccl_counts", counted_bytes, host_sync=True
 
 from . import sm  # noqa: E402,F401  (the SM lowering registers itself)
 from . import combine  # noqa: E402,F401  (EP top-k combine: a receive step of the all_to_all)
+from . import dispatch  # noqa: E402,F401  (EP dispatch from plain routing)

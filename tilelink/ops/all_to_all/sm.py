@@ -61,6 +61,16 @@ class AllToAllSM(Lowering):
             out.append(f"{site.op.args[0]} comes from a collective ({site.producer.kind}) "
                        "whose rows peers deliver while the push would read them (compute on "
                        "it first, or use comm=none)")
+        if site.attrs["back"]:
+            from . import dispatch_of
+
+            if dispatch_of(site.bp, site.op) is None:
+                out.append(f"back = 1 sends back the counts an all_to_all over "
+                           f"{site.op.args[1]} with capacity = {site.attrs['capacity']} landed "
+                           "here, and the pattern has none before it (dispatch with "
+                           f"all_to_all(x, {site.op.args[1]}, capacity = "
+                           f"{site.attrs['capacity']}) first, or pass the received counts "
+                           "without back)")
         takers = [c for c in site.consumers if spec(c.kind).category == "comm"]
         if takers:
             out.append(f"{takers[0].kind} reads {site.op.result} directly: a collective's "
@@ -153,21 +163,28 @@ class AllToAllSM(Lowering):
         splits = kb.view(splits_name).base
         ptr = self._params(kb, site)
         slot = slot_expr(mb.plan.grids[r], {"chunk": f"me * {p}_CHUNKS + j"})
-        lines = [
-            f"offs_w = tl.arange(0, {p}_WP)",
-            f"# this call's counts, read on the device (a negative count sends nothing)",
-            f"want = tl.load({splits} + offs_w, mask=offs_w < WORLD, other=0).to(tl.int32)",
-            "want = tl.maximum(want, 0)",
+        if site.attrs["back"]:
+            counts, head = self._back_counts(step, kb, site), []
+        else:
+            head = [
+                f"offs_w = tl.arange(0, {p}_WP)",
+                f"# this call's counts, read on the device (a negative count sends nothing)",
+                f"want = tl.load({splits} + offs_w, mask=offs_w < WORLD, other=0).to(tl.int32)",
+                "want = tl.maximum(want, 0)"]
+            counts = [
+                ("    start = dst * {p}_CAP  # x in slots: rank d's rows start at slot d".format(
+                    p=p) if site.attrs["slots"]
+                 else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
+                f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), "
+                f"{p}_CAP),", f"                   tl.maximum({p}_T - start, 0))"]
+        lines = head + [
             f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
             f"    step = item // {p}_CHUNKS",
             f"    j = item % {p}_CHUNKS",
             "    # own slot first; then me - 1, me - 2, ...: receiver r gets rank r + 1's rows "
             "first,", "    # the order its tiles read them in",
             "    dst = (me + WORLD - step) % WORLD",
-            ("    start = dst * {p}_CAP  # x in slots: rank d's rows start at slot d".format(p=p)
-             if site.attrs["slots"] else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
-            f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), {p}_CAP),",
-            f"                   tl.maximum({p}_T - start, 0))",
+        ] + counts + [
             "    # rows this rank wrote there two calls ago (the last call using this buffer)",
             f"    old = tl.load({ptr['sent']} + ((epoch + 2) & 3) * WORLD + dst)",
             f"    lo = j * {p}_CB",
@@ -194,6 +211,37 @@ class AllToAllSM(Lowering):
             f"        tl.store({ptr['sent']} + (epoch & 3) * WORLD + dst, n)",
         ]
         return lines
+
+    def _back_counts(self, step, kb, site) -> list[str]:
+        """back = 1: slot dst goes back to dst, as many rows as dst's dispatch landed here:
+        the count word dst wrote into this rank before notifying its slot's first chunk (a
+        wait on that chunk, already signalled this call where the dispatch's consumers
+        waited on it, makes the word visible)."""
+        from . import dispatch_of
+
+        mb = kb.mb
+        r, p = step.op.result, ident(step.op.result)
+        disp = mb.site_of(dispatch_of(site.bp, site.op).result)
+        d = ident(disp.op.result)
+        kb.const(f"{d}_CHUNKS")
+        ptr = self._params(kb, disp)
+        slot = slot_expr(mb.plan.grids[disp.op.result], {"chunk": f"dst * {d}_CHUNKS"})
+        sid = mb.site_for(("all_to_all back", r), f"{step.name} of {r} (all_to_all at "
+                          f"{_loc(step.op.loc)}, back = 1) waits for the first chunk of "
+                          f"{disp.op.result} (all_to_all at {_loc(disp.op.loc)}) from a rank, "
+                          "to read how many rows it sent here", None, (kb.index, step.name))
+        mb.describe_lines += [
+            f"    if site == {sid}:",
+            f"        return (f\"{self._names(disp)['sig']}[{{slot}}] = chunk 0 of "
+            f"{disp.op.result} from rank {{slot // {d}_CHUNKS}}\")"]
+        return [
+            f"    start = dst * {p}_CAP  # x in slots: rank d's rows start at slot d",
+            "    # the rows dst sent here in the dispatch: its count word, written before it",
+            "    # notified its first chunk",
+            f"    tok = tld.wait({ptr['sig']} + {slot}, epoch, spin_limit, abort_ptr, diag_ptr, "
+            f"{sid}, {slot}, me)",
+            f"    n = tl.load(tld.consume_token({ptr['count']} + buf * WORLD + dst, tok))",
+        ]
 
     def _copy_out(self, step, kb) -> list[str]:
         """Every chunk, once it arrived, from the heap into the pattern's output (zeros past

@@ -1,0 +1,315 @@
+"""group_by_dest, dest_counts: an EP layer's dispatch side from plain routing, on the device.
+
+A token t of x [T, ...] is routed to k experts; `dest [T, k]` holds the rank of each copy's
+expert. The dispatch's `all_to_all` takes the copies grouped by destination rank and the
+count per rank; these two ops compute both from x and dest inside the call (no host sync,
+no value read on the host, so a CUDA graph captures it):
+
+- `group_by_dest(x, dest)` -> `[T * k, ...]`: copy (t, j) (in order t * k + j) stably
+  sorted by its rank, copies not sent (a rank outside 0 .. W - 1) after every sent one;
+- `dest_counts(dest)` -> `[W]` int32: how many copies go to each rank.
+
+The order is the one `landing_positions` assumes, so `topk_combine` finds each copy where it
+lands back. The counts of rows received, which the combine's all_to_all needs, come from the
+dispatch itself: `all_to_all(h, splits, ..., slots = 1, back = 1)` sends each slot back as
+many rows as its sender sent (the SM kernel reads the count words the dispatch's push wrote
+into this rank).
+
+Kernels: `group_by_dest/triton` takes items of GB_COPIES copies, one program an item; each
+item first counts, per rank, every copy and the copies before it (a scan over all of dest in
+steps of SCAN_STEP copies: O(T * k) a program, the limit at large T * k), then copies its
+rows to where they go. `dest_counts/triton` is one program scanning dest once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...codegen.module import ident
+from ...codegen.tiles import item_loop
+from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement
+from ...ir.tensor import DTYPE_BYTES, INT_DTYPES
+from ...plan.regions import access, own, rank_axis, region_rule
+from ...plan.tiling import DimRule, TileGrid
+from ...runtime.bounds import Sums, rounding
+from ...runtime.dist_reference import dist_reference
+from ...runtime.reference import int_draw, reference
+from ...schedule.lowering import Lowering, Step, Work, register_lowering, register_vendor_work
+from ..all_gather import copies
+
+#: copies one item (one program at a time) of group_by_dest's kernel moves
+GB_COPIES = 32
+#: copies a step of the kernels' scans over dest reads
+SCAN_STEP = 512
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _dest_shape(op, dest, arg: int):
+    """dest must be [T, k]: refused at the op's line otherwise."""
+    if len(local_shape(dest)) != 2:
+        fail(op, f"{op.kind} needs dest [T, k] (the rank of each token's k copies); "
+             f"{dest.name} is {list(local_shape(dest))}", f"declare {dest.name} : [T, k] int32",
+             arg)
+
+
+@register("group_by_dest", "compute", ["x", "dest"], {},
+          "EP dispatch's copies: each token's k copies grouped by destination rank, "
+          "[T, ...], [T, k] -> [T * k, ...].",
+          dtypes={1: INT_DTYPES},
+          details=OpDoc(
+              args={"x": "`[T, ...]` per rank: the tokens",
+                    "dest": "`[T, k]` int32: the rank copy (t, j) of token t goes to (its "
+                            "expert's rank); a value outside 0 .. W - 1 is a copy not sent"},
+              result="`[T * k, ...]`, x's dtype, per rank (`local`): the copies (t, j) in "
+                     "order t * k + j, stably sorted by destination rank, those not sent "
+                     "last: the rows `all_to_all(copies, dest_counts(dest), ...)` sends",
+              example="copies = group_by_dest(x, dest)",
+              given=("x : [T, H] bf16", "dest : [T, TOPK] int32"),
+              sizes="T = 32, H = 48, TOPK = 2",
+              notes="Computed on the device (no host sync) by a kernel of its own: items of "
+                    f"{GB_COPIES} copies, each counting the copies before it per rank "
+                    "(a scan over dest, O(T * k) per item) and then copying its rows."))
+def group_shape(op, xs, attrs, world):
+    x, dest = xs
+    _dest_shape(op, dest, 1)
+    t, k = local_shape(dest)
+    if local_shape(x)[0] != t:
+        fail(op, f"group_by_dest needs one row of dest per token: {x.name} has "
+             f"{local_shape(x)[0]} rows, {dest.name} has {t}",
+             f"declare {dest.name} : [{local_shape(x)[0]}, k] int32 (x's rows)", 1)
+    return Inferred((t * k,) + tuple(local_shape(x)[1:]), x.dtype,
+                    result_placement([x, dest]))
+
+
+@register("dest_counts", "compute", ["dest"], {},
+          "EP dispatch's counts: copies going to each rank, [T, k] -> [W] int32.",
+          dtypes={0: INT_DTYPES},
+          details=OpDoc(
+              args={"dest": "`[T, k]` int32: the rank of each copy; a value outside "
+                            "0 .. W - 1 is a copy not sent (not counted)"},
+              result="`[W]` int32, per rank (`local`): entry d counts the copies with "
+                     "dest = d: the `splits` of the dispatch's `all_to_all`",
+              example="splits = dest_counts(dest)",
+              given=("dest : [T, TOPK] int32",),
+              sizes="T = 32, TOPK = 2",
+              notes="Computed on the device by one program scanning dest (no host sync)."))
+def counts_shape(op, xs, attrs, world):
+    (dest,) = xs
+    _dest_shape(op, dest, 0)
+    return Inferred((world,), "int32", result_placement([dest]))
+
+
+@region_rule("group_by_dest")
+def group_region(bp, op, ins, out, tiles) -> TileGrid:
+    """One tile per rank: where a copy goes depends on every copy's destination."""
+    x, dest = ins
+    return TileGrid(op.result, (rank_axis(bp.world),),
+                    (access(x, own(x, op), {}), access(dest, own(dest, op), {})),
+                    (access(out, DimRule("rank"), {}),))
+
+
+@region_rule("dest_counts")
+def counts_region(bp, op, ins, out, tiles) -> TileGrid:
+    """One tile per rank: the counts read all of dest."""
+    (dest,) = ins
+    return TileGrid(op.result, (rank_axis(bp.world),), (access(dest, own(dest, op), {}),),
+                    (access(out, DimRule("rank"), {}),))
+
+
+def _keys(dest: torch.Tensor, world: int) -> torch.Tensor:
+    """Each copy's rank, W for a copy not sent (so it sorts after every sent one)."""
+    flat = dest.reshape(-1).long()
+    return torch.where((flat >= 0) & (flat < world), flat, world)
+
+
+def grouped(x: torch.Tensor, dest: torch.Tensor, world: int) -> torch.Tensor:
+    """`group_by_dest` with torch ops, no host sync: x's row t for copy (t, j), the copies
+    stably sorted by rank."""
+    order = torch.sort(_keys(dest, world), stable=True).indices
+    return x.index_select(0, order // dest.shape[1])
+
+
+def counted(dest: torch.Tensor, world: int) -> torch.Tensor:
+    """`dest_counts` with torch ops, no host sync."""
+    key = _keys(dest, world)
+    n = torch.zeros(world + 1, dtype=torch.long, device=dest.device)
+    n.scatter_add_(0, key, torch.ones_like(key))
+    return n[:world].to(torch.int32)
+
+
+@reference("group_by_dest")
+def group_ref(op, ctx, args):
+    return [grouped(x, d, ctx.world) for x, d in zip(*args)]
+
+
+@dist_reference("group_by_dest")
+def group_dist_ref(op, ctx, args):
+    return grouped(*args, ctx.world)
+
+
+@reference("dest_counts")
+def counts_ref(op, ctx, args):
+    return [counted(d, ctx.world) for d in args[0]]
+
+
+@dist_reference("dest_counts")
+def counts_dist_ref(op, ctx, args):
+    return counted(args[0], ctx.world)
+
+
+rounding("group_by_dest")(copies)  # rows copied unchanged
+rounding("dest_counts")(lambda bp, op, plan: Sums(rounds=False))  # integers, exact
+
+
+def _uniform(bp, op, i, gen):
+    """Random destinations (the dest operand): each copy to a rank drawn uniformly."""
+    if i != len(op.args) - 1:
+        return None
+    return torch.randint(0, bp.world, tuple(bp.tensors[op.args[i]].local_shape), generator=gen)
+
+
+int_draw("group_by_dest")(_uniform)
+int_draw("dest_counts")(_uniform)
+
+
+def group_bytes(bp, op) -> float:
+    """HBM bytes of one rank's grouping: every copy's row read and written, dest read."""
+    x, dest = (bp.tensors[n] for n in op.args)
+    t, k = dest.local_shape
+    inner = 1
+    for d in x.local_shape[1:]:
+        inner *= d
+    return 2.0 * t * k * inner * DTYPE_BYTES.get(x.dtype, 2) + 4.0 * t * k
+
+
+register_vendor_work("group_by_dest", lambda bp, op: Work(0.0, group_bytes(bp, op)))
+register_vendor_work("dest_counts", lambda bp, op: Work(
+    0.0, 4.0 * bp.tensors[op.args[0]].local_shape[0] * bp.tensors[op.args[0]].local_shape[1]))
+
+
+def _scan(p: str, dest: str, before: str | None) -> list[str]:
+    """Kernel lines counting, per rank (`{p}_w`, W: not sent), every copy in `{p}_total`
+    and, with `before`, the copies before copy `before` in `{p}_before`."""
+    lines = [
+        f"{p}_w = tl.arange(0, {p}_WP)",
+        f"{p}_total = tl.zeros(({p}_WP,), dtype=tl.int32)",
+        f"{p}_before = tl.zeros(({p}_WP,), dtype=tl.int32)",
+        f"for {p}_c0 in range(0, {p}_C, {p}_SB):",
+        f"    {p}_offs = {p}_c0 + tl.arange(0, {p}_SB)",
+        f"    {p}_d = tl.load({dest} + {p}_offs, mask={p}_offs < {p}_C, other=-1).to(tl.int32)",
+        f"    {p}_key = tl.where(({p}_d >= 0) & ({p}_d < WORLD), {p}_d, WORLD)",
+        f"    {p}_hit = ({p}_key[:, None] == {p}_w[None, :]) & ({p}_offs < {p}_C)[:, None]",
+        f"    {p}_total += tl.sum({p}_hit.to(tl.int32), axis=0)",
+    ]
+    if before is not None:
+        lines.append(f"    {p}_before += tl.sum(({p}_hit & ({p}_offs < {before})[:, None])"
+                     ".to(tl.int32), axis=0)")
+    return lines
+
+
+def _scan_consts(kb, p: str, op, comment: str) -> None:
+    t, k = kb.mb.bp.tensors[op.args[-1]].local_shape
+    kb.const(f"{p}_C", value=t * k, comment=comment)
+    kb.const(f"{p}_K", value=k)
+    # (W + 1 buckets: the last holds the copies not sent)
+    kb.const(f"{p}_WP", value=_pow2(kb.mb.bp.world + 1))
+    kb.const(f"{p}_SB", value=min(SCAN_STEP, _pow2(t * k)))
+
+
+class GroupByDestTriton(Lowering):
+    """See the module docstring."""
+
+    kind = "group_by_dest"
+    name = "group_by_dest/triton"
+
+    def _items(self, site) -> int:
+        t, k = site.tensor(site.op.args[1]).local_shape
+        return -(-t * k // GB_COPIES)
+
+    def steps(self, site) -> list[Step]:
+        return [Step("tiles", site.op, self, f"items of {GB_COPIES} copies: count the copies "
+                     "before each per rank, copy its rows to their rank's group")]
+
+    def work(self, site) -> Work:
+        """Every row read and written once; dest scanned once per item."""
+        t, k = site.tensor(site.op.args[1]).local_shape
+        return Work(0.0, group_bytes(site.bp, site.op) + 4.0 * t * k * self._items(site),
+                    programs=self._items(site))
+
+    def render_step(self, step, kb) -> list[str]:
+        mb, op = kb.mb, step.op
+        x_name, dest_name = op.args
+        p = ident(op.result)
+        inner = 1
+        for d in mb.bp.tensors[x_name].local_shape[1:]:
+            inner *= d
+        _scan_consts(kb, p, op, f"group_by_dest {op.result}: C copies, K a token, WP rank "
+                     "buckets (a power of two > W), SB copies a scan step, GB copies an item, "
+                     "INNER elements a row in blocks of BH")
+        kb.const(f"{p}_GB", value=GB_COPIES)
+        kb.const(f"{p}_INNER", value=inner)
+        kb.const(f"{p}_BH", value=min(128, _pow2(inner)))
+        x, dest, out = (kb.view(n).base for n in (x_name, dest_name, op.result))
+        c = {n: f"{p}_{n}" for n in ("C", "K", "GB", "INNER", "BH")}
+        index = [f"{p}_lo = t * {c['GB']}"]
+        body = _scan(p, dest, f"{p}_lo") + [
+            "# each rank's group starts after the lower ranks' copies (sums over small",
+            "# [WP, WP] and [GB, GB] masks, not scans: a scan of so few elements does not",
+            "# compile for every target)",
+            f"{p}_start = tl.sum(tl.where({p}_w[None, :] < {p}_w[:, None], {p}_total[None, :], "
+            "0), axis=1)",
+            f"{p}_i = tl.arange(0, {c['GB']})",
+            f"{p}_offs = {p}_lo + {p}_i",
+            f"{p}_in = {p}_offs < {c['C']}",
+            f"{p}_d = tl.load({dest} + {p}_offs, mask={p}_in, other=-1).to(tl.int32)",
+            f"{p}_key = tl.where(({p}_d >= 0) & ({p}_d < WORLD), {p}_d, WORLD)",
+            f"{p}_hit = ({p}_key[:, None] == {p}_w[None, :]) & {p}_in[:, None]",
+            "# where each copy goes: its rank's start, its rank's copies before this item, then",
+            "# those of this item before it",
+            f"{p}_to = tl.sum(tl.where({p}_hit, {p}_start[None, :] + {p}_before[None, :], 0), "
+            "axis=1)",
+            f"{p}_to += tl.sum((({p}_key[None, :] == {p}_key[:, None]) & ({p}_i[None, :] < "
+            f"{p}_i[:, None])).to(tl.int32), axis=1)",
+            f"{p}_src = ({p}_offs // {c['K']}).to(tl.int64)",
+            f"for {p}_h0 in range(0, {c['INNER']}, {c['BH']}):",
+            f"    {p}_cols = {p}_h0 + tl.arange(0, {c['BH']})",
+            f"    {p}_m = {p}_in[:, None] & ({p}_cols < {c['INNER']})[None, :]",
+            f"    {p}_rows = tl.load({x} + {p}_src[:, None] * {c['INNER']} + {p}_cols[None, :], "
+            f"mask={p}_m)",
+            f"    tl.store({out} + {p}_to.to(tl.int64)[:, None] * {c['INNER']} + "
+            f"{p}_cols[None, :], {p}_rows, mask={p}_m)",
+        ]
+        return item_loop(step, str(self._items(mb.site_of(op.result))), index, [], body)
+
+
+class DestCountsTriton(Lowering):
+    """See the module docstring."""
+
+    kind = "dest_counts"
+    name = "dest_counts/triton"
+
+    def steps(self, site) -> list[Step]:
+        return [Step("tiles", site.op, self, "one program: count the copies going to each "
+                     "rank")]
+
+    def work(self, site) -> Work:
+        """dest read once, on one program."""
+        t, k = site.tensor(site.op.args[0]).local_shape
+        return Work(0.0, 4.0 * t * k, programs=1)
+
+    def render_step(self, step, kb) -> list[str]:
+        op = step.op
+        p = ident(op.result)
+        _scan_consts(kb, p, op, f"dest_counts {op.result}: C copies, K a token, WP rank "
+                     "buckets (a power of two > W), SB copies a scan step")
+        dest, out = kb.view(op.args[0]).base, kb.view(op.result).base
+        body = _scan(p, dest, None) + [
+            f"tl.store({out} + {p}_w, {p}_total, mask={p}_w < WORLD)"]
+        return item_loop(step, "1", [], [], body)
+
+
+register_lowering(GroupByDestTriton())
+register_lowering(DestCountsTriton())
