@@ -211,6 +211,18 @@ def flash_decode_gqa(B=4, H=8, HKV=2, S=512, D=64, dtype="bf16"):
 
 
 @tk.pattern
+def flash_decode_varlen(B=5, H=8, HKV=2, S=512, D=64, dtype="bf16"):
+    q = tk.input((B, H, D), dtype, placement="replicated")
+    k = tk.input((B, S / W, HKV, D), dtype)
+    v = tk.input((B, S / W, HKV, D), dtype)
+    kv_len = tk.input((B,), "int32", placement="replicated")
+    part = tk.attention_partial(q, k, v, kv_len)
+    parts = tk.all_gather(part, dim=0)
+    o = tk.lse_combine(parts)
+    return o
+
+
+@tk.pattern
 def sp_attention_causal(S=512, H=8, HKV=2, D=64, dtype="bf16"):
     q = tk.input((S, H, D), dtype, shard=0)
     k = tk.input((S, HKV, D), dtype, shard=0)

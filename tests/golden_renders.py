@@ -9,9 +9,9 @@ The set: the bench's design shapes (the defaults the bench and the Python API ta
 one AG and one GEMM-RS shape, every GPU case of `test_dist.py` at every world size it runs
 at, the emulated world's tuner space for the shipped examples, AG-MoE's kernel on both
 comm resources, EP MoE's all_to_all kernels (one expert per rank, and top-k routing with
-its combine as a receive step), sequence-parallel attention's kernel (causal and not) and
-Ulysses attention's; on cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and
-the interpreter.
+its combine as a receive step), sequence-parallel attention's kernel (causal and not),
+Ulysses attention's and flash-decode's over a ragged batch (per-sequence lengths); on
+cuda:90, cuda:80, hip:gfx942, the NVSHMEM flavour and the interpreter.
 
     python -m tests.golden_renders --write            # record the current renders' hashes
                                                       # (and the readable renders' texts)
@@ -154,6 +154,11 @@ def _cases():
     # EP MoE from plain routing (the grouping and counts computed by kernels of their own,
     # the combine's all_to_all sending back the counts the dispatch landed)
     yield from example("ep_moe_routed.tl", {"T": 500, "H": 520, "CAP": 768})
+    # flash-decode over a ragged batch (attention_partial reading each sequence's length:
+    # its splits' loops end at the length, its combines take rows with no key), several
+    # splits on the GPU targets
+    yield from example("flash_decode_varlen.tl", {"B": 5, "H": 32, "HKV": 8, "S": 2 * 1000,
+                                                  "D": 128})
 
 
 # a user tile function's module is named after a hash of its file's absolute path

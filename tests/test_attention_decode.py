@@ -172,6 +172,9 @@ def test_the_default_split_keeps_the_gpu_busy(b, h, hkv, busy):
     (MHA, {"B": 1, "H": 32, "S": 8192, "D": 128}, {}),
     (GQA, {"B": 2, "H": 32, "HKV": 4, "S": 2 * 1000, "D": 64}, {"kv_splits": "3"}),
     (GQA, {"B": 1, "H": 16, "HKV": 2, "S": 4096, "D": 128, "dtype": "fp16"}, {"kv_splits": "1"}),
+    # per-sequence lengths: the KV loop's bound read on the device, still pipelined
+    (EXAMPLES / "flash_decode_varlen.tl", {"B": 3, "H": 32, "HKV": 8, "S": 2 * 1000, "D": 128},
+     {"kv_splits": "3"}),
 ])
 def test_the_decode_kernel_compiles(target, path, sizes, config):
     s = make_schedule(_bp(path, sizes, 2), get_target(target), {"comm": "sm", **config})
@@ -261,3 +264,209 @@ def test_decode_bw_refuses_cleanly_without_a_gpu(tilelink_cli):
     assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
     bad = tilelink_cli.run_script(tool, ["--heads", "32/5"], ROOT, timeout=120)
     assert bad.returncode == 2 and "KV must divide H" in bad.stderr
+
+
+# ---- per-sequence lengths (kv_len) ---------------------------------------------------------
+
+VARLEN = EXAMPLES / "flash_decode_varlen.tl"
+
+
+def _lengths(world: int, keys: int, block: int, per_split: int, batch: int) -> list[list[int]]:
+    """Two calls' lengths of `batch` sequences (S = world * keys in all): 0, 1, one ending
+    mid-block, one ending mid-split (past its first block), one ending at the last rank's
+    first key (a rank boundary: W > 1), the full S; then others, shuffled."""
+    s = world * keys
+    first = [0, 1, block + 5, per_split * block + 3, (world - 1) * keys or keys - 2, s]
+    second = [s, keys + 1 if world > 1 else 3, 0, s - 1, 2 * block, block]
+    return [(first * 2)[:batch], (second * 2)[:batch]]
+
+
+def _oracle(q, ks, vs, lens) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v per sequence over its first kv_len[b] keys of the ranks'
+    slices in rank order (zeros where it has none), in fp64, head by head."""
+    k, v = torch.cat(ks, dim=1).double(), torch.cat(vs, dim=1).double()
+    bsz, heads, d = q.shape
+    group = heads // k.shape[2]
+    out = torch.zeros(bsz, heads, d, dtype=torch.float64)
+    for b in range(bsz):
+        n = max(0, min(int(lens[b]), k.shape[1]))
+        for h in range(heads if n else 0):
+            kh, vh = k[b, :n, h // group], v[b, :n, h // group]
+            w = torch.softmax(kh @ q[b, h].double() / math.sqrt(d), dim=0)
+            out[b, h] = w @ vh
+    return out
+
+
+def _varlen_run(world, sizes, config, calls, mutate=None, poison=False):
+    """(check report, [(inputs, output of rank 0)] per call) of the ragged decode in the
+    emulated world, one module for every call (each call its own lengths); `poison`: the
+    keys and values past each length are NaN."""
+    from tilelink.runtime import check
+    from tilelink.runtime.emulated import run_emulated
+    from tilelink.runtime.reference import make_inputs
+
+    s = make_schedule(_bp(VARLEN, sizes, world), get_target("interp"),
+                      {"comm": "sm", "block_n": "16", **config})
+    source = render_triton(s)
+    if mutate is not None:
+        changed = mutate(source)
+        assert changed != source
+        source = changed
+    per_call = []
+    for c, lens in enumerate(calls):
+        ins = make_inputs(s.bound, c)
+        n = torch.tensor(lens, dtype=torch.int32)
+        ins["kv_len"] = [n.clone() for _ in range(world)]
+        if poison:
+            keys = ins["k"][0].shape[1]
+            for r in range(world):
+                past = (torch.arange(keys) + r * keys).unsqueeze(0) >= n.unsqueeze(1)
+                for name in ("k", "v"):
+                    ins[name][r] = ins[name][r].masked_fill(past[:, :, None, None],
+                                                            float("nan"))
+        per_call.append(ins)
+    res = run_emulated(source, world, per_call, timeout=240)
+    report = check(s.bound, res) if not poison else None
+    return report, [(ins, outs["o"][0]) for ins, outs in zip(res.inputs, res.outputs)], s
+
+
+# (W, sizes, config): B = 5 or 7; a rank's keys never a multiple of the 16-key blocks
+VARLEN_RUNS = [
+    (1, {"B": 7, "H": 4, "HKV": 4, "S": 70, "D": 32}, {"kv_splits": "2"}),   # MHA, W = 1
+    (2, {"B": 7, "H": 8, "HKV": 2, "S": 2 * 75, "D": 64}, {"kv_splits": "3"}),  # GQA
+    (3, {"B": 5, "H": 2, "HKV": 2, "S": 3 * 37, "D": 32}, {"kv_splits": "1"}),  # MHA, 1 split
+    (4, {"B": 7, "H": 8, "HKV": 1, "S": 4 * 41, "D": 32}, {}),                # GQA, default
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(i, marks=() if i == 1 else pytest.mark.slow)
+                                  for i in range(len(VARLEN_RUNS))])
+def test_ragged_lengths_attend_only_to_each_sequences_keys(case):
+    # two calls of one compiled module with different lengths: 0 (zeros, never NaN), 1, a
+    # length ending mid-block, mid-split, at a rank boundary and the full S; the check's
+    # reference and an independent per-sequence oracle both agree with the kernel
+    world, sizes, config = VARLEN_RUNS[case]
+    bp = _bp(VARLEN, sizes, world)
+    keys = bp.tensors["k"].local_shape[1]
+    s = make_schedule(bp, get_target("interp"), {"comm": "sm", "block_n": "16", **config})
+    sp = _split(bp, bp.ops[0], s.config)
+    calls = _lengths(world, keys, sp.block, sp.per_split, sizes["B"])
+    report, runs, _ = _varlen_run(world, sizes, config, calls)
+    assert report.ok, report.lines
+    for (ins, got), lens in zip(runs, calls):
+        assert ins["kv_len"][0].tolist() == lens
+        assert torch.isfinite(got).all()
+        want = _oracle(ins["q"][0].float(), [x.float() for x in ins["k"]],
+                       [x.float() for x in ins["v"]], lens)
+        torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+        for b, n in enumerate(lens):
+            if n == 0:
+                assert (got[b] == 0).all()
+
+
+@pytest.mark.slow
+def test_a_split_past_the_length_loads_no_key():
+    # with the length mask inside a block taken away and every key past a block-aligned
+    # length NaN, the output stays finite only where the kernel never loads a block past
+    # the length; the same kernel streaming every block (its loop to NB) reads the NaNs
+    world, sizes, config = 2, {"B": 3, "H": 4, "HKV": 2, "S": 2 * 64, "D": 32}, {"kv_splits": "2"}
+    calls = [[16, 64 + 32, 0]]  # (a block, a rank and two blocks, none)
+    no_mask = lambda src: src.replace("smask = offs_s < n_b ", "smask = offs_s < S ")
+    _, runs, _ = _varlen_run(world, sizes, config, calls, no_mask, poison=True)
+    (ins, got), = runs
+    assert torch.isfinite(got).all()
+    want = _oracle(ins["q"][0].float(), [x.float() for x in ins["k"]],
+                   [x.float() for x in ins["v"]], calls[0])
+    torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+    every_block = lambda src: no_mask(src).replace("c * BPS + BPS, nb_b)", "c * BPS + BPS, NB)")
+    _, runs, _ = _varlen_run(world, sizes, config, calls, every_block, poison=True)
+    assert not torch.isfinite(runs[0][1]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what,mutate", [
+    # every rank takes the lengths as its own slice's (no rank offset)
+    ("rank offset", lambda src: src.replace("n_b - me * S", "n_b")),
+    # the keys past the length inside its last block count
+    ("length mask", lambda src: src.replace("smask = offs_s < n_b ", "smask = offs_s < S ")),
+    # a split with no key stores 0 / 0
+    ("empty split", lambda src: src.replace("l_i = tl.where(l_i > 0.0, l_i, 1.0)", "l_i = l_i")),
+])
+def test_a_broken_ragged_kernel_fails_the_check(what, mutate):
+    world, sizes, config = VARLEN_RUNS[1]
+    calls = [[0, 1, 21, 51, 75, 150, 100]]
+    assert _varlen_run(world, sizes, config, calls)[0].ok
+    assert not _varlen_run(world, sizes, config, calls, mutate)[0].ok, what
+
+
+def test_the_references_mask_each_sequence_and_combine_no_key_to_zeros():
+    from tilelink.ops.attention import _combine
+
+    torch.manual_seed(1)
+    b, h, hkv, s, d = 4, 4, 2, 10, 16
+    q, k, v = torch.randn(b, h, d), torch.randn(b, 2 * s, hkv, d), torch.randn(b, 2 * s, hkv, d)
+    lens = torch.tensor([0, 3, s, 2 * s], dtype=torch.int32)
+    parts = [_partial(q, k[:, r * s:(r + 1) * s], v[:, r * s:(r + 1) * s], lens, r * s)
+             for r in range(2)]
+    assert parts[0][0, :, d].isneginf().all() and (parts[0][0, :, :d] == 0).all()
+    assert parts[1][1, :, d].isneginf().all() and (parts[1][1, :, :d] == 0).all()
+    got = _combine(torch.cat(parts), 2, torch.float32)
+    assert torch.isfinite(got).all() and (got[0] == 0).all()
+    torch.testing.assert_close(got.double(), _oracle(q, [k], [v], lens.tolist()),
+                               atol=1e-5, rtol=1e-5)
+    # without lengths: every key, as before
+    torch.testing.assert_close(_partial(q, k, v, torch.full((b,), 2 * s)), _partial(q, k, v))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_plan_masks_each_sequence_on_its_ranks_keys(world, capsys):
+    # the non-overlapped plan (comm=none: each rank's distributed reference, then the
+    # gather and the combine) against the reference, random lengths 0 .. S in each call
+    sizes = {"B": 7, "H": 4, "HKV": 2, "S": world * 37, "D": 16}
+    assert main(run_argv(VARLEN, world, sizes, {"comm": "none"}, 3)) == 0
+    assert "check: OK" in capsys.readouterr().out
+
+
+VARLEN_SRC = """pattern p(B = 3, H = 4, S = 64, D = 16)
+    q : [B, H, D] bf16 replicated
+    k : [B, S / W, H, D] bf16
+    v : [B, S / W, H, D] bf16
+    kv_len : {decl}
+    part = attention_partial(q, k, v, kv_len{more})
+    return part
+"""
+
+
+@pytest.mark.parametrize("decl,more,words", [
+    ("[B] fp32 replicated", "", ["takes int32 tensors; its operand kv_len is fp32",
+                                 "declare kv_len as int32"]),
+    ("[B + 1] int32 replicated", "", ["one length per sequence: [3]; kv_len is [4]",
+                                      "declare kv_len : [B] int32 replicated"]),
+    ("[B, 1] int32 replicated", "", ["kv_len is [3, 1]", "declare kv_len : [B] int32"]),
+    ("[B] int32", "", ["must be the same on every rank", "kv_len is local",
+                       "declare kv_len : [B] int32 replicated"]),
+    ("[B] int32 replicated", ", kv_len", ["attention_partial takes 3 to 4 tensor argument(s), "
+                                          "got 5", "attention_partial(q, k, v[, kv_len])"]),
+])
+def test_bad_lengths_are_refused_at_their_line(decl, more, words):
+    with pytest.raises(PatternError) as e:
+        parse_text(VARLEN_SRC.format(decl=decl, more=more), "p.tl").bind({}, 2)
+    text = str(e.value)
+    assert "p.tl:6" in text
+    for w in words:
+        assert w in text
+
+
+def test_bad_lengths_are_refused_in_the_python_dsl():
+    import tilelink as tk
+
+    @tk.pattern
+    def p(B=3, H=4, S=64, D=16):
+        q = tk.input((B, H, D), "bf16", placement="replicated")
+        k = tk.input((B, S / tk.W, H, D), "bf16")
+        v = tk.input((B, S / tk.W, H, D), "bf16")
+        n = tk.input((B,), "int64", placement="replicated")
+        return tk.attention_partial(q, k, v, n)
+
+    with pytest.raises(PatternError, match="takes int32 tensors; its operand n is int64"):
+        p.bind({}, 2)

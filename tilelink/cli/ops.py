@@ -60,7 +60,7 @@ def signature(sp) -> str:
 
     if sp.details is not None and sp.details.signature:
         return sp.details.signature
-    args = list(sp.operands)
+    args = [sp.operand_words()] if sp.operands else []
     for k, v in sp.attrs.items():
         if v is not None:
             args.append(f"{k} = {v}")
@@ -80,6 +80,8 @@ def arguments(sp) -> list[tuple[str, str]]:
     for i, name in enumerate(sp.operands):
         dtypes = operand_dtypes(sp, i)
         facts = f"tensor, {dtype_words(dtypes) if dtypes else 'any dtype'}"
+        if i >= len(sp.operands) - sp.optional:
+            facts += ", optional"
         out.append((name, _join(facts, words.pop(name, ""))))
     for name, default in sp.attrs.items():
         kind = attr_kind(sp, name)

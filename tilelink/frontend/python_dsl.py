@@ -485,9 +485,8 @@ def _apply(kind: str, args: tuple, attrs: dict, name: str | None) -> Tensor:
         if a.trace is not trace:
             raise PatternError(f"argument {i + 1} of {kind} is a tensor of another pattern",
                                site.arg(i + skip))
-    if not sp.variadic and len(tensors) != len(sp.operands):
-        raise PatternError(f"{kind} takes {len(sp.operands)} tensor argument(s), got "
-                           f"{len(tensors)}", site.loc(), f"write {sp.usage()}")
+    if sp.arity_error(len(tensors)):
+        raise PatternError(sp.arity_error(len(tensors)), site.loc(), f"write {sp.usage()}")
     values = []
     for k, v in attrs.items():
         check_attr_name(sp, k, fn_name, trace.functions, site.kwarg(k))

@@ -184,9 +184,9 @@ class _Build(Transformer):
                 continue
             _check_attr(self.src, sp, tok, attrs)
             attrs.append((str(tok), value.value if isinstance(value, Const) else value))
-        if sp is not None and not sp.variadic and len(names) != len(sp.operands):
-            raise _err(PatternError, self.src, op, f"{kind} takes {len(sp.operands)} tensor "
-                       f"argument(s), got {len(names)}", f"write {sp.usage()}")
+        if sp is not None and sp.arity_error(len(names)):
+            raise _err(PatternError, self.src, op, sp.arity_error(len(names)),
+                       f"write {sp.usage()}")
         o = Op(kind, str(result), tuple(names), tuple(attrs), None, self.src.at(op), tuple(locs))
         return ("op", result, o)
 

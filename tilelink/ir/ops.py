@@ -113,15 +113,33 @@ class OpSpec:
     # a matrix product [M, K] x [K, N] -> [M, N] of its first two operands (the cost model
     # times it in waves of output tiles, with the collective feeding it or fed by it)
     matmul: bool = False
+    # how many of the last `operands` may be left out (attention_partial's per-sequence
+    # lengths): the shape rule, region rule, references and lowerings see only those given
+    optional: int = 0
 
     @property
     def takes_function(self) -> bool:
         """Whether the op's first argument is a user tile function (Python DSL only)."""
         return self.fn_attrs is not None
 
+    def operand_words(self) -> str:
+        """Its tensor arguments as written: 'q, k, v[, kv_len]' (optional ones bracketed)."""
+        need = len(self.operands) - self.optional
+        words = ", ".join(self.operands[:need])
+        return words + "".join(f"[, {a}]" for a in self.operands[need:])
+
+    def arity_error(self, given: int) -> str | None:
+        """Why `given` tensor arguments are wrong for this op (None: they are right)."""
+        need = len(self.operands) - self.optional
+        if self.variadic or need <= given <= len(self.operands):
+            return None
+        count = str(need) if not self.optional else f"{need} to {len(self.operands)}"
+        return f"{self.name} takes {count} tensor argument(s), got {given}"
+
     def usage(self) -> str:
         """How the op is written, e.g. 'all_gather(x, dim = 0)' (for error hints)."""
-        args = (["fn"] if self.takes_function else []) + list(self.operands)
+        args = (["fn"] if self.takes_function else []) + \
+            ([self.operand_words()] if self.operands else [])
         if self.variadic and not self.operands:
             args.append("*tensors")
         args += [f"{k} = {v}" if v is not None else k for k, v in self.attrs.items()]
@@ -133,18 +151,19 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, category, operands, attrs, doc, variadic=False, attr_kinds=None,
-             dtypes=None, details=None, fn_attrs=None, sums=False, matmul=False):
+             dtypes=None, details=None, fn_attrs=None, sums=False, matmul=False, optional=0):
     """Decorator: register a shape rule as the op family `name`. `attr_kinds` declares the
     kinds of its attributes (see tilelink.ir.attrs), `dtypes` the dtypes of its operands
     (see `operand_dtypes`); both are checked by `Pattern.bind` before the rule runs.
     `details` is its entry in the op reference (`OpDoc`); `fn_attrs` names the attributes
     the op's user function adds (see `OpSpec.fn_attrs`); `sums` marks a summing collective
-    (`OpSpec.sums`), `matmul` a matrix product (`OpSpec.matmul`)."""
+    (`OpSpec.sums`), `matmul` a matrix product (`OpSpec.matmul`); the last `optional`
+    operands may be left out (`OpSpec.optional`)."""
 
     def wrap(rule: ShapeRule) -> ShapeRule:
         OPS[name] = OpSpec(name, category, tuple(operands), dict(attrs), rule, doc, variadic,
                            dict(attr_kinds or {}), dict(dtypes or {}), details, fn_attrs,
-                           sums, matmul)
+                           sums, matmul, optional)
         return rule
 
     return wrap

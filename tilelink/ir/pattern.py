@@ -184,9 +184,8 @@ class Pattern:
             sp = spec(op.kind)
             for k, _ in op.attrs:
                 check_attr_name(sp, k, op.fn, self.functions, op.loc)
-            if not sp.variadic and len(op.args) != len(sp.operands):
-                raise PatternError(f"{op.kind} takes {len(sp.operands)} tensor argument(s), "
-                                   f"got {len(op.args)}", op.loc, f"write {sp.usage()}")
+            if sp.arity_error(len(op.args)):
+                raise PatternError(sp.arity_error(len(op.args)), op.loc, f"write {sp.usage()}")
             operands = [tensors[a] for a in op.args]
             _check_operand_dtypes(op, sp, operands, env, dsource)
             attrs = _bound_attrs(op, sp, env, operands, graph)

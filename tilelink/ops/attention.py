@@ -15,7 +15,7 @@ from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import AxisTiling, DimRule, GridAxis, TileGrid
 from ..runtime.bounds import UNIT_ROUNDOFF, Sums, rounding
 from ..runtime.dist_reference import dist_reference
-from ..runtime.reference import reference
+from ..runtime.reference import int_range, reference
 
 # ---- attention ---------------------------------------------------------------------------
 
@@ -240,33 +240,54 @@ def attention_dist_ref(op, ctx, args):
 PARTIAL_DTYPE = "fp32"
 
 
-@register("attention_partial", "compute", ["q", "k", "v"], {},
+@register("attention_partial", "compute", ["q", "k", "v", "kv_len"], {},
           "Decode attention over this rank's KV slice: q [B, H, D], k and v [B, S, HKV, D] "
-          "(H a multiple of HKV: grouped-query attention where HKV < H) -> [B, H, D + 1] in "
+          "(H a multiple of HKV: grouped-query attention where HKV < H), optionally "
+          "kv_len [B] int32 (each sequence's length) -> [B, H, D + 1] in "
           "fp32: the output over this slice (softmax-normalised over its keys) and, in the "
           "last column, the log-sum-exp of its scaled scores.",
+          optional=1, dtypes={3: ("int32",)},
           details=OpDoc(
               args={"q": "`[B, H, D]` per rank: one query per batch entry and head (decode)",
                     "k": "`[B, S, HKV, D]` per rank: this rank's S keys of the KV cache, q's "
                          "B, D and dtype; HKV divides H, and query head h attends to key "
                          "head h // (H / HKV) (grouped-query attention; HKV = H: one key "
                          "head per query head)",
-                    "v": "k's shape"},
+                    "v": "k's shape",
+                    "kv_len": "`[B]` int32, `replicated`, may be left out: sequence b's "
+                              "length, counted over every rank's keys (rank r holds keys "
+                              "r * S .. (r + 1) * S - 1 of each sequence, S its keys a "
+                              "rank); a rank attends only to its keys before kv_len[b]. "
+                              "Values below 0 count as 0, above W * S as W * S. Left out: "
+                              "every key of every sequence"},
               result="`[B, H, D + 1]` fp32, per rank (`local`): columns 0 .. D - 1 the "
                      "attention output over these S keys, column D the log-sum-exp of their "
-                     "scaled scores; lse_combine combines the ranks' partials",
-              example="part = attention_partial(q, k, v)",
+                     "scaled scores; lse_combine combines the ranks' partials. A row with "
+                     "no key (kv_len[b] at or before this rank's first key) is 0 with a "
+                     "log-sum-exp of -inf: lse_combine gives it no weight, and a sequence "
+                     "of length 0 combines to zeros",
+              example="part = attention_partial(q, k, v, kv_len)",
               given=("q : [B, H, D] bf16 replicated", "k : [B, S / W, H / 4, D] bf16",
-                     "v : [B, S / W, H / 4, D] bf16"),
+                     "v : [B, S / W, H / 4, D] bf16", "kv_len : [B] int32 replicated"),
               sizes="B = 2, H = 8, S = 64, D = 16",
               notes="The kernel splits each (batch, key head)'s keys into `kv_splits` "
                     "items (default: the count whose busiest persistent program streams the "
                     "fewest key blocks, at most 4 items a program and one split a block of "
                     "`block_n` keys), each reading its keys once for the head's whole query "
                     "group; the split of a key head that finishes last combines the splits' "
-                    "partials by their log-sum-exps, in the same kernel."))
+                    "partials by their log-sum-exps, in the same kernel. With kv_len the "
+                    "kernel reads each length on the device (no host sync: a CUDA graph "
+                    "captures it as it does the kernel without lengths; not yet run on a "
+                    "GPU): a split stops at the sequence's last block, and one past "
+                    "it loads no key (a ragged batch reads only its valid keys; the cost "
+                    "model still counts every key). The non-overlapped plan masks the "
+                    "scores in fp32 torch rather than calling the fused SDPA kernels. Paged "
+                    "KV (a block table per sequence, its pages scattered in one pool) is "
+                    "not taken: each split would load its page numbers and gather its key "
+                    "blocks through them, and the shapes here (a contiguous [B, S, HKV, D] "
+                    "slice a rank) have no way to say the pool or the table."))
 def partial_shape(op, xs, attrs, world):
-    q, k, v = xs
+    q, k, v = xs[:3]
     sq, sk, sv = local_shape(q), local_shape(k), local_shape(v)
     if len(sq) != 3 or len(sk) != 4 or sk != sv or (sk[0], sk[3]) != (sq[0], sq[2]):
         fail(op, f"attention_partial needs q [B, H, D] and k, v [B, S, HKV, D]; got "
@@ -276,7 +297,21 @@ def partial_shape(op, xs, attrs, world):
              f"heads (H = {sq[1]}): each key head serves H / HKV query heads",
              "give k and v a number of heads that divides q's")
     same_dtype(op, [q, k, v])
+    if len(xs) == 4:
+        _check_lengths(op, xs[3], sq[0])
     return Inferred((sq[0], sq[1], sq[2] + 1), PARTIAL_DTYPE, LOCAL)
+
+
+def _check_lengths(op, n, batch: int) -> None:
+    """Refuse a kv_len that is not one length per sequence on every rank ([B], replicated;
+    its dtype, int32, is checked at bind before the rule)."""
+    want = f"declare {n.name} : [B] int32 replicated (B = {batch}: one length per sequence)"
+    if list(n.local_shape) != [batch]:
+        fail(op, f"attention_partial's kv_len holds one length per sequence: [{batch}]; "
+             f"{n.name} is {list(n.local_shape)} a rank", want, arg=3)
+    if n.placement.kind != "replicated":
+        fail(op, f"attention_partial's kv_len must be the same on every rank (each rank "
+             f"reads every sequence's length); {n.name} is {n.placement.kind}", want, arg=3)
 
 
 def _group(q_shape, k_shape) -> int:
@@ -288,7 +323,7 @@ def _group(q_shape, k_shape) -> int:
 def partial_region(bp, op, ins, out, tiles) -> TileGrid:
     """Tiles (rank, batch b, head h): one query row against the rank's whole KV slice of
     its key head (h // G: the segment of G query heads holding h)."""
-    q, k, v = ins
+    q, k, v = ins[:3]
     group = _group(q.local_shape, k.local_shape)
     heads = GridAxis("h", AxisTiling(out.shape[1], group, 1))
     kv_head = DimRule("h", "segment") if group > 1 else DimRule("h")
@@ -296,25 +331,45 @@ def partial_region(bp, op, ins, out, tiles) -> TileGrid:
     reads = (access(q, own(q, op), {0: DimRule("b"), 1: DimRule("h")}),
              access(k, own(k, op), {0: DimRule("b"), 2: kv_head}),
              access(v, own(v, op), {0: DimRule("b"), 2: kv_head}))
+    # (kv_len: the tile's sequence's length)
+    reads += tuple(access(n, own(n, op), {0: DimRule("b")}) for n in ins[3:])
     writes = (access(out, DimRule("rank"), {0: DimRule("b"), 1: DimRule("h")}),)
     return TileGrid(op.result, axes, reads, writes)
 
 
-def _partial(q, k, v) -> torch.Tensor:
+def _partial(q, k, v, kv_len=None, first: int = 0) -> torch.Tensor:
     """[B, H, D + 1]: softmax(q k^T / sqrt(D)) v over this slice's keys, and the slice's
     log-sum-exp, in fp32; query head h reads key head h // G (torch's repeat_interleave of
-    the key heads)."""
+    the key heads). With `kv_len` ([B] global lengths; the slice's key t at global position
+    `first` + t): only the keys before sequence b's length, a row with none 0 and its
+    log-sum-exp -inf (a mask on the device: no host sync)."""
     group = _group(q.shape, k.shape)
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     s = torch.einsum("bhd,bshd->bhs", q.float(), k.float()) / math.sqrt(q.shape[-1])
-    lse = torch.logsumexp(s, dim=-1)
-    o = torch.einsum("bhs,bshd->bhd", torch.softmax(s, dim=-1), v.float())
+    if kv_len is None:
+        lse = torch.logsumexp(s, dim=-1)
+        o = torch.einsum("bhs,bshd->bhd", torch.softmax(s, dim=-1), v.float())
+        return torch.cat([o, lse.unsqueeze(-1)], dim=-1)
+    keys = torch.arange(k.shape[1], device=q.device) + first
+    valid = keys.unsqueeze(0) < kv_len.to(q.device).unsqueeze(1)  # [B, S]
+    s = s.masked_fill(~valid.unsqueeze(1), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # (-inf where a row has no key)
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0).unsqueeze(-1))
+    o = torch.einsum("bhs,bshd->bhd", p, v.float())
     return torch.cat([o, lse.unsqueeze(-1)], dim=-1)
 
 
 @reference("attention_partial")
 def partial_ref(op, ctx, args):
-    return [_partial(q, k, v).to(ctx.dtype) for q, k, v in zip(*args)]
+    # (rank r's slice holds keys r * S onwards of each sequence)
+    return [_partial(q, k, v, *n, first=r * k.shape[1]).to(ctx.dtype)
+            for r, (q, k, v, *n) in enumerate(zip(*args))]
+
+
+@int_range("attention_partial")
+def sequence_lengths(bp, op, i):
+    """kv_len (operand 3) takes lengths 0 .. W * S (random inputs stay valid)."""
+    return bp.world * bp.tensors[op.args[1]].local_shape[1] + 1 if i == 3 else None
 
 
 def _partial_sdpa(q, k, v) -> torch.Tensor | None:
@@ -342,12 +397,19 @@ def _partial_sdpa(q, k, v) -> torch.Tensor | None:
 
 @dist_reference("attention_partial")
 def partial_dist_ref(op, ctx, args):
-    q, k, v = args
+    import torch.distributed as dist
+
+    q, k, v = args[:3]
+    if len(args) == 4:
+        # (the fused SDPA kernels that return the log-sum-exp take no mask: the fp32 masked
+        # scores instead, all on the device)
+        first = dist.get_rank(ctx.group) * k.shape[1]
+        return _partial(q, k, v, args[3], first).to(ctx.dtype)
     if _vendor(q, ctx.exact):
         fast = _partial_sdpa(q, k, v)
         if fast is not None:
             return fast.to(ctx.dtype)
-    return _partial(*args).to(ctx.dtype)
+    return _partial(q, k, v).to(ctx.dtype)
 
 
 def stacked_partials(graph, name: str) -> tuple | None:
@@ -393,8 +455,10 @@ SPLITS = Attr("count", of=0, expected=stacked_partials, what="partials")
                               "where the pattern shows how parts was stacked, it must be "
                               "that many"},
               result="`[B, H, D]`, parts' dtype (fp32 from attention_partial): the partials' "
-                     "outputs weighted by the softmax of their log-sum-exps; `replicated` "
-                     "where parts is, else per rank (`local`)",
+                     "outputs weighted by the softmax of their log-sum-exps (a partial with "
+                     "a log-sum-exp of -inf, no key, weighs 0; a row whose partials all "
+                     "have -inf, a sequence of length 0, is 0); `replicated` where parts "
+                     "is, else per rank (`local`)",
               example="o = lse_combine(parts)",
               given=("parts : [W * B, H, D + 1] fp32 replicated",),
               sizes="B = 2, H = 4, D = 16"))
@@ -423,9 +487,11 @@ def combine_region(bp, op, ins, out, tiles) -> TileGrid:
 
 
 def _combine(parts: torch.Tensor, ways: int, dtype) -> torch.Tensor:
-    """sum_s exp(lse_s - logsumexp_s lse_s) * o_s over the `ways` stacked partials."""
+    """sum_s exp(lse_s - logsumexp_s lse_s) * o_s over the `ways` stacked partials; a row
+    whose partials all have a log-sum-exp of -inf (no key: a sequence of length 0) is 0."""
     p = parts.float().reshape(ways, parts.shape[0] // ways, *parts.shape[1:])
     weights = torch.softmax(p[..., -1], dim=0)  # [ways, B, H]
+    weights = weights.masked_fill(torch.isneginf(p[..., -1]).all(0, keepdim=True), 0.0)
     return (weights.unsqueeze(-1) * p[..., :-1]).sum(0).to(dtype)
 
 
@@ -460,6 +526,23 @@ def _pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
+#: where every partial of a row has a log-sum-exp of -inf (no key), their max is taken as 0:
+#: each weight exp(-inf - 0) is then 0, not exp(-inf + inf) (NaN), and the row's sum of
+#: weights 0 (the caller divides by 1 instead)
+_NO_KEY_TOP = 'top = tl.where(top > float("-inf"), top, 0.0)  # (no key in any partial)'
+
+
+def _may_hold_no_key(bp, name: str) -> bool:
+    """Whether partials `name` may hold a row with no key (log-sum-exp -inf): anything but
+    attention_partial results without kv_len (gathered by all_gather), where every row
+    has a key."""
+    producer = {op.result: op for op in bp.ops}
+    op = producer.get(name)
+    while op is not None and op.kind == "all_gather":
+        op = producer.get(op.args[0])
+    return op is None or op.kind != "attention_partial" or len(op.args) == 4
+
+
 class _DecodeTiles(Lowering):
     """A decode attention op's tiles: one (batch b, head h) row per item, a persistent loop
     over B * H items on the role's programs."""
@@ -468,7 +551,8 @@ class _DecodeTiles(Lowering):
     names = {"rank": ("me", "me + 1"), "b": ("b", "b + 1"), "h": ("h", "h + 1")}
 
     def reasons(self, site) -> list[str]:
-        dts = {site.tensor(a).dtype for a in site.op.args}
+        # (attention_partial's fourth operand, kv_len, is int32 lengths)
+        dts = {site.tensor(a).dtype for a in site.op.args[:3]}
         if not dts <= set(TL_DTYPES):
             return [f"operands are {', '.join(sorted(dts))}: attention kernels take float "
                     "tensors"]
@@ -660,7 +744,8 @@ class AttentionPartialTiles(_DecodeTiles):
         slice; stores its partial into the result (one split) or the buffer, where the
         last of g's splits then combines them."""
         whole = sp.splits == 1
-        q, k, v = (kb.view(a) for a in step.op.args)
+        q, k, v = (kb.view(a) for a in step.op.args[:3])
+        ragged = len(step.op.args) == 4  # (kv_len: each sequence's length)
         s, kv_heads = k.shape[1], k.shape[2]
         self._const(kb, site, HKV=kv_heads, G=sp.group, GP=sp.gp, S=s, BS=sp.block,
                     NB=sp.blocks, BPS=sp.per_split, STAGES=site.config.stages)
@@ -680,6 +765,20 @@ class AttentionPartialTiles(_DecodeTiles):
                 "    smask = offs_s < S  # (the slice's last block may be ragged)",
                 f"    kv = {tok.format('((b * S + offs_s[:, None]) * HKV + g) * D + offs_d[None, :]')}",
                 "    kvmask = smask[:, None] & dmask[None, :]"]
+        if ragged:
+            lens = kb.view(step.op.args[3]).base
+            head += [
+                f"n_b = tl.load({lens} + {tok.format('b')})  # sequence b's length, all ranks' keys",
+                "n_b = tl.minimum(tl.maximum(n_b - me * S, 0), S)  # its keys in this slice",
+                "nb_b = (n_b + BS - 1) // BS  # their blocks: a split past them loads no key",
+            ]
+            loop[:3] = ["for blk in tl.range(c * BPS, tl.minimum(c * BPS + BPS, nb_b), "
+                        "num_stages=STAGES):",
+                        "    offs_s = blk * BS + tl.arange(0, BS)",
+                        "    smask = offs_s < n_b  # (the sequence may end inside a block)"]
+        # (no key: acc is 0 and m_i -inf, so the row stores 0 and a log-sum-exp of -inf)
+        empty = ["l_i = tl.where(l_i > 0.0, l_i, 1.0)  # (no key: o 0, lse -inf)"] \
+            if ragged else []
         if sp.group == 1:
             body = head + [
                 f"q_row = {tok.format('(b * HQ + h) * D')}",
@@ -700,6 +799,7 @@ class AttentionPartialTiles(_DecodeTiles):
                 f"    vt = tl.load({v.base} + kv, mask=kvmask, other=0.0).to(tl.float32)",
                 "    acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)",
                 "    m_i = m_new",
+            ] + empty + [
                 f"row = {row.format(r='h')}",
                 f"tl.store({dst} + row + offs_d, acc / l_i, mask=dmask)",
                 f"tl.store({dst} + row + D, m_i + tl.log(l_i))  # the log-sum-exp column",
@@ -729,13 +829,14 @@ class AttentionPartialTiles(_DecodeTiles):
                 "dtype",
                 "    acc = acc * alpha[:, None] + pv",
                 "    m_i = m_new",
+            ] + empty + [
                 f"rows = {row.format(r='h + offs_g')}",
                 f"tl.store({dst} + rows[:, None] + offs_d[None, :], acc / l_i[:, None], "
                 "mask=qmask)",
                 f"tl.store({dst} + rows + D, m_i + tl.log(l_i), mask=gmask)  # log-sum-exps",
             ]
         if not whole:
-            body += self._combine(kb, site, sp)
+            body += self._combine(kb, site, sp, ragged)
         index = ["c = t % SPLITS", "g = (t // SPLITS) % HKV", "b = t // (SPLITS * HKV)",
                  "h = g * G  # its first query head"]
         return item_loop(step, "B * HKV * SPLITS", index, waits, body)
@@ -751,16 +852,23 @@ class AttentionPartialTiles(_DecodeTiles):
             return "", ', input_precision="tf32x3"'
         return "", ""
 
-    def _combine(self, kb, site, sp) -> list[str]:
+    def _combine(self, kb, site, sp, ragged: bool = False) -> list[str]:
         """After a split's store: count it on (b, g)'s counter; the split counting last
         (every other split's partial stored and released) combines each query head's
         SPLITS partials, weighted by exp(lse - max lse), summed and normalised, with the
-        row's log-sum-exp theirs combined, and resets the counter for the next call."""
+        row's log-sum-exp theirs combined, and resets the counter for the next call.
+        `ragged` (kv_len): a split may hold no key (its lse -inf), and so may every split of
+        a row (a sequence that ends before this rank's keys: the row stores 0, lse -inf)."""
         parts = kb.view(self._partials(site)).base
         out = kb.view(site.op.result).base
         cnt = kb.param(f"{self._counter(site)}_ptr", "*i32", f"sym[{self._counter(site)!r}]")
         self._const(kb, site, SP=_pow2(sp.splits), CB=min(_pow2(sp.splits), 16))
         # (.cg: the partials other programs wrote are read from L2, never a stale L1 line)
+        # (kv_len: a row's splits may all hold no key)
+        no_key = ["        " + _NO_KEY_TOP] if ragged else []
+        den = "den_j" if ragged else "den"
+        safe = ["        den_j = tl.where(den > 0.0, den, 1.0)  # (0: no split holds a key)"] \
+            if ragged else []
         return [
             "tl.debug_barrier()  # every thread's stores of this partial before the count",
             f"done = tl.atomic_add({cnt} + b * HKV + g, 1, sem=\"acq_rel\", scope=\"gpu\")",
@@ -772,7 +880,9 @@ class AttentionPartialTiles(_DecodeTiles):
             f"        lse = tl.load({parts} + at + offs_c * (D + 1) + D, mask=offs_c < SPLITS, "
             'other=float("-inf"), cache_modifier=".cg")',
             "        top = tl.max(lse, axis=0)",
+        ] + no_key + [
             "        den = tl.sum(tl.exp(lse - top), axis=0)",
+        ] + safe + [
             "        acc_j = tl.zeros((DP,), dtype=tl.float32)",
             "        for c0 in range(0, SPLITS, CB):  # CB splits' rows at a time",
             "            offs_k = c0 + tl.arange(0, CB)",
@@ -783,7 +893,7 @@ class AttentionPartialTiles(_DecodeTiles):
             'mask=kmask[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")',
             "            acc_j += tl.sum(wgt[:, None] * o, axis=0)",
             "        row_j = (b * HQ + h + j) * (D + 1)",
-            f"        tl.store({out} + row_j + offs_d, acc_j / den, mask=dmask)",
+            f"        tl.store({out} + row_j + offs_d, acc_j / {den}, mask=dmask)",
             f"        tl.store({out} + row_j + D, top + tl.log(den))  # the log-sum-exp column",
         ]
 
@@ -792,7 +902,9 @@ class AttentionPartialTiles(_DecodeTiles):
         the busiest one's items leave busy on average (items / its items), each streaming at
         the rate measured for it (`SPLIT_PROGRAM_GBS`: below torch's SDPA over the same
         keys, so the model keeps the plan where the kernel has nothing to overlap); the
-        splits' partials are written and read back once."""
+        splits' partials are written and read back once. With kv_len it still counts every
+        key of every sequence (the lengths are known only on the device): a ragged batch
+        runs faster than it says."""
         sp = _split(site.bp, site.op, site.config)
         programs = max(1, site.config.num_programs)
         busy = sp.items // _cdiv(sp.items, programs)
@@ -820,6 +932,7 @@ class LseCombineTiles(_DecodeTiles):
         bsz, heads, d = out.shape
         self._const(kb, site, B=bsz, H=heads, D=d, DP=_pow2(d), WAYS=ways)
         waits, _ = operand_waits(kb, step, self.names)
+        empty = _may_hold_no_key(site.bp, step.op.args[0])
         row0 = "(b * H + h) * (D + 1)"
         at = f"tld.consume_token({row0}, tok)" if waits else row0
         dt = TL_DTYPES[out.dtype]
@@ -830,6 +943,7 @@ class LseCombineTiles(_DecodeTiles):
             f'top = tl.load({parts.base} + at + D)',
             "for s in range(1, WAYS):",
             f"    top = tl.maximum(top, tl.load({parts.base} + at + s * B * H * (D + 1) + D))",
+        ] + ([_NO_KEY_TOP] if empty else []) + [
             "den = top * 0.0",
             "acc = tl.zeros((DP,), dtype=tl.float32)",
             "for s in range(WAYS):",
@@ -838,6 +952,8 @@ class LseCombineTiles(_DecodeTiles):
             f"    acc += wgt * tl.load({parts.base} + row + offs_d, mask=dmask, "
             "other=0.0).to(tl.float32)",
             "    den += wgt",
+        ] + (["den = tl.where(den > 0.0, den, 1.0)  # (0: no partial holds a key)"]
+             if empty else []) + [
             f"tl.store({out.base} + (b * H + h) * D + offs_d, (acc / den).to({dt}), mask=dmask)",
         ]
         return item_loop(step, "B * H", ["b = t // H", "h = t % H"], waits, body)
