@@ -463,3 +463,30 @@ def test_ag_moe_takes_the_plan_measured_faster(sizes, w, graph, measured):
 # and TileLink's grouped kernel 0.357 ms where the model, with its tiles' empty columns
 # counted, says 0.258: both narrow GEMMs run below the model's rate, the decision stands
 MOE_KNOWN_MISSES = {(64, 4, "nccl"), (64, 4, "sm")}
+
+
+# decode sizes, CUDA-graph replays on 2x H100 (2026-11-27, 1b25fa1, ms per call): a Llama-3-8B
+# layer's four GEMM + collective pairs at 8 tokens, W = 2; the kernel is the SM default of
+# that tree. A skinny GEMM has few tiles, so few programs stream its weights
+# (`DeviceSpec.local_cta_gbs` each), and NCCL's all-gather / reduce-scatter of a few rows took
+# 10-11 us (the model had 40, its all-reduce's)
+DECODE_H100 = [
+    ("ag_gemm", {"M": 8, "N": 6144, "K": 4096}, {"sm": .039, "nccl": .019}),
+    ("gemm_rs", {"M": 8, "N": 4096, "K": 4096}, {"sm": .034, "nccl": .016}),
+    ("ag_gemm", {"M": 8, "N": 28672, "K": 4096}, {"sm": .057, "nccl": .058}),
+    ("gemm_rs", {"M": 8, "N": 4096, "K": 14336}, {"sm": .063, "nccl": .036}),
+]
+
+
+@pytest.mark.parametrize("name,sizes,measured", DECODE_H100,
+                         ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items())
+                         if isinstance(v, dict) else str(v))
+def test_decode_sizes_replayed_take_the_plan_measured_faster(name, sizes, measured):
+    bp = _bp(name, 2, **sizes)
+    chosen, why = default_config(bp, _target("NVIDIA H100"), graph=True)
+    plan = _plan(chosen)
+    assert plan in measured and measured[plan] <= 1.05 * min(measured.values()), (plan, why)
+    # and the kernel's time within 20% of its measurement (the tiles that stream its weights)
+    dev = device_spec("NVIDIA H100")
+    kernel = estimate(bp, _config(bp, _target("NVIDIA H100"), "comm=sm"), dev, True).total
+    assert kernel == pytest.approx(measured["sm"], rel=0.2), kernel

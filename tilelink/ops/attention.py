@@ -1055,5 +1055,7 @@ register_knob(Knob("kv_splits", 0, "decode attention: programs each (batch, KV h
                    "into over the keys (0: chosen from occupancy)", "attention_partial",
                    quiet=True, searched=True, after="library_comm"))
 register_vendor_work("attention_partial", lambda bp, op: Work(*_partial_work(bp, op)))
-register_vendor_work("lse_combine", lambda bp, op: Work(*_combine_work(bp, op)))
+# (the plan's combine is `_combine`'s eight torch kernels: the cast, the softmax, the
+# no-key mask's three, the product, the sum, the cast back)
+register_vendor_work("lse_combine", lambda bp, op: Work(*_combine_work(bp, op), launches=8))
 register_vendor_work("attention", _attention_work)

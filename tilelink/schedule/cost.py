@@ -120,7 +120,9 @@ class DeviceSpec:
     # waits on every tile's signal, the protocol's atomics at both ends)
     reduce_pass_us: float = 13.0
     # the non-overlapped plan's library collectives: name -> (latency us, GB/s of the bytes
-    # one rank sends, `lowering.register_library_comm`)
+    # one rank sends, `lowering.register_library_comm`[, "per_step": the latency is one ring
+    # step's, W - 1 of them]); `name:kind` for one collective kind where it was measured
+    # apart
     library: dict = field(default_factory=dict)
     # a mover ("sm": SM stores or loads, torch's symmetric-memory kernels too; "ce": the copy
     # engine) -> ((peers sent to at once, share of the one-peer bandwidth), ...)
@@ -190,7 +192,11 @@ H100 = DeviceSpec(
     nccl_gbs=((16 * MB, 171.0), (64 * MB, 216.0), (256 * MB, 238.0)),
     sm_copy_gbs=H200.sm_copy_gbs,
     sm_scale=H200.sm_scale,
-    library={"nccl": (40.0, 305.0), "symm_one_shot": (15.0, 187.0),
+    # NCCL's all-gather and reduce-scatter of a few rows (32-64 KiB a rank, W = 2, graph
+    # replays, 2026-11-27): 10-11 us, taken per ring step (W - 1 of them); its all-reduce
+    # keeps the 40 us the sweep fitted
+    library={"nccl": (40.0, 305.0), "nccl:all_gather": (10.0, 305.0, "per_step"),
+             "nccl:reduce_scatter": (10.0, 305.0, "per_step"), "symm_one_shot": (15.0, 187.0),
              "symm_two_shot": (12.0, 327.0)},
     # 4x H100 (2026-11-26): the copy engine to 3 peers at once ~220 GB/s against ~360 to one;
     # SM one-shot pushes of GEMM-AR at W = 4 (M = 4096: 1.058 ms) ~240 against ~270 at W = 2
@@ -301,7 +307,10 @@ def _gemm(dev, m, n, k, cfg, programs, elem, tiled=True) -> tuple[float, float]:
     waves = tiles / programs
     if tiled:  # the idle part of the last wave, spread over the waves as programs drift apart
         waves += dev.tail_weight * (math.ceil(waves) - waves) / math.ceil(waves)
-    memory_s = (m * k + k * n + m * n) * elem / (dev.hbm_gbs * 1e9)
+    hbm = dev.hbm_gbs
+    if tiled:  # few tiles (a skinny GEMM): only as many programs stream its operands
+        hbm = min(hbm, min(tiles, programs) * dev.local_cta_gbs)
+    memory_s = (m * k + k * n + m * n) * elem / (hbm * 1e9)
     return (max(waves * tile_s, memory_s) + dev.launch_us * 1e-6) * 1e3, tile_s * 1e3
 
 
@@ -435,7 +444,10 @@ def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> floa
     calls = dev.library
     name = library_comm if library_comm in calls and library_comm != "nccl" and \
         takes_library(bp, op, library_comm) else "nccl"
-    lat_us, gbs = calls.get(name, (40.0, 150.0))
+    # (a collective's own measured entry, `name:kind`, where the device has one)
+    lat_us, gbs, *per = calls.get(f"{name}:{op.kind}", calls.get(name, (40.0, 150.0)))
+    if per:  # a latency per step of a ring over the W ranks
+        lat_us *= max(1, bp.world - 1)
     if name != "nccl":
         gbs *= share(dev, "sm", bp.world - 1)
     nbytes = library_moved_bytes(bp, op, name)
@@ -567,7 +579,7 @@ def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
     bw = dev.hbm_gbs
     if programs is not None:
         bw = min(bw, min(programs, dev.num_sms) * (program_gbs or dev.local_cta_gbs))
-    return max(flops_ms, work.hbm_bytes / (bw * 1e9) * 1e3) + dev.launch_us * 1e-3
+    return max(flops_ms, work.hbm_bytes / (bw * 1e9) * 1e3) + work.launches * dev.launch_us * 1e-3
 
 
 def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:

@@ -156,6 +156,9 @@ class Work:
     # attention tile needs all the keys its queries see, so until the last chunk lands only
     # the first wave's own keys are computed)
     ready_share: float = 1.0
+    # the kernels it launches one after another (a vendor call made of several torch ops
+    # pays a launch for each)
+    launches: int = 1
 
 
 # op kind -> fn(bp, op) -> Work: what the vendor library's call for a compute op does in the
