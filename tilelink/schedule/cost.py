@@ -196,7 +196,7 @@ H100 = DeviceSpec(
     # replays, 2026-11-27): 10-11 us, taken per ring step (W - 1 of them); its all-reduce
     # keeps the 40 us the sweep fitted
     library={"nccl": (40.0, 305.0), "nccl:all_gather": (10.0, 305.0, "per_step"),
-             "nccl:reduce_scatter": (10.0, 305.0, "per_step"), "symm_one_shot": (15.0, 187.0),
+             "nccl:reduce_scatter": (10.0, 305.0), "symm_one_shot": (15.0, 187.0),
              "symm_two_shot": (12.0, 327.0)},
     # 4x H100 (2026-11-26): the copy engine to 3 peers at once ~220 GB/s against ~360 to one;
     # SM one-shot pushes of GEMM-AR at W = 4 (M = 4096: 1.058 ms) ~240 against ~270 at W = 2
