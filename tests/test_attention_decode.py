@@ -470,3 +470,14 @@ def test_bad_lengths_are_refused_in_the_python_dsl():
 
     with pytest.raises(PatternError, match="takes int32 tensors; its operand n is int64"):
         p.bind({}, 2)
+
+
+def test_random_lengths_span_every_rank_and_split():
+    # `tilelink run --check` and the bench draw kv_len over 0 .. W * S (the default random
+    # integers, 0 .. 3, would end every sequence in rank 0's first block)
+    from tilelink.runtime.reference import make_inputs
+
+    bp = load_text(VARLEN).bind({"B": 64, "S": 4096}, 4)
+    lens = make_inputs(bp, 0)["kv_len"][0]
+    assert int(lens.min()) >= 0 and int(lens.max()) <= 4096
+    assert {int(x) // 1024 for x in lens} >= {0, 1, 2, 3}  # lengths ending on every rank

@@ -15,7 +15,7 @@ from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ..plan.tiling import AxisTiling, DimRule, GridAxis, TileGrid
 from ..runtime.bounds import UNIT_ROUNDOFF, Sums, rounding
 from ..runtime.dist_reference import dist_reference
-from ..runtime.reference import int_range, reference
+from ..runtime.reference import int_draw, int_range, reference
 
 # ---- attention ---------------------------------------------------------------------------
 
@@ -370,6 +370,17 @@ def partial_ref(op, ctx, args):
 def sequence_lengths(bp, op, i):
     """kv_len (operand 3) takes lengths 0 .. W * S (random inputs stay valid)."""
     return bp.world * bp.tensors[op.args[1]].local_shape[1] + 1 if i == 3 else None
+
+
+@int_draw("attention_partial")
+def draw_sequence_lengths(bp, op, i, gen):
+    """Random kv_len (operand 3) spread over the whole 0 .. W * S, so a random batch holds
+    lengths ending on every rank and in every split (the default random integers, 0 .. 3,
+    would end every sequence in rank 0's first block)."""
+    if i != 3:
+        return None
+    return torch.randint(0, sequence_lengths(bp, op, i), bp.tensors[op.args[3]].local_shape,
+                         generator=gen)
 
 
 def _partial_sdpa(q, k, v) -> torch.Tensor | None:
