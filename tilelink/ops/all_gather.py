@@ -509,7 +509,8 @@ def _gather_bytes(bp, op) -> float:
     return (bp.world - 1) * local_bytes(bp, op.args[0])
 
 
-register_library_comm("all_gather", "nccl", _gather_bytes)
+register_library_comm("all_gather", "nccl", _gather_bytes,
+                      timing="nccl_gather")  # (a latency per ring step, measured)
 register_library_comm("all_gather", "async_tp", _gather_bytes, applies=_async_tp_applies,
                       pipelined=True)
 register_lowering(AllGatherSM())

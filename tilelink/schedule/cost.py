@@ -78,8 +78,8 @@ from ..errors import NotSupportedError
 from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
 from .config import Config
-from .lowering import (VENDOR_WORK, Work, library_moved_bytes, op_sites, pipelined,
-                       takes_library)
+from .lowering import (VENDOR_WORK, Work, library_moved_bytes, library_timing, op_sites,
+                       pipelined, takes_library)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
 #: the overlapped default must beat the non-overlapped plan's estimate by this share to be
@@ -121,8 +121,8 @@ class DeviceSpec:
     reduce_pass_us: float = 13.0
     # the non-overlapped plan's library collectives: name -> (latency us, GB/s of the bytes
     # one rank sends, `lowering.register_library_comm`[, "per_step": the latency is one ring
-    # step's, W - 1 of them]); `name:kind` for one collective kind where it was measured
-    # apart
+    # step's, W - 1 of them]); a collective's registration may name another entry to be
+    # timed by (`LibraryTraits.timing`: NCCL's gathers and scatters, measured apart)
     library: dict = field(default_factory=dict)
     # a mover ("sm": SM stores or loads, torch's symmetric-memory kernels too; "ce": the copy
     # engine) -> ((peers sent to at once, share of the one-peer bandwidth), ...)
@@ -192,11 +192,11 @@ H100 = DeviceSpec(
     nccl_gbs=((16 * MB, 171.0), (64 * MB, 216.0), (256 * MB, 238.0)),
     sm_copy_gbs=H200.sm_copy_gbs,
     sm_scale=H200.sm_scale,
-    # NCCL's all-gather and reduce-scatter of a few rows (32-64 KiB a rank, W = 2, graph
-    # replays, 2026-11-27): 10-11 us, taken per ring step (W - 1 of them); its all-reduce
-    # keeps the 40 us the sweep fitted
-    library={"nccl": (40.0, 305.0), "nccl:all_gather": (10.0, 305.0, "per_step"),
-             "nccl:reduce_scatter": (10.0, 305.0), "symm_one_shot": (15.0, 187.0),
+    # NCCL gathering or scattering a few rows (32-64 KiB a rank, graph replays, 2026-11-27):
+    # 10-11 us at W = 2; at W = 4 the gather 27-50 (taken per ring step, W - 1 of them), the
+    # scatter 10-12; the all-reduce keeps the 40 us the sweep fitted ("nccl")
+    library={"nccl": (40.0, 305.0), "nccl_gather": (10.0, 305.0, "per_step"),
+             "nccl_scatter": (10.0, 305.0), "symm_one_shot": (15.0, 187.0),
              "symm_two_shot": (12.0, 327.0)},
     # 4x H100 (2026-11-26): the copy engine to 3 peers at once ~220 GB/s against ~360 to one;
     # SM one-shot pushes of GEMM-AR at W = 4 (M = 4096: 1.058 ms) ~240 against ~270 at W = 2
@@ -444,8 +444,8 @@ def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> floa
     calls = dev.library
     name = library_comm if library_comm in calls and library_comm != "nccl" and \
         takes_library(bp, op, library_comm) else "nccl"
-    # (a collective's own measured entry, `name:kind`, where the device has one)
-    lat_us, gbs, *per = calls.get(f"{name}:{op.kind}", calls.get(name, (40.0, 150.0)))
+    # (the entry the op's registration names, where this device has it measured)
+    lat_us, gbs, *per = calls.get(library_timing(op, name), calls.get(name, (40.0, 150.0)))
     if per:  # a latency per step of a ring over the W ranks
         lat_us *= max(1, bp.world - 1)
     if name != "nccl":

@@ -52,22 +52,32 @@ class LibraryTraits:
     one fused call does the collective and the compute op it feeds or is fed by, in W steps
     that overlap the copies with the compute (torch async-TP's fused symmetric-memory ops),
     so the cost model times the pair as that pipeline; `host_sync`: each call reads device
-    values on the host (split sizes, say), so no CUDA graph can capture it."""
+    values on the host (split sizes, say), so no CUDA graph can capture it; `timing`: the
+    entry of a device's measured library table (`cost.DeviceSpec.library`) that times this
+    call where the device has one (None, or no such entry: the one named `name`)."""
 
     applies: Callable | None = None
     pipelined: bool = False
     host_sync: bool = False
+    timing: str | None = None
 
 
 def register_library_comm(kind: str, name: str, moved: Callable,
                           applies: Callable | None = None, pipelined: bool = False,
-                          host_sync: bool = False) -> None:
+                          host_sync: bool = False, timing: str | None = None) -> None:
     """Register library call `name` ("nccl", or a `library_comm` variant) of collective
     `kind` in the non-overlapped plan, with `moved(bp, op)`: the bytes one rank sends per call
     with it (what the cost model charges), and its `LibraryTraits`. An op family module calls
     this at import."""
     LIBRARY_COMMS.setdefault(kind, {})[name] = moved
-    LIBRARY_TRAITS[(kind, name)] = LibraryTraits(applies, pipelined, host_sync)
+    LIBRARY_TRAITS[(kind, name)] = LibraryTraits(applies, pipelined, host_sync, timing)
+
+
+def library_timing(op, name: str) -> str:
+    """The device library table's entry that times `op`'s call `name` (`LibraryTraits.
+    timing`, else `name`)."""
+    traits = LIBRARY_TRAITS.get((op.kind, name))
+    return traits.timing if traits is not None and traits.timing else name
 
 
 def library_capturable(bp, name: str) -> bool:

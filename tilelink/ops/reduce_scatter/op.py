@@ -151,6 +151,7 @@ def _scatter_bytes(bp, op) -> float:
     return (bp.world - 1) * local_bytes(bp, op.result)
 
 
-register_library_comm("reduce_scatter", "nccl", _scatter_bytes)
+register_library_comm("reduce_scatter", "nccl", _scatter_bytes,
+                      timing="nccl_scatter")  # (a few rows: flat latency, measured)
 register_library_comm("reduce_scatter", "async_tp", _scatter_bytes, applies=_async_tp_applies,
                       pipelined=True)
