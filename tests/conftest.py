@@ -77,10 +77,10 @@ def _runs_slow(config) -> bool:
 
 def pytest_report_header(config):
     if _runs_slow(config):
-        return ("tilelink: the full suite, slow tests included (about 15 minutes on 2 cores "
+        return ("tilelink: the full suite, slow tests included (about 16 minutes on 2 cores "
                 "with -n 2 --dist loadgroup)")
     return ("tilelink: the quick selection (about 4 minutes on 2 cores); "
-            "TILELINK_TESTS=full adds the slow tests (about 15 minutes with -n 2 "
+            "TILELINK_TESTS=full adds the slow tests (about 16 minutes with -n 2 "
             "--dist loadgroup)")
 
 
@@ -99,15 +99,15 @@ WARM_MODULE_FIXTURES = ("interp_results", "kernel_results", "compiled_all", "gem
                         "ag_run", "other_run")
 
 
-def _group_warm_fixtures(items) -> None:
-    """Marks each test that takes a WARM_MODULE_FIXTURES fixture `xdist_group(MODULE)`."""
-    for item in items:
-        if any(f in WARM_MODULE_FIXTURES for f in getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+def pytest_itemcollected(item):
+    """Marks a test that takes a WARM_MODULE_FIXTURES fixture `xdist_group(MODULE)` as it is
+    collected: xdist's worker reads the marks in its pytest_collection_modifyitems, which
+    runs before this conftest's."""
+    if any(f in WARM_MODULE_FIXTURES for f in getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def pytest_collection_modifyitems(config, items):
-    _group_warm_fixtures(items)
     n = _gpus()
     if not _runs_slow(config):
         _QUICK_LEFT_OUT[:] = [it for it in items if "slow" in it.keywords]
