@@ -77,16 +77,34 @@ def _runs_slow(config) -> bool:
 
 def pytest_report_header(config):
     if _runs_slow(config):
-        return "tilelink: the full suite, slow tests included (about 24 minutes on 2 cores)"
+        return ("tilelink: the full suite, slow tests included (about 16 minutes on 2 cores "
+                "with -n 2 --dist loadgroup)")
     return ("tilelink: the quick selection (about 4 minutes on 2 cores); "
-            "TILELINK_TESTS=full adds the slow tests (about 24 minutes)")
+            "TILELINK_TESTS=full adds the slow tests (about 16 minutes with -n 2 "
+            "--dist loadgroup)")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _QUICK_LEFT_OUT:
         terminalreporter.write_line(
             f"tilelink: {len(_QUICK_LEFT_OUT)} slow tests left out of the quick selection; "
-            "TILELINK_TESTS=full python3 -m pytest -q runs them (as CI does)")
+            "TILELINK_TESTS=full python3 -m pytest -q -n 2 --dist loadgroup runs them "
+            "(as CI does)")
+
+
+# Module fixtures that start a process or compile kernels (seconds each): under pytest-xdist's
+# `--dist loadgroup` (as CI runs), the tests that take one run on one worker, so it is built
+# once, not once a worker. Other tests spread over the workers one by one.
+WARM_MODULE_FIXTURES = ("interp_results", "kernel_results", "compiled_all", "gemm_sm90",
+                        "ag_run", "other_run")
+
+
+def pytest_itemcollected(item):
+    """Marks a test that takes a WARM_MODULE_FIXTURES fixture `xdist_group(MODULE)` as it is
+    collected: xdist's worker reads the marks in its pytest_collection_modifyitems, which
+    runs before this conftest's."""
+    if any(f in WARM_MODULE_FIXTURES for f in getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def pytest_collection_modifyitems(config, items):

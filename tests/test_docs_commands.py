@@ -314,7 +314,9 @@ def collections() -> dict[tuple[str, ...], tuple[int, str]]:
             for i, c in enumerate(PYTEST)}
 
 
+# (one xdist group: collections() runs once a process, so on one worker of CI's -n 2)
 @pytest.mark.slow
+@pytest.mark.xdist_group("documented_pytest_collections")
 @pytest.mark.parametrize("c", PYTEST, ids=lambda c: c.where)
 def test_pytest_command_collects(c):
     code, out = collections()[c.argv]

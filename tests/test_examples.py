@@ -110,8 +110,16 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
 # CAP = 24-row slots). sp_ulysses at S = 36, H = 4 is also tests/test_reshard.py's run at
 # W = 2 and 4 (this interp default is its comm=sm kernel; test_reshard pins that);
 # attention (no collective) at S = 72 keeps a ragged last block and a key head per 2 query
-# heads (221 s at S = 512 on 2 cores, W = 2 and 4)
-EMULATED_SIZES = {"sp_attention": ["-D", "S=128", "-D", "H=4"],
+# heads (221 s at S = 512 on 2 cores, W = 2 and 4). The decode and MoE examples (their
+# default sizes 200 s at W = 2 and 4 on 2 busy cores) run the same schedule as at their
+# defaults on fewer rows: flash_decode(_gqa) S = 148 (74 and 37 keys a rank, ragged 32-key
+# blocks), moe_rs / ag_moe T = 72, K and N off the 32 tiles; their families cover more
+# shapes and routings (tests/test_attention_decode.py, tests/test_moe.py)
+EMULATED_SIZES = {"flash_decode": ["-D", "B=2", "-D", "H=4", "-D", "S=148"],
+                  "flash_decode_gqa": ["-D", "B=2", "-D", "S=148"],
+                  "moe_rs": ["-D", "T=72", "-D", "K=96", "-D", "N=48"],
+                  "ag_moe": ["-D", "T=72", "-D", "K=40", "-D", "N=96"],
+                  "sp_attention": ["-D", "S=128", "-D", "H=4"],
                   "sp_attention_causal": ["-D", "S=128", "-D", "H=4"],
                   "sp_ulysses": ["-D", "S=36", "-D", "H=4"],
                   "ep_moe": ["-D", "T=56", "-D", "H=40", "-D", "CAP=24"],
