@@ -468,7 +468,7 @@ MOE_KNOWN_MISSES = {(64, 4, "nccl"), (64, 4, "sm")}
 # decode sizes, CUDA-graph replays (2026-11-27, ms per call): a Llama-3-8B layer's four GEMM +
 # collective pairs at 8 tokens; W = 2 on 2x H100 (1b25fa1), W = 4 on 4x H100 (a1e6070); the
 # SM kernel against NCCL + cuBLAS. A skinny GEMM has few tiles, so few programs stream its
-# weights (`DeviceSpec.local_cta_gbs` each); NCCL's all-gather of a few rows took 10 us at
+# weights (`DeviceSpec.cta_hbm_share`); NCCL's all-gather of a few rows took 10 us at
 # W = 2 and 27-50 at W = 4 (per ring step in the model), its reduce-scatter 10-12 at both
 # (the model had 40 for every NCCL call, its all-reduce's)
 AG1, RS1 = ("ag_gemm", {"M": 8, "N": 6144, "K": 4096}), ("gemm_rs", {"M": 8, "N": 4096, "K": 4096})

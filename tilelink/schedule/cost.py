@@ -108,6 +108,10 @@ class DeviceSpec:
     # (fraction of SMs, fraction of full-GPU GEMM throughput) points
     sm_scale: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 1.0))
     local_cta_gbs: float = 40.0  # one CTA copying or reducing in its own HBM
+    # how many times its even share of HBM (hbm_gbs / num_sms) one program of a GEMM streams
+    # when few run: a skinny GEMM's 24 programs read their weights at ~35 GB/s each on an
+    # H100 (2026-11-27, AG 8 x 6144 x 4096 at W = 2: 0.039 ms), 1.5x the 23 GB/s share
+    cta_hbm_share: float = 1.5
     signal_us: float = 2.0  # one notify -> wait round trip (release + acquire, system scope)
     # what one GEMM-RS chunk on the copy engine's stream (a stream wait for its tiles, the
     # copy, the signal) adds to a call, exposed although the copies overlap the GEMM (the
@@ -193,9 +197,9 @@ H100 = DeviceSpec(
     sm_copy_gbs=H200.sm_copy_gbs,
     sm_scale=H200.sm_scale,
     # NCCL gathering or scattering a few rows (32-64 KiB a rank, graph replays, 2026-11-27):
-    # 10-11 us at W = 2; at W = 4 the gather 27-50 (taken per ring step, W - 1 of them), the
-    # scatter 10-12; the all-reduce keeps the 40 us the sweep fitted ("nccl")
-    library={"nccl": (40.0, 305.0), "nccl_gather": (10.0, 305.0, "per_step"),
+    # 10-11 us at W = 2; at W = 4 the gather 27-50 (13 us a ring step here, W - 1 of them),
+    # the scatter 10-12; the all-reduce keeps the 40 us the sweep fitted ("nccl")
+    library={"nccl": (40.0, 305.0), "nccl_gather": (13.0, 305.0, "per_step"),
              "nccl_scatter": (10.0, 305.0), "symm_one_shot": (15.0, 187.0),
              "symm_two_shot": (12.0, 327.0)},
     # 4x H100 (2026-11-26): the copy engine to 3 peers at once ~220 GB/s against ~360 to one;
@@ -309,7 +313,8 @@ def _gemm(dev, m, n, k, cfg, programs, elem, tiled=True) -> tuple[float, float]:
         waves += dev.tail_weight * (math.ceil(waves) - waves) / math.ceil(waves)
     hbm = dev.hbm_gbs
     if tiled:  # few tiles (a skinny GEMM): only as many programs stream its operands
-        hbm = min(hbm, min(tiles, programs) * dev.local_cta_gbs)
+        busy = min(tiles, programs)
+        hbm = min(hbm, hbm * busy * dev.cta_hbm_share / dev.num_sms)
     memory_s = (m * k + k * n + m * n) * elem / (hbm * 1e9)
     return (max(waves * tile_s, memory_s) + dev.launch_us * 1e-6) * 1e3, tile_s * 1e3
 
