@@ -201,9 +201,9 @@ def derive(tensor: str, producer: TileGrid, consumer: TileGrid, extents) -> list
 def _derive_static(dep: Dependency) -> None:
     """The closed form of a static dependency where it reproduces the general derivation on
     every consumer tile (shown axis by axis, `_factors_agree`, or else tile by tile), else
-    its lookup table. The read's box depends only on the consumer
-    axes its dims name, so the derivation visits their product (the other axes at 0) and a
-    table, where one is needed, repeats it over the rest."""
+    its lookup table. The read's box depends only on the consumer axes its dims name, so
+    the derivation visits their product (the other axes at 0) and a table, where one is
+    needed, repeats it over the rest."""
     consumer, producer, read, write = dep.consumer, dep.producer, dep.read, dep.write
     closed = _closed_form(producer, write)
     if closed is not None and _factors_agree(dep, closed):
