@@ -197,9 +197,10 @@ H100 = DeviceSpec(
     sm_copy_gbs=H200.sm_copy_gbs,
     sm_scale=H200.sm_scale,
     # NCCL gathering or scattering a few rows (32-64 KiB a rank, graph replays, 2026-11-27):
-    # 10-11 us at W = 2; at W = 4 the gather 27-50 (13 us a ring step here, W - 1 of them),
-    # the scatter 10-12; the all-reduce keeps the 40 us the sweep fitted ("nccl")
-    library={"nccl": (40.0, 305.0), "nccl_gather": (13.0, 305.0, "per_step"),
+    # 10-12 us at W = 2; at W = 4 the gather 27-50 in one run and 15-23 in a later one on
+    # another 4x H100 host (9 us a ring step here, W - 1 of them), the scatter 10-13; the
+    # all-reduce keeps the 40 us the sweep fitted ("nccl")
+    library={"nccl": (40.0, 305.0), "nccl_gather": (9.0, 305.0, "per_step"),
              "nccl_scatter": (10.0, 305.0), "symm_one_shot": (15.0, 187.0),
              "symm_two_shot": (12.0, 327.0)},
     # 4x H100 (2026-11-26): the copy engine to 3 peers at once ~220 GB/s against ~360 to one;
@@ -739,6 +740,14 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
         last_push = cfg.block_m * cfg.block_n * elem / (sm_copy_gbs(dev, 1, nbytes) * 1e9) * 1e3
         reducers = max(1, cfg.comm_programs) if cfg.comm == "sm" else compute
         copies = 0
+        # a tile holding several ranks' rows (a skinny result: every tile holds all of them)
+        # notifies each owner in its epilogue, one system-scope release after another; the
+        # first is in the GEMM rates the model was fitted to. 4x H100, GEMM-RS 8 x 4096 x
+        # 4096 on SMs replayed: 0.044 ms, its 32 tiles 16.6 us each where streaming their
+        # weights takes ~8 (2026-11-27, `tilelink profile`)
+        owners = min(w, math.ceil(cfg.block_m / max(rows, 1)))
+        tiles = math.ceil(ext["m"] / cfg.block_m) * math.ceil(ext["n"] / cfg.block_n)
+        gemm += math.ceil(tiles / max(compute, 1)) * (owners - 1) * lat
     push = nbytes / (push_bw * 1e9) * 1e3
     chunk_cost = copies * dev.ce_chunk_us * 1e-3  # exposed (see DeviceSpec.ce_chunk_us)
     if exposed:  # the second hop, at the SM-copy rate of the reducing programs, after the sum
