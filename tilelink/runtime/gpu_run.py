@@ -137,6 +137,10 @@ def _graph_replays(op, inputs, mixed: bool = False) -> list:
     s.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(s):
+        # one eager call first: a library's first use (a cuBLAS handle, say) must not happen
+        # inside the capture, where it fails (the non-overlapped plan of a pattern whose
+        # first cuBLAS call is its captured one)
+        op(**static_in)
         with torch.cuda.graph(graph, stream=s):
             static_out = op(**static_in)
     torch.cuda.current_stream().wait_stream(s)
