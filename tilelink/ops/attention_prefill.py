@@ -287,15 +287,20 @@ class AttentionTiles(Lowering):
             f"(acc / l_i[:, None]).to({TL_DTYPES[out.dtype]}), "
             f"mask=mmask[:, None]{dmask})",
         ]
-        if causal:  # the last query blocks see the most keys: they go first, so no
-            # program is left with a long tile at the end
-            self._const(kb, site, NMB=cdiv(sq, cfg.block_m))
-            m0 = "m0 = (NMB - 1 - t // HQ) * BM  # the longest tiles first"
+        # Items by key head, then query block, then the G query heads that share the key head:
+        # the programs running at once read the same keys and values, which stay in L2
+        # (heads fastest, every key head's keys and values would be read at once: at 16
+        # heads of 16384 keys, 128 MiB, more than L2 holds, and each tile would stream its
+        # 8 MiB from HBM)
+        self._const(kb, site, NMB=cdiv(sq, cfg.block_m))
+        if causal:  # within a key head the last query blocks see the most keys: they go
+            # first, so no program is left with a long tile at the end
+            m0 = "m0 = (NMB - 1 - r // G) * BM  # the longest tiles first"
         else:
-            m0 = "m0 = (t // HQ) * BM"
-        index = ["h = t % HQ", "g = h // G  # its key head", m0,
-                 "m1 = tl.minimum(m0 + BM, SQ)"]
-        return item_loop(step, "((SQ + BM - 1) // BM) * HQ", index, waits, body)
+            m0 = "m0 = (r // G) * BM"
+        index = ["g = t // (NMB * G)  # its key head", "r = t % (NMB * G)",
+                 "h = g * G + r % G  # its query head", m0, "m1 = tl.minimum(m0 + BM, SQ)"]
+        return item_loop(step, "NMB * HQ", index, waits, body)
 
     def _first_block(self, kb, site, keys: str) -> str:
         """The KV loop's first block: with order=own_first, the one holding the key row
