@@ -23,7 +23,7 @@ import torch
 import torch._dynamo
 
 from tilelink.errors import TileLinkError, UsageError
-from tilelink.model import EPMoE, MoE, cpu_world, plans, prepare
+from tilelink.model import EPMoE, MoE, cpu_world, plans, prepare, prepare_op
 
 FP32_TOL, BF16_TOL = 1e-4, 3e-2
 
@@ -156,6 +156,10 @@ def _moe_checks(rank: int, world: int, compiled: bool) -> dict:
         with pytest.raises(UsageError, match="positive multiple"):
             ep.prepare([world + 1] if world > 1 else [0])
         errs["prepare"] = True
+        with pytest.raises(UsageError, match="prepare_ep_moe"):
+            prepare_op("ep_moe", n=hidden, k=hidden, rows=[world], dtype=torch.float32,
+                       group_name=g, device="cpu")
+        errs["prepare_op"] = True
         with pytest.raises(TileLinkError, match="requires grad"):
             torch.ops.tilelink.ep_moe(mine.clone().requires_grad_(), *args[1:])
         errs["grad"] = True
@@ -174,7 +178,7 @@ def _check(world: int, compiled: bool) -> None:
             assert out[f"built E/W={per_rank}"] == (1, 0)  # the padded call built nothing
             assert out["dropped"][f"E/W={per_rank} cap=None"] == 0
         assert out["fake"] == ((3, 5, 16), "torch.float32")
-        assert len(out["errors"]) == 10
+        assert len(out["errors"]) == 11
     # the skewed routing sends all 2 * 6 copies (1 * 6 at one expert a rank) of every rank
     # to rank 0, which takes 3 from each: the rest dropped, on every rank
     for out in res:

@@ -502,9 +502,12 @@ def prepare_op(kind: str, *, n: int, k: int, rows, dtype: torch.dtype, group_nam
     this rank's A columns times the world size)."""
     if kind == "ag_gemm" and return_A:
         kind = "ag_gemm_gathered"
-    if kind not in plans.PATTERNS:
+    if kind == "ep_moe":
+        raise UsageError("prepare_op takes the GEMM ops; ep_moe has sizes of its own",
+                         hint="call tilelink.model.prepare_ep_moe(...) (or EPMoE.prepare)")
+    if kind not in ("ag_gemm", "ag_gemm_gathered", "gemm_rs", "gemm_ar"):
         raise UsageError(f"no tilelink model op {kind!r}",
-                         hint="ops: ag_gemm, gemm_rs, gemm_ar")
+                         hint="ops: ag_gemm, gemm_rs, gemm_ar (ep_moe: prepare_ep_moe)")
     plans.check_dtype(dtype, f"prepare({kind})")
     rows = [int(r) for r in rows]
     w = world_size(group_name)
