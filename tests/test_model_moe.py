@@ -195,3 +195,23 @@ def test_ep_moe_on_a_gloo_world_of_two():
 @pytest.mark.slow
 def test_ep_moe_on_a_gloo_world_of_four():
     _check(4, compiled=False)
+
+
+def test_the_one_expert_pattern_kernel_runs_on_the_emulated_world():
+    """The composed kernels of `ep_moe` (the pattern a GPU runs at one expert a rank: the
+    dispatch in the gate GEMM's kernel, the activation's tile function, the combine's
+    receive step) on the emulated world, with a capacity that drops copies and sizes that
+    are not powers of two, under random delays, against the pattern's reference."""
+    from tilelink.model.patterns import ep_moe
+    from tilelink.runtime import check, emulate
+
+    schedule, result = emulate(ep_moe, world_size=2, calls=2, delays=True,
+                               values={"T": 40, "H": 24, "I": 40, "CAP": 16})
+    assert schedule.config.comm == "sm"  # the composed kernels, not the plain plan
+    report = check(schedule.bound, result)
+    assert report.ok, "\n".join(report.lines)
+    out = result.outputs[1]["out"][0]
+    # 80 copies over 2 ranks, 16 taken from each: later tokens lose every copy (zero rows),
+    # earlier ones keep theirs
+    zero = (out == 0).all(dim=1)
+    assert 0 < int(zero.sum()) < out.shape[0]
