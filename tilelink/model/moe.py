@@ -206,7 +206,8 @@ class EPMoE(nn.Module):
                        group_name=self.group_name, device=self.w_gate_t.device)
 
     def extra_repr(self) -> str:
-        return (f"hidden={self.hidden}, inter={self.inter}, experts={self.local_experts * self.world}"
-                f" (this rank: {self.local_experts}), top_k={self.top_k}, capacity="
+        return (f"hidden={self.hidden}, inter={self.inter}, experts="
+                f"{self.local_experts * self.world} (this rank: {self.local_experts}), "
+                f"top_k={self.top_k}, capacity="
                 f"{self.capacity}, world={self.world}")
 

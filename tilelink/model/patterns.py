@@ -76,7 +76,7 @@ def swiglu_rows(g, u, out, row0, rows, I: tl.constexpr, BM: tl.constexpr,  # noq
 
 
 @tk.pattern
-def ep_moe(T=64, TOPK=2, H=64, I=128, CAP=128, dtype="bf16"):  # noqa: E741 (I: the expert's inner size)
+def ep_moe(T=64, TOPK=2, H=64, I=128, CAP=128, dtype="bf16"):  # noqa: E741 (I: inner size)
     # one SwiGLU expert per rank (E = W): the copies' ranks are their experts
     x = tk.input((T, H), dtype)  # this rank's tokens
     dest = tk.input((T, TOPK), "int32")  # rank (= expert) of each token's j-th choice
