@@ -1,5 +1,6 @@
 """torch.ops.tilelink.* and the tensor-parallel layers on GPUs (NCCL world, W = 2 and 4;
-skipped without them): `pytest -m dist tests/test_model_gpu.py`.
+skipped without them): `pytest -m dist tests/test_model_gpu.py`. The expert-parallel MoE
+block (`_moe_gpu_rank`) runs in a world of its own.
 
 One world per world size runs every check (`_gpu_rank`, asserted inside the ranks): the ops
 against an fp32 reference, a TP MLP eager, through torch.compile(fullgraph=True) (inductor)
@@ -313,3 +314,99 @@ def test_model_ops_alone_compiled_and_captured_on_gpus(world):
     checked = [k for k in out if k.startswith(("ag", "rs", "ar"))]
     assert len(checked) == 5 * 2 * 5, checked
     assert {"llama compiled", "llama compiled graph"} <= set(out)
+
+
+def _moe_reference(moe, x, keep=None):
+    """The unsharded block on tokens x with its own routing (x's dtype, as EPMoE routes) and
+    the experts in fp32; `keep` takes out the copies a capacity drops."""
+    import torch
+    import torch.nn.functional as F
+
+    ids, wts = moe.route(x)
+    wts = wts.float() if keep is None else torch.where(keep, wts.float(), 0.0)
+    xf, out = x.float(), torch.zeros(x.shape, device=x.device)
+    for e in range(moe.experts):
+        tok, j = (ids == e).nonzero(as_tuple=True)
+        h = F.silu(xf[tok] @ moe.w_gate[e].float().t()) * (xf[tok] @ moe.w_up[e].float().t())
+        out.index_add_(0, tok, (h @ moe.w_down[e].float().t()) * wts[tok, j, None])
+    return out
+
+
+def _moe_gpu_rank(rank: int, world: int) -> dict:
+    """EPMoE at one and two experts a rank (the fused pattern and the grouped one), bf16:
+    eager, compiled (inductor) and captured after `prepare`, replayed on fresh tokens; a
+    capacity that drops copies under skewed routing; against `_moe_reference`."""
+    import torch
+
+    from tilelink.model import EPMoE, MoE, plans, prepare
+
+    from .test_model_moe import kept
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    bf = torch.bfloat16
+    out: dict = {}
+    hidden, inter, t = 256, 384, 64  # inter: not a power of two (the activation's column loop)
+
+    def rel(name, got, want):
+        err = (got.float() - want).abs().max().item() / want.abs().max().item()
+        assert err <= MOE_TOL, f"{name}: relative error {err:.3g}"
+        out[name] = err
+
+    with torch.no_grad():
+        for per_rank in (1, 2):
+            torch.manual_seed(3)  # the same block and tokens on every rank
+            moe = MoE(hidden, inter, per_rank * world, top_k=2).to(dev, bf).eval()
+            xs = torch.randn(world, t, hidden, device=dev).to(bf)
+            ep = EPMoE.from_full(moe)
+            prepare(ep, tokens=[t * world])
+            built = len(plans._OPS)
+            mine = xs[rank].contiguous()
+            rel(f"E/W={per_rank} eager", ep(mine), _moe_reference(moe, mine))
+            compiled = torch.compile(ep, fullgraph=True)
+            rel(f"E/W={per_rank} compiled", compiled(mine), _moe_reference(moe, mine))
+            for name, fn in (("eager", ep), ("compiled", compiled)):
+                static = mine.clone()
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    fn(static)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    y = fn(static)
+                for i in range(2):
+                    xi = torch.randn(t, hidden, device=dev).to(bf)
+                    static.copy_(xi)
+                    graph.replay()
+                    rel(f"E/W={per_rank} graph {name} {i}", y, _moe_reference(moe, xi))
+            # fewer tokens: the prepared op, padded
+            rel(f"E/W={per_rank} padded", ep(mine[: t // 2]), _moe_reference(moe, mine[: t // 2]))
+            out[f"built E/W={per_rank}"] = len(plans._OPS) - built
+            # skewed routing (every token to rank 0's experts) and a capacity of t / 4
+            moe.router.weight.zero_()
+            moe.router.weight[:per_rank, 0] = 4.0
+            x_skew = mine.clone()
+            x_skew[:, 0] = 1.0 + mine[:, 0].abs()
+            ids, _ = moe.route(x_skew)
+            keep = kept(ids.cpu(), per_rank, world, t // 4).to(dev)
+            got = EPMoE.from_full(moe, capacity=t // 4)(x_skew)
+            rel(f"E/W={per_rank} skew cap", got, _moe_reference(moe, x_skew, keep))
+            out[f"dropped E/W={per_rank}"] = int((~keep).sum())
+    torch.cuda.synchronize()
+    return out
+
+
+MOE_TOL = 3e-2  # bf16: the expert GEMMs' and the activation's roundings, the combine's sum
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ep_moe_eager_compiled_and_captured_on_gpus(world):
+    if gpu_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    from tilelink.runtime.launcher import launch_world
+
+    out = launch_world(_moe_gpu_rank, world)
+    assert out["built E/W=1"] == 0 and out["built E/W=2"] == 0  # prepare built them all
+    assert out["dropped E/W=2"] > 0  # the capacity dropped copies
+    # per E/W: eager, compiled, 2 x 2 replays, padded, skew
+    assert len([k for k in out if k.startswith("E/W=")]) == 2 * 8

@@ -7,12 +7,15 @@ tensor-parallel layers (docs/model.md).
     y_shard = torch.compile(mlp, fullgraph=True)(x_shard)
 
 `torch.ops.tilelink.ag_gemm / gemm_rs / gemm_ar` (tilelink.model.ops) take the arguments of
-torch's fused symmetric-memory ops; on GPUs they run TileLink's compiled ops, on the CPU
+torch's fused symmetric-memory ops, `torch.ops.tilelink.ep_moe` runs an expert-parallel MoE
+block's experts (`EPMoE`, tilelink.model.moe); on GPUs they run TileLink's compiled ops, on the CPU
 (a gloo world) the non-overlapped plan.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.tilelink.*)
 from .layers import TPMLP, ColumnParallelLinear, RowParallelLinear, prepare
-from .ops import prepare_op
+from .moe import MoE, EPMoE
+from .ops import prepare_ep_moe, prepare_op
 
-__all__ = ["TPMLP", "ColumnParallelLinear", "RowParallelLinear", "prepare", "prepare_op"]
+__all__ = ["TPMLP", "ColumnParallelLinear", "EPMoE", "MoE", "RowParallelLinear", "prepare",
+           "prepare_ep_moe", "prepare_op"]

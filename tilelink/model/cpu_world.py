@@ -60,7 +60,10 @@ def run(fn, world_size: int, args: tuple = (), timeout: float = 300.0) -> list:
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, daemon=True,
+    # not daemonic: a rank may start a process of its own (the CPU plan of a pattern with a
+    # `map` runs the tile function in Triton's interpreter in a child), which a daemonic
+    # process may not; the `finally` below ends every rank that outlives the world
+    procs = [ctx.Process(target=_rank_main, daemon=False,
                          args=(r, world_size, port, fn, args, results, timeout))
              for r in range(world_size)]
     for p in procs:

@@ -207,11 +207,13 @@ class TPMLP(nn.Module):
 
 
 def prepare(model: nn.Module, tokens: Iterable[int]) -> None:
-    """Build every TileLink op `model`'s tensor-parallel layers will call, for each total
-    token count in `tokens` (all ranks' tokens of a forward), before capturing a CUDA
-    graph; a call with fewer tokens than a prepared count runs that count's op on padded
+    """Build every TileLink op `model`'s tensor-parallel layers and EPMoE blocks will call,
+    for each total token count in `tokens` (all ranks' tokens of a forward), before capturing
+    a CUDA graph; a call with fewer tokens than a prepared count runs that count's op on padded
     rows. Collective: every rank calls it with the same model and tokens."""
+    from .moe import EPMoE  # (moe builds on this module)
+
     tokens = list(tokens)
     for m in model.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear, EPMoE)):
             m.prepare(tokens)

@@ -3,13 +3,15 @@
     torch.ops.tilelink.ag_gemm(A_shard, [B], 0, group_name, return_A=False)  # A: this rank's rows
     torch.ops.tilelink.gemm_rs(A, B, "sum", 0, group_name)
     torch.ops.tilelink.gemm_ar(A, B, "sum", group_name)
+    torch.ops.tilelink.ep_moe(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name)
 
 `ag_gemm` and `gemm_rs` take the arguments of torch's fused symmetric-memory ops
 (`torch.ops.symm_mem.fused_all_gather_matmul` and `fused_matmul_reduce_scatter`), so a
 compiler pass that rewrites a graph to those can target these instead; `gemm_ar` is the
 row-parallel product summed on every rank (A @ B, then all-reduce). Each has a fake (meta)
 implementation, so `torch.compile(fullgraph=True)` traces a model calling them without a
-graph break, and a call does no host synchronisation of its own.
+graph break, and a call does no host synchronisation of its own. `ep_moe` is an
+expert-parallel MoE block's experts (dispatch, SwiGLU experts, combine; docs/model.md).
 
 A call's checks run in full at the first call of its key (its inputs' shapes, dtypes and
 devices, its other arguments); later calls of the key re-check only what the key does not
@@ -147,8 +149,8 @@ class _Call:
     made every check (a later call of the key re-checks what the key does not hold: `_plain`
     and that its group is still the one registered under its name)."""
 
-    __slots__ = ("a2_shape", "bucket", "flat", "full_a_shape", "gathered", "group", "op",
-                 "out_shape", "rows", "world")
+    __slots__ = ("a2_shape", "bucket", "flat", "full_a_shape", "gathered", "group", "ids_shape",
+                 "op", "out_shape", "rows", "world")
 
 
 def _entry(key: tuple, group_name: str):
@@ -351,6 +353,144 @@ def _gemm_ar_fake(A, B, reduce_op, group_name):
 _register("gemm_ar", AR_SCHEMA, gemm_ar, _gemm_ar_fake)
 
 
+# ---- ep_moe -------------------------------------------------------------------------------
+
+EP_SCHEMA = ("(Tensor x, Tensor expert_ids, Tensor weights, Tensor w_gate, Tensor w_up, "
+             "Tensor w_down, int? capacity, str group_name) -> Tensor")
+
+
+def _check_ep(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name) -> int:
+    """Every check of an ep_moe call (the real and the fake implementation's); returns the
+    world size."""
+    op = "ep_moe"
+    _check_tensor(x, "x", op)
+    if x.dim() < 2:
+        raise UsageError(f"tilelink.ep_moe: x must have at least 2 dims ([tokens, hidden]); "
+                         f"got shape {tuple(x.shape)}")
+    lead, hidden = tuple(x.shape[:-1]), x.shape[-1]
+    if x.shape[:-1].numel() == 0:
+        raise UsageError("tilelink.ep_moe: x has no tokens", hint="call the layer with at "
+                         "least one token on every rank")
+    refused = refuse_tensor(expert_ids, "expert_ids")
+    if refused:
+        raise TileLinkError(f"tilelink.ep_moe: expert_ids {refused[0]}", hint=refused[1])
+    if expert_ids.dtype not in (torch.int32, torch.int64):
+        raise UsageError(f"tilelink.ep_moe: expert_ids is {expert_ids.dtype}; it holds expert "
+                         "numbers", hint="pass torch.topk's indices (int64) or int32")
+    if expert_ids.dim() != len(lead) + 1 or tuple(expert_ids.shape[:-1]) != lead:
+        raise UsageError(f"tilelink.ep_moe: expert_ids has shape {tuple(expert_ids.shape)}; "
+                         f"x {tuple(x.shape)} needs [{', '.join(map(str, lead))}, top_k]",
+                         hint="one row of top-k expert numbers per token")
+    _check_tensor(weights, "weights", op)
+    if tuple(weights.shape) != tuple(expert_ids.shape):
+        raise UsageError(f"tilelink.ep_moe: weights has shape {tuple(weights.shape)} but "
+                         f"expert_ids {tuple(expert_ids.shape)}", hint="one routing weight "
+                         "per expert choice")
+    experts = None
+    for name, w, dims in (("w_gate", w_gate, "[E / W, hidden, inter]"),
+                          ("w_up", w_up, "[E / W, hidden, inter]"),
+                          ("w_down", w_down, "[E / W, inter, hidden]")):
+        _check_tensor(w, name, op)
+        if w.dim() != 3:
+            raise UsageError(f"tilelink.ep_moe: {name} must be 3-D {dims} (this rank's "
+                             f"experts, each [in, out]); got shape {tuple(w.shape)}")
+        experts = w.shape[0] if experts is None else experts
+    inter = w_gate.shape[2]
+    want = {"w_gate": (experts, hidden, inter), "w_up": (experts, hidden, inter),
+            "w_down": (experts, inter, hidden)}
+    for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        if tuple(w.shape) != want[name]:
+            raise UsageError(f"tilelink.ep_moe: {name} has shape {tuple(w.shape)}; with x's "
+                             f"hidden size {hidden} and w_gate {tuple(w_gate.shape)} it must "
+                             f"be {want[name]}", hint="w_gate, w_up: [E / W, hidden, inter]; "
+                             "w_down: [E / W, inter, hidden] (each expert's Linear weight .t())")
+    if experts < 1:
+        raise UsageError("tilelink.ep_moe: the weights hold no expert (dim 0 is 0)")
+    for name, t in (("weights", weights), ("w_gate", w_gate), ("w_up", w_up),
+                    ("w_down", w_down)):
+        if t.dtype != x.dtype:
+            raise UsageError(f"tilelink.ep_moe: x is {x.dtype} but {name} is {t.dtype}",
+                             hint="convert to x's dtype (routing weights: .to(x.dtype), as "
+                             "Mixtral's router does)")
+    for name, t in (("expert_ids", expert_ids), ("weights", weights), ("w_gate", w_gate),
+                    ("w_up", w_up), ("w_down", w_down)):
+        if t.device != x.device:
+            raise UsageError(f"tilelink.ep_moe: x is on {x.device} but {name} on {t.device}")
+    if capacity is not None and (isinstance(capacity, bool) or capacity <= 0):
+        raise UsageError(f"tilelink.ep_moe: capacity = {capacity!r}; it is the most copies a "
+                         "rank takes from each rank", hint="pass a positive int, or None for "
+                         "every copy (tokens * top_k: nothing dropped)")
+    return world_size(group_name)
+
+
+def _ep_call(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name) -> _Call:
+    """The call entry of an ep_moe call (its first call of a key: every check, the lookup)."""
+    ts = (x, expert_ids, weights, w_gate, w_up, w_down)
+    plain = all(_plain(t) for t in ts)
+    key = plain and ("ep_moe", *((t.shape, t.dtype, t.device) for t in ts), capacity,
+                     group_name)
+    e = _entry(key, group_name) if plain else None
+    if e is not None:
+        return e
+    w = _check_ep(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name)
+    e = _Call()
+    experts, hidden, inter = w_gate.shape
+    topk = expert_ids.shape[-1]
+    rows = x.shape[:-1].numel()
+    kind = "ep_moe" if experts == 1 else "ep_moe_grouped"
+    shape = plans.MoEShape(kind, group_name, hidden, inter, experts, topk, capacity, x.dtype,
+                           x.device)
+    e.op, e.bucket = plans.lookup(shape, rows)
+    e.world, e.rows, e.flat, e.gathered = w, rows, x.dim() == 2, False
+    e.a2_shape, e.out_shape, e.ids_shape = (rows, hidden), tuple(x.shape), (rows, topk)
+    if key:
+        _remember(key, e, group_name)
+    return e
+
+
+def ep_moe(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name):
+    """An expert-parallel MoE block's expert part: each token's top-k copies sent to the
+    ranks of their experts, each expert's SwiGLU (down(SiLU(x @ gate) * (x @ up))) on the
+    copies it got, the outputs sent back and summed with the routing weights, through
+    TileLink's EP MoE pattern. Expert e lives on rank e // (E / W) (this rank's w_*: its
+    E / W experts, in order); a copy past `capacity` (the most a rank takes from each rank,
+    in token order) or with an id outside 0 .. E - 1 adds nothing."""
+    e = _ep_call(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name)
+    rows, bucket, experts = e.rows, e.bucket, w_gate.shape[0]
+    x2 = _dense(x if e.flat else x.reshape(e.a2_shape))
+    ids = expert_ids.reshape(e.ids_shape)
+    wts = weights.reshape(e.ids_shape)
+    if bucket != rows:  # padded tokens choose no expert (-1: not sent), so they cost nothing
+        x2 = _pad_blocks(x2, 1, bucket)
+        ids = torch.cat([ids, ids.new_full((bucket - rows, ids.shape[1]), -1)])
+        wts = _pad_blocks(wts, 1, bucket)
+    if experts == 1:
+        out = e.op(x2, _dense(ids.to(torch.int32)), _dense(wts), _dense(w_gate[0]),
+                   _dense(w_up[0]), _dense(w_down[0]))
+    else:
+        dest = torch.div(ids, experts, rounding_mode="floor")
+        local = (ids - dest * experts).reshape(-1)
+        # each copy's expert on its rank, in the order group_by_dest sends the copies: by
+        # destination rank, stably, those sent nowhere last (a device sort: no host sync)
+        nowhere = torch.full_like(dest, e.world)
+        key = torch.where((dest >= 0) & (dest < e.world), dest, nowhere).reshape(-1)
+        order = torch.sort(key, stable=True).indices
+        eid = local.index_select(0, order).to(torch.int32).view(-1, 1)
+        out = e.op(x2, dest.to(torch.int32), _dense(wts), eid, _dense(w_gate),
+                   _dense(w_up), _dense(w_down))
+    if bucket != rows:
+        out = out[:rows]
+    return out if e.flat else out.view(e.out_shape)
+
+
+def _ep_moe_fake(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name):
+    _check_ep(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name)
+    return x.new_empty(x.shape)
+
+
+_register("ep_moe", EP_SCHEMA, ep_moe, _ep_moe_fake)
+
+
 # ---- preparing ----------------------------------------------------------------------------
 
 def prepare_op(kind: str, *, n: int, k: int, rows, dtype: torch.dtype, group_name: str,
@@ -362,9 +502,12 @@ def prepare_op(kind: str, *, n: int, k: int, rows, dtype: torch.dtype, group_nam
     this rank's A columns times the world size)."""
     if kind == "ag_gemm" and return_A:
         kind = "ag_gemm_gathered"
-    if kind not in plans.PATTERNS:
+    if kind == "ep_moe":
+        raise UsageError("prepare_op takes the GEMM ops; ep_moe has sizes of its own",
+                         hint="call tilelink.model.prepare_ep_moe(...) (or EPMoE.prepare)")
+    if kind not in ("ag_gemm", "ag_gemm_gathered", "gemm_rs", "gemm_ar"):
         raise UsageError(f"no tilelink model op {kind!r}",
-                         hint="ops: ag_gemm, gemm_rs, gemm_ar")
+                         hint="ops: ag_gemm, gemm_rs, gemm_ar (ep_moe: prepare_ep_moe)")
     plans.check_dtype(dtype, f"prepare({kind})")
     rows = [int(r) for r in rows]
     w = world_size(group_name)
@@ -372,3 +515,18 @@ def prepare_op(kind: str, *, n: int, k: int, rows, dtype: torch.dtype, group_nam
         raise UsageError(f"prepare({kind}): every token count must be a positive multiple of "
                          f"the world size {w} (tokens are split evenly); got {rows}")
     plans.prepare_rows(Shape(kind, group_name, n, k, dtype, plans.norm_device(device)), rows)
+
+
+def prepare_ep_moe(*, hidden: int, inter: int, experts: int, topk: int, capacity, rows,
+                   dtype: torch.dtype, group_name: str, device) -> None:
+    """Build (collectively) the ep_moe ops a layer will call, for each count of this rank's
+    tokens in `rows`, before any CUDA-graph capture. `experts`: this rank's experts (E / W);
+    `capacity` as the op takes it (None: every copy)."""
+    plans.check_dtype(dtype, "prepare(ep_moe)")
+    rows = [int(r) for r in rows]
+    if any(r <= 0 for r in rows):
+        raise UsageError(f"prepare(ep_moe): every token count must be positive; got {rows}")
+    world_size(group_name)
+    kind = "ep_moe" if experts == 1 else "ep_moe_grouped"
+    plans.prepare_rows(plans.MoEShape(kind, group_name, hidden, inter, experts, topk, capacity,
+                                      dtype, plans.norm_device(device)), rows)

@@ -1,11 +1,16 @@
-"""The patterns behind the model ops, in the Python DSL (the same as examples/ag_gemm.tl,
-gemm_rs.tl and gemm_ar.tl, kept here so an installed package needs no example files).
+"""The patterns behind the model ops, in the Python DSL (the dense ones the same as
+examples/ag_gemm.tl, gemm_rs.tl and gemm_ar.tl, kept here so an installed package needs no
+example files; the expert-parallel MoE ones extend examples/ep_moe_routed.tl to a SwiGLU
+expert and to several experts per rank).
 
 Sizes are bound per call shape by `tilelink.model.plans`; the defaults only make each
 pattern valid on its own.
 """
 
 from __future__ import annotations
+
+import triton
+import triton.language as tl
 
 from .. import frontend as tk
 
@@ -50,5 +55,72 @@ def gemm_ar(M=128, N=128, K=256, dtype="bf16"):
     return out
 
 
+# ---- expert-parallel MoE ------------------------------------------------------------------
+
+@tk.tile_function(reads={"g": "rows", "u": "rows"})
+@triton.jit
+def swiglu_rows(g, u, out, row0, rows, I: tl.constexpr, BM: tl.constexpr,  # noqa: E741
+                BN: tl.constexpr = 64):
+    """SiLU(g) * u on a block of rows (SwiGLU's activation between the gate / up and the
+    down GEMM): g, u and out are [rows, I], row-major; computed in fp32, stored once. The
+    columns go in blocks of BN, so I need not be a power of two."""
+    offs_m = (row0 + tl.arange(0, BM)).to(tl.int64)
+    in_rows = offs_m[:, None] < rows
+    for c in range(0, I, BN):
+        offs_n = c + tl.arange(0, BN)
+        mask = in_rows & (offs_n[None, :] < I)
+        at = offs_m[:, None] * I + offs_n[None, :]
+        gv = tl.load(g + at, mask=mask, other=0.0).to(tl.float32)
+        uv = tl.load(u + at, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + at, gv / (1.0 + tl.exp(-gv)) * uv, mask=mask)
+
+
+@tk.pattern
+def ep_moe(T=64, TOPK=2, H=64, I=128, CAP=128, dtype="bf16"):  # noqa: E741 (I: inner size)
+    # one SwiGLU expert per rank (E = W): the copies' ranks are their experts
+    x = tk.input((T, H), dtype)  # this rank's tokens
+    dest = tk.input((T, TOPK), "int32")  # rank (= expert) of each token's j-th choice
+    wts = tk.input((T, TOPK), dtype)  # routing weights
+    wg = tk.input((H, I), dtype)  # this rank's expert: gate, up, down ([in, out])
+    wu = tk.input((H, I), dtype)
+    wd = tk.input((I, H), dtype)
+    copies = tk.group_by_dest(x, dest)
+    splits = tk.dest_counts(dest)
+    recv = tk.all_to_all(copies, splits, capacity=CAP)  # dispatch
+    g = tk.gemm(recv, wg)
+    u = tk.gemm(recv, wu)
+    a = tk.map(swiglu_rows, g, u)
+    y = tk.gemm(a, wd)
+    back = tk.all_to_all(y, splits, capacity=CAP, slots=1, back=1)  # rows back to senders
+    pos = tk.landing_positions(dest, capacity=CAP)
+    out = tk.topk_combine(back, pos, wts)
+    return out
+
+
+@tk.pattern
+def ep_moe_grouped(T=64, TOPK=2, H=64, I=128, E=2, CAP=128, dtype="bf16"):  # noqa: E741
+    # E SwiGLU experts per rank: each copy's expert on its rank travels with it (eid), and
+    # the received rows go through grouped GEMMs by that expert
+    x = tk.input((T, H), dtype)
+    dest = tk.input((T, TOPK), "int32")
+    wts = tk.input((T, TOPK), dtype)
+    eid = tk.input((T * TOPK, 1), "int32")  # each copy's expert on its rank, grouped as copies
+    wg = tk.input((E, H, I), dtype)  # this rank's experts
+    wu = tk.input((E, H, I), dtype)
+    wd = tk.input((E, I, H), dtype)
+    copies = tk.group_by_dest(x, dest)
+    splits = tk.dest_counts(dest)
+    recv = tk.all_to_all(copies, splits, capacity=CAP)
+    rid = tk.all_to_all(eid, splits, capacity=CAP)  # zeros past each source's count
+    g = tk.grouped_gemm(recv, wg, rid)
+    u = tk.grouped_gemm(recv, wu, rid)
+    a = tk.map(swiglu_rows, g, u)
+    y = tk.grouped_gemm(a, wd, rid)
+    back = tk.all_to_all(y, splits, capacity=CAP, slots=1, back=1)
+    pos = tk.landing_positions(dest, capacity=CAP)
+    out = tk.topk_combine(back, pos, wts)
+    return out
+
+
 PATTERNS = {"ag_gemm": ag_gemm, "ag_gemm_gathered": ag_gemm_gathered, "gemm_rs": gemm_rs,
-            "gemm_ar": gemm_ar}
+            "gemm_ar": gemm_ar, "ep_moe": ep_moe, "ep_moe_grouped": ep_moe_grouped}

@@ -51,9 +51,47 @@ class Shape:
         """The pattern's sizes for `rows` (the gathered / whole product's rows M)."""
         return {"M": rows, "N": self.n, "K": self.k, "dtype": DTYPE_NAMES[self.dtype]}
 
+    def describe(self) -> str:
+        """The sizes besides the rows, for messages."""
+        return f"N = {self.n}, K = {self.k}, {DTYPE_NAMES[self.dtype]}"
 
-_OPS: dict[tuple[Shape, int], object] = {}
-_ROWS: dict[Shape, list[int]] = {}  # prepared row counts per shape, sorted
+
+@dataclass(frozen=True)
+class MoEShape:
+    """What selects one expert-parallel MoE op besides its rows (this rank's tokens T): the
+    pattern (`kind`: "ep_moe", one expert per rank, or "ep_moe_grouped"), the group's name,
+    the hidden and expert inner sizes, the experts per rank, the choices per token, the
+    capacity (copies a rank takes from each rank; None: every copy, T * topk), the dtype
+    and the device."""
+
+    kind: str
+    group_name: str
+    hidden: int
+    inter: int
+    experts: int
+    topk: int
+    capacity: int | None
+    dtype: torch.dtype
+    device: torch.device
+
+    def values(self, rows: int, world: int) -> dict:
+        """The pattern's sizes for `rows` tokens on each rank."""
+        cap = self.capacity if self.capacity is not None else rows * self.topk
+        vals = {"T": rows, "TOPK": self.topk, "H": self.hidden, "I": self.inter, "CAP": cap,
+                "dtype": DTYPE_NAMES[self.dtype]}
+        if self.kind == "ep_moe_grouped":
+            vals["E"] = self.experts
+        return vals
+
+    def describe(self) -> str:
+        """The sizes besides the rows, for messages."""
+        cap = "every copy" if self.capacity is None else str(self.capacity)
+        return (f"hidden = {self.hidden}, inter = {self.inter}, {self.experts} expert(s) a "
+                f"rank, top-{self.topk}, capacity {cap}, {DTYPE_NAMES[self.dtype]}")
+
+
+_OPS: dict[tuple[Shape | MoEShape, int], object] = {}
+_ROWS: dict[Shape | MoEShape, list[int]] = {}  # prepared row counts per shape, sorted
 _LOCK = threading.Lock()
 # What a call of one key (its inputs' shapes, dtypes and devices, its other arguments) runs,
 # worked out by its first call (`tilelink.model.ops`): later calls of the key skip the
@@ -153,7 +191,7 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _build(shape: Shape, rows: int):
+def _build(shape: Shape | MoEShape, rows: int):
     """A new op for `shape` at `rows` rows (collective on the group)."""
     group = resolve_group(shape.group_name)
     import torch.distributed as dist
@@ -171,7 +209,7 @@ def _build(shape: Shape, rows: int):
                             f"{shape.device.type}", hint="move the tensors with .to('cuda')")
 
 
-def prepare_rows(shape: Shape, rows) -> None:
+def prepare_rows(shape: Shape | MoEShape, rows) -> None:
     """Build (collectively, on every rank) the ops of `shape` at each row count of `rows`,
     and record them as buckets for smaller calls. Call before any CUDA-graph capture."""
     if _capturing():
@@ -187,7 +225,7 @@ def prepare_rows(shape: Shape, rows) -> None:
             forget_calls()
 
 
-def _get(shape: Shape, rows: int, build: bool):
+def _get(shape: Shape | MoEShape, rows: int, build: bool):
     key = (shape, rows)
     op = _OPS.get(key)
     if op is None and build:
@@ -195,7 +233,7 @@ def _get(shape: Shape, rows: int, build: bool):
     return op
 
 
-def lookup(shape: Shape, rows: int, step: int = 1):
+def lookup(shape: Shape | MoEShape, rows: int, step: int = 1):
     """(op, rows it was built for) for a call of `rows` rows: the op of exactly these rows,
     else that of the smallest prepared bucket above them (rows padded to it; `step`: the
     bucket's rows must be a multiple of it, W for a scatter), else a new op for these rows
@@ -211,9 +249,9 @@ def lookup(shape: Shape, rows: int, step: int = 1):
     if _capturing():
         have = ", ".join(str(r) for r in known) or "none"
         raise TileLinkError(
-            f"tilelink.{shape.kind}: nothing prepared for {rows} rows (N = {shape.n}, K = "
-            f"{shape.k}, {DTYPE_NAMES[shape.dtype]}, group {shape.group_name!r}; prepared "
-            f"row counts: {have}) and a CUDA graph is being captured, where an op cannot be "
+            f"tilelink.{shape.kind}: nothing prepared for {rows} rows ({shape.describe()}, "
+            f"group {shape.group_name!r}; prepared row counts: {have}) and a CUDA graph is "
+            "being captured, where an op cannot be "
             "built (collectives, allocations)",
             hint="call tilelink.model.prepare(model, tokens=[...]) (or the op's prepare) "
             "with these rows, or more, before the capture")
