@@ -135,6 +135,21 @@ from ..schedule.knobs import Knob, register_knob  # noqa: E402
 COPY_BLOCK = 8192
 
 
+def copy_blocks(outer: int, cb: int, inner: int) -> tuple[int, int]:
+    """(OB, RB): a copy of a chunk's rows moves [OB, RB] blocks, OB outer indices of RB
+    elements each (RB a power of two covering a chunk's `cb * inner` elements, at most
+    COPY_BLOCK; OB filling the rest of COPY_BLOCK), so a chunk of many outer indices with few
+    elements each is copied a block of them at a time rather than one small run after
+    another."""
+    rb = 1
+    while rb < min(cb * inner, COPY_BLOCK):
+        rb *= 2
+    ob = 1
+    while ob * 2 * rb <= COPY_BLOCK and ob < outer:
+        ob *= 2
+    return ob, rb
+
+
 def _loc(loc) -> str:
     return f"{loc.file}:{loc.line}" if loc else "?"
 
@@ -205,6 +220,8 @@ class _Gather(Lowering):
         mb.const(f"{p}_CB", site.config.comm_block_m)  # (a chunk past the slice's end is cut)
         mb.const(f"{p}_CHUNKS", chunk.per_segment)
         mb.const("COPY_BLOCK", COPY_BLOCK, "elements a program copies per step of a push")
+        if site.is_output:  # its copy_out step copies in blocks
+            self._declare_blocks(mb, site)
         mb.signal(self.signal(mb, site), mb.plan.grids[full].size,
                   "flag" if self._flags(site) else "epoch")
         if self._flags(site):
@@ -217,6 +234,15 @@ class _Gather(Lowering):
             mb.flags["OWN_DIRECT"] = 1
         elif site.producer is None and self._dim(site) == 0:
             mb.flags.setdefault("OWN_DIRECT", 0)
+
+    def _declare_blocks(self, mb, site) -> None:
+        """The [OB, RB] copy blocks of the result's chunks (`copy_blocks`), where a step of
+        this site copies them (its copy_out)."""
+        outer, seg, inner = self._geometry(site)
+        ob, rb = copy_blocks(outer, min(site.config.comm_block_m, seg), inner)
+        p = ident(site.op.result)
+        mb.const(f"{p}_OB", ob, "outer indices per copy block")
+        mb.const(f"{p}_RB", rb, "elements per outer index of a copy block")
 
     def signal(self, mb, site) -> str:
         return f"sig_{site.op.result}"
@@ -257,9 +283,8 @@ class _Gather(Lowering):
         src = kb.view(full).base
         out = kb.param(f"{full}_out_ptr", f"*{_sig_dtype(site)}", f"outputs[{full!r}]")
         sig = kb.param(f"{self.signal(mb, site)}_ptr", "*i32", f"sym[{self.signal(mb, site)!r}]")
-        for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS"):
+        for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS", "OB", "RB"):
             kb.const(f"{p}_{c}")
-        kb.const("COPY_BLOCK")
         sid = mb.site_for((f"{self.kind} copy_out", full), f"{step.name} waits for a chunk of "
                           f"{full} ({self.kind} at {_loc(step.op.loc)}) to copy it to the output",
                           None, (kb.index, step.name))
@@ -268,21 +293,25 @@ class _Gather(Lowering):
             f"        src, j = divmod(slot, {p}_CHUNKS)",
             f"        return (f\"{self.signal(mb, site)}[{{slot}}] = chunk {{j}} of {full} from "
             f"rank {{src}}\")"]
+        nob = f"(({p}_OUTER + {p}_OB - 1) // {p}_OB)"
         return [
-            f"for c in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
+            f"# items: (chunk, block of {p}_OB outer indices), so a chunk of many outer indices "
+            "is copied by several programs",
+            f"for item in range({first(step)}, WORLD * {p}_CHUNKS * {nob}, {step.count}):",
+            f"    c = item // {nob}",
+            f"    o0 = (item % {nob}) * {p}_OB",
             f"    tok = tld.wait({sig} + c, {self._value(site)}, spin_limit, abort_ptr, diag_ptr, "
             f"{sid}, c, me)",
             f"    src_rank = c // {p}_CHUNKS",
             f"    lo = (c % {p}_CHUNKS) * {p}_CB",
             f"    rows = tl.minimum({p}_CB, {p}_SEG - lo)",
-            f"    for o in range({p}_OUTER):",
-            f"        at = ((o * WORLD + src_rank) * {p}_SEG + lo) * {p}_INNER",
-            f"        at = tld.consume_token(at, tok)",
-            f"        for i in range(0, rows * {p}_INNER, COPY_BLOCK):",
-            "            offs = i + tl.arange(0, COPY_BLOCK)",
-            f"            mask = offs < rows * {p}_INNER",
-            f"            tl.store({out} + at + offs, tl.load({src} + at + offs, mask=mask), "
-            "mask=mask)",
+            f"    oo = o0 + tl.arange(0, {p}_OB)",
+            f"    base = tld.consume_token(((oo * WORLD + src_rank) * {p}_SEG + lo) * {p}_INNER, tok)",
+            f"    for i in range(0, rows * {p}_INNER, {p}_RB):",
+            f"        e = i + tl.arange(0, {p}_RB)",
+            f"        at = base[:, None] + e[None, :]",
+            f"        mask = (oo[:, None] < {p}_OUTER) & (e[None, :] < rows * {p}_INNER)",
+            f"        tl.store({out} + at, tl.load({src} + at, mask=mask), mask=mask)",
         ]
 
     def _push(self, step, kb) -> list[str]:

@@ -237,6 +237,8 @@ class AllToAllDimsSM(_Gather):
         mb.const(f"{p}_MID", mid)
         mb.const(f"{p}_Q", q)
         mb.const("COPY_BLOCK", COPY_BLOCK, "elements a program copies per step of a push")
+        if site.is_output or a["split"] < a["concat"]:  # a copy_out, or a push in blocks
+            self._declare_blocks(mb, site)
         mb.signal(self.signal(mb, site), mb.plan.grids[res].size, "epoch")
         mb.peer_written.add(res)
 
@@ -247,7 +249,8 @@ class AllToAllDimsSM(_Gather):
         dst_buf = kb.view(res).base
         src = kb.view(src_name).base
         sig = kb.param(f"{self.signal(mb, site)}_ptr", "*i32", f"sym[{self.signal(mb, site)!r}]")
-        for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS", "RUN", "MID", "Q"):
+        blocks = ("OB", "RB") if site.attrs["split"] < site.attrs["concat"] else ()
+        for c in ("SEG", "OUTER", "INNER", "CB", "CHUNKS", "RUN", "MID", "Q") + blocks:
             kb.const(f"{p}_{c}")
         kb.const("COPY_BLOCK")
         slot = slot_expr(mb.plan.grids[res], {"chunk": f"me * {p}_CHUNKS + j"})
@@ -278,14 +281,22 @@ class AllToAllDimsSM(_Gather):
             lines += [
                 "    # split before concat: per outer index o, the chunk's rows are contiguous "
                 "in x's",
-                "    # part dst (the Q outer indices of a part are W * Q apart) and in the result",
-                f"    for o in range(0, {p}_OUTER):",
-                f"        tld.put({dst_buf} + ((o * WORLD + me) * {p}_SEG + j * {p}_CB) * "
-                f"{p}_INNER,",
-                f"                {src} + (((o // {p}_Q) * WORLD + dst) * {p}_Q + o % {p}_Q) * "
-                f"{p}_SEG * {p}_INNER",
-                f"                + j * {p}_CB * {p}_INNER, rows * {p}_INNER, dst, me, "
-                "heap_bases, COPY_BLOCK)"]
+                "    # part dst (the Q outer indices of a part are W * Q apart) and in the "
+                "result; stored",
+                f"    # {p}_OB outer indices at a time (one small run after another would leave "
+                "the program",
+                "    # waiting on each store's latency)",
+                f"    for o0 in range(0, {p}_OUTER, {p}_OB):",
+                f"        oo = o0 + tl.arange(0, {p}_OB)",
+                f"        to = ((oo * WORLD + me) * {p}_SEG + j * {p}_CB) * {p}_INNER",
+                f"        frm = (((oo // {p}_Q) * WORLD + dst) * {p}_Q + oo % {p}_Q) * {p}_SEG * "
+                f"{p}_INNER + j * {p}_CB * {p}_INNER",
+                f"        for i in range(0, rows * {p}_INNER, {p}_RB):",
+                f"            e = i + tl.arange(0, {p}_RB)",
+                f"            mask = (oo[:, None] < {p}_OUTER) & (e[None, :] < rows * {p}_INNER)",
+                f"            tld.push_tile({dst_buf} + to[:, None] + e[None, :], "
+                f"tl.load({src} + frm[:, None] + e[None, :], mask=mask), mask, dst, me, "
+                "heap_bases)"]
         lines.append("    " + mb.notify_data(f"tld.notify_peer({sig} + {slot}, epoch, dst, me, "
                                             "heap_bases)"))
         return lines
