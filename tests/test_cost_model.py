@@ -499,3 +499,16 @@ def test_decode_sizes_replayed_take_the_plan_measured_faster(name, sizes, w, mea
     dev = device_spec("NVIDIA H100")
     kernel = estimate(bp, _config(bp, _target("NVIDIA H100"), "comm=sm"), dev, True).total
     assert kernel == pytest.approx(measured["sm"], rel=0.3), kernel
+
+
+def test_ragged_decode_takes_the_kernel_where_the_plans_fp32_path_measured_90x_slower():
+    # 4x H100 (2026-11-27, W = 2, B = 8, 32 / 8 heads, 131072 keys, D = 128, CUDA-graph
+    # replays of random lengths over 0 .. S): the kernel 0.586 ms, the plan 53.8 (with
+    # kv_len it is fp32 torch ops, not SDPA); the default had been the plan
+    bp = _bp("flash_decode_varlen", 2, B=8, H=32, HKV=8, S=131072, D=128)
+    for graph in (False, True):
+        chosen, why = default_config(bp, _target("NVIDIA H100"), graph=graph)
+        assert chosen.comm == "sm", why
+    dev = device_spec("NVIDIA H100")
+    plan = estimate(bp, _config(bp, _target("NVIDIA H100"), "comm=none"), dev, True).total
+    assert plan == pytest.approx(53.8, rel=0.6)
