@@ -386,6 +386,30 @@ def test_the_routed_pattern_computes_the_moe_layer_on_the_device(world):
             assert err < 2e-2, (i, r, float(err))
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_routed_pattern_over_several_blocks_computes_the_moe_layer(world):
+    # T = 300 tokens x top-4: 1,200 copies, three blocks of 512 (the last short) counted per
+    # rank, grouping items inside their block; skewed routings back to back, delays
+    sizes = {"T": 300, "TOPK": 4, "H": 16, "CAP": 96}
+    bp = load_pattern(str(ROUTED)).bind(sizes, world)
+    gen = torch.Generator().manual_seed(30 + world)
+    plans = routings(world, sizes["T"], sizes["TOPK"], gen)
+    calls = [routed_inputs(bp, dests, i) for i, dests in enumerate(plans)]
+    s, res = emulate(bp, world_size=world, config=SM, inputs=calls, delays=True, timeout=600,
+                     progress=False)
+    assert s.render().count("3 programs of 512 copies") == 2  # grouping's and positions'
+
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+    for i, (ins, dests) in enumerate(zip(calls, plans)):
+        want = layer(ins, ins["x"], dests, sizes["CAP"])
+        for r in range(world):
+            got = res.outputs[i]["out"][r].float()
+            assert got.abs().sum() > 0
+            err = (got - want[r]).abs().max() / want[r].abs().max()
+            assert err < 2e-2, (i, r, float(err))
+
+
 def test_the_routed_pattern_matches_on_the_non_overlapped_plan():
     bp = load_pattern(str(ROUTED)).bind(SIZES, 3)
     plans = routings(3, SIZES["T"], SIZES["TOPK"], torch.Generator().manual_seed(5))
@@ -541,6 +565,34 @@ def test_the_blocks_bound_an_items_work_at_every_size():
     # T = 4096 tokens, top-8 at W = 2: 64 blocks of 512 copies, the histogram in one step
     c = block_consts(4096 * 8, 2, GB_COPIES)
     assert (c["SB"], c["NB"], c["HQ"]) == (512, 64, 64)
+
+
+def test_destinations_from_a_collective_are_refused_for_the_kernels_and_run_unfused():
+    # the routing kernels read dest before any wait (and their histograms before the kernel
+    # starts), while the gather of dest is pushed in the first consumer's kernel: the kernel
+    # is refused naming each op, and the default runs the non-overlapped plan, which checks
+    import tilelink as tk
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target, make_schedule
+
+    @tk.pattern
+    def gathered_dest(T=32, TOPK=2, H=16, CAP=20, dtype="bf16"):
+        x = tk.input((T, H), dtype)
+        shards = tk.input((T, TOPK), "int32", shard=0)
+        dest = tk.all_gather(shards, dim=0)
+        return (tk.group_by_dest(x, dest), tk.dest_counts(dest),
+                tk.landing_positions(dest, capacity=CAP))
+
+    bp = gathered_dest.bind({}, 2)
+    with pytest.raises(ConfigError) as e:
+        make_schedule(bp, get_target("interp"), {"comm": "sm"})
+    for op in ("group_by_dest", "dest_counts", "landing_positions"):
+        assert f"dest comes from a collective (all_gather), but {op} reads it before its " \
+               "kernel waits on anything" in str(e.value)
+    s, res = emulate(bp, world_size=2, calls=2, delays=True, timeout=600, progress=False)
+    assert s.config.comm == "none"
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
 
 
 def test_the_grouping_reference_counts_by_hand():
