@@ -180,6 +180,23 @@ CAPTURED_KERNEL = ("ag_default_even_graph", "ag_default_ragged_graph_mixed")
 # Added after the last GPU run: run in a world of their own, so a failure cannot take the
 # verified cases with it. Move them into CASES once they have passed on GPUs.
 NOT_YET_RUN: dict = {}
+# EP MoE from plain routing (examples/ep_moe_routed.tl) with the copies counted per rank in
+# blocks of up to 512 (the histogram kernels; dest_counts' last-block counter reset every
+# call): T * TOPK = 4,000 copies (8 blocks, the last short), destinations drawn every call
+# (some past CAP), back to back with delays and as CUDA-graph replays mixed with eager calls;
+# and the layer at T = 4,096 tokens, top-8, hidden 7168 (64 blocks a rank; CAP = 10,240
+# takes 1.25x the uniform share at W = 4, drops copies at W = 2, and keeps recv under the
+# kernels' 2**30 elements at W = 8)
+EP_ROUTED = str(EXAMPLES / "ep_moe_routed.tl")
+EP_ROUTED_SIZES = {"T": "1000", "TOPK": "4", "H": "520", "CAP": "1000"}
+NOT_YET_RUN |= {
+    "ep_routed_sm_100_delays": RunSpec(EP_ROUTED, EP_ROUTED_SIZES, {"comm": "sm"}, calls=100,
+                                       delays=True, seed=80),
+    "ep_routed_sm_graph_mixed": RunSpec(EP_ROUTED, EP_ROUTED_SIZES, {"comm": "sm"}, calls=20,
+                                        graph=True, mixed=True),
+    "ep_routed_sm_t4096": RunSpec(EP_ROUTED, {"T": "4096", "TOPK": "8", "H": "7168",
+                                              "CAP": "10240"}, {"comm": "sm"}, calls=5),
+}
 # AG-MoE: the grouped GEMM's kernel after an all_gather of the token shards; every call draws
 # new expert choices (0 .. 3 of 8: four experts stay empty), so the device-side routing
 # tables change under back-to-back calls. T and N divide by 2, 3, 4 and 8; K = 1000 and

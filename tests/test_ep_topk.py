@@ -386,6 +386,30 @@ def test_the_routed_pattern_computes_the_moe_layer_on_the_device(world):
             assert err < 2e-2, (i, r, float(err))
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_routed_pattern_over_several_blocks_computes_the_moe_layer(world):
+    # T = 300 tokens x top-4: 1,200 copies, three blocks of 512 (the last short) counted per
+    # rank, grouping items inside their block; skewed routings back to back, delays
+    sizes = {"T": 300, "TOPK": 4, "H": 16, "CAP": 96}
+    bp = load_pattern(str(ROUTED)).bind(sizes, world)
+    gen = torch.Generator().manual_seed(30 + world)
+    plans = routings(world, sizes["T"], sizes["TOPK"], gen)
+    calls = [routed_inputs(bp, dests, i) for i, dests in enumerate(plans)]
+    s, res = emulate(bp, world_size=world, config=SM, inputs=calls, delays=True, timeout=600,
+                     progress=False)
+    assert s.render().count("3 programs of 512 copies") == 2  # grouping's and positions'
+
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+    for i, (ins, dests) in enumerate(zip(calls, plans)):
+        want = layer(ins, ins["x"], dests, sizes["CAP"])
+        for r in range(world):
+            got = res.outputs[i]["out"][r].float()
+            assert got.abs().sum() > 0
+            err = (got - want[r]).abs().max() / want[r].abs().max()
+            assert err < 2e-2, (i, r, float(err))
+
+
 def test_the_routed_pattern_matches_on_the_non_overlapped_plan():
     bp = load_pattern(str(ROUTED)).bind(SIZES, 3)
     plans = routings(3, SIZES["T"], SIZES["TOPK"], torch.Generator().manual_seed(5))
@@ -451,6 +475,124 @@ def test_the_grouping_and_counting_kernels_match_copy_by_copy(world):
             tokens, counts = _grouped_by_hand(ins["dest"][r], world)
             assert torch.equal(res.outputs[i][grouped_out][r], ins["x"][r][tokens])
             assert res.outputs[i][counts_out][r].tolist() == counts
+
+
+def _skewed(kind: str, world: int, t: int, k: int, gen) -> torch.Tensor:
+    """Destinations [t, k] of one rank: "uniform" over the ranks with some out of range (-1,
+    W: not sent); "one" every copy to rank 0 (past any capacity below t * k); "none_last"
+    no copy to the last rank (at W = 1 none sent at all); "late" only the last token's
+    copies sent, every other not sent."""
+    if kind == "uniform":
+        return torch.randint(-1, world + 1, (t, k), generator=gen)
+    if kind == "one":
+        return torch.zeros(t, k, dtype=torch.long)
+    if kind == "none_last":
+        if world == 1:
+            return torch.full((t, k), -1)
+        return torch.randint(0, world - 1, (t, k), generator=gen)
+    out = torch.full((t, k), world)
+    out[-1] = torch.arange(k) % world
+    return out
+
+
+@pytest.mark.parametrize("world,t,k", [(1, 150, 1), (2, 50, 8), (3, 37, 5), (4, 45, 4)])
+def test_the_block_kernels_match_copy_by_copy_on_skewed_routings(world, t, k, monkeypatch):
+    # blocks of 64 copies and 2 histogram rows a step, so that at interpreter sizes the
+    # copies span several blocks, the last one short, a grouping item (32 copies) starts
+    # inside its block and the histogram's rows take several steps; skewed routings back to
+    # back (the counting kernel's last-block counter is reset between calls), TOPK 1 .. 8
+    import tilelink as tk
+    from tilelink.ops.all_to_all import buckets
+    from tilelink.ops.all_to_all.dispatch import GB_COPIES
+
+    monkeypatch.setattr(buckets, "BLOCK", 64)
+    monkeypatch.setattr(buckets, "HIST_ELEMENTS", 2 * buckets.pow2(world + 1))
+    cap = max(1, t * k // (2 * world))
+
+    @tk.pattern
+    def grouping(T=t, TOPK=k, H=12, CAP=cap, dtype="bf16"):
+        x = tk.input((T, H), dtype)
+        dest = tk.input((T, TOPK), "int32")
+        return (tk.group_by_dest(x, dest), tk.dest_counts(dest),
+                tk.landing_positions(dest, capacity=CAP))
+
+    for item in (1, GB_COPIES):
+        c = buckets.block_consts(t * k, world, item)
+        assert (c["SB"], c["HQ"]) == (64, 2) and c["NB"] > 2 and (t * k) % 64
+    bp = grouping.bind({}, world)
+    gen = torch.Generator().manual_seed(20 + world)
+    kinds = ("uniform", "one", "none_last", "late")
+    calls = [{"x": [torch.randn(t, 12, generator=gen).to(torch.bfloat16) for _ in range(world)],
+              "dest": [_skewed(kinds[(i + r) % 4], world, t, k, gen).to(torch.int32)
+                       for r in range(world)]} for i in range(4)]
+    s, res = emulate(bp, world_size=world, config={"comm": "sm"}, inputs=calls, timeout=600,
+                     progress=False)
+    text = s.render()
+    assert all(f"{n}/triton" in text for n in ("group_by_dest", "dest_counts",
+                                               "landing_positions"))
+    grouped_out, counts_out, pos_out = s.bound.pattern.outputs
+    dropped = 0
+    for i, ins in enumerate(calls):
+        for r in range(world):
+            tokens, counts = _grouped_by_hand(ins["dest"][r], world)
+            assert torch.equal(res.outputs[i][grouped_out][r], ins["x"][r][tokens]), (i, r)
+            assert res.outputs[i][counts_out][r].tolist() == counts, (i, r)
+            want = _positions_by_hand(ins["dest"][r], world, cap)
+            assert res.outputs[i][pos_out][r].reshape(-1).tolist() == want, (i, r)
+            dropped += sum(1 for p, d in zip(want, ins["dest"][r].reshape(-1).tolist())
+                           if p < 0 and 0 <= d < world)
+    assert dropped > 0  # the capacity rule dropped copies (the "one" routing)
+
+
+def test_the_blocks_bound_an_items_work_at_every_size():
+    # what an item of the grouping reads does not grow with the copies: at most HQ
+    # histogram rows a step over NB / HQ steps, one block of SB copies of dest; the blocks
+    # cover every copy, SB is a power of two holding whole items
+    from tilelink.ops.all_to_all.buckets import block_consts
+    from tilelink.ops.all_to_all.dispatch import GB_COPIES
+
+    for world in (1, 2, 3, 4, 8):
+        for copies in (1, 31, 80, 1024, 32768, 131072, 1 << 20):
+            c = block_consts(copies, world, GB_COPIES)
+            assert c["WP"] > world and c["WP"] & (c["WP"] - 1) == 0
+            assert c["SB"] % GB_COPIES == 0 and c["SB"] & (c["SB"] - 1) == 0
+            assert (c["NB"] - 1) * c["SB"] < copies <= c["NB"] * c["SB"] or copies < c["SB"]
+            assert c["SB"] * c["WP"] <= max(4096, GB_COPIES * c["WP"])
+            assert c["HQ"] * c["WP"] <= 4096
+            steps = -(-c["NB"] // c["HQ"]) + 1  # histogram steps, then its own block
+            if copies <= 32768:
+                assert steps <= 3, (world, copies, c)
+    # T = 4096 tokens, top-8 at W = 2: 64 blocks of 512 copies, the histogram in one step
+    c = block_consts(4096 * 8, 2, GB_COPIES)
+    assert (c["SB"], c["NB"], c["HQ"]) == (512, 64, 64)
+
+
+def test_destinations_from_a_collective_are_refused_for_the_kernels_and_run_unfused():
+    # the routing kernels read dest before any wait (and their histograms before the kernel
+    # starts), while the gather of dest is pushed in the first consumer's kernel: the kernel
+    # is refused naming each op, and the default runs the non-overlapped plan, which checks
+    import tilelink as tk
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target, make_schedule
+
+    @tk.pattern
+    def gathered_dest(T=32, TOPK=2, H=16, CAP=20, dtype="bf16"):
+        x = tk.input((T, H), dtype)
+        shards = tk.input((T, TOPK), "int32", shard=0)
+        dest = tk.all_gather(shards, dim=0)
+        return (tk.group_by_dest(x, dest), tk.dest_counts(dest),
+                tk.landing_positions(dest, capacity=CAP))
+
+    bp = gathered_dest.bind({}, 2)
+    with pytest.raises(ConfigError) as e:
+        make_schedule(bp, get_target("interp"), {"comm": "sm"})
+    for op in ("group_by_dest", "dest_counts", "landing_positions"):
+        assert f"dest comes from a collective (all_gather), but {op} reads it before its " \
+               "kernel waits on anything" in str(e.value)
+    s, res = emulate(bp, world_size=2, calls=2, delays=True, timeout=600, progress=False)
+    assert s.config.comm == "none"
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
 
 
 def test_the_grouping_reference_counts_by_hand():
@@ -547,7 +689,8 @@ def test_back_sends_each_slot_the_rows_its_sender_sent():
 
 @pytest.mark.parametrize("target,world,sizes", [
     ("cuda:90", 2, {}), ("cuda:80", 4, {"T": "500", "TOPK": "8", "H": "520", "CAP": "768"}),
-    ("hip:gfx942", 3, {"T": "300", "H": "256", "CAP": "200"})])
+    ("hip:gfx942", 3, {"T": "300", "H": "256", "CAP": "200"}),
+    ("cuda:90", 4, {"T": "4096", "TOPK": "8", "H": "7168", "CAP": "10240"})])
 def test_the_routed_kernels_compile_for_every_gpu_target(target, world, sizes):
     # (a scan over the few rank buckets once failed Triton's lowering to LLVM on cuda:90)
     from tilelink.codegen import render_triton
@@ -558,7 +701,9 @@ def test_the_routed_kernels_compile_for_every_gpu_target(target, world, sizes):
                       {"comm": "sm"})
     source = render_triton(s)
     names = kernel_names(load_module(source))
-    assert len(names) == 5  # grouping, counts, dispatch + GEMM, positions, combine
+    # grouping (its histogram, then its items), counts, dispatch + GEMM, positions (its
+    # histogram, then its blocks), combine
+    assert len(names) == 7 and sum(n.endswith("_rank_hist_kernel") for n in names) == 2
     for name in names:
         compile_module(source, get_target(target), name)
 

@@ -18,8 +18,9 @@ tile starts as soon as its own rows have landed, and a CUDA graph captures the c
 
 `landing_positions(dest, capacity)` computes pos on the device from each copy's destination
 rank, under the dispatch's convention (copies sent in order t * k + j, grouped by rank
-stably, at most `capacity` a rank): one program in steps over the copies with a running
-count per rank, a kernel of its own.
+stably, at most `capacity` a rank): a prepare step counts the copies per rank in blocks
+(`buckets`), then a program a block places its copies after those the blocks before it
+send to each rank, in a kernel of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ from ...plan.tiling import DimRule, TileGrid
 from ...runtime.bounds import Sums, rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_draw, reference
-from ...schedule.lowering import Lowering, Step, Work, register_lowering, register_vendor_work
+from ...schedule.lowering import (Lowering, Prepare, Step, Work, register_lowering,
+                                  register_vendor_work)
+from .buckets import (block_consts, declare_consts, declare_hist, dest_from_collective,
+                      hist_kernel, hist_name, prefix_lines, render_hist_launch)
 
 #: the run-time axis of the rows of y a tile reads (the region rule's and the kernel's name)
 LANDED_AXIS = "landed_rows"
@@ -286,8 +290,9 @@ register_lowering(TopkCombineSM())
               example="pos = landing_positions(dest, capacity = CAP)",
               given=("dest : [T, TOPK] int32",),
               sizes="T = 32, TOPK = 2, CAP = 24",
-              notes="Computed on the device by one program of a kernel of its own, in "
-                    "steps over the copies with a running count per rank (no host sync)."))
+              notes="Computed on the device (no host sync): a kernel counts the copies per "
+                    "rank in blocks, then a program a block indexes its copies after the "
+                    "blocks' counts before it."))
 def landing_shape(op, xs, attrs, world):
     (dest,) = xs
     if len(local_shape(dest)) != 2:
@@ -347,55 +352,72 @@ register_vendor_work("landing_positions", lambda bp, op: Work(
     0.0, 8.0 * bp.tensors[op.args[0]].local_shape[0] * bp.tensors[op.args[0]].local_shape[1]))
 
 
-#: copies one step of the positions kernel takes
-LANDING_STEP = 512
-
-
 class LandingPositionsTriton(Lowering):
-    """landing_positions on one program (`landing_positions/triton`): steps of LANDING_STEP
-    copies in order, each copy's index among its rank's copies so far from a running count
-    per rank (a cumulative sum of the step's one-hot [copies, ranks] block)."""
+    """landing_positions in blocks (`landing_positions/triton`): a prepare step counts the
+    copies of each block of SB per rank (`buckets`); an item is a block, each copy's index
+    among its rank's copies the blocks before it hold (the histogram's rows before the
+    block) plus its rank's copies before it in the block (a cumulative sum of the block's
+    one-hot [copies, ranks] matrix)."""
 
     kind = "landing_positions"
     name = "landing_positions/triton"
 
+    def _sizes(self, site) -> dict:
+        t, k = site.result.local_shape
+        return block_consts(t * k, site.bp.world)
+
+    def reasons(self, site) -> list[str]:
+        return dest_from_collective(site, site.op.args[0])
+
     def steps(self, site) -> list[Step]:
-        return [Step("tiles", site.op, self, "one program: each copy's index among the copies "
-                     "sent to its rank, in order (a running count per rank)")]
+        return [Step("tiles", site.op, self, "a block of copies an item: each copy's index "
+                     "among the copies sent to its rank (the blocks before, then its block's)")]
+
+    def prepare(self, site) -> Prepare:
+        s = self._sizes(site)
+        return Prepare(f"the copies of {site.op.args[0]} counted per rank in blocks "
+                       f"({hist_kernel(site.bp.name, site.op.result)}, {s['NB']} "
+                       f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
+
+    def notes(self, site) -> list[str]:
+        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
+
+    def declare(self, mb, site) -> None:
+        declare_hist(mb, site, site.op.args[0], self._sizes(site), prepare=True)
+
+    def render_prepare(self, kb, site) -> list[str]:
+        return render_hist_launch(kb, site, site.op.args[0], self._sizes(site))
 
     def work(self, site) -> Work:
-        """dest read, pos written (4 B each), on one program."""
-        t, k = site.result.local_shape
-        return Work(0.0, 8.0 * t * k, programs=1)
+        """dest read twice (the histogram, then the blocks), pos written, the histogram's
+        rows read once a block, a program a block."""
+        s = self._sizes(site)
+        return Work(0.0, 12.0 * s["C"] + 4.0 * s["NB"] * s["NB"] * s["WP"], programs=s["NB"])
 
     def render_step(self, step, kb) -> list[str]:
         mb, op = kb.mb, step.op
-        t, k = mb.bp.tensors[op.result].local_shape
         p = ident(op.result)
-        kb.const(f"{p}_C", value=t * k, comment=f"landing_positions {op.result}: C copies, "
-                 "CAP rows a slot, WP ranks padded to a power of two, CB copies a step")
+        s = self._sizes(mb.site_of(op.result))
+        declare_consts(kb, p, s, f"landing_positions {op.result}: C copies, WP rank buckets "
+                       "(a power of two > W), SB copies a block (an item), NB blocks, HQ "
+                       "histogram rows a step; CAP rows a slot")
         kb.const(f"{p}_CAP", value=mb.bp.op_attrs(op)["capacity"])
-        kb.const(f"{p}_WP", value=1 << max(0, mb.bp.world - 1).bit_length())
-        kb.const(f"{p}_CB", value=min(LANDING_STEP, 1 << max(0, t * k - 1).bit_length()))
-        dest, pos = kb.view(op.args[0]).base, kb.view(op.result).base
-        c = {x: f"{p}_{x}" for x in ("C", "CAP", "WP", "CB")}
-        body = [
-            f"lp_w = tl.arange(0, {c['WP']})",
-            f"lp_seen = tl.zeros(({c['WP']},), dtype=tl.int32)  # copies sent to each rank so far",
-            f"for lp_c0 in range(0, {c['C']}, {c['CB']}):",
-            f"    lp_offs = lp_c0 + tl.arange(0, {c['CB']})",
-            f"    lp_in = lp_offs < {c['C']}",
-            f"    lp_d = tl.load({dest} + lp_offs, mask=lp_in, other=-1).to(tl.int32)",
-            "    lp_ok = lp_in & (lp_d >= 0) & (lp_d < WORLD)",
-            "    lp_hit = (lp_d[:, None] == lp_w[None, :]) & lp_ok[:, None]",
-            "    # index among its rank's copies: those of earlier steps, then of this step",
-            "    lp_i = tl.sum(tl.where(lp_hit, lp_seen[None, :] + tl.cumsum(lp_hit.to(tl.int32), "
-            "0) - 1, 0), axis=1)",
-            f"    lp_pos = tl.where(lp_ok & (lp_i < {c['CAP']}), lp_d * {c['CAP']} + lp_i, -1)",
-            f"    tl.store({pos} + lp_offs, lp_pos, mask=lp_in)",
-            "    lp_seen += tl.sum(lp_hit.to(tl.int32), axis=0)",
+        dest, pos, hist = (kb.view(n).base for n in (op.args[0], op.result,
+                                                     hist_name(op.result)))
+        c = {x: f"{p}_{x}" for x in ("C", "CAP", "SB")}
+        body = [f"{p}_w = tl.arange(0, {p}_WP)"] + prefix_lines(p, hist, "t", total=False) + [
+            f"{p}_offs = t * {c['SB']} + tl.arange(0, {c['SB']})",
+            f"{p}_in = {p}_offs < {c['C']}",
+            f"{p}_d = tl.load({dest} + {p}_offs, mask={p}_in, other=-1).to(tl.int32)",
+            f"{p}_ok = {p}_in & ({p}_d >= 0) & ({p}_d < WORLD)",
+            f"{p}_hit = ({p}_d[:, None] == {p}_w[None, :]) & {p}_ok[:, None]",
+            "# index among its rank's copies: those of earlier blocks, then of this block",
+            f"{p}_i = tl.sum(tl.where({p}_hit, {p}_before[None, :] + tl.cumsum({p}_hit.to("
+            "tl.int32), 0) - 1, 0), axis=1)",
+            f"{p}_pos = tl.where({p}_ok & ({p}_i < {c['CAP']}), {p}_d * {c['CAP']} + {p}_i, -1)",
+            f"tl.store({pos} + {p}_offs, {p}_pos, mask={p}_in)",
         ]
-        return item_loop(step, "1", [], [], body)
+        return item_loop(step, str(s["NB"]), [], [], body)
 
 
 register_lowering(LandingPositionsTriton())

@@ -15,17 +15,21 @@ dispatch itself: `all_to_all(h, splits, ..., slots = 1, back = 1)` sends each sl
 many rows as its sender sent (the SM kernel reads the count words the dispatch's push wrote
 into this rank).
 
-Kernels: `group_by_dest/triton` takes items of GB_COPIES copies, one program an item; each
-item first counts, per rank, every copy and the copies before it (a scan over all of dest in
-steps of SCAN_STEP copies: O(T * k) a program, the limit at large T * k), then copies its
-rows to where they go. `dest_counts/triton` is one program scanning dest once.
+Kernels (`buckets`: the copies cut into blocks of SB, counted per rank once a call):
+`group_by_dest/triton` is a prepare step (a kernel of one program a block writing the
+block's counts per rank) and then items of GB_COPIES copies, one program an item: each sums
+the histogram's rows (every rank's total, and its copies in the blocks before the item's),
+counts the copies of its own block before it, then copies its rows to where they go:
+O(C / SB + SB) per item, not the O(C) of a scan over dest. `dest_counts/triton` takes a
+block an item, writes its row of counts, and the last block counted (an atomic counter, so
+no program waits) sums the rows.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...codegen.module import ident
+from ...codegen.module import ident, indent
 from ...codegen.tiles import item_loop
 from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement
 from ...ir.tensor import DTYPE_BYTES, INT_DTYPES
@@ -34,17 +38,15 @@ from ...plan.tiling import DimRule, TileGrid
 from ...runtime.bounds import Sums, rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_draw, reference
-from ...schedule.lowering import Lowering, Step, Work, register_lowering, register_vendor_work
+from ...schedule.lowering import (Lowering, Prepare, Step, Work, register_lowering,
+                                  register_vendor_work)
 from ..all_gather import copies
+from .buckets import (block_consts, count_lines, declare_consts, declare_hist,
+                      dest_from_collective, hist_kernel, hist_name, pow2 as _pow2, prefix_lines,
+                      render_hist_launch)
 
 #: copies one item (one program at a time) of group_by_dest's kernel moves
 GB_COPIES = 32
-#: copies a step of the kernels' scans over dest reads
-SCAN_STEP = 512
-
-
-def _pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
 
 
 def _dest_shape(op, dest, arg: int):
@@ -69,9 +71,10 @@ def _dest_shape(op, dest, arg: int):
               example="copies = group_by_dest(x, dest)",
               given=("x : [T, H] bf16", "dest : [T, TOPK] int32"),
               sizes="T = 32, H = 48, TOPK = 2",
-              notes="Computed on the device (no host sync) by a kernel of its own: items of "
-                    f"{GB_COPIES} copies, each counting the copies before it per rank "
-                    "(a scan over dest, O(T * k) per item) and then copying its rows."))
+              notes="Computed on the device (no host sync): a kernel counts the copies per "
+                    "rank in blocks, then items of "
+                    f"{GB_COPIES} copies each find where their copies go from the blocks' "
+                    "counts before them and copy their rows."))
 def group_shape(op, xs, attrs, world):
     x, dest = xs
     _dest_shape(op, dest, 1)
@@ -95,7 +98,8 @@ def group_shape(op, xs, attrs, world):
               example="splits = dest_counts(dest)",
               given=("dest : [T, TOPK] int32",),
               sizes="T = 32, TOPK = 2",
-              notes="Computed on the device by one program scanning dest (no host sync)."))
+              notes="Computed on the device (no host sync): a program a block of copies "
+                    "counts it per rank, the last to finish sums the blocks."))
 def counts_shape(op, xs, attrs, world):
     (dest,) = xs
     _dest_shape(op, dest, 0)
@@ -190,33 +194,11 @@ register_vendor_work("dest_counts", lambda bp, op: Work(
     0.0, 4.0 * bp.tensors[op.args[0]].local_shape[0] * bp.tensors[op.args[0]].local_shape[1]))
 
 
-def _scan(p: str, dest: str, before: str | None) -> list[str]:
-    """Kernel lines counting, per rank (`{p}_w`, W: not sent), every copy in `{p}_total`
-    and, with `before`, the copies before copy `before` in `{p}_before`."""
-    lines = [
-        f"{p}_w = tl.arange(0, {p}_WP)",
-        f"{p}_total = tl.zeros(({p}_WP,), dtype=tl.int32)",
-        f"{p}_before = tl.zeros(({p}_WP,), dtype=tl.int32)",
-        f"for {p}_c0 in range(0, {p}_C, {p}_SB):",
-        f"    {p}_offs = {p}_c0 + tl.arange(0, {p}_SB)",
-        f"    {p}_d = tl.load({dest} + {p}_offs, mask={p}_offs < {p}_C, other=-1).to(tl.int32)",
-        f"    {p}_key = tl.where(({p}_d >= 0) & ({p}_d < WORLD), {p}_d, WORLD)",
-        f"    {p}_hit = ({p}_key[:, None] == {p}_w[None, :]) & ({p}_offs < {p}_C)[:, None]",
-        f"    {p}_total += tl.sum({p}_hit.to(tl.int32), axis=0)",
-    ]
-    if before is not None:
-        lines.append(f"    {p}_before += tl.sum(({p}_hit & ({p}_offs < {before})[:, None])"
-                     ".to(tl.int32), axis=0)")
-    return lines
-
-
-def _scan_consts(kb, p: str, op, comment: str) -> None:
-    t, k = kb.mb.bp.tensors[op.args[-1]].local_shape
-    kb.const(f"{p}_C", value=t * k, comment=comment)
-    kb.const(f"{p}_K", value=k)
-    # (W + 1 buckets: the last holds the copies not sent)
-    kb.const(f"{p}_WP", value=_pow2(kb.mb.bp.world + 1))
-    kb.const(f"{p}_SB", value=min(SCAN_STEP, _pow2(t * k)))
+def _sizes(site, item: int = 1) -> dict:
+    """The histogram's sizes (`buckets.block_consts`) of `site`'s op, whose dest is its last
+    operand: items of `item` copies."""
+    t, k = site.tensor(site.op.args[-1]).local_shape
+    return {**block_consts(t * k, site.bp.world, item), "K": k}
 
 
 class GroupByDestTriton(Lowering):
@@ -225,37 +207,67 @@ class GroupByDestTriton(Lowering):
     kind = "group_by_dest"
     name = "group_by_dest/triton"
 
+    def reasons(self, site) -> list[str]:
+        return dest_from_collective(site, site.op.args[-1])
+
     def _items(self, site) -> int:
-        t, k = site.tensor(site.op.args[1]).local_shape
-        return -(-t * k // GB_COPIES)
+        return -(-_sizes(site)["C"] // GB_COPIES)
 
     def steps(self, site) -> list[Step]:
-        return [Step("tiles", site.op, self, f"items of {GB_COPIES} copies: count the copies "
-                     "before each per rank, copy its rows to their rank's group")]
+        return [Step("tiles", site.op, self, f"items of {GB_COPIES} copies: the copies before "
+                     "each per rank (the histogram's blocks before it, then its own block's), "
+                     "then its rows copied to their rank's group")]
+
+    def prepare(self, site) -> Prepare:
+        s = _sizes(site, GB_COPIES)
+        return Prepare(f"the copies of {site.op.args[1]} counted per rank in blocks "
+                       f"({hist_kernel(site.bp.name, site.op.result)}, {s['NB']} "
+                       f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
+
+    def notes(self, site) -> list[str]:
+        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
+
+    def declare(self, mb, site) -> None:
+        declare_hist(mb, site, site.op.args[1], _sizes(site, GB_COPIES), prepare=True)
+
+    def render_prepare(self, kb, site) -> list[str]:
+        return render_hist_launch(kb, site, site.op.args[1], _sizes(site, GB_COPIES))
 
     def work(self, site) -> Work:
-        """Every row read and written once; dest scanned once per item."""
-        t, k = site.tensor(site.op.args[1]).local_shape
-        return Work(0.0, group_bytes(site.bp, site.op) + 4.0 * t * k * self._items(site),
-                    programs=self._items(site))
+        """Every row read and written once, dest read twice (the histogram, then each
+        item's block), the histogram read once per item."""
+        s = _sizes(site, GB_COPIES)
+        items = self._items(site)
+        dest_b = DTYPE_BYTES.get(site.tensor(site.op.args[1]).dtype, 4)
+        return Work(0.0, group_bytes(site.bp, site.op) + dest_b * s["C"]
+                    + items * 4.0 * s["NB"] * s["WP"], programs=items)
 
     def render_step(self, step, kb) -> list[str]:
         mb, op = kb.mb, step.op
         x_name, dest_name = op.args
         p = ident(op.result)
+        s = _sizes(mb.site_of(op.result), GB_COPIES)
         inner = 1
         for d in mb.bp.tensors[x_name].local_shape[1:]:
             inner *= d
-        _scan_consts(kb, p, op, f"group_by_dest {op.result}: C copies, K a token, WP rank "
-                     "buckets (a power of two > W), SB copies a scan step, GB copies an item, "
-                     "INNER elements a row in blocks of BH")
+        declare_consts(kb, p, s, f"group_by_dest {op.result}: C copies, WP rank buckets (a "
+                       "power of two > W), SB copies a block of the histogram, NB blocks, HQ "
+                       "histogram rows a step; GB copies an item, K a token, INNER elements a "
+                       "row in blocks of BH")
         kb.const(f"{p}_GB", value=GB_COPIES)
+        kb.const(f"{p}_K", value=s["K"])
         kb.const(f"{p}_INNER", value=inner)
         kb.const(f"{p}_BH", value=min(128, _pow2(inner)))
-        x, dest, out = (kb.view(n).base for n in (x_name, dest_name, op.result))
-        c = {n: f"{p}_{n}" for n in ("C", "K", "GB", "INNER", "BH")}
-        index = [f"{p}_lo = t * {c['GB']}"]
-        body = _scan(p, dest, f"{p}_lo") + [
+        x, dest, out, hist = (kb.view(n).base for n in (x_name, dest_name, op.result,
+                                                        hist_name(op.result)))
+        c = {n: f"{p}_{n}" for n in ("C", "K", "GB", "SB", "INNER", "BH")}
+        index = [f"{p}_lo = t * {c['GB']}", f"{p}_blk = {p}_lo // {c['SB']}"]
+        body = [f"{p}_w = tl.arange(0, {p}_WP)",
+                "# per rank, every copy and the copies before this item: the blocks before its",
+                "# own (the histogram the prepare step wrote), then its block's before it"
+                ] + prefix_lines(p, hist, f"{p}_blk", total=True) + count_lines(
+                    p, dest, f"{p}_blk * {c['SB']}", f"{p}_lo") + [
+            f"{p}_before += {p}_n",
             "# each rank's group starts after the lower ranks' copies (sums over small",
             "# [WP, WP] and [GB, GB] masks, not scans: a scan of so few elements does not",
             "# compile for every target)",
@@ -291,24 +303,49 @@ class DestCountsTriton(Lowering):
     kind = "dest_counts"
     name = "dest_counts/triton"
 
+    def reasons(self, site) -> list[str]:
+        return dest_from_collective(site, site.op.args[-1])
+
     def steps(self, site) -> list[Step]:
-        return [Step("tiles", site.op, self, "one program: count the copies going to each "
-                     "rank")]
+        return [Step("tiles", site.op, self, "a block of copies an item, counted per rank into "
+                     "its histogram row; the last block counted sums the rows")]
+
+    def declare(self, mb, site) -> None:
+        declare_hist(mb, site, site.op.args[0], _sizes(site), prepare=False)
+        mb.signal(_sync(site.op.result), 1, init="zero")
 
     def work(self, site) -> Work:
-        """dest read once, on one program."""
-        t, k = site.tensor(site.op.args[0]).local_shape
-        return Work(0.0, 4.0 * t * k, programs=1)
+        """dest read once, the histogram written and read once, a program a block."""
+        s = _sizes(site)
+        dest_b = DTYPE_BYTES.get(site.tensor(site.op.args[0]).dtype, 4)
+        return Work(0.0, dest_b * s["C"] + 8.0 * s["NB"] * s["WP"], programs=s["NB"])
 
     def render_step(self, step, kb) -> list[str]:
-        op = step.op
+        mb, op = kb.mb, step.op
         p = ident(op.result)
-        _scan_consts(kb, p, op, f"dest_counts {op.result}: C copies, K a token, WP rank "
-                     "buckets (a power of two > W), SB copies a scan step")
-        dest, out = kb.view(op.args[0]).base, kb.view(op.result).base
-        body = _scan(p, dest, None) + [
-            f"tl.store({out} + {p}_w, {p}_total, mask={p}_w < WORLD)"]
-        return item_loop(step, "1", [], [], body)
+        s = _sizes(mb.site_of(op.result))
+        declare_consts(kb, p, s, f"dest_counts {op.result}: C copies, WP rank buckets (a power "
+                       "of two > W), SB copies a block (an item), NB blocks, HQ histogram rows "
+                       "a step")
+        dest, out, hist = (kb.view(n).base for n in (op.args[0], op.result,
+                                                     hist_name(op.result)))
+        sync = kb.param(f"{_sync(op.result)}_ptr", "*i32", f"sym[{_sync(op.result)!r}]")
+        body = [f"{p}_w = tl.arange(0, {p}_WP)"] + count_lines(
+            p, dest, f"t * {p}_SB", f"tl.minimum(t * {p}_SB + {p}_SB, {p}_C)") + [
+            f"tl.store({hist} + t * {p}_WP + {p}_w, {p}_n)",
+            "tl.debug_barrier()  # every thread's stores of the row before the count",
+            f"{p}_done = tl.atomic_add({sync}, 1, sem=\"acq_rel\", scope=\"gpu\")",
+            f"if {p}_done == {p}_NB - 1:  # the last block counted: every row is stored",
+            f"    tl.atomic_xchg({sync}, 0, sem=\"relaxed\", scope=\"gpu\")  # (for the next "
+            "call)",
+        ] + indent(prefix_lines(p, hist, None, total=True)) + [
+            f"    tl.store({out} + {p}_w, {p}_total, mask={p}_w < WORLD)"]
+        return item_loop(step, str(s["NB"]), [], [], body)
+
+
+def _sync(result: str) -> str:
+    """The counter of dest_counts' blocks counted this call (0 between calls)."""
+    return f"{result}_rank_sync"
 
 
 register_lowering(GroupByDestTriton())
