@@ -34,6 +34,9 @@ def test_version_flag_prints_the_package_version(capsys):
 def test_python_m_tilelink_version():
     out = _python_m("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"tilelink {tilelink.__version__}"
+    # the CLI module runs as a script too (tools/tune_compare.sh, torchrun -m tilelink.cli.main)
+    out = _python_m("--version", module="tilelink.cli.main")
+    assert out.returncode == 0 and out.stdout.strip() == f"tilelink {tilelink.__version__}"
 
 
 def test_the_version_is_written_once():
@@ -51,11 +54,17 @@ def test_the_version_is_written_once():
     ["compile", "examples/patterns.py:gemm_rs", "--emit", "ir", "-W", "4"],
     ["compile", "examples/gemm_rs.tl", "--emit", "schedule", "-D", "M=8192", "-D", "K=8192"],
 ])
-def test_python_m_tilelink_is_the_tilelink_command(argv):
-    """Same output and exit status as the CLI module the console script calls."""
-    via_package, via_cli = _python_m(*argv), _python_m(*argv, module="tilelink.cli.main")
-    assert via_package.returncode == via_cli.returncode == 0, via_package.stderr
-    assert via_package.stdout == via_cli.stdout and via_package.stdout.strip()
+def test_python_m_tilelink_is_the_tilelink_command(argv, capsys, monkeypatch):
+    """Same output and exit status as the function the console script calls
+    (`tilelink = "tilelink.cli.main:main"`, called here in this process, from ROOT as the
+    `python -m` run is): only `python -m tilelink` needs a fresh interpreter."""
+    via_package = _python_m(*argv)
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    code = main(list(argv))
+    via_cli = capsys.readouterr()
+    assert via_package.returncode == code == 0, via_package.stderr + via_cli.err
+    assert via_package.stdout == via_cli.out and via_package.stdout.strip()
 
 
 @pytest.mark.slow

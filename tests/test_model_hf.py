@@ -11,8 +11,7 @@ we allow 1e-4 of the output's largest magnitude (measured: ~1e-7 of it).
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
@@ -136,11 +135,13 @@ def test_hf_decoder_layers_on_a_gloo_world_of_four():
     _check(4, compiled=False)
 
 
-def test_tilelink_never_imports_transformers():
+def test_tilelink_never_imports_transformers(tilelink_cli):
     # the HF integration is an optional extra: importing tilelink (and its hf module) must
-    # not pull transformers in, installed or not
+    # not pull transformers in, installed or not. (`python -c` through conftest's
+    # tilelink_cli: forked from an interpreter that imported tilelink.cli.main and nothing
+    # else, so what that import pulled in is in sys.modules here too)
     code = ("import sys, tilelink, tilelink.model, tilelink.model.hf, tilelink.cli.main; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, check=False)
+    out = tilelink_cli.run_python(code, cwd=Path(__file__).resolve().parent.parent,
+                                  timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

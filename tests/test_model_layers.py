@@ -200,17 +200,16 @@ def test_the_docs_show_the_example_commands():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", _documented_example_commands())
-def test_documented_example_command_runs(command):
+def test_documented_example_command_runs(command, tilelink_cli):
     import shlex
-    import subprocess
-    import sys
     from pathlib import Path
 
     if "hf_decoder" in command:
         pytest.importorskip("transformers")  # the optional extra (.[hf]; in .[test])
     root = Path(__file__).resolve().parent.parent
     argv = shlex.split(command)
-    out = subprocess.run([sys.executable, *argv[1:]], cwd=root, capture_output=True, text=True,
-                         timeout=600, check=False)
+    # `python3 SCRIPT ARGS` in a process forked from one that has imported TileLink
+    # (conftest's tilelink_cli): the script runs as __main__ with its argv, as python runs it
+    out = tilelink_cli.run_script(argv[1], argv[2:], root, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "max |TP - unsharded|" in out.stdout and "Traceback" not in out.stderr

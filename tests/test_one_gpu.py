@@ -607,11 +607,13 @@ def test_a_lost_case_fails_alone_and_the_rest_run_in_a_fresh_process(monkeypatch
 
     monkeypatch.setattr(launcher, "gpu_count", lambda: 1)
     specs = [RunSpec(what) for what in ("ok", "crash", "ok", "hang", "raise", "ok")]
-    got = run_one_gpu_cases(2, specs, case_timeout=8, runner=fake_cases)
+    # (the idle clock starts once the process has imported torch; a fake case then takes
+    # microseconds, so 3 s tells the hang from the others on any load)
+    got = run_one_gpu_cases(2, specs, case_timeout=3, runner=fake_cases)
     assert [g.get("what") for g in got] == ["ok", None, "ok", None, None, "ok"]
     assert [g.get("case") for g in got if "case" in g] == [0, 2, 5]
     assert "exit code 3" in got[1]["ranks"][0]["error"]
-    assert "reported nothing for 8 s" in got[3]["ranks"][1]["error"]
+    assert "reported nothing for 3 s" in got[3]["ranks"][1]["error"]
     assert "illegal memory access" in got[4]["ranks"][0]["error"]
     assert len({g["pid"] for g in got if "pid" in g}) == 3  # a fresh process after each loss
 
@@ -624,7 +626,7 @@ def test_processes_that_never_finish_a_case_stop_the_run(monkeypatch):
     from ._one_gpu_fake import fake_cases
 
     monkeypatch.setattr(launcher, "gpu_count", lambda: 1)
-    got = run_one_gpu_cases(2, [RunSpec("crash")] * 5, case_timeout=8, runner=fake_cases)
+    got = run_one_gpu_cases(2, [RunSpec("crash")] * 5, case_timeout=3, runner=fake_cases)
     assert all(g["ranks"][0]["error"] for g in got)
     assert "remaining cases were not run" in got[4]["ranks"][0]["error"]
 

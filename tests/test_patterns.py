@@ -177,6 +177,14 @@ RECOMBINED = {
 # AG -> GEMM -> map, GEMM -> RS -> map, AG -> map -> GEMM, GEMM -> AR -> map
 PYTHON_ONLY = ("ag_gemm_bias", "gemm_rs_bias", "ag_rmsnorm_gemm", "gemm_ar_bias")
 
+# the emulated runs' sizes where a dim-1 gather copies row by row (one copy per row of the
+# gathered tensor, each an interpreted call: most of those runs' time): fewer rows, the same
+# number of 32-row tiles and of chunks per rank at every W = 1..4, the last tile still ragged
+# (ag_both_gemm: b's K = 36 rows, two k-steps as at 60; ag_cols_gemm_rs: M = 72, three row
+# tiles and two reduce-scatter chunks a rank at W = 2, as at 84). The other patterns copy a
+# chunk of rows at once: their time is in the tile counts, which smaller sizes would change
+RUN_SIZES = {"ag_both_gemm": ["-D", "K=36"], "ag_cols_gemm_rs": ["-D", "M=72"]}
+
 # every recombined pattern once: its text form where it has one
 ALL = list(RECOMBINED) + list(PYTHON_ONLY)
 # (pattern, form, W) for the runs: the text patterns and the Python-only ones at W = 1..4 (the
@@ -252,8 +260,8 @@ def test_recombined_pattern_runs_and_checks_in_the_emulated_world(name, form, wo
                                                                    capsys):
     """Runs twice in the emulated world (W ranks) and matches the torch reference."""
     spec = _spec(name, form, tl_dir)
-    assert main(["run", spec, "-W", str(world), "--check", "--calls", "2"]) == 0, \
-        capsys.readouterr().err
+    assert main(["run", spec, "-W", str(world), "--check", "--calls", "2",
+                 *RUN_SIZES.get(name, [])]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"{name}: " in out and f"W={world};" in out, out
     assert "check: OK" in out, out
@@ -392,3 +400,32 @@ def test_what_cannot_be_composed_says_where_and_why(name, tmp_path, capsys):
         assert "check: OK" in out.out
         assert "non-overlapped plan chosen: no overlapped kernel can run this pattern" in \
             out.out + out.err and words[-1] in out.out + out.err
+
+
+_CONST = re.compile(r"^([A-Z][A-Z_0-9]*) = (\d+)$", re.M)
+
+
+def _interp_counts(spec: str, world: int, sizes: list[str], capsys) -> tuple[str, dict]:
+    """(config line, counts) of the emulated world's module of `spec` at W = world: its
+    chunk counts (`*_CHUNKS`, `*_NCOL`), programs, and the tiles of each GEMM dim."""
+    assert main(["compile", spec, "-W", str(world), "--target", "interp", "--emit", "triton",
+                 *sizes]) == 0
+    text = capsys.readouterr().out
+    consts = {k: int(v) for k, v in _CONST.findall(text)}
+    counts = {k: v for k, v in consts.items()
+              if k.endswith(("_CHUNKS", "_NCOL")) or k == "NUM_PROGRAMS"}
+    for dim, block in (("C_M", "BM"), ("C_N", "BN"), ("C_K", "BK")):
+        counts[f"{dim} tiles"] = -(-consts[dim] // consts[block])
+    return next(ln for ln in text.splitlines() if ln.startswith("config: ")), counts
+
+
+@pytest.mark.parametrize("name", list(RUN_SIZES))
+def test_run_sizes_keep_every_tile_and_chunk_count(name, tl_dir, capsys):
+    """The emulated runs' smaller sizes (RUN_SIZES) give the module the same config, the
+    same tiles per GEMM dim and the same chunks at every W as the pattern's defaults."""
+    spec = _one_spec(name, tl_dir)
+    for world in (1, 2, 3, 4):
+        default = _interp_counts(spec, world, [], capsys)
+        small = _interp_counts(spec, world, RUN_SIZES[name], capsys)
+        assert small == default, (world, small, default)
+        assert len(default[1]) >= 4
