@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ...ir import spec
 from ...ir.tensor import DTYPE_BYTES
+from ...schedule.lowering import Prepare
 
 #: copies in a block of the histogram, at most (SB: fewer where W is large, or C small)
 BLOCK = 512
@@ -159,6 +160,36 @@ def render_hist_launch(kb, site, dest: str, consts: dict) -> list[str]:
     refs = f"{mb.host_ref(dest)}, {mb.host_ref(hist_name(site.op.result))}"
     return [f"    rt.launch_kernel({kernel}, ({consts['NB']},), ({refs},), dict(",
             f"        **KERNEL_CONSTS[{kernel!r}], num_warps=4, **tld.launch_options()))"]
+
+
+class HistPrepared:
+    """What a lowering whose kernel reads a histogram its prepare step fills shares (mixed in
+    before `Lowering`): the prepare step, its note, the histogram's declaration and launch.
+    The lowering names the routing operand (`hist_dest`) and the histogram's sizes
+    (`hist_sizes`, `block_consts`)."""
+
+    def hist_dest(self, site) -> str:
+        """The name of the [T, k] destinations operand the histogram counts."""
+        raise NotImplementedError
+
+    def hist_sizes(self, site) -> dict:
+        """The histogram's sizes (`block_consts`)."""
+        raise NotImplementedError
+
+    def prepare(self, site) -> Prepare:
+        s = self.hist_sizes(site)
+        return Prepare(f"the copies of {self.hist_dest(site)} counted per rank in blocks "
+                       f"({hist_kernel(site.bp.name, site.op.result)}, {s['NB']} "
+                       f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
+
+    def notes(self, site) -> list[str]:
+        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
+
+    def declare(self, mb, site) -> None:
+        declare_hist(mb, site, self.hist_dest(site), self.hist_sizes(site), prepare=True)
+
+    def render_prepare(self, kb, site) -> list[str]:
+        return render_hist_launch(kb, site, self.hist_dest(site), self.hist_sizes(site))
 
 
 def hist_bytes(consts: dict, dest_dtype: str) -> float:

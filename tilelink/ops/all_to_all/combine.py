@@ -37,10 +37,10 @@ from ...plan.tiling import DimRule, TileGrid
 from ...runtime.bounds import Sums, rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_draw, reference
-from ...schedule.lowering import (Lowering, Prepare, Step, Work, register_lowering,
+from ...schedule.lowering import (Lowering, Step, Work, register_lowering,
                                   register_vendor_work)
-from .buckets import (block_consts, declare_consts, declare_hist, dest_from_collective,
-                      hist_kernel, hist_name, prefix_lines, render_hist_launch)
+from .buckets import (HistPrepared, block_consts, declare_consts, dest_from_collective,
+                      hist_name, prefix_lines)
 
 #: the run-time axis of the rows of y a tile reads (the region rule's and the kernel's name)
 LANDED_AXIS = "landed_rows"
@@ -352,7 +352,7 @@ register_vendor_work("landing_positions", lambda bp, op: Work(
     0.0, 8.0 * bp.tensors[op.args[0]].local_shape[0] * bp.tensors[op.args[0]].local_shape[1]))
 
 
-class LandingPositionsTriton(Lowering):
+class LandingPositionsTriton(HistPrepared, Lowering):
     """landing_positions in blocks (`landing_positions/triton`): a prepare step counts the
     copies of each block of SB per rank (`buckets`); an item is a block, each copy's index
     among its rank's copies the blocks before it hold (the histogram's rows before the
@@ -373,20 +373,11 @@ class LandingPositionsTriton(Lowering):
         return [Step("tiles", site.op, self, "a block of copies an item: each copy's index "
                      "among the copies sent to its rank (the blocks before, then its block's)")]
 
-    def prepare(self, site) -> Prepare:
-        s = self._sizes(site)
-        return Prepare(f"the copies of {site.op.args[0]} counted per rank in blocks "
-                       f"({hist_kernel(site.bp.name, site.op.result)}, {s['NB']} "
-                       f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
+    def hist_dest(self, site) -> str:
+        return site.op.args[0]
 
-    def notes(self, site) -> list[str]:
-        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
-
-    def declare(self, mb, site) -> None:
-        declare_hist(mb, site, site.op.args[0], self._sizes(site), prepare=True)
-
-    def render_prepare(self, kb, site) -> list[str]:
-        return render_hist_launch(kb, site, site.op.args[0], self._sizes(site))
+    def hist_sizes(self, site) -> dict:
+        return self._sizes(site)
 
     def work(self, site) -> Work:
         """dest read twice (the histogram, then the blocks), pos written, the histogram's

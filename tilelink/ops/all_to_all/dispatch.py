@@ -38,12 +38,11 @@ from ...plan.tiling import DimRule, TileGrid
 from ...runtime.bounds import Sums, rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_draw, reference
-from ...schedule.lowering import (Lowering, Prepare, Step, Work, register_lowering,
+from ...schedule.lowering import (Lowering, Step, Work, register_lowering,
                                   register_vendor_work)
 from ..all_gather import copies
-from .buckets import (block_consts, count_lines, declare_consts, declare_hist,
-                      dest_from_collective, hist_kernel, hist_name, pow2 as _pow2, prefix_lines,
-                      render_hist_launch)
+from .buckets import (HistPrepared, block_consts, count_lines, declare_consts, declare_hist,
+                      dest_from_collective, hist_name, pow2 as _pow2, prefix_lines)
 
 #: copies one item (one program at a time) of group_by_dest's kernel moves
 GB_COPIES = 32
@@ -201,7 +200,7 @@ def _sizes(site, item: int = 1) -> dict:
     return {**block_consts(t * k, site.bp.world, item), "K": k}
 
 
-class GroupByDestTriton(Lowering):
+class GroupByDestTriton(HistPrepared, Lowering):
     """See the module docstring."""
 
     kind = "group_by_dest"
@@ -218,20 +217,11 @@ class GroupByDestTriton(Lowering):
                      "each per rank (the histogram's blocks before it, then its own block's), "
                      "then its rows copied to their rank's group")]
 
-    def prepare(self, site) -> Prepare:
-        s = _sizes(site, GB_COPIES)
-        return Prepare(f"the copies of {site.op.args[1]} counted per rank in blocks "
-                       f"({hist_kernel(site.bp.name, site.op.result)}, {s['NB']} "
-                       f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
+    def hist_dest(self, site) -> str:
+        return site.op.args[1]
 
-    def notes(self, site) -> list[str]:
-        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
-
-    def declare(self, mb, site) -> None:
-        declare_hist(mb, site, site.op.args[1], _sizes(site, GB_COPIES), prepare=True)
-
-    def render_prepare(self, kb, site) -> list[str]:
-        return render_hist_launch(kb, site, site.op.args[1], _sizes(site, GB_COPIES))
+    def hist_sizes(self, site) -> dict:
+        return _sizes(site, GB_COPIES)
 
     def work(self, site) -> Work:
         """Every row read and written once, dest read twice (the histogram, then each
