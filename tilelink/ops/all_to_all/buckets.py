@@ -165,20 +165,20 @@ def render_hist_launch(kb, site, dest: str, consts: dict) -> list[str]:
 class HistPrepared:
     """What a lowering whose kernel reads a histogram its prepare step fills shares (mixed in
     before `Lowering`): the prepare step, its note, the histogram's declaration and launch.
-    The lowering names the routing operand (`hist_dest`) and the histogram's sizes
-    (`hist_sizes`, `block_consts`)."""
+    The lowering names the routing operand (`_hist_dest`) and the histogram's sizes
+    (`_hist_sizes`, `block_consts`)."""
 
-    def hist_dest(self, site) -> str:
+    def _hist_dest(self, site) -> str:
         """The name of the [T, k] destinations operand the histogram counts."""
         raise NotImplementedError
 
-    def hist_sizes(self, site) -> dict:
+    def _hist_sizes(self, site) -> dict:
         """The histogram's sizes (`block_consts`)."""
         raise NotImplementedError
 
     def prepare(self, site) -> Prepare:
-        s = self.hist_sizes(site)
-        return Prepare(f"the copies of {self.hist_dest(site)} counted per rank in blocks "
+        s = self._hist_sizes(site)
+        return Prepare(f"the copies of {self._hist_dest(site)} counted per rank in blocks "
                        f"({hist_kernel(site.bp.name, site.op.result)}, {s['NB']} "
                        f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
 
@@ -186,10 +186,10 @@ class HistPrepared:
         return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
 
     def declare(self, mb, site) -> None:
-        declare_hist(mb, site, self.hist_dest(site), self.hist_sizes(site), prepare=True)
+        declare_hist(mb, site, self._hist_dest(site), self._hist_sizes(site), prepare=True)
 
     def render_prepare(self, kb, site) -> list[str]:
-        return render_hist_launch(kb, site, self.hist_dest(site), self.hist_sizes(site))
+        return render_hist_launch(kb, site, self._hist_dest(site), self._hist_sizes(site))
 
 
 def hist_bytes(consts: dict, dest_dtype: str) -> float:

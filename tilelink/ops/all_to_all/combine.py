@@ -373,10 +373,10 @@ class LandingPositionsTriton(HistPrepared, Lowering):
         return [Step("tiles", site.op, self, "a block of copies an item: each copy's index "
                      "among the copies sent to its rank (the blocks before, then its block's)")]
 
-    def hist_dest(self, site) -> str:
+    def _hist_dest(self, site) -> str:
         return site.op.args[0]
 
-    def hist_sizes(self, site) -> dict:
+    def _hist_sizes(self, site) -> dict:
         return self._sizes(site)
 
     def work(self, site) -> Work:

@@ -217,10 +217,10 @@ class GroupByDestTriton(HistPrepared, Lowering):
                      "each per rank (the histogram's blocks before it, then its own block's), "
                      "then its rows copied to their rank's group")]
 
-    def hist_dest(self, site) -> str:
+    def _hist_dest(self, site) -> str:
         return site.op.args[1]
 
-    def hist_sizes(self, site) -> dict:
+    def _hist_sizes(self, site) -> dict:
         return _sizes(site, GB_COPIES)
 
     def work(self, site) -> Work:
