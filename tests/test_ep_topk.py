@@ -363,42 +363,14 @@ def routed_inputs(bp, dests: list[torch.Tensor], seed: int):
     return ins
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_the_routed_pattern_computes_the_moe_layer_on_the_device(world):
-    # skewed routings (a hot rank past capacity, every copy to the last rank: the others
-    # receive nothing), four back-to-back calls, T = 40 off the tiles, ranks' delays
-    bp = load_pattern(str(ROUTED)).bind(SIZES, world)
-    gen = torch.Generator().manual_seed(10 + world)
-    plans = routings(world, SIZES["T"], SIZES["TOPK"], gen)
-    calls = [routed_inputs(bp, dests, i) for i, dests in enumerate(plans)]
-    s, res = emulate(bp, world_size=world, config=SM, inputs=calls, delays=True, timeout=600,
-                     progress=False)
-    text = s.render()
-    for lowering in ("group_by_dest/triton", "dest_counts/triton", "topk_combine/sm"):
-        assert lowering in text
-    report = check(s.bound, res)
-    assert report.ok, "\n".join(report.lines)
-    for i, (ins, dests) in enumerate(zip(calls, plans)):
-        want = layer(ins, ins["x"], dests, SIZES["CAP"])
-        for r in range(world):
-            got = res.outputs[i]["out"][r].float()
-            err = (got - want[r]).abs().max() / want[r].abs().max()
-            assert err < 2e-2, (i, r, float(err))
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_the_routed_pattern_over_several_blocks_computes_the_moe_layer(world):
-    # T = 300 tokens x top-4: 1,200 copies, three blocks of 512 (the last short) counted per
-    # rank, grouping items inside their block; skewed routings back to back, delays
-    sizes = {"T": 300, "TOPK": 4, "H": 16, "CAP": 96}
+def _routed_layer_checks(world: int, sizes: dict, seed: int):
+    """Run the routed pattern on the emulated world over `routings` (four calls back to back,
+    ranks' delays), check it and compare every rank's output with `layer`; the schedule."""
     bp = load_pattern(str(ROUTED)).bind(sizes, world)
-    gen = torch.Generator().manual_seed(30 + world)
-    plans = routings(world, sizes["T"], sizes["TOPK"], gen)
+    plans = routings(world, sizes["T"], sizes["TOPK"], torch.Generator().manual_seed(seed))
     calls = [routed_inputs(bp, dests, i) for i, dests in enumerate(plans)]
     s, res = emulate(bp, world_size=world, config=SM, inputs=calls, delays=True, timeout=600,
                      progress=False)
-    assert s.render().count("3 programs of 512 copies") == 2  # grouping's and positions'
-
     report = check(s.bound, res)
     assert report.ok, "\n".join(report.lines)
     for i, (ins, dests) in enumerate(zip(calls, plans)):
@@ -408,6 +380,24 @@ def test_the_routed_pattern_over_several_blocks_computes_the_moe_layer(world):
             assert got.abs().sum() > 0
             err = (got - want[r]).abs().max() / want[r].abs().max()
             assert err < 2e-2, (i, r, float(err))
+    return s
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_routed_pattern_computes_the_moe_layer_on_the_device(world):
+    # skewed routings (a hot rank past capacity, every copy to the last rank: the others
+    # receive nothing), four back-to-back calls, T = 40 off the tiles, ranks' delays
+    text = _routed_layer_checks(world, SIZES, 10 + world).render()
+    for lowering in ("group_by_dest/triton", "dest_counts/triton", "topk_combine/sm"):
+        assert lowering in text
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_routed_pattern_over_several_blocks_computes_the_moe_layer(world):
+    # T = 300 tokens x top-4: 1,200 copies, three blocks of 512 (the last short) counted per
+    # rank, grouping items inside their block; skewed routings back to back, delays
+    s = _routed_layer_checks(world, {"T": 300, "TOPK": 4, "H": 16, "CAP": 96}, 30 + world)
+    assert s.render().count("3 programs of 512 copies") == 2  # grouping's and positions'
 
 
 def test_the_routed_pattern_matches_on_the_non_overlapped_plan():
