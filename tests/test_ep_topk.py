@@ -496,7 +496,7 @@ def test_the_block_kernels_match_copy_by_copy_on_skewed_routings(world, t, k, mo
     from tilelink.ops.all_to_all.dispatch import GB_COPIES
 
     monkeypatch.setattr(buckets, "BLOCK", 64)
-    monkeypatch.setattr(buckets, "HIST_ELEMENTS", 2 * buckets.pow2(world + 1))
+    monkeypatch.setattr(buckets, "HIST_ELEMENTS", 2 * buckets.pow2_ceil(world + 1))
     cap = max(1, t * k // (2 * world))
 
     @tk.pattern

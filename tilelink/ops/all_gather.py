@@ -7,7 +7,7 @@ import torch
 from ..ir.ops import Inferred, OpDoc, check_dim, fail, register
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
-from ..plan.tiling import DimRule, TileGrid
+from ..plan.tiling import DimRule, TileGrid, pow2_ceil
 from ..bench.providers import (gathered_operand_skipped, peer_elements, symm_mem_op,
                                to_every_peer, transfer)
 from ..runtime.bounds import Sums, rounding
@@ -141,13 +141,8 @@ def copy_blocks(outer: int, cb: int, inner: int) -> tuple[int, int]:
     COPY_BLOCK; OB filling the rest of COPY_BLOCK), so a chunk of many outer indices with few
     elements each is copied a block of them at a time rather than one small run after
     another."""
-    rb = 1
-    while rb < min(cb * inner, COPY_BLOCK):
-        rb *= 2
-    ob = 1
-    while ob * 2 * rb <= COPY_BLOCK and ob < outer:
-        ob *= 2
-    return ob, rb
+    rb = min(pow2_ceil(cb * inner), COPY_BLOCK)
+    return min(COPY_BLOCK // rb, pow2_ceil(outer)), rb
 
 
 def _loc(loc) -> str:

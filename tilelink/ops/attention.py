@@ -12,7 +12,7 @@ from ..ir.attrs import FLAG, Attr
 from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement, same_dtype
 from ..ir.tensor import LOCAL
 from ..plan.regions import access, own, plain_axis, rank_axis, region_rule
-from ..plan.tiling import AxisTiling, DimRule, GridAxis, TileGrid
+from ..plan.tiling import AxisTiling, DimRule, GridAxis, TileGrid, pow2_ceil
 from ..runtime.bounds import UNIT_ROUNDOFF, Sums, rounding
 from ..runtime.dist_reference import dist_reference
 from ..runtime.reference import int_draw, int_range, reference
@@ -533,10 +533,6 @@ from ..schedule.lowering import (Lowering, Step, Work, register_lowering,  # noq
                                  register_vendor_work, shrink_to_fit)
 
 
-def _pow2(x: int) -> int:
-    return 1 << max(0, x - 1).bit_length()
-
-
 #: where every partial of a row has a log-sum-exp of -inf (no key), their max is taken as 0:
 #: each weight exp(-inf - 0) is then 0, not exp(-inf + inf) (NaN), and the row's sum of
 #: weights 0 (the caller divides by 1 instead)
@@ -621,7 +617,7 @@ def _split(bp, op, cfg) -> _Split:
     fewest blocks (fewest splits among equals: fewer partials to combine)."""
     bsz, s, kv_heads, _d = bp.tensors[op.args[1]].local_shape
     group = bp.tensors[op.args[0]].local_shape[1] // kv_heads
-    block = max(16, min(_pow2(s), cfg.block_n))
+    block = max(16, min(pow2_ceil(s), cfg.block_n))
     blocks = max(1, _cdiv(s, block))
     heads = bsz * kv_heads
     if cfg.kv_splits > 0:
@@ -634,7 +630,7 @@ def _split(bp, op, cfg) -> _Split:
             _split_cost(heads * n, _cdiv(blocks, n), programs), n))
     per_split = _cdiv(blocks, want)
     splits = _cdiv(blocks, per_split)  # (every split holds at least one key)
-    return _Split(block, blocks, per_split, splits, group, max(16, _pow2(group)),
+    return _Split(block, blocks, per_split, splits, group, max(16, pow2_ceil(group)),
                   heads * splits)
 
 
@@ -684,7 +680,7 @@ class AttentionPartialTiles(_DecodeTiles):
         cfg = cfg or site.config
         d = site.tensor(site.op.args[1]).local_shape[3]
         elem = DTYPE_BYTES.get(site.tensor(site.op.args[1]).dtype, 2)
-        return cfg.stages * 2 * _split(site.bp, site.op, cfg).block * _pow2(d) * elem
+        return cfg.stages * 2 * _split(site.bp, site.op, cfg).block * pow2_ceil(d) * elem
 
     def defaults(self, site) -> dict:
         """On GPUs the measured decode blocks and warps (`DECODE_BLOCK`, `DECODE_WARPS`), in
@@ -747,7 +743,7 @@ class AttentionPartialTiles(_DecodeTiles):
         site = kb.mb.site_of(step.op.result)
         sp = _split(site.bp, site.op, site.config)
         bsz, heads, d = kb.view(step.op.args[0]).shape
-        self._const(kb, site, B=bsz, HQ=heads, D=d, DP=_pow2(d), SPLITS=sp.splits)
+        self._const(kb, site, B=bsz, HQ=heads, D=d, DP=pow2_ceil(d), SPLITS=sp.splits)
         return self._splits(step, kb, site, sp)
 
     def _splits(self, step, kb, site, sp) -> list[str]:
@@ -873,7 +869,7 @@ class AttentionPartialTiles(_DecodeTiles):
         parts = kb.view(self._partials(site)).base
         out = kb.view(site.op.result).base
         cnt = kb.param(f"{self._counter(site)}_ptr", "*i32", f"sym[{self._counter(site)!r}]")
-        self._const(kb, site, SP=_pow2(sp.splits), CB=min(_pow2(sp.splits), 16))
+        self._const(kb, site, SP=pow2_ceil(sp.splits), CB=min(pow2_ceil(sp.splits), 16))
         # (.cg: the partials other programs wrote are read from L2, never a stale L1 line)
         # (kv_len: a row's splits may all hold no key)
         no_key = ["        " + _NO_KEY_TOP] if ragged else []
@@ -941,7 +937,7 @@ class LseCombineTiles(_DecodeTiles):
         out = kb.view(step.op.result)
         ways = site.attrs["splits"] or site.bp.world
         bsz, heads, d = out.shape
-        self._const(kb, site, B=bsz, H=heads, D=d, DP=_pow2(d), WAYS=ways)
+        self._const(kb, site, B=bsz, H=heads, D=d, DP=pow2_ceil(d), WAYS=ways)
         waits, _ = operand_waits(kb, step, self.names)
         empty = _may_hold_no_key(site.bp, step.op.args[0])
         row0 = "(b * H + h) * (D + 1)"

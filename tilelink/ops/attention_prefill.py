@@ -22,7 +22,8 @@ from ..codegen.tiles import item_loop, memo_init, operand_waits
 from ..ir.tensor import DTYPE_BYTES
 from ..plan.tiling import cdiv
 from ..schedule.lowering import Lowering, Step, Work, register_lowering, shrink_to_fit
-from .attention import AttentionPartialTiles, _group, _pow2, seen_keys
+from ..plan.tiling import pow2_ceil
+from .attention import AttentionPartialTiles, _group, seen_keys
 
 #: on GPU targets: (block_m, block_n, stages) a program's query rows, a KV block's keys and
 #: the K / V blocks in flight; warps per program by head size. cuda:90 measured on one H100
@@ -79,7 +80,7 @@ class AttentionTiles(Lowering):
     def _smem(site, cfg=None) -> int:
         """Shared memory of a tile: its queries, and a K and a V block per stage."""
         cfg = cfg or site.config
-        d = _pow2(site.tensor(site.op.args[1]).local_shape[2])
+        d = pow2_ceil(site.tensor(site.op.args[1]).local_shape[2])
         elem = DTYPE_BYTES.get(site.tensor(site.op.args[1]).dtype, 2)
         return (cfg.block_m + cfg.stages * 2 * cfg.block_n) * d * elem
 
@@ -174,7 +175,7 @@ class AttentionTiles(Lowering):
         causal = bool(site.attrs["causal"])
         zigzag = causal and bool(site.attrs["zigzag"])
         self._const(kb, site, SQ=sq, SKV=skv, HQ=heads, HKV=kv_heads,
-                    G=_group(q.shape, k.shape), D=d, DP=max(16, _pow2(d)), BM=cfg.block_m,
+                    G=_group(q.shape, k.shape), D=d, DP=max(16, pow2_ceil(d)), BM=cfg.block_m,
                     BN=cfg.block_n, STAGES=cfg.stages)
         up, prec = AttentionPartialTiles._dot_operands(kb, q.dtype)
         names = {"rank": ("me", "me + 1"), "m": ("m0", "m1"), "h": ("h", "h + 1")}
@@ -192,7 +193,7 @@ class AttentionTiles(Lowering):
         q_name, k_name, v_name = step.op.args
         first = self._first_block(kb, site, k_name)
         # the head dim padded to a power of two (DP) is masked to D; unpadded, no mask
-        dmask = "" if max(16, _pow2(d)) == d else " & dmask[None, :]"
+        dmask = "" if max(16, pow2_ceil(d)) == d else " & dmask[None, :]"
         dt = TL_DTYPES[q.dtype]
         if zigzag:
             # rank r holds blocks r and 2W - 1 - r of the sequence (SQ / 2 rows each), for

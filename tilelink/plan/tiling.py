@@ -18,6 +18,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def pow2_ceil(x: int) -> int:
+    """The least power of two >= x (1 for x <= 1)."""
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
 @dataclass(frozen=True)
 class AxisTiling:
     """Tiles of [0, extent): `extent // segment` segments, each cut into `tile`-sized tiles."""

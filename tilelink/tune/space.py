@@ -9,6 +9,7 @@ from ..schedule import Config, ConfigSpace, Target
 from ..schedule import config as config_mod
 from ..schedule.cost import (FALLBACK, extents, is_fallback, op_lowerings,
                              uses_comm_programs)
+from ..plan.tiling import pow2_ceil
 from ..schedule.knobs import OP_KNOBS, plan_knobs
 from ..schedule.schedule import (capturable, default_config, default_space,  # noqa: F401
                                  graph_values, make_schedule)
@@ -63,10 +64,6 @@ def knobs_for(target: Target) -> Knobs:
     return {"cuda": CUDA, "hip": HIP, "interp": INTERP}[target.backend]
 
 
-def _pow2_ceil(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
 def smem_bytes(cfg: Config, elem: int = 2) -> int:
     """Shared memory of a pipelined GEMM tile: `stages` A and B buffers plus the C tile (a
     margin for the epilogue; the GEMM lowerings' own rule, which refuses a config outright,
@@ -93,7 +90,7 @@ def _canonical(cfg: Config, bp: BoundPattern, ext: dict[str, int],
     minimum = 16  # the smallest block ConfigSpace allows (tl.dot needs >= 16)
 
     def clamp(v: int, extent: int) -> int:
-        return max(minimum, min(v, _pow2_ceil(extent)))
+        return max(minimum, min(v, pow2_ceil(extent)))
 
     base = Config()
     read = read_knobs(bp, cfg, target)

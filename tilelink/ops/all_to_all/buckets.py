@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ...ir import spec
 from ...ir.tensor import DTYPE_BYTES
+from ...plan.tiling import pow2_ceil
 from ...schedule.lowering import Prepare
 
 #: copies in a block of the histogram, at most (SB: fewer where W is large, or C small)
@@ -32,20 +33,15 @@ STEP_ELEMENTS = 4096
 HIST_ELEMENTS = 4096
 
 
-def pow2(x: int) -> int:
-    """The least power of two >= x (1 for x <= 1)."""
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
 def block_consts(copies: int, world: int, item: int = 1) -> dict:
     """The histogram's sizes for `copies` copies over `world` ranks: C copies, WP rank
     buckets (a power of two > W: bucket W counts copies not sent), SB copies a block (a
     power of two, a multiple of `item`, the copies an item of the op's kernel takes, so an
     item lies in one block), NB blocks, HQ histogram rows read a step."""
-    wp = pow2(world + 1)
-    sb = max(pow2(item), min(BLOCK, STEP_ELEMENTS // wp, pow2(copies)))
+    wp = pow2_ceil(world + 1)
+    sb = max(pow2_ceil(item), min(BLOCK, STEP_ELEMENTS // wp, pow2_ceil(copies)))
     nb = max(1, -(-copies // sb))
-    return dict(C=copies, WP=wp, SB=sb, NB=nb, HQ=min(pow2(nb), max(1, HIST_ELEMENTS // wp)))
+    return dict(C=copies, WP=wp, SB=sb, NB=nb, HQ=min(pow2_ceil(nb), max(1, HIST_ELEMENTS // wp)))
 
 
 def dest_from_collective(site, dest: str) -> list[str]:

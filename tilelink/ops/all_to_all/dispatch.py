@@ -42,7 +42,8 @@ from ...schedule.lowering import (Lowering, Step, Work, register_lowering,
                                   register_vendor_work)
 from ..all_gather import copies
 from .buckets import (HistPrepared, block_consts, count_lines, declare_consts, declare_hist,
-                      dest_from_collective, hist_name, pow2 as _pow2, prefix_lines)
+                      dest_from_collective, hist_name, prefix_lines)
+from ...plan.tiling import pow2_ceil
 
 #: copies one item (one program at a time) of group_by_dest's kernel moves
 GB_COPIES = 32
@@ -247,7 +248,7 @@ class GroupByDestTriton(HistPrepared, Lowering):
         kb.const(f"{p}_GB", value=GB_COPIES)
         kb.const(f"{p}_K", value=s["K"])
         kb.const(f"{p}_INNER", value=inner)
-        kb.const(f"{p}_BH", value=min(128, _pow2(inner)))
+        kb.const(f"{p}_BH", value=min(128, pow2_ceil(inner)))
         x, dest, out, hist = (kb.view(n).base for n in (x_name, dest_name, op.result,
                                                         hist_name(op.result)))
         c = {n: f"{p}_{n}" for n in ("C", "K", "GB", "SB", "INNER", "BH")}

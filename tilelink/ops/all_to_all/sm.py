@@ -26,6 +26,7 @@ from ...codegen.protocol import wait_released
 from ...codegen.tiles import first
 from ...codegen.waits import render_waits, slot_expr
 from ...ir import spec
+from ...plan.tiling import pow2_ceil
 from ...schedule.lowering import Lowering, Step, register_lowering
 
 #: elements one program copies per step of a push (as all_gather's pushes)
@@ -39,10 +40,6 @@ def _loc(loc) -> str:
 #: the result's dtype as Triton names it (rows of any dtype are copied)
 _TL = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32", "int32": "tl.int32",
        "int64": "tl.int64"}
-
-
-def _pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
 
 
 class AllToAllSM(Lowering):
@@ -113,7 +110,7 @@ class AllToAllSM(Lowering):
         cap = site.attrs["capacity"]
         cb = max(1, min(site.config.comm_block_m, cap))
         return {"CAP": cap, "INNER": inner, "T": x.local_shape[0], "CB": cb,
-                "CHUNKS": -(-cap // cb), "WP": _pow2(site.bp.world)}
+                "CHUNKS": -(-cap // cb), "WP": pow2_ceil(site.bp.world)}
 
     def _names(self, site) -> dict[str, str]:
         r = site.op.result
