@@ -423,6 +423,12 @@ def _check_ep(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name
     return world_size(group_name)
 
 
+def _ep_pattern(experts: int) -> str:
+    """The pattern of an ep_moe call with `experts` experts a rank: one expert's GEMMs, or
+    grouped GEMMs over several."""
+    return "ep_moe" if experts == 1 else "ep_moe_grouped"
+
+
 def _ep_call(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name) -> _Call:
     """The call entry of an ep_moe call (its first call of a key: every check, the lookup)."""
     ts = (x, expert_ids, weights, w_gate, w_up, w_down)
@@ -437,9 +443,8 @@ def _ep_call(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name)
     experts, hidden, inter = w_gate.shape
     topk = expert_ids.shape[-1]
     rows = x.shape[:-1].numel()
-    kind = "ep_moe" if experts == 1 else "ep_moe_grouped"
-    shape = plans.MoEShape(kind, group_name, hidden, inter, experts, topk, capacity, x.dtype,
-                           x.device)
+    shape = plans.MoEShape(_ep_pattern(experts), group_name, hidden, inter, experts, topk,
+                           capacity, x.dtype, x.device)
     e.op, e.bucket = plans.lookup(shape, rows)
     e.world, e.rows, e.flat, e.gathered = w, rows, x.dim() == 2, False
     e.a2_shape, e.out_shape, e.ids_shape = (rows, hidden), tuple(x.shape), (rows, topk)
@@ -527,6 +532,5 @@ def prepare_ep_moe(*, hidden: int, inter: int, experts: int, topk: int, capacity
     if any(r <= 0 for r in rows):
         raise UsageError(f"prepare(ep_moe): every token count must be positive; got {rows}")
     world_size(group_name)
-    kind = "ep_moe" if experts == 1 else "ep_moe_grouped"
-    plans.prepare_rows(plans.MoEShape(kind, group_name, hidden, inter, experts, topk, capacity,
-                                      dtype, plans.norm_device(device)), rows)
+    plans.prepare_rows(plans.MoEShape(_ep_pattern(experts), group_name, hidden, inter, experts,
+                                      topk, capacity, dtype, plans.norm_device(device)), rows)
