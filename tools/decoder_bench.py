@@ -89,6 +89,10 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds the ranks wait for each other after each row; a rank that "
                    "failed alone (the others still in that row's collectives) stops the run "
                    "after it (status 3), instead of calling collectives out of step")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="after timing each row, run --iters more calls under torch.profiler: "
+                   "a Chrome/Perfetto trace per rank in DIR and, in the row, the host time a "
+                   "call takes to issue, the GPU's busy time and its largest kernels")
     p.add_argument("--fail-rank", type=int, default=None, metavar="R",
                    help="testing: rank R raises in its first row, alone")
     return p
@@ -295,7 +299,49 @@ def _measure(fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
     row["err"] = _max_over_ranks(err)
     row["ok"] = row["err"] <= args.tol
     row["ms"] = round(clock.ms(call), 4)
+    if args.profile and not args.cpu:
+        try:  # (the row's timing stands without it)
+            row["profile"] = _profile(call, args.iters, Path(args.profile)
+                                      / f"{variant}-{mode.replace(' ', '_')}-{phase}{tokens}")
+        except Exception as e:  # noqa: BLE001  (a profiler this torch lacks: said in the row)
+            row["profile"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     return row
+
+
+def _profile(call, iters: int, stem: Path) -> dict:
+    """`iters` calls under torch.profiler (after the timed ones, so nothing compiles): what
+    a call costs the host to issue, how long the GPU is busy per call (the union of its
+    kernels' and copies' intervals on every stream) and the kernels that take most of it.
+    Writes `stem`-rank<r>.json (chrome://tracing or ui.perfetto.dev)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        issued = time.perf_counter() - t0
+        torch.cuda.synchronize()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(f"{stem}-rank{dist.get_rank()}.json")
+    spans, by_name = [], {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0:
+            spans.append((e.time_range.start, e.time_range.end))
+            by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    busy, end = 0.0, None
+    for s, t in sorted(spans):
+        if end is None or s > end:
+            busy, end = busy + (t - s), t
+        elif t > end:
+            busy, end = busy + (t - end), t
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"host_issue_ms": round(issued * 1e3 / iters, 4),
+            "gpu_busy_ms": round(busy / 1e3 / iters, 4),
+            "top_ms": [[n[:90], round(us / 1e3 / iters, 4)] for n, us in top]}
 
 
 def _agree(row: dict, index: int, rank: int, world: int, timeout: float) -> dict:
@@ -470,6 +516,13 @@ def _line(r: dict) -> str:
     if "error" in r:
         return f"{head} ERROR {r['error'][:200]}"
     extra = f"  compile {r['compile_s']} s {r.get('graph_ops', {})}" if "compile_s" in r else ""
+    pr = r.get("profile") or {}
+    if "error" in pr:
+        extra += f"\n    profile failed: {pr['error']}"
+    elif pr:  # rank 0's
+        extra += (f"\n    profile (rank 0): issuing a call {pr['host_issue_ms']:.3f} ms of host, GPU "
+                  f"busy {pr['gpu_busy_ms']:.3f} ms a call; largest: "
+                  + "; ".join(f"{n} {ms:.3f}" for n, ms in pr["top_ms"][:8]))
     return f"{head} {r['ms']:9.3f} ms  err {r['err']:.2e}{'' if r['ok'] else ' DISAGREES'}{extra}"
 
 
