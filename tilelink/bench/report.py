@@ -575,11 +575,12 @@ def format_detail(r: BenchResult) -> str:
     lines.append(f"  {'floor':<24}{_f(r.floor_ms()):>10}{'':>11}{'':>14}{'1.00':>10}{'':>12}"
                  "  = max(GEMM alone, fastest comm alone)")
     if r.bytes_floor_ms() is not None:
+        vs = r.vs_bytes_floor()
         lines.append(f"  {'bytes floor':<24}{_f(r.bytes_floor_ms()):>10}{'':>11}{'':>14}"
                      f"{'':>10}{'':>12}  = routed bytes over NVLink "
                      f"({max(link_bytes(r.routed_bytes)) / 1e6:.1f} MB, the busiest rank) / "
-                     f"{link_rate(r.device, r.world)[0]:.0f} GB/s; TileLink "
-                     f"{r.vs_bytes_floor():.2f}× it" if r.vs_bytes_floor() else "")
+                     f"{link_rate(r.device, r.world)[0]:.0f} GB/s"
+                     + (f"; TileLink {vs:.2f}× it" if vs else ""))
     best = r.best_baseline()
     if best is not None and r.speedup_best() is not None:
         lines.append(f"  the bar: {NAMES[best]} (the fastest baseline), TileLink "
