@@ -149,9 +149,9 @@ def dispatched_rows(bp, op) -> int:
 
 def send_plans(bp, op, splits: list) -> list[list[int]]:
     """Each rank's counts per destination as `sent_rows` reads them, from every rank's
-    `splits` (one [W] tensor or list per rank). With back = 1, rank s sends d back the rows
-    d sent s: d's count for s, as the dispatch applied it."""
-    plans = [[int(v) for v in (s.tolist() if hasattr(s, "tolist") else s)] for s in splits]
+    `splits` (one [W] tensor per rank). With back = 1, rank s sends d back the rows d sent
+    s: d's count for s, as the dispatch applied it."""
+    plans = [[int(v) for v in s.tolist()] for s in splits]
     attrs = bp.op_attrs(op)
     if not attrs["back"]:
         return plans
