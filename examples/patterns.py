@@ -279,6 +279,20 @@ def ep_moe_routed(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
 
 
 @tk.pattern
+def ep_dispatch_combine(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
+    x = tk.input((T, H), dtype)
+    dest = tk.input((T, TOPK), "int32")
+    wts = tk.input((T, TOPK), dtype)
+    copies = tk.group_by_dest(x, dest)
+    splits = tk.dest_counts(dest)
+    recv = tk.all_to_all(copies, splits, capacity=CAP)
+    back = tk.all_to_all(recv, splits, capacity=CAP, slots=1, back=1)
+    pos = tk.landing_positions(dest, capacity=CAP)
+    out = tk.topk_combine(back, pos, wts)
+    return out
+
+
+@tk.pattern
 def attention(S=512, H=8, HKV=8, D=64, dtype="bf16"):
     q = tk.input((S, H, D), dtype)
     k = tk.input((S, HKV, D), dtype)

@@ -25,8 +25,11 @@ from tilelink.bench.report import (
 )
 from tilelink.cli.main import main
 from tilelink.frontend import load_pattern
+from tilelink.runtime.dist_reference import make_local_inputs
+from tilelink.runtime.reference import integer_values
+from tilelink.schedule import cost
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, ROOT
 
 AG = str(EXAMPLES / "ag_gemm.tl")
 RS = str(EXAMPLES / "gemm_rs.tl")
@@ -166,6 +169,154 @@ def test_markdown_section_names_how_to_reproduce():
 def test_collect_meta_runs_without_gpu():
     meta = report.collect_meta("tilelink bench x")
     assert meta["command"] == "tilelink bench x" and "torch" in meta and "date" in meta
+
+
+# ---------------------------------------------------------------- the bytes floor
+
+ROUTED = str(EXAMPLES / "ep_moe_routed.tl")
+H100_NAME = "NVIDIA H100 80GB HBM3"
+SAVED_EP = ROOT / "bench-results" / "2026-11-27-d1d9b5e-ep_moe_routed-t4096-w2-h100.json"
+
+
+def _markdown_row(out: str) -> dict:
+    """The first row of the markdown table in `out`, by column."""
+    lines = [x for x in out.splitlines() if x.startswith("| ")]
+    cells = [c.strip() for c in lines[1].strip("|").split("|")]
+    return dict(zip(report.COLUMNS, cells))
+
+
+def test_routed_bytes_of_a_small_routing_by_hand():
+    # W = 3, two tokens of two copies each, slots of CAP = 2 rows, rows of 4 bf16 (8 bytes)
+    bp = load_pattern(ROUTED).bind({"T": 2, "TOPK": 2, "H": 4, "CAP": 2}, 3)
+    dest = [torch.tensor(d, dtype=torch.int32)
+            for d in ([[1, 1], [1, 2]], [[1, 1], [1, 1]], [[0, 0], [1, 0]])]
+    got = report.routed_bytes(bp, integer_values(bp, {"dest": dest}))
+    # dispatch, copies per destination at most CAP: rank 0 [0, 3, 1] -> [0, 2, 1] (a copy
+    # to rank 1 dropped), rank 1 [0, 4, 0] -> [0, 2, 0], rank 2 [3, 1, 0] -> [2, 1, 0];
+    # the combine sends each rank back what it sent: rows s -> d in all
+    # [[0, 2, 3], [2, 4, 1], [3, 1, 0]], 8 bytes each
+    assert got == [[0, 16, 24], [16, 32, 8], [24, 8, 0]]
+    # own rows (the diagonal) cross no link: rank 0 sends 5 rows and receives 5, rank 1
+    # 3 and 3, rank 2 4 and 4
+    assert report.link_bytes(got) == [40, 24, 32]
+    r = _result(tilelink=0.001)
+    r.world, r.device, r.routed_bytes = 3, H100_NAME, got
+    rate = cost.link_gbs(cost.H100, 2)[0]
+    assert r.bytes_floor_ms() == pytest.approx(40 / (rate * 1e9) * 1e3)
+    assert r.vs_bytes_floor() == pytest.approx(0.001 / r.bytes_floor_ms())
+    row = dict(zip(report.COLUMNS, report.table_rows([r])[0]))
+    assert row["bytes floor ms"] == f"{r.bytes_floor_ms():.3f}"
+    assert row["TL/bytes floor"] == f"{r.vs_bytes_floor():.2f}"
+    text = format_table([r])
+    assert "bytes floor =" in text and "W = 3: NVIDIA H100 SM stores" in text
+    assert "peer_share, 2 peers at once" in text
+    detail = format_detail(r)
+    assert "bytes floor" in detail and f"TileLink {r.vs_bytes_floor():.2f}× it" in detail
+    # an unmeasured GPU has no row in the cost model: no floor rather than a guessed one
+    r.device = "Some Other GPU"
+    assert r.bytes_floor_ms() is None and "bytes floor =" not in format_table([r])
+
+
+def test_link_bytes_takes_the_busier_direction():
+    # rank 0 sends 10 and receives 1 + 4; rank 1 sends 1 + 2 and receives 10; rank 2 sends
+    # 4 and receives 2
+    assert report.link_bytes([[5, 10, 0], [1, 7, 2], [4, 0, 9]]) == [10, 10, 4]
+
+
+def test_link_rate_is_the_cost_models_fastest_mover():
+    one, what = cost.link_gbs(cost.H100, 1)
+    assert one == max(g for _, g in cost.H100.ce_gbs) and "copy engine" in what
+    three, what3 = cost.link_gbs(cost.H100, 3)
+    sm = max(g for pts in cost.H100.sm_copy_gbs.values() for _, g in pts)
+    assert three == pytest.approx(max(sm * cost.share(cost.H100, "sm", 3),
+                                      one * cost.share(cost.H100, "ce", 3)))
+    assert three < one and "peer_share, 3 peers at once" in what3
+    assert report.link_rate("NVIDIA H200", 2)[0] == max(g for _, g in cost.H200.ce_gbs)
+    assert report.link_rate("", 2) is None and report.link_rate("Some GPU", 2) is None
+
+
+def test_rows_without_routing_are_unchanged(tmp_path):
+    bp = load_pattern(AG).bind({}, 2)
+    assert report.routed_bytes(bp, report.routing_values(bp, 0)) is None
+    r = _result()
+    r.device = H100_NAME
+    assert r.bytes_floor_ms() is None and r.vs_bytes_floor() is None
+    row = dict(zip(report.COLUMNS, report.table_rows([r])[0]))
+    assert row["bytes floor ms"] == row["TL/bytes floor"] == "—"
+    assert row["floor ms"] == "0.700" and row["TL/floor"] == f"{0.80 / 0.70:.2f}"
+    meta = {"date": "2026-11-22", "command": "tilelink bench x"}
+    assert "bytes floor" not in format_table([r]).splitlines()[-1]
+    assert "bytes floor =" not in format_markdown_section([r], meta)
+    assert "bytes floor" not in format_detail(r)
+    path = tmp_path / "b.json"
+    dump_json([r], meta, str(path))
+    derived = json.loads(path.read_text())["results"][0]["derived"]
+    assert derived["bytes_floor_ms"] is None and derived["vs_bytes_floor"] is None
+    assert derived["floor_ms"] == pytest.approx(0.70)
+    assert load_json(str(path))[1] == [r]
+
+
+def test_routed_row_round_trips_through_json(tmp_path):
+    r = _result(tilelink=0.5)
+    r.world, r.device, r.routed_bytes = 2, H100_NAME, [[100, 3_000_000], [1_000_000, 0]]
+    path = tmp_path / "b.json"
+    dump_json([r], {"gpu": "2x " + H100_NAME, "command": "tilelink bench x.tl"}, str(path))
+    derived = json.loads(path.read_text())["results"][0]["derived"]
+    floor = 3_000_000 / (cost.link_gbs(cost.H100, 1)[0] * 1e9) * 1e3
+    assert derived["bytes_floor_ms"] == pytest.approx(floor)
+    assert derived["vs_bytes_floor"] == pytest.approx(0.5 / floor)
+    assert derived["link_bytes"] == [3_000_000, 3_000_000]
+    assert "copy engine" in derived["link_rate"]
+    (back,) = load_json(str(path))[1]
+    assert back == r and "bytes_floor" not in back.notes  # recorded: nothing recomputed
+    bad = json.loads(path.read_text())
+    bad["results"][0]["routed_bytes"] = [[1, 2]]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(TypeError, match="routed_bytes"):
+        load_json(str(path))
+
+
+def test_from_a_saved_ep_run_recomputes_its_routing_and_prints_the_bytes_floor(capsys):
+    # the run (d1d9b5e) predates the field: its routing is drawn again from its seed (0)
+    assert main(["bench", "--from", str(SAVED_EP), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    saved = json.loads(SAVED_EP.read_text())["results"][0]
+    sizes = {k: v for k, v in saved["sizes"].items() if k != "dtype"}
+    bp = load_pattern(ROUTED).bind(sizes, 2)
+    # the bench's own inputs, counted here by rows: each rank sends its peer the copies
+    # routed there (at most CAP), and the combine sends back what the peer sent it
+    dest = [make_local_inputs(bp, r, 0, torch.device("cpu"))["dest"] for r in range(2)]
+    to_peer = [min(int((dest[s] == 1 - s).sum()), sizes["CAP"]) for s in range(2)]
+    busiest = sum(to_peer) * sizes["H"] * 2
+    floor = busiest / (cost.link_gbs(cost.H100, 1)[0] * 1e9) * 1e3
+    tl = saved["steady_ms"]["tilelink"]
+    row = _markdown_row(out)
+    assert row["bytes floor ms"] == f"{floor:.3f}"
+    assert row["TL/bytes floor"] == f"{tl / floor:.2f}"
+    assert "TL/bytes floor" in out.splitlines()[0]
+    assert "W = 2: NVIDIA H100 copy engine, 385 GB/s to one peer" in out
+
+
+def test_from_recomputes_nothing_it_cannot_trust(tmp_path, capsys):
+    saved = json.loads(SAVED_EP.read_text())
+    marker = tmp_path / "ran"
+    evil = tmp_path / "p.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    for command in (saved["meta"]["command"].replace("examples/ep_moe_routed.tl",
+                                                     "examples/no_such.tl"),
+                    f"tilelink bench {evil}:ep_moe_routed -W 2 --seed 0",
+                    saved["meta"]["command"].replace("examples/ep_moe_routed.tl",
+                                                     "examples/ep_moe_topk.tl")):
+        saved["meta"]["command"] = command
+        path = tmp_path / "old.json"
+        path.write_text(json.dumps(saved))
+        assert main(["bench", "--from", str(path), "--markdown"]) == 0
+        row = _markdown_row(capsys.readouterr().out)
+        # a missing file, a Python pattern (reading a JSON never runs its code), another
+        # pattern than the one measured: the bytes are not known
+        assert row["bytes floor ms"] == row["TL/bytes floor"] == "—", command
+        assert row["TileLink ms"] == "6.874"
+    assert not marker.exists()
 
 
 # ---------------------------------------------------------------- progress
@@ -464,6 +615,26 @@ def test_bench_end_to_end_on_two_gpus(path, defines, tmp_path, capsys):
 
 
 @pytest.mark.dist
+def test_bench_records_the_routed_bytes_on_two_gpus(tmp_path, capsys):
+    # the routing drawn on the GPUs is the one recomputed on the CPU (else no bytes floor)
+    out = tmp_path / "ep.json"
+    sizes = {"T": 256, "TOPK": 4, "H": 512, "CAP": 640}
+    argv = ["bench", ROUTED, "-W", "2", "--json", str(out), "--config", "comm=sm",
+            "--warmup", "2", "--iters", "5", "--rounds", "1", "--reps", "2",
+            "--systems", "tilelink,gemm,ce_comm"]
+    for k, v in sizes.items():
+        argv += ["-D", f"{k}={v}"]
+    assert main(argv) == 0, capsys.readouterr().err
+    _, (r,) = load_json(str(out))
+    bp = load_pattern(ROUTED).bind(sizes, 2)
+    dest = [make_local_inputs(bp, s, 0, torch.device("cpu"))["dest"] for s in range(2)]
+    sent = [[min(int((dest[s] == d).sum()), sizes["CAP"]) for d in range(2)] for s in range(2)]
+    assert r.routed_bytes == [[(sent[s][d] + sent[d][s]) * sizes["H"] * 2 for d in range(2)]
+                              for s in range(2)]
+    assert r.bytes_floor_ms() and "TL/bytes floor" in capsys.readouterr().out
+
+
+@pytest.mark.dist
 def test_bench_graph_mode_on_two_gpus(tmp_path, capsys):
     # AG at a small shape: the default is the non-overlapped plan, whose captured calls take
     # the overlapped capturable kernel (FallbackOp.captured_op): --graph times that kernel
@@ -518,6 +689,7 @@ def _fake_gpu_world():
     torch.cuda.Event = _Event
     torch.cuda.current_device = lambda: 0
     torch.cuda.empty_cache = lambda: None
+    torch.cuda.get_device_name = lambda *a: H100_NAME  # a GPU with a cost-model row
 
     def max_over_ranks(values, group=None):
         t = torch.tensor(values, dtype=torch.float64)
@@ -571,7 +743,7 @@ def _fake_gpu_world():
     gpu.compile_op = lambda bp, config=None, group=None, **kw: Op(bp, group, bool(config))
 
 
-def _bench_body_worker(rank, world, port, path, wrong, q):
+def _bench_body_worker(rank, world, port, path, wrong, q, values=None):
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -580,7 +752,7 @@ def _bench_body_worker(rank, world, port, path, wrong, q):
         _fake_gpu_world()
         from tilelink.bench.run import Options, Spec, bench_rank
 
-        spec = Spec(path, {"M": 64, "N": 32, "K": 64}, {"wrong": "1"} if wrong else {})
+        spec = Spec(path, values or {"M": 64, "N": 32, "K": 64}, {"wrong": "1"} if wrong else {})
         res = bench_rank(rank, world, [spec], Options(warmup=1, iters=2, rounds=2, reps=2))
         if rank == 0:
             q.put(res[0].to_dict())
@@ -665,6 +837,26 @@ def test_bench_body_on_cpu_gloo(path, wrong, fork_world):
         assert r.max_abs_err["tilelink"] > 50
     else:
         assert r.ok and r.tl_vs_nccl_cublas_max_abs is not None
+
+
+@pytest.mark.slow
+def test_bench_body_records_what_the_routing_moved_on_cpu_gloo(fork_world):
+    sizes = {"T": 24, "TOPK": 2, "H": 40, "CAP": 16}
+    q = fork_world.queue()
+    fork_world.run(_bench_body_worker, args=(2, _free_port(), ROUTED, False, q, sizes),
+                   nprocs=2)
+    r = BenchResult.from_dict(q.get())
+    assert r.ok and r.device == H100_NAME
+    # the timed inputs' routing, counted here by rows: rank s sends its peer the copies
+    # routed there (at most CAP) and keeps the rest; the combine sends back what each got
+    bp = load_pattern(ROUTED).bind(sizes, 2)
+    dest = [make_local_inputs(bp, s, 0, torch.device("cpu"))["dest"] for s in range(2)]
+    sent = [[min(int((dest[s] == d).sum()), sizes["CAP"]) for d in range(2)] for s in range(2)]
+    row = sizes["H"] * 2
+    assert r.routed_bytes == [[(sent[s][d] + sent[d][s]) * row for d in range(2)]
+                              for s in range(2)]
+    assert r.bytes_floor_ms() and r.vs_bytes_floor() == pytest.approx(
+        r.steady_ms["tilelink"] / r.bytes_floor_ms())
 
 
 def _bench_graph_worker(rank, world, port, path, q):

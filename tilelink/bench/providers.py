@@ -4,6 +4,8 @@
 - `transfer(kind)`: for a collective, the blocks one rank sends each peer when the
   collective is done as direct copies (the copy-engine comm-alone baseline times exactly
   these copies), and how many elements one rank receives (the bytes the report divides by).
+  A collective that sends rows by run-time counts also says how many elements each rank
+  sends each rank given the routing's values (`routed`: the bytes floor of a routed row).
 - `flops(kind)`: the floating-point operations of one rank's op (TFLOP/s in the report).
 
 The async-TP baseline is the non-overlapped plan with `library_comm=async_tp`: the op pairs
@@ -24,10 +26,19 @@ class Transfer:
 
     `sends(op, ctx, args) -> {peer: block}`: what this rank sends each peer, cut
     from its operand `x` (a reduction's partials are sent, not summed); `received(bp, op)`:
-    the elements one rank receives from all its peers together."""
+    the elements one rank receives from all its peers together (for a collective that
+    sends by run-time counts, what the buffers hold: every slot full).
+
+    `routed(bp, op, ints) -> [[elements rank s sends rank d]]` (W x W, s the row; the
+    diagonal is a rank's own rows), or None: for a collective whose rows follow run-time
+    counts, what it really moves given the values of the pattern's integer tensors (`ints`:
+    name -> one CPU tensor per rank, those computable from the integer inputs alone). None
+    where a value it needs is not in `ints`; no `routed` (None): the collective moves the
+    same every call, `received` says it."""
 
     sends: Callable
     received: Callable
+    routed: Callable | None = None
 
 
 TRANSFERS: dict[str, Transfer] = {}
@@ -35,11 +46,11 @@ TRANSFERS: dict[str, Transfer] = {}
 FLOPS: dict[str, Callable] = {}
 
 
-def transfer(kind: str, received: Callable):
+def transfer(kind: str, received: Callable, routed: Callable | None = None):
     """Decorator: register the sends of collective `kind` (see `Transfer`)."""
 
     def wrap(sends: Callable) -> Callable:
-        TRANSFERS[kind] = Transfer(sends, received)
+        TRANSFERS[kind] = Transfer(sends, received, routed)
         return sends
 
     return wrap

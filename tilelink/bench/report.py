@@ -22,6 +22,10 @@ Systems (keys of `steady_ms` / `single_ms`):
     ce_comm      copy-engine peer copies of the same bytes alone
 
 floor = max(gemm, fastest of nccl_comm / ce_comm): no overlapped kernel runs much faster.
+bytes floor (patterns whose collectives route rows by run-time counts): the bytes the
+routing really moves between ranks (own rows cost no link), per rank the more of what it
+sends and receives, max over ranks, over the fastest NVLink rate the cost model's row of
+the GPU gives for W - 1 peers at once (`schedule.cost.link_gbs`).
 The bar TileLink must meet is the fastest of the baselines a user could run instead
 (`BASELINES`): `best_baseline`, and `× best` in the table.
 Which baselines a pattern has, and what each runs, follows from its ops (`baselines`).
@@ -33,6 +37,7 @@ import re
 import json
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..ir.tensor import DTYPE_BYTES
@@ -112,6 +117,71 @@ def comm_bytes_per_rank(bp) -> int:
     return total
 
 
+def routed_bytes(bp, ints) -> list[list[int]] | None:
+    """[[bytes rank s sends rank d]] (W x W; the diagonal: a rank's own rows, no link) of the
+    pattern's collectives that route rows by run-time counts, given the values of its integer
+    tensors (`ints`: name -> one tensor per rank), each as its op family registers it
+    (`providers.Transfer.routed`); None where the pattern has no such collective or a count
+    it needs is not in `ints`."""
+    import tilelink  # noqa: F401
+
+    from .providers import TRANSFERS
+
+    w = bp.world
+    total = [[0] * w for _ in range(w)]
+    routed = False
+    for op in bp.ops:
+        t = TRANSFERS.get(op.kind)
+        if t is None or t.routed is None:
+            continue
+        elements = t.routed(bp, op, ints)
+        if elements is None:
+            return None
+        size = DTYPE_BYTES.get(bp.tensors[op.args[0]].dtype, 2)
+        for s in range(w):
+            for d in range(w):
+                total[s][d] += int(elements[s][d]) * size
+        routed = True
+    return total if routed else None
+
+
+def routing_values(bp, seed: int) -> dict:
+    """The integer tensors (name -> one per rank, on the CPU) that `routed_bytes` reads, as
+    `tilelink bench --seed seed` draws the inputs (routing and counts are drawn on the CPU,
+    `runtime.dist_reference.cpu_drawn_ints`) and the integer ops compute from them."""
+    import tilelink  # noqa: F401
+
+    from ..runtime.dist_reference import cpu_drawn_ints
+    from ..runtime.reference import integer_values
+    from .providers import TRANSFERS
+
+    per_rank = [cpu_drawn_ints(bp, r, seed) for r in range(bp.world)]
+    inputs = {name: [ranks[name] for ranks in per_rank] for name in per_rank[0]}
+    wanted = {a for op in bp.ops if getattr(TRANSFERS.get(op.kind), "routed", None)
+              for a in op.args}
+    return integer_values(bp, inputs, wanted)
+
+
+def link_bytes(routed: list[list[int]]) -> list[int]:
+    """Per rank, the bytes its NVLink must carry in its busier direction: the more of what it
+    sends its peers and what it receives from them (own rows excluded)."""
+    w = len(routed)
+    return [max(sum(routed[r][d] for d in range(w) if d != r),
+                sum(routed[s][r] for s in range(w) if s != r)) for r in range(w)]
+
+
+def link_rate(device: str, world: int) -> tuple[float, str] | None:
+    """(GB/s, what it is) that the bytes floor divides by on `device` with `world` ranks:
+    the cost model's fastest NVLink rate for W - 1 peers at once (`schedule.cost.link_gbs`);
+    None for a device the model has no measured row of."""
+    from ..schedule.cost import DEVICES, device_spec, link_gbs
+
+    dev = device_spec(device)
+    if not device or dev not in DEVICES.values():
+        return None
+    return link_gbs(dev, max(1, world - 1))
+
+
 # ---------------------------------------------------------------- the record
 
 
@@ -135,6 +205,10 @@ class BenchResult:
     failed: dict[str, str] = field(default_factory=dict)             # system -> why
     notes: dict[str, str] = field(default_factory=dict)              # system -> what is timed
     graph: bool = False  # every system timed as CUDA graph replays (bench --graph)
+    # [[bytes rank s sends rank d]] the routing of the timed inputs really moves
+    # (`routed_bytes`); None: no collective of the pattern routes by run-time counts
+    routed_bytes: list[list[int]] | None = None
+    device: str = ""  # the GPU's name (the bytes floor's NVLink rate)
 
     @property
     def label(self) -> str:
@@ -159,6 +233,20 @@ class BenchResult:
         if g is None:
             return None
         return g if c is None else max(g, c)
+
+    def bytes_floor_ms(self) -> float | None:
+        """The routed rows' bytes over NVLink at the cost model's rate (module doc): the
+        busiest rank's `link_bytes` / `link_rate`; None without routed bytes, a measured
+        device row, or any byte crossing a link."""
+        rate = link_rate(self.device, self.world) if self.routed_bytes else None
+        if rate is None:
+            return None
+        most = max(link_bytes(self.routed_bytes))
+        return most / (rate[0] * 1e9) * 1e3 if most else None
+
+    def vs_bytes_floor(self, system: str = "tilelink") -> float | None:
+        t, f = self.steady_ms.get(system), self.bytes_floor_ms()
+        return t / f if t and f else None
 
     def tflops(self, system: str = "tilelink") -> float | None:
         """TFLOP/s per GPU of `system` (its steady time, this rank's FLOPs)."""
@@ -218,12 +306,20 @@ _FIELD_KINDS = {"pattern": (str, None), "ops": (str, None), "sizes": (dict, None
                 "steady_ms": (dict, _NUMBER), "single_ms": (dict, _NUMBER),
                 "spread_ms": (dict, list), "max_abs_err": (dict, _NUMBER),
                 "rel_err": (dict, _NUMBER), "tl_vs_nccl_cublas_max_abs": (_NUMBER, None),
-                "failed": (dict, str), "notes": (dict, str), "graph": (bool, None)}
+                "failed": (dict, str), "notes": (dict, str), "graph": (bool, None),
+                "routed_bytes": (list, list), "device": (str, None)}
 
 
 def _check_field(name: str, value) -> None:
     kind, values = _FIELD_KINDS.get(name, (object, None))
-    if value is None and name == "tl_vs_nccl_cublas_max_abs":
+    if value is None and name in ("tl_vs_nccl_cublas_max_abs", "routed_bytes"):
+        return
+    if name == "routed_bytes":
+        if not (isinstance(value, list) and all(
+                isinstance(row, list) and len(row) == len(value) and all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row)
+                for row in value)):
+            raise TypeError("field 'routed_bytes' is not a square matrix of byte counts")
         return
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise TypeError(f"field '{name}' holds a {type(value).__name__}")
@@ -238,8 +334,13 @@ def dump_json(results: list[BenchResult], meta: dict, path: str | None = None) -
     rows = []
     for r in results:
         d = r.to_dict()
+        rate = link_rate(r.device, r.world) if r.routed_bytes else None
         d["derived"] = {"floor_ms": r.floor_ms(), "tflops": r.tflops(),
-                        "vs_floor": r.vs_floor(),
+                        "vs_floor": r.vs_floor(), "bytes_floor_ms": r.bytes_floor_ms(),
+                        "vs_bytes_floor": r.vs_bytes_floor(),
+                        "link_bytes": link_bytes(r.routed_bytes) if r.routed_bytes else None,
+                        "link_gbs": rate[0] if rate else None,
+                        "link_rate": rate[1] if rate else None,
                         **{f"speedup_over_{b}": r.speedup(b) for b in BASELINES},
                         "best_baseline": r.best_baseline(), "speedup_over_best": r.speedup_best()}
         rows.append(d)
@@ -264,7 +365,76 @@ def load_json(path: str) -> tuple[dict, list[BenchResult]]:
     if not isinstance(d["results"], list) or not all(isinstance(r, dict)
                                                      for r in d["results"]):
         raise TypeError("its results are not a list of records")
-    return d.get("meta", {}), [BenchResult.from_dict(r) for r in d["results"]]
+    meta = d.get("meta", {})
+    results = [BenchResult.from_dict(r) for r in d["results"]]
+    if isinstance(meta, dict):
+        for raw, r in zip(d["results"], results):
+            _backfill(r, raw, meta)
+    return meta, results
+
+
+def _backfill(r: BenchResult, raw: dict, meta: dict) -> None:
+    """What a run saved before the record had the field, where its metadata gives it: the
+    device (meta's gpu), and the routed bytes recomputed from the run's seed on the CPU
+    (`routing_values`: the bench draws routing and counts there), from the pattern file its
+    command names if that still gives the recorded pattern, sizes and ops (a note says so);
+    else left unknown."""
+    if not r.device and isinstance(meta.get("gpu"), str):
+        r.device = re.sub(r"^\d+x\s+", "", meta["gpu"])
+    if "routed_bytes" in raw:
+        return
+    import tilelink  # noqa: F401
+
+    from .providers import TRANSFERS
+
+    if not any(getattr(TRANSFERS.get(k), "routed", None) for k in r.ops.split(">")):
+        return
+    found = _pattern_of(meta.get("command"))
+    if found is None:
+        return
+    path, seed = found
+    try:
+        from ..frontend import load_pattern
+
+        bp = load_pattern(str(path)).bind(dict(r.sizes), r.world)
+    except Exception:  # noqa: BLE001 — a pattern that no longer binds: unknown
+        return
+    if bp.name != r.pattern or op_chain(bp) != r.ops:
+        return
+    r.routed_bytes = routed_bytes(bp, routing_values(bp, seed))
+    if r.routed_bytes is not None:
+        r.notes["bytes_floor"] = (f"routed bytes recomputed on the CPU from --seed {seed} and "
+                                  f"{path} (this run did not record them)")
+
+
+def _pattern_of(command) -> tuple[Path, int] | None:
+    """(pattern file, seed) of a `tilelink bench PATTERN.tl ... --seed N` command line (as
+    `cli.bench.command_line` writes it), the file found as given or under the repository;
+    None for a suite, another command, a missing file, or a Python pattern (a saved JSON
+    names it: loading it would run its code, so --from does not)."""
+    import shlex
+
+    try:
+        words = shlex.split(command) if isinstance(command, str) else []
+    except ValueError:
+        return None
+    at = next((i for i in range(len(words) - 1) if words[i:i + 2] == ["tilelink", "bench"]),
+              None)
+    if at is None or at + 2 >= len(words) or not words[at + 2].endswith(".tl"):
+        return None
+    seed = 0
+    rest = words[at:]
+    if "--seed" in rest:
+        try:
+            seed = int(rest[rest.index("--seed") + 1])
+        except (IndexError, ValueError):
+            return None
+    given = Path(words[at + 2])
+    for path in [given] if given.is_absolute() else [given, Path(__file__).resolve().parents[2]
+                                                     / given]:
+        if path.is_file():
+            return path, seed
+    return None
 
 
 def collect_meta(command: str = "") -> dict:
@@ -320,7 +490,7 @@ def _f(x: float | None, fmt: str = ".3f", suffix: str = "") -> str:
 
 COLUMNS = ("pattern", "M", "N", "K", "TileLink ms", "TFLOP/s", "1-call ms", "NCCL+cuBLAS ms",
            "async-TP ms", "symm-mem ms", "GEMM ms", "NCCL comm ms", "CE comm ms", "floor ms",
-           "TL/floor", "× NCCL+cuBLAS", "× async-TP", "× best", "max err", "status")
+           "TL/floor", "bytes floor ms", "TL/bytes floor", "× NCCL+cuBLAS", "× async-TP", "× best", "max err", "status")
 
 
 def table_rows(results: list[BenchResult]) -> list[list[str]]:
@@ -337,14 +507,36 @@ def table_rows(results: list[BenchResult]) -> list[list[str]]:
                      _f(r.single_ms.get("tilelink")), _f(s.get("nccl_cublas")),
                      _f(s.get("async_tp")), _f(r.symm_ms()), _f(s.get("gemm")),
                      _f(s.get("nccl_comm")), _f(s.get("ce_comm")), _f(r.floor_ms()),
-                     _f(r.vs_floor(), ".2f"), _f(r.speedup("nccl_cublas"), ".2f", "×"),
+                     _f(r.vs_floor(), ".2f"), _f(r.bytes_floor_ms()),
+                     _f(r.vs_bytes_floor(), ".2f"), _f(r.speedup("nccl_cublas"), ".2f", "×"),
                      _f(r.speedup("async_tp"), ".2f", "×"), _f(r.speedup_best(), ".2f", "×"),
                      _f(r.max_abs_err.get("tilelink"), ".3g"), status])
     return rows
 
 
+BYTES_FLOOR = ("bytes floor = the bytes the routing of the timed inputs really moves "
+               "between ranks (every collective that routes rows by run-time counts: an EP "
+               "dispatch and its combine; a rank's own rows cost no link), per rank the more of "
+               "what it sends and receives, max over ranks, / the cost model's fastest NVLink "
+               "rate for W - 1 peers at once")
+
+
+def bytes_floor_legend(results: list[BenchResult]) -> str | None:
+    """What `bytes floor ms` means and which NVLink rate each world size of `results` was
+    divided by; None where no row has one."""
+    rates = {}
+    for r in results:
+        if r.bytes_floor_ms() is not None:
+            rates.setdefault(f"W = {r.world}: {link_rate(r.device, r.world)[1]}", None)
+    if not rates:
+        return None
+    return f"{BYTES_FLOOR} ({'; '.join(rates)}); `—`: no routed collective, or not recorded."
+
+
 def format_table(results: list[BenchResult], markdown: bool = False) -> str:
-    """The summary table: one line per shape, aligned text or GitHub markdown."""
+    """The summary table: one line per shape, aligned text or GitHub markdown (the text
+    table ends with the bytes floor's legend where a row has one; the markdown section
+    states it above the table)."""
     rows = table_rows(results)
     if markdown:
         lines = ["| " + " | ".join(COLUMNS) + " |",
@@ -356,7 +548,8 @@ def format_table(results: list[BenchResult], markdown: bool = False) -> str:
               for i, c in enumerate(COLUMNS)]
     out = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths))]
     out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
-    return "\n".join(out)
+    legend = bytes_floor_legend(results)
+    return "\n".join(out + ([legend] if legend else []))
 
 
 def format_detail(r: BenchResult) -> str:
@@ -381,6 +574,13 @@ def format_detail(r: BenchResult) -> str:
                      f"{rate:>14}{_f(r.vs_floor(k), '.2f'):>10}{sp:>12}  {check}")
     lines.append(f"  {'floor':<24}{_f(r.floor_ms()):>10}{'':>11}{'':>14}{'1.00':>10}{'':>12}"
                  "  = max(GEMM alone, fastest comm alone)")
+    if r.bytes_floor_ms() is not None:
+        vs = r.vs_bytes_floor()
+        lines.append(f"  {'bytes floor':<24}{_f(r.bytes_floor_ms()):>10}{'':>11}{'':>14}"
+                     f"{'':>10}{'':>12}  = routed bytes over NVLink "
+                     f"({max(link_bytes(r.routed_bytes)) / 1e6:.1f} MB, the busiest rank) / "
+                     f"{link_rate(r.device, r.world)[0]:.0f} GB/s"
+                     + (f"; TileLink {vs:.2f}× it" if vs else ""))
     best = r.best_baseline()
     if best is not None and r.speedup_best() is not None:
         lines.append(f"  the bar: {NAMES[best]} (the fastest baseline), TileLink "
@@ -408,7 +608,9 @@ def format_markdown_section(results: list[BenchResult], meta: dict,
               "over ranks); `1-call ms` is one TileLink call started from idle. TFLOP/s per "
               "GPU. floor = max(cuBLAS GEMM alone, fastest comm alone). `× X` = X's time / "
               "TileLink's; `× best`: over the fastest baseline of the row; `symm-mem ms`: the "
-              "faster of cuBLAS + torch's symmetric-memory one-shot / two-shot all-reduce."), "", format_table(results, markdown=True)]
+              "faster of cuBLAS + torch's symmetric-memory one-shot / two-shot all-reduce."
+              + (f" {legend}" if (legend := bytes_floor_legend(results)) else "")),
+             "", format_table(results, markdown=True)]
     if png:
         lines += ["", f"![TileLink vs baselines]({png})"]
     return "\n".join(lines)

@@ -69,7 +69,9 @@ def add_parser(sub) -> None:
         "bench", help="time a pattern against NCCL+cuBLAS, torch async-TP, GEMM and comm alone",
         description="Measure, in one run and on the same inputs: TileLink, NCCL+cuBLAS (no "
         "overlap), torch async-TP, cuBLAS GEMM alone, the communication alone (NCCL and the "
-        "copy engine), and the floor max(GEMM, fastest comm). Headline: steady-state ms of "
+        "copy engine), and the floor max(GEMM, fastest comm); where collectives route rows "
+        "by run-time counts (EP dispatch and combine), also the bytes floor: the bytes the "
+        "routing moves over NVLink at the cost model's rate. Headline: steady-state ms of "
         "back-to-back calls (CUDA events, after warm-up, max over ranks); beside it one "
         "call's latency from idle. Needs --world-size CUDA GPUs.", epilog="On the reference host export "
         + " ".join(f"{v}={'0' if v.startswith('NCCL') else '1'}" for v in ENV)

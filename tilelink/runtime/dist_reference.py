@@ -104,18 +104,44 @@ def dist_reference(kind: str):
     return wrap
 
 
+def _input_seed(bp: BoundPattern, i: int, rank: int, seed: int) -> int:
+    """The generator seed of input `i` on `rank` (replicated inputs: one for every rank)."""
+    who = 0 if bp.tensors[bp.pattern.inputs[i].name].placement.kind == "replicated" else rank + 1
+    return seed * 1_000_003 + i * 1009 + who
+
+
+def _cpu_drawn(bp: BoundPattern, i: int, rank: int, seed: int) -> torch.Tensor | None:
+    """Integer input `i` as an op reading it draws it (`drawn_ints`), on the CPU; None where
+    none does (or the input is not integer)."""
+    decl = bp.pattern.inputs[i]
+    if TORCH_DTYPES[bp.tensors[decl.name].dtype].is_floating_point:
+        return None
+    return drawn_ints(bp, decl.name, torch.Generator().manual_seed(_input_seed(bp, i, rank,
+                                                                              seed)))
+
+
+def cpu_drawn_ints(bp: BoundPattern, rank: int, seed: int) -> dict[str, torch.Tensor]:
+    """This rank's integer inputs that `make_local_inputs` draws on the CPU (an op's own
+    draw: routing, counts), with the values it gives them, on any machine (int64). Inputs
+    drawn on the device are not in it."""
+    out = {}
+    for i, decl in enumerate(bp.pattern.inputs):
+        drawn = _cpu_drawn(bp, i, rank, seed)
+        if drawn is not None:
+            out[decl.name] = drawn.to(torch.int64)
+    return out
+
+
 def make_local_inputs(bp: BoundPattern, rank: int, seed: int, device) -> dict[str, torch.Tensor]:
     """This rank's random inputs, generated on `device` (replicated inputs agree across ranks)."""
     out = {}
     for i, decl in enumerate(bp.pattern.inputs):
         t = bp.tensors[decl.name]
         dtype = TORCH_DTYPES[t.dtype]
-        who = 0 if t.placement.kind == "replicated" else rank + 1
-        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i * 1009 + who)
+        gen = torch.Generator(device=device).manual_seed(_input_seed(bp, i, rank, seed))
         if dtype.is_floating_point:
             out[decl.name] = torch.randn(t.local_shape, generator=gen, device=device).to(dtype)
-        elif (drawn := drawn_ints(bp, decl.name, torch.Generator().manual_seed(
-                seed * 1_000_003 + i * 1009 + who))) is not None:
+        elif (drawn := _cpu_drawn(bp, i, rank, seed)) is not None:
             out[decl.name] = drawn.to(device=device, dtype=dtype)
         else:
             out[decl.name] = torch.randint(0, random_int_high(bp, decl.name), t.local_shape,

@@ -144,6 +144,30 @@ def make_inputs(bp: BoundPattern, seed: int) -> dict[str, list[torch.Tensor]]:
     return out
 
 
+def integer_values(bp: BoundPattern, inputs: dict[str, list[torch.Tensor]],
+                   wanted: set[str] | None = None) -> dict[str, list[torch.Tensor]]:
+    """`inputs` (integer tensors, one per rank) and the results of the integer ops computable
+    from them alone, each by its reference on the CPU: a routing's counts from its
+    destinations without the float work. `wanted`: only what these names need (default:
+    every such result)."""
+    need = None if wanted is None else set(wanted)
+    if need is not None:
+        for op in reversed(bp.ops):
+            if op.result in need:
+                need.update(op.args)
+    vals = dict(inputs)
+    for op in bp.ops:
+        dtype = TORCH_DTYPES[bp.tensors[op.result].dtype]
+        if (op.result in vals or dtype.is_floating_point or op.kind not in REFERENCES
+                or (need is not None and op.result not in need)
+                or not all(a in vals for a in op.args)):
+            continue
+        ctx = RefContext(bp, bp.op_attrs(op), dtype, bp.world, True)
+        vals[op.result] = [r.contiguous() for r in
+                           REFERENCES[op.kind](op, ctx, [vals[a] for a in op.args])]
+    return vals
+
+
 def evaluate(bp: BoundPattern, inputs: dict[str, list[torch.Tensor]],
              exact: bool = True) -> dict[str, list]:
     """Every pattern output, per rank, computed without overlap (`exact`: see REFERENCES)."""

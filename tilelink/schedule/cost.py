@@ -444,6 +444,26 @@ def share(dev: DeviceSpec, mover: str, peers: int) -> float:
     return interpolate(pts, peers)
 
 
+#: each mover of `peer_share` as a legend names it
+MOVERS = {"ce": "copy engine", "sm": "SM stores"}
+
+
+def link_gbs(dev: DeviceSpec, peers: int) -> tuple[float, str]:
+    """The fastest rate (GB/s, per direction) this row's measurements show one GPU sending
+    over NVLink to `peers` peers at once, and what it is: each mover's best one-peer rate
+    (the copy engine's curve; SM copies at any CTA count and size) times its `share` for
+    that many peers, the best mover's. A bytes floor divides by it, so it is the highest
+    rate measured, not the rate a given message size reaches."""
+    best = {"ce": max(g for _, g in dev.ce_gbs),
+            "sm": max(g for pts in dev.sm_copy_gbs.values() for _, g in pts)}
+    rates = {m: g * share(dev, m, peers) for m, g in best.items()}
+    mover = max(rates, key=lambda m: rates[m])
+    what = f"{dev.name} {MOVERS[mover]}, {best[mover]:.0f} GB/s to one peer"
+    if rates[mover] != best[mover]:
+        what += f" x {rates[mover] / best[mover]:.2f} (peer_share, {peers} peers at once)"
+    return rates[mover], what
+
+
 def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> float:
     """One collective of the non-overlapped plan as its library call: latency + bytes /
     bandwidth, the bandwidth shared by the peers a symmetric-memory kernel reaches at once."""

@@ -147,16 +147,41 @@ def dispatched_rows(bp, op) -> int:
     return bp.tensors[d.args[0]].local_shape[0] if d is not None else 1 << 62
 
 
+def send_plans(bp, op, splits: list) -> list[list[int]]:
+    """Each rank's counts per destination as `sent_rows` reads them, from every rank's
+    `splits` (one [W] tensor per rank). With back = 1, rank s sends d back the rows d sent
+    s: d's count for s, as the dispatch applied it."""
+    plans = [[int(v) for v in s.tolist()] for s in splits]
+    attrs = bp.op_attrs(op)
+    if not attrs["back"]:
+        return plans
+    rows, cap = dispatched_rows(bp, op), attrs["capacity"]
+    return [[sent_rows(rows, plans[d], s, cap)[1] for d in range(bp.world)]
+            for s in range(bp.world)]
+
+
+def routed_elements(bp, op, ints) -> list[list[int]] | None:
+    """[[elements rank s sends rank d]] given every rank's counts (`providers.Transfer`'s
+    `routed`): the rows `sent_rows` takes under the capacity rule, each x's row of elements;
+    None where the counts are not in `ints` (computed from a float tensor)."""
+    splits = ints.get(op.args[1])
+    if splits is None:
+        return None
+    x = bp.tensors[op.args[0]]
+    inner = 1
+    for d in x.local_shape[1:]:
+        inner *= d
+    attrs = bp.op_attrs(op)
+    plans = send_plans(bp, op, splits)
+    return [[sent_rows(x.local_shape[0], plans[s], d, attrs["capacity"], attrs["slots"])[1]
+             * inner for d in range(bp.world)] for s in range(bp.world)]
+
+
 @reference("all_to_all")
 def ref(op, ctx, args):
     xs, splits = args
     cap = ctx.attrs["capacity"]
-    plans = [[int(v) for v in s.tolist()] for s in splits]
-    if ctx.attrs["back"]:
-        # rank s sends d back the rows d sent s: d's count for s, as the dispatch applied it
-        rows = dispatched_rows(ctx.bp, op)
-        plans = [[sent_rows(rows, plans[d], s, cap)[1] for d in range(ctx.world)]
-                 for s in range(ctx.world)]
+    plans = send_plans(ctx.bp, op, splits)
     outs = []
     for d in range(ctx.world):
         out = torch.zeros((ctx.world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
@@ -208,8 +233,10 @@ def _send_buffer(x, splits, ctx, op=None):
     return torch.where(keep, rows, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-# the result holds W slots of `capacity` rows, one per source rank: W - 1 come from peers
-@transfer("all_to_all", received=lambda bp, op: peer_elements(bp, op.result) // bp.world)
+# the result holds W slots of `capacity` rows, one per source rank: W - 1 come from peers;
+# what the counts really route: `routed_elements`
+@transfer("all_to_all", received=lambda bp, op: peer_elements(bp, op.result) // bp.world,
+          routed=routed_elements)
 def sends(op, ctx, args):
     """Peer d receives its `capacity`-row slot of this rank's send buffer."""
     import torch.distributed as dist
