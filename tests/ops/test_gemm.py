@@ -17,7 +17,7 @@ from tilelink.errors import ConfigError, NotSupportedError
 from tilelink.frontend import load_text
 from tilelink.schedule import get_target, make_schedule
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 AG = load_text(EXAMPLES / "ag_gemm.tl")
 WS = {"comm": "copy_engine", "gemm": "ws", "block_m": "128", "block_n": "256",

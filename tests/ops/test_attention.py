@@ -22,7 +22,7 @@ from tilelink.ops.attention import SPLIT_PROGRAM_GBS, _partial, _split
 from tilelink.schedule import get_target, make_schedule
 from tilelink.schedule.config import Config
 
-from .conftest import EXAMPLES, ROOT, run_argv
+from ..conftest import EXAMPLES, ROOT, run_argv
 
 MHA, GQA = EXAMPLES / "flash_decode.tl", EXAMPLES / "flash_decode_gqa.tl"
 
