@@ -24,7 +24,7 @@ from tilelink.ops.grouped_gemm.routing import reference_tables  # noqa: E402
 
 
 def _routing(kind: str, tokens: int, topk: int, experts: int, gen):
-    """Expert choices [tokens, topk] int32 of one skew `kind` (as tests/ops/test_grouped_gemm.py's)."""
+    """Expert choices [tokens, topk] int32 of one skew `kind` (as test_grouped_gemm.py's)."""
     ids = torch.randint(0, experts, (tokens, topk), generator=gen)
     if kind == "hot":
         ids[:, 0] = 0
