@@ -444,7 +444,7 @@ def test_library_gemm_knob_checks():
     bp = AG.bind({"M": 1024, "N": 8192, "K": 8192}, 2)
     with pytest.raises(ConfigError, match="gemm=library applies to"):
         make_schedule(bp, cuda, {"comm": "sm", "gemm": "library"})
-    # (a GEMM whose operands no collective delivers is one library call: test_library_gemm)
+    # (a GEMM whose operands no collective delivers is one library call: tests/ops/test_gemm.py)
     s = make_schedule(bp, cuda, LIB)
     assert "gemm/library" in s.kernel and "torch.mm" in render_triton(s)
     assert "gemm=library" in s.render()
