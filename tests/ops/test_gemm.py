@@ -9,8 +9,10 @@ on one GPU, `ag_ws_*` at W = 2).
 
 gemm=library on a whole GEMM, run in the emulated world; decode sizes (a reduction at W = 1
 stored by the GEMM's epilogue, the smaller tiles Hopper gets for few output tiles, shared
-memory fits). The library GEMM behind an all_gather (AG-GEMM, gemm=library) is in
-tests/test_emulated.py with the other AG-GEMM runs.
+memory fits); and gemm=library behind an all_gather (AG-GEMM: a library GEMM per source
+rank's rows in arrival order, around one-program sync kernels), back to back with random
+delays, across the int32 wrap, with the capturable protocol, a dropped signal reported, and
+the knob's rules.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 from tilelink.cli.main import main
 from tilelink.codegen import render_triton
 from tilelink.codegen.compile import compile_module, emit_stage
-from tilelink.errors import ConfigError, HangError, NotSupportedError
+from tilelink.errors import ConfigError, HangError
 from tilelink.frontend import load_pattern, load_text, parse_text
 from tilelink.ops.gemm.tl import DECODE_TILES
 from tilelink.runtime import check, emulate
@@ -578,3 +580,79 @@ def test_a_gemm_allreduce_sums_in_a_second_kernel(m):
     # (the emulated world keeps the sum in the GEMM's kernel: it exercises that path)
     s = _decode_schedule(GEMM_AR, {"M": 64, "N": 32, "K": 64}, 2, "interp")
     assert s.config.reduce_after == 0 and len(s.composition.kernels) == 1
+
+
+# ---- gemm=library behind an all_gather (AG-GEMM) -----------------------------------------------
+
+AG_LIB = {"comm": "copy_engine", "gemm": "library"}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ag_library_gemm_matches_reference(world):
+    # gemm=library: torch.mm per source rank's rows, in arrival order, around one-program
+    # sync kernels (bounded waits on the derived chunk slots; release + next gates). Ragged:
+    # 50 rows per rank with 32-row chunks, N and K that divide nothing
+    _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+         AG_LIB | {"comm_block_m": "32"}, calls=3)
+
+
+def test_ag_library_gemm_back_to_back_with_random_delays():
+    # 6 calls over 2 buffers with random host delays on each rank: a copy engine may only
+    # write a peer's buffer after that peer's done kernel released it (two calls earlier)
+    _run(AG, 3, {"M": 99, "N": 48, "K": 40}, AG_LIB, calls=6, delays=True, seed=11)
+
+
+def test_ag_library_gemm_crosses_the_int32_epoch_wrap():
+    _run(AG, 2, {"M": 64, "N": 32, "K": 32}, AG_LIB, calls=4, first_epoch=2**31 - 2)
+
+
+@pytest.mark.parametrize("world,seed", [(1, 0), (2, 31), (3, 32), (4, 33), (4, 34)])
+def test_ag_library_gemm_capturable_back_to_back_with_random_delays(world, seed):
+    # capturable=1 with the library GEMM: one gathered buffer, so the done kernel of call e
+    # opens a peer's gate only once that peer finished call e; flag signals cleared by the
+    # done kernel before its release. Ragged rows (50 per rank, 32-row chunks), several
+    # calls over the one buffer, random host delays on each rank
+    _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+         AG_LIB | {"comm_block_m": "32", "capturable": "1"}, calls=6, delays=world > 1,
+         seed=seed)
+
+
+def test_ag_library_gemm_capturable_ops_carry_no_per_call_value():
+    from tilelink.codegen.compile import load_module
+
+    s = make_schedule(AG.bind({"M": 64, "N": 32, "K": 32}, 2), get_target("interp"),
+                      AG_LIB | {"capturable": "1"})
+    mod = load_module(render_triton(s))
+    a = {"a": object()}
+    assert mod.CAPTURABLE == 1 and mod.SYMMETRIC["a_full"][0] == [64, 32]  # one buffer
+    assert mod.copy_engine_ops(1, 7, a) == mod.copy_engine_ops(1, 8, a)
+
+
+@pytest.mark.slow
+def test_ag_library_gemm_with_a_dropped_signal_is_reported_not_hung():
+    # the copy engine of every rank skips its data signals: each wait kernel gives up at its
+    # spin bound and the report names the library GEMM's wait
+    s = make_schedule(AG.bind({"M": 64, "N": 32, "K": 32}, 2), get_target("interp"), AG_LIB)
+    assert "gemm/library" in s.kernel
+    src = render_triton(s, fault="drop_notify")
+    assert "fault injected (drop_notify): ops.append((\"signal\"" in src
+    with pytest.raises(HangError) as err:
+        run_broken(s, src)
+    text = str(err.value)
+    assert "stuck ranks: 0, 1" in text
+    assert "library GEMM of a source rank's rows of c" in text and "ag_gemm.tl:6" in text
+
+
+def test_library_gemm_knob_checks():
+    cuda = get_target("cuda:90")
+    bp = AG.bind({"M": 1024, "N": 8192, "K": 8192}, 2)
+    with pytest.raises(ConfigError, match="gemm=library applies to"):
+        make_schedule(bp, cuda, {"comm": "sm", "gemm": "library"})
+    # (a GEMM whose operands no collective delivers is one library call: the tests above)
+    s = make_schedule(bp, cuda, AG_LIB)
+    assert "gemm/library" in s.kernel and "torch.mm" in render_triton(s)
+    assert "gemm=library" in s.render()
+    # a kernel knob given on top of a library default asks for TileLink's kernel
+    lib_default = make_schedule(bp, cuda, AG_LIB)
+    s2 = make_schedule(bp, cuda, {"block_n": "128"}, base=lib_default.config)
+    assert s2.config.gemm == "triton" and "gemm/triton" in s2.kernel
