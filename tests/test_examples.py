@@ -107,14 +107,14 @@ def test_an_overlapped_resource_for_an_op_without_a_lowering_says_use_comm_none(
 # interpreter (attention: every (query block, head) tile walks every block of keys; ep_moe:
 # W * CAP rows of expert GEMM a rank, 92 s at W = 4 on 2 busy cores). Each keeps sizes that
 # do not divide the 32-row and 32-column tiles (ep_moe: T = 56 rows, H = 40 columns,
-# CAP = 24-row slots). sp_ulysses at S = 36, H = 4 is also tests/test_reshard.py's run at
-# W = 2 and 4 (this interp default is its comm=sm kernel; test_reshard pins that);
+# CAP = 24-row slots). sp_ulysses at S = 36, H = 4 is also tests/ops/test_reshard.py's run
+# at W = 2 and 4 (this interp default is its comm=sm kernel; test_reshard pins that);
 # attention (no collective) at S = 72 keeps a ragged last block and a key head per 2 query
 # heads (221 s at S = 512 on 2 cores, W = 2 and 4). The decode and MoE examples (their
 # default sizes 200 s at W = 2 and 4 on 2 busy cores) run the same schedule as at their
 # defaults on fewer rows: flash_decode(_gqa) S = 148 (74 and 37 keys a rank, ragged 32-key
 # blocks), moe_rs / ag_moe T = 72, K and N off the 32 tiles; their families cover more
-# shapes and routings (tests/test_attention_decode.py, tests/test_moe.py)
+# shapes and routings (tests/ops/test_attention.py, tests/ops/test_grouped_gemm.py)
 EMULATED_SIZES = {"flash_decode": ["-D", "B=2", "-D", "H=4", "-D", "S=148"],
                   "flash_decode_gqa": ["-D", "B=2", "-D", "S=148"],
                   "moe_rs": ["-D", "T=72", "-D", "K=96", "-D", "N=48"],

@@ -6,8 +6,6 @@ and sizes off the tiles; and the receive step's placement."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,7 +13,9 @@ from tilelink.frontend import load_pattern
 from tilelink.runtime import check, emulate
 from tilelink.runtime.reference import make_inputs
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ep_moe_topk.tl"
+from ...conftest import EXAMPLES
+
+EXAMPLE = EXAMPLES / "ep_moe_topk.tl"
 # T = 40 tokens (not a multiple of the interpreter's 32-row tiles), k = 2 copies each; slots
 # of CAP = 24 rows in chunks of 16 (a short last chunk); H = 24 columns (a short column tile)
 SIZES = {"T": 40, "TOPK": 2, "H": 24, "CAP": 24}
@@ -134,7 +134,7 @@ def test_a_dropped_chunk_signal_is_reported_naming_the_receive_wait():
     from tilelink.errors import HangError
     from tilelink.schedule import get_target, make_schedule
 
-    from .conftest import run_broken
+    from ...conftest import run_broken
 
     s = make_schedule(load_pattern(str(EXAMPLE)).bind(SIZES, 2), get_target("interp"), SM)
     with pytest.raises(HangError) as err:

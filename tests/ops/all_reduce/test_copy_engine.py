@@ -17,7 +17,7 @@ from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 from tilelink.tune.space import _canonical, candidates, extents
 
-from .conftest import EXAMPLES, run_broken
+from ...conftest import EXAMPLES, run_broken
 
 AR = load_text(EXAMPLES / "gemm_ar.tl")
 CE = {"comm": "copy_engine"}

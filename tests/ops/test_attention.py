@@ -1,8 +1,11 @@
-"""attention_partial's split-KV kernel: splits of each (batch, key head)'s keys combined in
-the kernel by the last split, grouped-query attention on the tensor cores; checked against
-the torch reference in the emulated world (ragged slices, W = 1..3, G = 1, 4, 8, one split
-and several, D = 64 and 128), compiled for every GPU target, and the timing tool's
-arguments (tools/decode_bw.py) without a GPU."""
+"""attention (tilelink/ops/attention.py): attention_partial's split-KV kernel (splits of each
+(batch, key head)'s keys combined in the kernel by the last split, grouped-query attention on
+the tensor cores), checked against the torch reference in the emulated world (ragged slices,
+W = 1..3, G = 1, 4, 8, one split and several, D = 64 and 128) and compiled for every GPU
+target; the timing tool's arguments (tools/decode_bw.py) without a GPU; per-sequence lengths
+(kv_len); and the non-overlapped plan's attention (torch's fused SDPA kernels on GPUs, the
+fp32 reference elsewhere). The attention op's FlashAttention-2 kernel is
+tests/ops/test_attention_prefill.py."""
 
 from __future__ import annotations
 
@@ -16,13 +19,15 @@ from tilelink.cli.main import main
 from tilelink.codegen import render_triton
 from tilelink.codegen.compile import compile_module
 from tilelink.errors import ConfigError, PatternError
-from tilelink.frontend import load_text
+from tilelink.frontend import load_pattern, load_text
 from tilelink.frontend.text import parse_text
-from tilelink.ops.attention import SPLIT_PROGRAM_GBS, _partial, _split
+from tilelink.ops.attention import (SPLIT_PROGRAM_GBS, _attend, _partial, _partial_sdpa, _sdpa,
+                                     _split, _vendor)
+from tilelink.runtime.bounds import output_bound
 from tilelink.schedule import get_target, make_schedule
 from tilelink.schedule.config import Config
 
-from .conftest import EXAMPLES, ROOT, run_argv
+from ..conftest import EXAMPLES, ROOT, run_argv
 
 MHA, GQA = EXAMPLES / "flash_decode.tl", EXAMPLES / "flash_decode_gqa.tl"
 
@@ -495,3 +500,45 @@ def test_random_lengths_span_every_rank_and_split():
     lens = make_inputs(bp, 0)["kv_len"][0]
     assert int(lens.min()) >= 0 and int(lens.max()) <= 4096
     assert {int(x) // 1024 for x in lens} >= {0, 1, 2, 3}  # lengths ending on every rank
+
+
+# ---- the non-overlapped plan's attention -------------------------------------------------------
+# torch's fused SDPA kernels (what a user runs) on GPUs in half precision, the fp32 reference
+# everywhere else; the same values either way.
+
+@pytest.mark.parametrize("offset", [0, 16, 48])
+def test_causal_sdpa_sees_the_keys_up_to_each_querys_global_position(offset):
+    # a sequence-parallel q shard at rows offset.. against all 64 gathered keys
+    g = torch.Generator().manual_seed(offset)
+    q, k, v = (torch.randn(n, 2, 8, generator=g) for n in (16, 64, 64))
+    torch.testing.assert_close(_sdpa(q, k, v, 1, offset),
+                               _attend(q, k, v, 1, offset, torch.float32))
+    torch.testing.assert_close(_sdpa(q, k, v, 0, 0), _attend(q, k, v, 0, 0, torch.float32))
+
+
+def test_the_reference_and_cpu_tensors_never_take_the_vendor_path():
+    half = torch.zeros(2, 2, 2, dtype=torch.bfloat16)
+    assert not _vendor(half, exact=False)  # on the CPU
+    assert not _vendor(half, exact=True)
+    # neither flash nor memory-efficient attention runs on the CPU: the plan keeps _partial
+    assert _partial_sdpa(*(torch.zeros(1, 2, 8), torch.zeros(1, 4, 2, 8),
+                           torch.zeros(1, 4, 2, 8))) is None
+
+
+def test_the_plans_bound_allows_weights_held_in_the_inputs_dtype():
+    bp = load_pattern(str(EXAMPLES / "flash_decode.tl")).bind({}, 2)
+    out = bp.pattern.outputs[0]
+    assert output_bound(bp, out, plan=True).normwise > output_bound(bp, out).normwise
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_partial_matches_the_reference_on_a_gpu(dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 8, 128, generator=g, device="cuda").to(dtype)
+    k, v = (torch.randn(2, 4096, 8, 128, generator=g, device="cuda").to(dtype)
+            for _ in range(2))
+    got, want = _partial_sdpa(q, k, v), _partial(q, k, v)
+    assert got is not None and got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got[..., -1], want[..., -1], atol=1e-3, rtol=1e-3)  # lse
+    torch.testing.assert_close(got[..., :-1], want[..., :-1], atol=2e-2, rtol=2e-2)

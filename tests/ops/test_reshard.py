@@ -17,7 +17,7 @@ from tilelink.ir.tensor import DTYPE_BYTES
 from tilelink.runtime.reference import evaluate, make_inputs
 from tilelink.schedule.lowering import library_moved_bytes
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 ULYSSES = EXAMPLES / "sp_ulysses.tl"
 

@@ -1,7 +1,12 @@
-"""The grouped GEMM's lowering: its routing tables, its plan (waits on a run-time range of the
-gathered rows) and AG-MoE on the emulated world under skewed routings."""
+"""grouped_gemm (tilelink/ops/grouped_gemm): its routing tables, its plan (waits on a run-time
+range of the gathered rows), AG-MoE and MoE-RS on the emulated world under skewed routings,
+and its routing kernel (the prepare step) run in Triton's interpreter against a row-by-row
+computation (the cases are tests/ops/_grouped_gemm_routing.py, run in a child process with
+TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +18,8 @@ from tilelink.runtime import check, emulate
 from tilelink.runtime.reference import make_inputs
 from tilelink.runtime.api import schedule_for as make_schedule
 
-from .conftest import EXAMPLES
+from .._interp_worker import get, run_worker
+from ..conftest import EXAMPLES
 
 AG_MOE = load_text(EXAMPLES / "ag_moe.tl")
 MOE_RS = load_text(EXAMPLES / "moe_rs.tl")
@@ -417,3 +423,21 @@ def test_the_moe_rs_kernel_compiles_for_gpus(target):
     assert s.composition.lowerings["h"].name == "topk_sum/triton"
     compiled = compile_module(render_triton(s), get_target(target), "moe_rs_kernel")
     assert compiled.asm.get("ptx" if target.startswith("cuda") else "amdgcn")
+
+
+# The routing kernel (the prepare step) in the interpreter
+ROUTING_CASES = str(Path(__file__).with_name("_grouped_gemm_routing.py"))
+
+
+@pytest.fixture(scope="module")
+def kernel_results():
+    return run_worker(ROUTING_CASES)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_routing_kernels_write_the_reference_tables(kernel_results, seed):
+    # on several programs (chunks of CB choices), twice on the same tables and counters
+    ok = {"order": True, "counts": True, "tiles": True, "rest": True, "sync": True,
+          "refused": True}
+    want = {"programs": True, "first": ok, **({"second": ok} if seed % 4 == 0 else {})}
+    assert get(kernel_results, f"kernel_{seed}") == want

@@ -22,7 +22,7 @@ from tilelink.runtime.emulated import run_emulated
 from tilelink.runtime.reference import make_inputs
 from tilelink.schedule import get_target, make_schedule
 
-from .conftest import EXAMPLES, run_argv
+from ..conftest import EXAMPLES, run_argv
 
 CAUSAL = EXAMPLES / "sp_attention_causal.tl"
 SMALL = {"comm": "sm", "block_m": "16", "block_n": "16", "comm_block_m": "16"}

@@ -15,7 +15,7 @@ from tilelink.frontend import load_text
 from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 
-from .conftest import EXAMPLES, run_broken
+from ...conftest import EXAMPLES, run_broken
 
 AR = load_text(EXAMPLES / "gemm_ar.tl")
 TWO = {"allreduce": "two_shot"}

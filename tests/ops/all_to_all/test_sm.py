@@ -4,8 +4,6 @@ receivers' slots, zeros past the counts, the capacity rule, and the expert-paral
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,7 +13,8 @@ from tilelink.frontend import load_pattern
 from tilelink.runtime import check, emulate
 from tilelink.runtime.reference import make_inputs
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from ...conftest import EXAMPLES
+
 EP_MOE = EXAMPLES / "ep_moe.tl"
 # T rows per rank, not a multiple of the interpreter's 32-row tiles; CAP = 24 rows a slot in
 # chunks of 16 (a short last chunk); H = 24 columns (a short last column tile)
@@ -197,7 +196,7 @@ def test_a_dropped_chunk_signal_is_reported_naming_the_wait():
     from tilelink.errors import HangError
     from tilelink.schedule import get_target, make_schedule
 
-    from .conftest import run_broken
+    from ...conftest import run_broken
 
     s = make_schedule(load_pattern(str(EP_MOE)).bind(SIZES, 2), get_target("interp"), SM)
     src = render_triton(s, fault="drop_notify")
