@@ -249,9 +249,10 @@ class BenchResult:
         return t / f if t and f else None
 
     def tflops(self, system: str = "tilelink") -> float | None:
-        """TFLOP/s per GPU of `system` (its steady time, this rank's FLOPs)."""
+        """TFLOP/s per GPU of `system` (its steady time, this rank's FLOPs); None without
+        the time or without a FLOP count (no op of the row registers one: `—`, not 0)."""
         t = self.steady_ms.get(system)
-        return self.flops_per_rank / (t * 1e-3) / 1e12 if t else None
+        return self.flops_per_rank / (t * 1e-3) / 1e12 if t and self.flops_per_rank else None
 
     def comm_gbps(self, system: str) -> float | None:
         """GB/s received per rank by a comm-alone system."""
