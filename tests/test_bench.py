@@ -319,6 +319,67 @@ def test_from_recomputes_nothing_it_cannot_trust(tmp_path, capsys):
     assert not marker.exists()
 
 
+# ---------------------------------------------------------------- TFLOP/s of every compute op
+
+SAVED_AG_MOE = ROOT / "bench-results" / "2026-11-27-fb9beed-ag_moe-mixtral-sm-w2.json"
+
+
+def test_an_attention_row_shows_its_tflops():
+    # causal SP attention, W = 2, 8192 positions, 32 query heads of 128: the lower triangle
+    # of 8192 x 8192 (with the diagonal) over the two ranks, q k^T and p v at 2 * 128 flops
+    # a pair and head
+    bp = load_pattern(str(EXAMPLES / "sp_attention_causal.tl")).bind(
+        {"S": 8192, "H": 32, "HKV": 8, "D": 128}, 2)
+    flops = 4 * 32 * 128 * (8192 * 8193 // 2) // 2
+    assert flops_per_rank(bp) == flops
+    r = BenchResult(pattern=bp.name, ops=report.op_chain(bp), sizes={"S": 8192}, world=2,
+                    flops_per_rank=flops_per_rank(bp), comm_bytes_per_rank=0,
+                    steady_ms={"tilelink": 2.0, "nccl_cublas": 2.5})
+    row = dict(zip(report.COLUMNS, report.table_rows([r])[0]))
+    assert row["pattern"] == "AG-AG-ATTENTION"
+    assert row["TFLOP/s"] == f"{flops / 2e-3 / 1e12:.0f}" == "137"
+    assert f"{flops / 2.5e-3 / 1e12:.0f} TFLOP/s" in format_detail(r)
+    # a row no op of which counts its FLOPs shows none, not a rate of 0
+    r.flops_per_rank = 0
+    assert r.tflops() is None
+    assert dict(zip(report.COLUMNS, report.table_rows([r])[0]))["TFLOP/s"] == "—"
+
+
+def test_from_a_saved_moe_run_counts_its_flops_from_its_pattern(capsys):
+    # the run (fb9beed) recorded 0 FLOPs: grouped_gemm registered no count then; its command
+    # names examples/ag_moe.tl, bound again to the row's sizes
+    saved = json.loads(SAVED_AG_MOE.read_text())
+    raw = saved["results"][0]
+    assert raw["flops_per_rank"] == 0
+    sz = raw["sizes"]
+    # each rank: all T tokens x TOPK choices, K products for each of its N / W columns
+    flops = 2 * sz["T"] * sz["TOPK"] * sz["K"] * (sz["N"] // 2)
+    _, (r,) = load_json(str(SAVED_AG_MOE))
+    assert r.flops_per_rank == flops and "examples/ag_moe.tl" in r.notes["flops"]
+    assert main(["bench", "--from", str(SAVED_AG_MOE), "--markdown"]) == 0
+    row = _markdown_row(capsys.readouterr().out)
+    tl = raw["steady_ms"]["tilelink"]
+    assert row["TFLOP/s"] == f"{flops / (tl * 1e-3) / 1e12:.0f}" == "499"
+    # a recorded count is kept as recorded (the EP run's gemm over its W x CAP rows)
+    _, (ep,) = load_json(str(SAVED_EP))
+    ep_raw = json.loads(SAVED_EP.read_text())["results"][0]
+    assert ep.flops_per_rank == ep_raw["flops_per_rank"] > 0 and "flops" not in ep.notes
+
+
+def test_from_counts_no_flops_without_the_pattern_it_measured(tmp_path, capsys):
+    saved = json.loads(SAVED_AG_MOE.read_text())
+    for command in (saved["meta"]["command"].replace("examples/ag_moe.tl", "examples/none.tl"),
+                    saved["meta"]["command"].replace("examples/ag_moe.tl",
+                                                     "examples/moe_rs.tl")):
+        saved["meta"]["command"] = command
+        path = tmp_path / "old.json"
+        path.write_text(json.dumps(saved))
+        _, (r,) = load_json(str(path))
+        assert r.flops_per_rank == 0 and "flops" not in r.notes, command
+        assert main(["bench", "--from", str(path), "--markdown"]) == 0
+        assert _markdown_row(capsys.readouterr().out)["TFLOP/s"] == "—", command
+
+
 # ---------------------------------------------------------------- progress
 
 

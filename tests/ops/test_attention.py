@@ -502,6 +502,23 @@ def test_random_lengths_span_every_rank_and_split():
     assert {int(x) // 1024 for x in lens} >= {0, 1, 2, 3}  # lengths ending on every rank
 
 
+def test_decode_counts_4_h_d_flops_per_key_of_the_ranks_slice():
+    from tilelink.bench.report import flops_per_rank
+
+    # W = 2, 16 keys a sequence: 8 a rank; 2 sequences x 4 query heads, D = 8; each query
+    # row's q k^T and p v over the rank's 8 keys, 2 * D flops each: 4 * 2 * 4 * 8 * 8 (the
+    # combine's weighted sums add none)
+    sizes = {"B": 2, "H": 4, "S": 16, "D": 8}
+    assert flops_per_rank(_bp(MHA, sizes, 2)) == 4 * 2 * 4 * 8 * 8 == 2048
+    # 2 key heads serving the 4 query heads: every query head's scores still computed
+    assert flops_per_rank(_bp(GQA, {**sizes, "HKV": 2}, 2)) == 2048
+    # ragged: the lengths are known only when the call runs; their bound, every key, counts
+    varlen = _bp(EXAMPLES / "flash_decode_varlen.tl", {**sizes, "HKV": 2}, 2)
+    assert flops_per_rank(varlen) == 2048
+    # W = 4: 4 keys a rank
+    assert flops_per_rank(_bp(MHA, sizes, 4)) == 4 * 2 * 4 * 4 * 8
+
+
 # ---- the non-overlapped plan's attention -------------------------------------------------------
 # torch's fused SDPA kernels (what a user runs) on GPUs in half precision, the fp32 reference
 # everywhere else; the same values either way.

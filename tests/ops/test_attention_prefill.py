@@ -274,6 +274,39 @@ def test_the_cost_model_sees_the_kernels_work():
     assert work.programs == min(132, (sq // 128) * 32)
 
 
+def test_attention_counts_4_h_d_flops_per_query_key_pair(tmp_path):
+    from tilelink.bench.report import flops_per_rank
+    from tilelink.ops.attention import attended_pairs
+
+    h, d = 2, 4  # query heads (HKV = 1: grouped-query heads still count each query head)
+    sizes = {"S": 8, "H": h, "HKV": 1, "D": d}
+    # causal, W = 2, 4 queries a rank over the 8 gathered keys: rank 0's queries at
+    # positions 0..3 see 1 + 2 + 3 + 4 keys, rank 1's at 4..7 see 5 + 6 + 7 + 8 (the lower
+    # triangle with its diagonal, 36 in all); the count per rank is their mean, 18
+    bp = load_text(CAUSAL).bind(sizes, 2)
+    op = bp.ops[-1]
+    assert [attended_pairs(bp, op, r) for r in range(2)] == [10, 26]
+    assert flops_per_rank(bp) == 4 * h * d * 18 == 576
+    # W = 4, 2 queries a rank: rank r's at 2r, 2r + 1 see 4r + 3 keys (3, 7, 11, 15: 36)
+    bp = load_text(CAUSAL).bind(sizes, 4)
+    assert [attended_pairs(bp, bp.ops[-1], r) for r in range(4)] == [3, 7, 11, 15]
+    assert flops_per_rank(bp) == 4 * h * d * 9
+    # zig-zag, W = 2: rank 0 holds positions 0, 1, 6, 7 (1 + 2 + 7 + 8 keys), rank 1
+    # 2, 3, 4, 5 (3 + 4 + 5 + 6): 18 each
+    bp = load_text(_zigzag(tmp_path)).bind(sizes, 2)
+    assert [attended_pairs(bp, bp.ops[-1], r) for r in range(2)] == [18, 18]
+    assert flops_per_rank(bp) == 576
+    # not causal: each rank's 4 queries against all 8 keys
+    bp = load_text(_pattern(tmp_path, 0)).bind(sizes, 2)
+    assert flops_per_rank(bp) == 4 * h * d * 4 * 8 == 1024
+    # one rank's whole sequence, 16 queries and keys, 8 query heads on 2 key heads, D = 8
+    one = load_text(EXAMPLES / "attention.tl").bind({"S": 16, "H": 8, "HKV": 2, "D": 8}, 1)
+    assert flops_per_rank(one) == 4 * 8 * 8 * 16 * 16
+    # Ulysses, W = 2: after the all-to-all a rank holds all 84 positions of 12 / 2 heads
+    uly = load_text(EXAMPLES / "sp_ulysses.tl").bind({"S": 84, "H": 12, "D": 16}, 2)
+    assert flops_per_rank(uly) == 4 * 6 * 16 * 84 * 84
+
+
 def _layout(tmp_path, layout: str):
     """The pattern file of `layout`: "plain" (not causal), "causal" or "zigzag" (causal,
     zig-zag placed)."""

@@ -425,6 +425,22 @@ def test_the_moe_rs_kernel_compiles_for_gpus(target):
     assert compiled.asm.get("ptx" if target.startswith("cuda") else "amdgcn")
 
 
+def test_the_grouped_gemm_counts_the_flops_of_every_routed_row():
+    from tilelink.bench.report import flops_per_rank
+
+    # AG-MoE, W = 2: 16 gathered tokens x 2 choices = 32 result rows, each 8 products and
+    # sums for each of this rank's 12 / 2 = 6 columns: 2 * 32 * 6 * 8
+    bp = AG_MOE.bind({"T": 16, "K": 8, "N": 12, "E": 4, "TOPK": 2}, 2)
+    assert flops_per_rank(bp) == 2 * 32 * 6 * 8 == 3072
+    # MoE-RS, W = 2: 8 tokens x 3 choices = 24 rows, each 16 / 2 = 8 products (this rank's
+    # K slice) for 4 columns; the weighted sum of topk_sum and the reduce_scatter add none
+    bp = MOE_RS.bind({"T": 8, "K": 16, "N": 4, "E": 4, "TOPK": 3}, 2)
+    assert [op.kind for op in bp.ops] == ["grouped_gemm", "topk_sum", "reduce_scatter"]
+    assert flops_per_rank(bp) == 2 * 24 * 4 * 8 == 1536
+    # W = 1: the whole K
+    assert flops_per_rank(MOE_RS.bind({"T": 8, "K": 16, "N": 4, "E": 4, "TOPK": 3}, 1)) == 3072
+
+
 # The routing kernel (the prepare step) in the interpreter
 ROUTING_CASES = str(Path(__file__).with_name("_grouped_gemm_routing.py"))
 

@@ -249,9 +249,10 @@ class BenchResult:
         return t / f if t and f else None
 
     def tflops(self, system: str = "tilelink") -> float | None:
-        """TFLOP/s per GPU of `system` (its steady time, this rank's FLOPs)."""
+        """TFLOP/s per GPU of `system` (its steady time, this rank's FLOPs); None without
+        the time or without a FLOP count (no op of the row registers one: `—`, not 0)."""
         t = self.steady_ms.get(system)
-        return self.flops_per_rank / (t * 1e-3) / 1e12 if t else None
+        return self.flops_per_rank / (t * 1e-3) / 1e12 if t and self.flops_per_rank else None
 
     def comm_gbps(self, system: str) -> float | None:
         """GB/s received per rank by a comm-alone system."""
@@ -375,36 +376,55 @@ def load_json(path: str) -> tuple[dict, list[BenchResult]]:
 
 def _backfill(r: BenchResult, raw: dict, meta: dict) -> None:
     """What a run saved before the record had the field, where its metadata gives it: the
-    device (meta's gpu), and the routed bytes recomputed from the run's seed on the CPU
-    (`routing_values`: the bench draws routing and counts there), from the pattern file its
-    command names if that still gives the recorded pattern, sizes and ops (a note says so);
-    else left unknown."""
+    device (meta's gpu); the FLOPs of a row saved as 0 whose ops now register a count
+    (`flops_per_rank`: op families that registered none when it ran); the routed bytes
+    recomputed from the run's seed on the CPU (`routing_values`: the bench draws routing
+    and counts there). The last two from the pattern file its command names if that still
+    gives the recorded pattern, sizes and ops (a note says so); else left unknown."""
     if not r.device and isinstance(meta.get("gpu"), str):
         r.device = re.sub(r"^\d+x\s+", "", meta["gpu"])
-    if "routed_bytes" in raw:
-        return
     import tilelink  # noqa: F401
 
-    from .providers import TRANSFERS
+    from .providers import FLOPS, TRANSFERS
 
-    if not any(getattr(TRANSFERS.get(k), "routed", None) for k in r.ops.split(">")):
+    kinds = r.ops.split(">")
+    want_flops = not r.flops_per_rank and any(k in FLOPS for k in kinds)
+    want_routed = "routed_bytes" not in raw and any(
+        getattr(TRANSFERS.get(k), "routed", None) for k in kinds)
+    if not (want_flops or want_routed):
         return
-    found = _pattern_of(meta.get("command"))
+    found = _rebound(r, meta)
     if found is None:
         return
+    bp, path, seed = found
+    if want_flops:
+        r.flops_per_rank = flops_per_rank(bp)
+        r.notes["flops"] = (f"FLOPs per rank counted from {path} (this run recorded none: "
+                            "its ops registered no count then)")
+    if want_routed:
+        r.routed_bytes = routed_bytes(bp, routing_values(bp, seed))
+        if r.routed_bytes is not None:
+            r.notes["bytes_floor"] = (f"routed bytes recomputed on the CPU from --seed {seed} "
+                                      f"and {path} (this run did not record them)")
+
+
+def _rebound(r: BenchResult, meta: dict):
+    """(bound pattern, its file, the run's seed) of saved row `r`: the pattern file its
+    run's command names bound to the row's sizes and world; None where the command names
+    none, the file no longer binds, or it gives another pattern or ops than those measured."""
+    found = _pattern_of(meta.get("command"))
+    if found is None:
+        return None
     path, seed = found
     try:
         from ..frontend import load_pattern
 
         bp = load_pattern(str(path)).bind(dict(r.sizes), r.world)
     except Exception:  # noqa: BLE001 — a pattern that no longer binds: unknown
-        return
+        return None
     if bp.name != r.pattern or op_chain(bp) != r.ops:
-        return
-    r.routed_bytes = routed_bytes(bp, routing_values(bp, seed))
-    if r.routed_bytes is not None:
-        r.notes["bytes_floor"] = (f"routed bytes recomputed on the CPU from --seed {seed} and "
-                                  f"{path} (this run did not record them)")
+        return None
+    return bp, path, seed
 
 
 def _pattern_of(command) -> tuple[Path, int] | None:

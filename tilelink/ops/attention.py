@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..bench.providers import flops
 from ..ir.attrs import FLAG, Attr
 from ..ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement, same_dtype
 from ..ir.tensor import LOCAL
@@ -233,6 +234,37 @@ def attention_dist_ref(op, ctx, args):
     return _attend(q, k, v, ctx.attrs["causal"], offset, ctx.dtype)
 
 
+def attended_pairs(bp, op, rank: int) -> int:
+    """(query, key) pairs rank `rank`'s attention `op` scores, per query head: every query
+    against every key; with a causal mask, each query against the keys at or before its
+    position (its rows' `positions`, zig-zag placed or not; key t at position t), at most
+    all Skv of them."""
+    sq = bp.tensors[op.args[0]].local_shape[0]
+    skv = bp.tensors[op.args[1]].local_shape[0]
+    attrs = bp.op_attrs(op)
+    if not attrs.get("causal"):
+        return sq * skv
+    pos = positions(rank, sq, bp.world, attrs.get("zigzag", 0))
+    return int((pos + 1).clamp(max=skv).sum())
+
+
+@flops("attention")
+def attention_flops(bp, op) -> int:
+    """4·H·D per (query, key) pair a rank scores (`attended_pairs`): q k^T and p v, a
+    multiply and an add each per element of D; H counts query heads (grouped-query attention
+    computes every query head's scores; sharing key heads saves reads, not FLOPs); the
+    softmax's exponentials and sums are not counted. Non-causal: 4·H·D·Sq·Skv (q's rows and
+    the keys this rank holds). Causal: the lower triangle including the diagonal, per rank
+    sum over its queries of min(position + 1, Skv); the ranks' counts differ where the
+    sequence is cut in contiguous blocks (a later rank's queries see more keys), so this is
+    their mean, the pattern's total over W (rounded down): with the keys of the whole
+    sequence, W·S of them, 4·H·D·(W·S)(W·S + 1)/2 / W. Zig-zag placed, every rank's count
+    is that mean exactly."""
+    sq, h, d = bp.tensors[op.args[0]].local_shape
+    pairs = sum(attended_pairs(bp, op, r) for r in range(bp.world))
+    return 4 * h * d * pairs // bp.world
+
+
 # ---- attention_partial and lse_combine (split-KV decode) ---------------------------------
 
 #: the partials are kept in fp32: the log-sum-exp column weights them, and in bf16 it would
@@ -421,6 +453,19 @@ def partial_dist_ref(op, ctx, args):
         if fast is not None:
             return fast.to(ctx.dtype)
     return _partial(q, k, v).to(ctx.dtype)
+
+
+@flops("attention_partial")
+def partial_flops(bp, op) -> int:
+    """4·B·H·S·D: q k^T and p v of each of the B·H query rows (query heads: grouped-query
+    attention computes every one) against the S keys of this rank's slice, a multiply and
+    an add each per element of D; the softmax and the log-sum-exp are not counted. With
+    kv_len the keys a rank attends to are known only at run time (the bench draws lengths
+    0 .. W·S): this counts their bound, every key of the slice, so a ragged batch's rate
+    reads high by the share of keys past the lengths."""
+    b, s, _, d = bp.tensors[op.args[1]].local_shape
+    h = bp.tensors[op.args[0]].local_shape[1]
+    return 4 * b * h * s * d
 
 
 def stacked_partials(graph, name: str) -> tuple | None:

@@ -9,6 +9,7 @@ from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, same_dtype
 from ...ir.tensor import INT_DTYPES, LOCAL
 from ...plan.regions import access, own, plain_axis, rank_axis, region_rule
 from ...plan.tiling import DimRule, TileGrid
+from ...bench.providers import flops
 from ...runtime.bounds import rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_range, reference
@@ -133,6 +134,19 @@ rounding("grouped_gemm")(products)  # a row times its expert: x's H products
 @dist_reference("grouped_gemm")
 def dist_ref(op, ctx, args):
     return _experts(*args, ctx.dtype, ctx.exact)
+
+
+@flops("grouped_gemm")
+def grouped_flops(bp, op) -> int:
+    """2·C·N·K: one multiply and one add per term of each of the C = T·k result rows (every
+    token's k choices; K: x's columns, N: w's, this rank's). The routing only picks which
+    expert a row multiplies, never whether it is computed (grouped_gemm drops no row), so
+    the count is static: the ids the bench draws (expert numbers 0 .. E - 1) change
+    nothing. AG-MoE: the gathered T tokens' rows times this rank's N / W columns; MoE-RS:
+    T·k rows over this rank's K / W."""
+    x, w = (bp.tensors[a] for a in op.args[:2])
+    rows = bp.tensors[op.result].local_shape[0]
+    return 2 * rows * w.local_shape[2] * x.local_shape[1]
 
 
 def _vendor_work(bp, op):
