@@ -149,24 +149,92 @@ def test_decoder_bench_stops_when_one_rank_fails_alone(tmp_path):
 @pytest.mark.slow
 def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
     # the tool's own flow on a gloo world: TileLink and NCCL variants, eager and compiled
-    # (aot_eager), each checked against the unsharded layer, and the JSON's ratios
+    # (aot_eager), each checked against the unsharded layer, timed in 2 interleaved rounds,
+    # and the JSON's ratios
     import json
+    import statistics
 
     path = tmp_path / "dec.json"
     out = _decoder_bench("--cpu", "-W", "2", "--hidden", "64", "--intermediate", "128",
                          "--heads", "4/2", "--prefill", "16", "--decode", "4", "--iters", "2",
-                         "--warmup", "1", "--out", str(path), timeout=900)
+                         "--warmup", "1", "--rounds", "2", "--out", str(path), timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     data = json.loads(path.read_text())
     assert data["meta"]["complete"] and data["meta"]["world"] == 2
+    assert data["meta"]["rounds"] == 2
     rows = data["rows"]
     got = {(r["variant"], r["mode"], r["phase"]) for r in rows}
     assert got == {(v, m, p) for v in ("tilelink", "nccl") for m in ("eager", "compiled")
                    for p in ("prefill", "decode")}
     assert all(r["ok"] and r["err"] < 1e-4 and r["ms"] > 0 for r in rows), rows
+    for r in rows:  # every round's time kept, the row's time their median
+        assert len(r["ms_rounds"]) == 2 and all(t > 0 for t in r["ms_rounds"]), r
+        assert r["ms"] == pytest.approx(statistics.median(r["ms_rounds"]), abs=1e-4), r
+    # each compiled form compiled once: all of a size's forms are compiled before the rounds,
+    # and none of them compiles again when called between the others
+    assert not [r for r in rows if r.get("recompiles")], rows
+    assert sum(r["mode"] == "compiled" and "compile_s" in r for r in rows) == 4
     for r in rows:  # the ratio is the fastest baseline of the row's size over its time
         best = min(b["ms"] for b in rows if b["variant"] == "nccl" and b["phase"] == r["phase"])
         assert r["speedup_vs_best_baseline"] == round(best / r["ms"], 3)
+    # the printed line: median [min-max] of the rounds
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("nccl      eager"))
+    r = next(r for r in rows if (r["variant"], r["mode"]) == ("nccl", "eager"))
+    assert (f"{r['ms']:9.3f} ms [{min(r['ms_rounds']):.3f}-{max(r['ms_rounds']):.3f}]"
+            in line), line
+
+
+def _decoder_bench_module():
+    import sys
+
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import decoder_bench
+    finally:
+        sys.path.pop(0)
+    return decoder_bench
+
+
+@pytest.mark.parametrize("n,rounds", [(6, 3), (4, 2), (4, 3), (3, 5), (1, 3), (2, 1)])
+def test_decoder_bench_round_orders_rotate(n, rounds):
+    # every round times every row once; the rounds start at different rows while there are
+    # rows to start at, so no row always runs first
+    orders = _decoder_bench_module().round_orders(n, rounds)
+    assert len(orders) == rounds
+    assert all(sorted(o) == list(range(n)) for o in orders), orders
+    first = orders[0]
+    assert all(o == first[first.index(o[0]):] + first[:first.index(o[0])]
+               for o in orders), orders  # rotations of one order: neighbours kept
+    assert len({o[0] for o in orders}) == min(n, rounds), orders
+
+
+def test_decoder_bench_backend_keeps_each_form_s_graph():
+    # two forms of one class (as the nccl and async_tp compiled layers): each compiles once
+    # under its own backend, none reuses the other's graph, and calling them in turn
+    # compiles nothing more
+    import torch
+
+    backend_cls = _decoder_bench_module().Backend
+    forms = [torch.nn.Linear(8, 8) for _ in range(2)]
+    backends = [backend_cls("aot_eager") for _ in forms]
+    fns = [torch.compile(f, fullgraph=True, dynamic=False, backend=b)
+           for f, b in zip(forms, backends)]
+    x = torch.randn(4, 8)
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                for fn, form in zip(fns, forms):
+                    torch.testing.assert_close(fn(x), form(x))
+    finally:
+        torch._dynamo.reset()  # (no graph left for the next test in this process)
+    assert [b.compiles for b in backends] == [1, 1]
+
+
+def test_decoder_bench_refuses_zero_rounds(tilelink_cli):
+    out = tilelink_cli.run_script(TOOLS / "decoder_bench.py",
+                                  ["--cpu", "-W", "2", "--rounds", "0", "--out", "unused.json"],
+                                  ROOT, timeout=60)
+    assert out.returncode == 2 and "write --rounds 1 or more" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("text,want", [("32/8", (32, 8)), ("32/32", (32, 32)),

@@ -24,14 +24,23 @@ Prefill sizes (`--prefill`, total tokens T of one sequence) are timed eager and 
 (`torch.compile(fullgraph=True)`, one static-shape compile per size, not timed); decode
 sizes (`--decode`, T sequences of one token: no KV cache, so a decode step's GEMMs and
 collectives with a one-token attention) as CUDA-graph replays of the eager and the compiled
-layer. Times: back-to-back calls, CUDA events, max over ranks (`steady_state_ms`). Every
-row's output is compared with the unsharded layer's (relative max error <= --tol); a
-variant that disagrees, or raises, is recorded as such and left out of the ratios.
+layer. Every row's output is compared with the unsharded layer's (relative max error <=
+--tol); a variant that disagrees, or raises, is recorded as such and left out of the ratios.
+
+Timing, per size: every row's callable is built first (compiled, captured, its output
+checked once), then timed in `--rounds` rounds (default 3) after one untimed warm-up round:
+each round times every row once (`--iters` back-to-back calls after `--warmup` more, CUDA
+events, max over ranks: `steady_state_ms`), the order rotated round by round (the same on
+every rank), so that drift and the host's state hit every row alike and no row always runs
+first; a row keeps the median over rounds and every round's value, printed as median
+[min-max]. `--profile DIR` then runs each row once more under torch.profiler.
 
 JSON (`--out`, rewritten after each size, so a run cut short keeps what it measured):
-`meta` (GPU, W, layer, sizes, torch/triton versions) and `rows`, one per (variant, mode,
-phase, tokens): `ms`, `err`, `ok`, `error`, compiled rows' `compile_s` and `graph_ops`
-(fused ops found in inductor's code: shows whether async-TP's pass fired), and
+`meta` (GPU, W, layer, sizes, iters / warmup / rounds, torch/triton versions) and `rows`,
+one per (variant, mode, phase, tokens): `ms` (median over rounds), `ms_rounds` (each
+round's), `err`, `ok`, `error`, compiled rows' `compile_s`, `graph_ops` (fused ops found in
+inductor's code: shows whether async-TP's pass fired) and `recompiles` (compiles after the
+first, if any: a compile may then be in the times), `profile` (with --profile), and
 `speedup_vs_best_baseline` (the fastest agreeing `nccl` / `async_tp` row of that phase and
 size, any mode, over this row's ms). `--time-limit` bounds the whole run: past it every
 rank exits (status 3) with the JSON written so far. `--cpu` runs the same flow on a gloo
@@ -77,8 +86,12 @@ def parser() -> argparse.ArgumentParser:
                    " or hf where transformers imports (auto)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--no-compile", action="store_true", help="eager (and eager graphs) only")
-    p.add_argument("--iters", type=int, default=20, help="timed calls per row")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20,
+                   help="back-to-back calls per timing (one timing per row and round)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed calls before each timing")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timed rounds per size, every row once a round, the order rotated "
+                   "each round, after one untimed warm-up round; a row keeps the median")
     p.add_argument("--tol", type=float, default=5e-2,
                    help="largest relative error against the unsharded layer (bf16)")
     p.add_argument("--time-limit", type=float, default=480.0,
@@ -90,7 +103,8 @@ def parser() -> argparse.ArgumentParser:
                    "failed alone (the others still in that row's collectives) stops the run "
                    "after it (status 3), instead of calling collectives out of step")
     p.add_argument("--profile", metavar="DIR", default=None,
-                   help="after timing each row, run --iters more calls under torch.profiler: "
+                   help="after a size's rounds, run each row's --iters more calls under "
+                   "torch.profiler: "
                    "a Chrome/Perfetto trace per rank in DIR and, in the row, the host time a "
                    "call takes to issue, the GPU's busy time and its largest kernels")
     p.add_argument("--fail-rank", type=int, default=None, metavar="R",
@@ -231,7 +245,8 @@ def build_variant(subject: Subject, variant: str, compiled: bool):
 # ---- one rank ---------------------------------------------------------------------------
 
 class Clock:
-    """ms per call: CUDA events, max over ranks (GPU); wall clock (CPU, a smoke check)."""
+    """ms per call of `iters` back-to-back calls after `warmup` more, max over ranks: CUDA
+    events (GPU); the wall clock (CPU, a check of the tool, not a timing)."""
 
     def __init__(self, cpu: bool, warmup: int, iters: int):
         self.cpu, self.warmup, self.iters = cpu, warmup, iters
@@ -246,7 +261,7 @@ class Clock:
         t0 = time.perf_counter()
         for _ in range(self.iters):
             fn()
-        return (time.perf_counter() - t0) * 1e3 / self.iters
+        return _max_over_ranks((time.perf_counter() - t0) * 1e3 / self.iters)
 
 
 def _max_over_ranks(value: float) -> float:
@@ -264,25 +279,48 @@ def _graph_ops(codes) -> dict:
     return {name: text.count(name) for name in FUSED_NAMES if name in text}
 
 
-def _measure(fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
-    """One row: the output checked against `want` (this rank's tokens of the unsharded
-    layer's), then timed. Eager modes call `fn`; graph modes capture it and replay."""
-    import torch
+class Backend:
+    """One compiled form's own torch.compile backend, counting its compiles.
 
+    All of a size's forms are compiled before any is timed, so dynamo keeps their graphs
+    side by side: no `torch._dynamo.reset()` between them (it would drop the graphs compiled
+    before, and their next call, in the rounds, would compile again). Dynamo reuses a
+    graph only under the backend object it was compiled with, so a backend per form keeps
+    the `async_tp` compiled form (the `nccl` layer's classes) from reusing the `nccl`
+    form's graph, which lacks async-TP's pass. `config`: inductor's settings for every
+    compile of this form (a recompile too); `compiles` past the first are reported in the
+    row."""
+
+    def __init__(self, name: str, config: dict | None = None):
+        self.name = name
+        self.config = dict(config or {})
+        self.compiles = 0
+
+    def __call__(self, gm, example_inputs):
+        self.compiles += 1
+        if self.name == "inductor":  # (what torch.compile's "inductor" calls, with config)
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches=self.config)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(self.name)(gm, example_inputs)
+
+    def __repr__(self) -> str:
+        return f"decoder_bench.Backend({self.name!r}, compiles={self.compiles})"
+
+
+def _build(fn, variant, mode, phase, tokens, x, want, tp_kw, args):
+    """One row's callable, its output checked against `want` (this rank's tokens of the
+    unsharded layer's): (row without times, the call to time). Compiled modes compile on
+    the first call (timed apart, code inspected); graph modes capture `fn` and replay."""
     from tilelink.model.llama import shard_tokens
 
     row = {"variant": variant, "mode": mode, "phase": phase, "tokens": tokens}
     xs = shard_tokens(x)
-    compiled = mode.startswith("compiled")
     t0 = time.perf_counter()
-    if compiled:  # the first call compiles: outside the timing, code inspected
-        from torch._inductor.utils import run_and_get_code
-
-        # no FX-graph cache: a cached graph would not show its code (graph_ops), and the
-        # pass's setting must reach the compile
-        with torch._inductor.config.patch(fx_graph_cache=False,
-                                          _micro_pipeline_tp=variant == "async_tp"):
-            got, codes = run_and_get_code(fn, xs, **tp_kw)
+    if mode.startswith("compiled"):
+        got, codes = _call_and_get_code(fn, xs, **tp_kw)
         row["compile_s"] = round(_max_over_ranks(time.perf_counter() - t0), 2)
         row["graph_ops"] = _graph_ops(codes)
     if mode.endswith("graph"):
@@ -298,14 +336,33 @@ def _measure(fn, variant, mode, phase, tokens, x, want, tp_kw, args, clock):
     err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
     row["err"] = _max_over_ranks(err)
     row["ok"] = row["err"] <= args.tol
-    row["ms"] = round(clock.ms(call), 4)
-    if args.profile and not args.cpu:
-        try:  # (the row's timing stands without it)
-            row["profile"] = _profile(call, args.iters, Path(args.profile)
-                                      / f"{variant}-{mode.replace(' ', '_')}-{phase}{tokens}")
-        except Exception as e:  # noqa: BLE001  (a profiler this torch lacks: said in the row)
-            row["profile"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-    return row
+    return row, call
+
+
+def _call_and_get_code(fn, *args, **kwargs):
+    """(fn's output, the code inductor generated meanwhile): as
+    torch._inductor.utils.run_and_get_code, without its torch._dynamo.reset(), which would
+    drop the graphs of this size's forms compiled before (their next call would compile
+    again, inside the timing)."""
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        out = fn(*args, **kwargs)
+    return out, codes
+
+
+def round_orders(n: int, rounds: int) -> list[list[int]]:
+    """The order of `n` callables in each of `rounds` rounds: each round all of them once,
+    rotated so that the rounds start at callables spread over the list (no callable always
+    first, after an idle gap, or after the same neighbour), as `tilelink bench` does."""
+    if n < 1:
+        return [[] for _ in range(rounds)]
+    step = max(1, n // max(1, rounds))
+    base = list(range(n))
+    return [base[(i * step) % n:] + base[:(i * step) % n] for i in range(rounds)]
 
 
 def _profile(call, iters: int, stem: Path) -> dict:
@@ -344,12 +401,14 @@ def _profile(call, iters: int, stem: Path) -> dict:
             "top_ms": [[n[:90], round(us / 1e3 / iters, 4)] for n, us in top]}
 
 
-def _agree(row: dict, index: int, rank: int, world: int, timeout: float) -> dict:
-    """Every rank's outcome of row `index`, agreed through the process group's store: a row
-    that failed on one rank is an error row on every rank, so that they all go on to the
-    same next row. A rank that failed alone may find the others still in that row's
-    collectives: they never post their outcome, so it stops the run (os._exit(4)) rather
-    than meet them out of step."""
+def _agree(row: dict, index: int, rank: int, world: int, timeout: float,
+           what: str = "row") -> dict:
+    """Every rank's outcome of step `index` (a row's build, or one of its timings), agreed
+    through the process group's store: a row that failed on one rank is an error row on
+    every rank, so that they all go on to the same next step. A rank that failed alone may
+    find the others still in that step's collectives: they never post their outcome, so it
+    stops the run (os._exit(4)) rather than meet them out of step. `what` names the step
+    in that message."""
     import datetime
 
     import torch.distributed as dist
@@ -360,7 +419,7 @@ def _agree(row: dict, index: int, rank: int, world: int, timeout: float) -> dict
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout))
     except Exception as e:  # noqa: BLE001  (the store's timeout error type varies by torch)
-        print(f"decoder_bench: rank {rank}: the ranks did not all finish row "
+        print(f"decoder_bench: rank {rank}: the ranks did not all finish {what} "
               f"{row['variant']} {row['mode']} {row['phase']} {row['tokens']} within "
               f"{timeout:g} s (this rank's outcome: {row.get('error') or 'ok'}); stopping "
               f"({type(e).__name__})", file=sys.stderr, flush=True)
@@ -416,6 +475,7 @@ def _rank(rank: int, world: int, args) -> dict:
     meta = {"world": world, "layer": subject.kind, "hidden": args.hidden,
             "intermediate": args.intermediate, "heads": list(args.heads),
             "dtype": str(dtype).replace("torch.", ""), "iters": args.iters,
+            "warmup": args.warmup, "rounds": args.rounds,
             "torch": torch.__version__, "device": "cpu (gloo)" if args.cpu
             else torch.cuda.get_device_name(), "commit": os.environ.get("TILELINK_COMMIT", ""),
             "complete": False}
@@ -431,13 +491,18 @@ def _rank(rank: int, world: int, args) -> dict:
     with torch.no_grad():  # (eager form, compiled form) of each variant, built once
         forms = {v: (build_variant(subject, v, compiled=False),
                      build_variant(subject, v, compiled=True)) for v in variants}
+    steps = iter(range(1 << 62))  # one store key per agreed step, the same on every rank
     first_row = True
     # size by size, so that a run cut short by --time-limit has whole comparisons
     for phase, t in sizes:
         x, want, tp_kw = cases[(phase, t)]
+        torch._dynamo.reset()  # no graph of another size reused (nor kept: its rows are done)
+        built: list[tuple[dict, object, Backend | None]] = []
+        size_rows: list[dict] = []
         for variant in variants:
             tp, compiled_tp = forms[variant]
             for mode in _modes(phase, args):
+                call, backend = None, None
                 try:
                     if first_row and args.fail_rank == rank:
                         raise RuntimeError(f"--fail-rank {rank}: this rank fails alone")
@@ -446,30 +511,92 @@ def _rank(rank: int, world: int, args) -> dict:
                         with torch.no_grad():
                             prepare(tp, tokens=[t])  # (compiled_tp: the same shapes)
                     if mode.startswith("compiled"):
-                        torch._dynamo.reset()  # no graph of another variant or size reused
+                        # no FX-graph cache: a cached graph would not show its code
+                        # (graph_ops); async-TP's pass on for its form alone
+                        backend = Backend("aot_eager" if args.cpu else "inductor", {
+                            "fx_graph_cache": False,
+                            "_micro_pipeline_tp": variant == "async_tp"})
                         fn = torch.compile(compiled_tp, fullgraph=True, dynamic=False,
-                                           backend="aot_eager" if args.cpu else "inductor")
+                                           backend=backend)
                     else:
                         fn = tp
                     with torch.no_grad():
-                        row = _measure(fn, variant, mode, phase, t, x, want, tp_kw, args,
-                                       clock)
+                        row, call = _build(fn, variant, mode, phase, t, x, want, tp_kw, args)
                 except Exception as e:  # noqa: BLE001  (recorded; the ranks fail alike: same code)
-                    row = {"variant": variant, "mode": mode, "phase": phase, "tokens": t,
-                           "ok": False, "error": f"{type(e).__name__}: {str(e)[:600]}"}
-                    if not args.cpu:
-                        torch.cuda.synchronize()
-                row = _agree(row, len(rows), rank, world, args.agree_timeout)
-                rows.append(row)
-                if rank == 0:
-                    print(_line(row), flush=True)
+                    row = _error_row(variant, mode, phase, t, e, args.cpu)
+                row = _agree(row, next(steps), rank, world, args.agree_timeout)
+                size_rows.append(row)
+                if "error" not in row:
+                    built.append((row, call, backend))
+        with torch.no_grad():
+            _time_rounds(built, clock, args, rank, world, steps)
+        for row, call, backend in built:
+            if "error" in row:
+                continue
+            if args.profile and not args.cpu:
+                try:  # (the row's timing stands without it)
+                    with torch.no_grad():
+                        row["profile"] = _profile(call, args.iters, Path(args.profile) / (
+                            f"{row['variant']}-{row['mode'].replace(' ', '_')}-{phase}{t}"))
+                except Exception as e:  # noqa: BLE001  (a profiler this torch lacks: in the row)
+                    row["profile"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            if backend is not None and backend.compiles > 1:
+                row["recompiles"] = backend.compiles - 1
+        del built  # (the graphs and compiled forms of this size)
+        rows += size_rows
         if rank == 0:
+            for row in size_rows:
+                print(_line(row), flush=True)
             write(args.out, meta, rows)
     meta["complete"] = True
     deadline.cancel()
     if rank == 0:
         write(args.out, meta, rows)
     return {"meta": meta, "rows": with_ratios(rows)}
+
+
+def _error_row(variant, mode, phase, tokens, e: Exception, cpu: bool) -> dict:
+    import torch
+
+    if not cpu:  # (its queued work done before the ranks agree on it)
+        torch.cuda.synchronize()
+    return {"variant": variant, "mode": mode, "phase": phase, "tokens": tokens, "ok": False,
+            "error": f"{type(e).__name__}: {str(e)[:600]}"}
+
+
+def _time_rounds(built: list, clock: Clock, args, rank: int, world: int, steps) -> None:
+    """Time every built row of one size in --rounds interleaved rounds, after one untimed
+    warm-up round: each round calls `clock.ms` once per row, in `round_orders`' rotation
+    (the same order on every rank, so the ranks meet in the same collectives). Each row
+    gets `ms_rounds` (every round's time) and `ms` (their median). A timing that fails on
+    any rank turns its row into an error row on every rank, left out of later rounds."""
+    import statistics
+
+    times: list[list[float]] = [[] for _ in built]
+    orders = round_orders(len(built), args.rounds)
+    for r, order in enumerate([list(range(len(built)))] + orders):
+        for i in order:
+            row, call, _ = built[i]
+            if "error" in row:
+                continue
+            outcome = row
+            try:
+                ms = clock.ms(call)
+            except Exception as e:  # noqa: BLE001  (agreed below, as a failed build is)
+                outcome = _error_row(row["variant"], row["mode"], row["phase"],
+                                     row["tokens"], e, args.cpu)
+            label = "warm-up round" if r == 0 else f"timing round {r}"
+            agreed = _agree(outcome, next(steps), rank, world, args.agree_timeout,
+                            f"{label} of row")
+            if "error" in agreed:
+                row.clear()
+                row.update(agreed, error=f"{label}: {agreed['error']}")
+            elif r > 0:
+                times[i].append(round(ms, 4))
+    for (row, _, _), ts in zip(built, times):
+        if "error" not in row:
+            row["ms"] = round(statistics.median(ts), 4)
+            row["ms_rounds"] = ts
 
 
 def _out_of_time(rank: int, limit: float) -> None:
@@ -516,6 +643,9 @@ def _line(r: dict) -> str:
     if "error" in r:
         return f"{head} ERROR {r['error'][:200]}"
     extra = f"  compile {r['compile_s']} s {r.get('graph_ops', {})}" if "compile_s" in r else ""
+    if r.get("recompiles"):
+        extra += (f"  RECOMPILED {r['recompiles']}x after its first call (a compile may be "
+                  "in its times)")
     pr = r.get("profile") or {}
     if "error" in pr:
         extra += f"\n    profile failed: {pr['error']}"
@@ -523,7 +653,9 @@ def _line(r: dict) -> str:
         extra += (f"\n    profile (rank 0): issuing a call {pr['host_issue_ms']:.3f} ms of host, GPU "
                   f"busy {pr['gpu_busy_ms']:.3f} ms a call; largest: "
                   + "; ".join(f"{n} {ms:.3f}" for n, ms in pr["top_ms"][:8]))
-    return f"{head} {r['ms']:9.3f} ms  err {r['err']:.2e}{'' if r['ok'] else ' DISAGREES'}{extra}"
+    ts = r["ms_rounds"]
+    return (f"{head} {r['ms']:9.3f} ms [{min(ts):.3f}-{max(ts):.3f}]  err {r['err']:.2e}"
+            f"{'' if r['ok'] else ' DISAGREES'}{extra}")
 
 
 def main(argv=None) -> int:
@@ -540,6 +672,10 @@ def main(argv=None) -> int:
            if world < 1 or n % world]
     bad += [f"{t} tokens are not divisible by W = {world}"
             for t in args.prefill + args.decode if world < 1 or t % world]
+    if args.rounds < 1:
+        bad.append(f"--rounds {args.rounds}: write --rounds 1 or more (timed rounds per size)")
+    if args.iters < 1:
+        bad.append(f"--iters {args.iters}: write --iters 1 or more (calls per timing)")
     if args.hidden % h:
         bad.append(f"hidden ({args.hidden}) is not divisible by heads ({h})")
     if world < 1:
