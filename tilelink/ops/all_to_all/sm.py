@@ -314,9 +314,14 @@ class AllToAllSM(Lowering):
         sig = self._params(kb, site)["sig"]
         cons = dep.consumer.op
         cop = next(o for o in mb.bp.ops if o.result == cons)
-        words = (f"{role} tile of {cons} = {cop.kind}(...) waits for a chunk of "
-                 f"{site.op.result} (all_to_all at {_loc(site.op.loc)}, used at "
-                 f"{_loc(cop.loc)})")
+        if spec(cop.kind).category == "comm":  # (a push sending the rows on)
+            words = (f"{role} of {cons} (all_to_all at {_loc(cop.loc)}) waits for a chunk of "
+                     f"{site.op.result} (all_to_all at {_loc(site.op.loc)}) to send its rows "
+                     "on")
+        else:
+            words = (f"{role} tile of {cons} = {cop.kind}(...) waits for a chunk of "
+                     f"{site.op.result} (all_to_all at {_loc(site.op.loc)}, used at "
+                     f"{_loc(cop.loc)})")
         sid = mb.site_for(("all_to_all", site.op.result, cons, kb.index), words, dep,
                           (kb.index, role))
         return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat,
