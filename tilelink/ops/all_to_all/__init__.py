@@ -57,7 +57,10 @@ from ..all_gather import copies
                     "With back = 1 the kernel reads the counts the dispatch's kernel wrote "
                     "into this rank (after a wait on each source's first chunk) and the "
                     "non-overlapped plan exchanges them (an all_to_all_single of W ints on "
-                    "the device): no host sync either way."))
+                    "the device): no host sync either way. An all_to_all of another "
+                    "all_to_all's result (`examples/ep_dispatch_combine.tl`: the rows sent "
+                    "straight back) pushes in the same kernel, each chunk once the rows it "
+                    "sends on have landed."))
 def shape(op, xs, attrs, world):
     x, splits = xs
     if tuple(splits.local_shape) != (world,):
