@@ -96,10 +96,11 @@ def compose(bp: BoundPattern, config, target,
                 consumer = next((c for c in site.consumers
                                  if spec(c.kind).category == "compute"), None)
                 onward = next((c for c in site.consumers
-                               if spec(c.kind).category == "comm"), None)
+                               if any(s.kind == "push" for s in
+                                      lowerings[c.result].steps(sites[c.result]))), None)
                 if consumer is not None:
                     pending.setdefault(consumer.result, []).extend(pushes)
-                elif onward is not None:  # a collective sends the rows on: with its push
+                elif onward is not None:  # a collective's push sends the rows on: with it
                     pending.setdefault(onward.result, []).extend(pushes)
                 else:  # the result is only returned: a kernel of its own
                     kernels.append(pushes)
@@ -124,10 +125,6 @@ def compose(bp: BoundPattern, config, target,
                 _place_receive(kernels, pending.pop(op.result, None), step)
             else:
                 raise ValueError(f"unknown step kind {step.kind!r} from {op.kind}")
-        if spec(op.kind).category == "comm" and op.result in pending:
-            # pushes whose rows this collective reads with no push of its own: a kernel of
-            # their own, where they were
-            kernels.append(pending.pop(op.result))
         if (op.result not in tiles_kernel and lowerings[op.result].takes_epilogue
                 and spec(op.kind).category == "compute" and site.producer is not None
                 and site.producer.result in tiles_kernel):
@@ -216,7 +213,7 @@ def _lay_out(comp: Composition, config) -> None:
 def _reads(consumer: Step, producer: Step) -> bool:
     """Whether `consumer` waits for data `producer` makes within one call of the kernel."""
     if consumer.kind == "push" and producer.kind != "push":
-        return False  # its source is ready when the kernel starts
+        return False  # its source is ready when the kernel starts (or a push delivers it)
     if producer.kind == "copy_out":
         return False  # it fills the pattern's output; the other roles read the heap copy
     if producer.op is consumer.op:

@@ -17,6 +17,12 @@ the sender writes them without one more round trip. So the sender clears only wh
 itself left there: it keeps, per destination, how many rows it wrote into the buffer this
 call uses two calls ago (a local word; the buffer starts zeroed), and zeros the rows
 between this call's count and that one. The zeros cost bytes only where a count shrank.
+
+Where another all_to_all delivers x (an EP layer's rows sent straight back, or sent on),
+x's rows land during the call: an item waits, before its put, on the chunks of x holding
+the rows it sends, [start + lo, start + lo + rows) (the plan's dynamic-range dependency,
+rendered by x's lowering as for a compute tile; no wait where it sends no row), and the
+composer runs both pushes in one kernel, the producer's first.
 """
 
 from __future__ import annotations
