@@ -9,7 +9,9 @@ another on the caller's stream) and gives each a range of program ids:
   waits between two tile loops of one persistent kernel would need every program resident
   at once and would break the program-order rule below.)
 - a push of data that is ready when its kernel starts goes into the kernel of the first op
-  consuming its result, before that op's tiles;
+  consuming its result, before that op's tiles; a push whose result only a collective
+  reads (an all_to_all sending the rows on) goes where that collective's push goes, before
+  it, and the later push waits per chunk on the rows it sends on;
 - a reduction of what a producer's epilogue delivered goes right after the producer's tiles
   in the same kernel, or into a kernel of its own right after it;
 - a copy of a peer-written result into the pattern's output goes last;
@@ -88,12 +90,20 @@ def compose(bp: BoundPattern, config, target,
                 kernels.append(pending.pop(op.result, []) + [step])
                 tiles_kernel[op.result] = len(kernels) - 1
             elif step.kind == "push":
+                # (with the pushes of the rows it sends on, where another collective's push
+                # delivers them: they go where this one goes)
+                pushes = pending.pop(op.result, []) + [step]
                 consumer = next((c for c in site.consumers
                                  if spec(c.kind).category == "compute"), None)
+                onward = next((c for c in site.consumers
+                               if any(s.kind == "push" for s in
+                                      lowerings[c.result].steps(sites[c.result]))), None)
                 if consumer is not None:
-                    pending.setdefault(consumer.result, []).append(step)
+                    pending.setdefault(consumer.result, []).extend(pushes)
+                elif onward is not None:  # a collective's push sends the rows on: with it
+                    pending.setdefault(onward.result, []).extend(pushes)
                 else:  # the result is only returned: a kernel of its own
-                    kernels.append([step])
+                    kernels.append(pushes)
             elif step.kind == "reduce":
                 k = tiles_kernel.get(site.producer.result) if site.producer else None
                 if k is None:
@@ -202,8 +212,8 @@ def _lay_out(comp: Composition, config) -> None:
 
 def _reads(consumer: Step, producer: Step) -> bool:
     """Whether `consumer` waits for data `producer` makes within one call of the kernel."""
-    if consumer.kind == "push":
-        return False  # its source is ready when the kernel starts
+    if consumer.kind == "push" and producer.kind != "push":
+        return False  # its source is ready when the kernel starts (or a push delivers it)
     if producer.kind == "copy_out":
         return False  # it fills the pattern's output; the other roles read the heap copy
     if producer.op is consumer.op:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ir.ops import Inferred, OpDoc, fail, local_shape, register
+from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, spec
 from ...ir.tensor import INT_DTYPES, LOCAL
 from ...plan.regions import access, chunk_axis, region_rule
 from ...plan.tiling import FULL, DimRule, TileGrid
@@ -57,7 +57,10 @@ from ..all_gather import copies
                     "With back = 1 the kernel reads the counts the dispatch's kernel wrote "
                     "into this rank (after a wait on each source's first chunk) and the "
                     "non-overlapped plan exchanges them (an all_to_all_single of W ints on "
-                    "the device): no host sync either way."))
+                    "the device): no host sync either way. An all_to_all of another "
+                    "all_to_all's result (`examples/ep_dispatch_combine.tl`: the rows sent "
+                    "straight back) pushes in the same kernel, each chunk once the rows it "
+                    "sends on have landed."))
 def shape(op, xs, attrs, world):
     x, splits = xs
     if tuple(splits.local_shape) != (world,):
@@ -84,14 +87,35 @@ def shape(op, xs, attrs, world):
     return Inferred(shape, x.dtype, LOCAL)
 
 
+#: the run-time axis of the rows of x one push item sends (the region rule's and the
+#: kernel's name)
+SENT_AXIS = "sent_rows"
+
+
+def delivered_by_collective(bp, name: str) -> bool:
+    """Whether tensor `name` is the result of a collective (rows peers deliver during the
+    call, not ready when the push's kernel starts)."""
+    src = next((o for o in bp.ops if o.result == name), None)
+    return src is not None and spec(src.kind).category == "comm"
+
+
 @region_rule("all_to_all")
 def region(bp, op, ins, out, tiles) -> TileGrid:
     """Chunks of the received rows, one segment per source rank; which rows of the source a
-    chunk holds is known only at run time (the splits)."""
+    chunk holds is known only at run time (the splits). Where a collective delivers x, the
+    read names those rows as a run-time interval (`SENT_AXIS`: one push item's rows, which
+    its kernel computes from the counts), so the plan keeps the producer's closed form and
+    the push waits on exactly the chunks it sends on; any other x is complete when the
+    push's kernel starts, and the read stays the whole of x."""
     x, _splits = ins
     chunk = chunk_axis(out.shape[0], bp.world, tiles.comm_block_m)
-    read = access(x, DimRule("chunk", "segment"), {},
-                  dynamic=f"rows of {x.name} sent to each rank follow {op.args[1]} at run time")
+    sent = f"rows of {x.name} sent to each rank follow {op.args[1]} at run time"
+    rows = {}
+    if delivered_by_collective(bp, x.name):
+        rows = {0: DimRule(SENT_AXIS, "runtime")}
+        sent += (": a push item's rows lie in [lo, hi), computed by the push from the counts "
+                 "before its waits")
+    read = access(x, DimRule("chunk", "segment"), rows, dynamic=sent)
     write = access(out, FULL, {0: DimRule("chunk")})
     return TileGrid(op.result, (chunk,), (read,), (write,), rank_of=("chunk", "segment"))
 

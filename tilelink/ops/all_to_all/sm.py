@@ -17,20 +17,29 @@ the sender writes them without one more round trip. So the sender clears only wh
 itself left there: it keeps, per destination, how many rows it wrote into the buffer this
 call uses two calls ago (a local word; the buffer starts zeroed), and zeros the rows
 between this call's count and that one. The zeros cost bytes only where a count shrank.
+
+Where another all_to_all delivers x (an EP layer's rows sent straight back, or sent on),
+x's rows land during the call: an item waits, before its put, on the chunks of x holding
+the rows it sends, [start + lo, start + lo + rows) (the plan's dynamic-range dependency,
+rendered by x's lowering as for a compute tile; no wait where it sends no row), and the
+composer runs both pushes in one kernel, the producer's first.
 """
 
 from __future__ import annotations
 
 from ...codegen.module import ident
 from ...codegen.protocol import wait_released
-from ...codegen.tiles import first
+from ...codegen.tiles import first, operand_waits
 from ...codegen.waits import render_waits, slot_expr
 from ...ir import spec
 from ...plan.tiling import pow2_ceil
 from ...schedule.lowering import Lowering, Step, register_lowering
+from . import SENT_AXIS
 
 #: elements one program copies per step of a push (as all_gather's pushes)
 COPY_BLOCK = 8192
+#: the kernel variables of a push item's rows of x (the region rule's run-time axis)
+NAMES = {SENT_AXIS: ("sent_lo", "sent_hi")}
 
 
 def _loc(loc) -> str:
@@ -54,10 +63,12 @@ class AllToAllSM(Lowering):
 
     def reasons(self, site) -> list[str]:
         out = []
-        if site.producer is not None and spec(site.producer.kind).category == "comm":
+        if (site.producer is not None and spec(site.producer.kind).category == "comm"
+                and not isinstance(site.site_of(site.producer.result).lowering, AllToAllSM)):
             out.append(f"{site.op.args[0]} comes from a collective ({site.producer.kind}) "
-                       "whose rows peers deliver while the push would read them (compute on "
-                       "it first, or use comm=none)")
+                       "whose rows peers deliver while the push would read them (the push "
+                       "waits per chunk only on an all_to_all's rows: compute on it first, "
+                       "or use comm=none)")
         if site.attrs["back"]:
             from . import dispatch_of
 
@@ -68,11 +79,13 @@ class AllToAllSM(Lowering):
                            f"all_to_all(x, {site.op.args[1]}, capacity = "
                            f"{site.attrs['capacity']}) first, or pass the received counts "
                            "without back)")
-        takers = [c for c in site.consumers if spec(c.kind).category == "comm"]
+        # (another all_to_all's push waits on this one's chunks before sending them on)
+        takers = [c for c in site.consumers if spec(c.kind).category == "comm"
+                  and not isinstance(site.site_of(c.result).lowering, AllToAllSM)]
         if takers:
-            out.append(f"{takers[0].kind} reads {site.op.result} directly: a collective's "
-                       "push does not wait for the rows peers deliver (read it with a compute "
-                       "op, or use comm=none)")
+            out.append(f"{takers[0].kind} reads {site.op.result} directly: its push does "
+                       "not wait for the rows peers deliver (read it with a compute op or "
+                       "an all_to_all, or use comm=none)")
         return out
 
     def steps(self, site) -> list[Step]:
@@ -157,6 +170,9 @@ class AllToAllSM(Lowering):
         kb.const("COPY_BLOCK")
         dst_buf = kb.view(r).base
         x = kb.view(x_name).base
+        source_waits = self._source_waits(step, kb)
+        if source_waits:
+            x = f"tld.consume_token({x}, tok)"  # (its rows are read after the waits)
         splits = kb.view(splits_name).base
         ptr = self._params(kb, site)
         slot = slot_expr(mb.plan.grids[r], {"chunk": f"me * {p}_CHUNKS + j"})
@@ -188,6 +204,7 @@ class AllToAllSM(Lowering):
             f"    span = tl.minimum({p}_CB, {p}_CAP - lo)",
             "    rows = tl.minimum(tl.maximum(n - lo, 0), span)",
             "    dirty = tl.minimum(tl.maximum(tl.maximum(n, old) - lo, 0), span)",
+        ] + ["    " + y for y in source_waits] + [
             "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
         ] + ["    " + y for y in wait_released("dst")] + [
             f"    at = {dst_buf} + (me * {p}_CAP + lo) * {p}_INNER",
@@ -208,6 +225,23 @@ class AllToAllSM(Lowering):
             f"        tl.store({ptr['sent']} + (epoch & 3) * WORLD + dst, n)",
         ]
         return lines
+
+    def _source_waits(self, step, kb) -> list[str]:
+        """An item's waits on the rows of x it sends, [start + lo, start + lo + rows), where a
+        collective delivers x: the plan's dependency over that run-time interval, rendered
+        by the producer's lowering (none where x is complete when the kernel starts)."""
+        lo, hi = NAMES[SENT_AXIS]
+        waits, waited = operand_waits(kb, step, {SENT_AXIS: (lo, hi)})
+        if not waited:
+            return []
+        init, waits = waits[:1], waits[1:]  # (`tok = epoch * 0`, then the waits)
+        return [
+            f"# the rows of {', '.join(sorted(waited))} this item sends on arrive during the "
+            "call: wait on the chunks holding them",
+            f"{lo} = start + lo",
+            f"{hi} = {lo} + rows",
+        ] + init + ["if rows > 0:  # (none: nothing read, nothing to wait for)"] + [
+            "    " + y for y in waits]
 
     def _back_counts(self, step, kb, site) -> list[str]:
         """back = 1: slot dst goes back to dst, as many rows as dst's dispatch landed here:
@@ -286,9 +320,14 @@ class AllToAllSM(Lowering):
         sig = self._params(kb, site)["sig"]
         cons = dep.consumer.op
         cop = next(o for o in mb.bp.ops if o.result == cons)
-        words = (f"{role} tile of {cons} = {cop.kind}(...) waits for a chunk of "
-                 f"{site.op.result} (all_to_all at {_loc(site.op.loc)}, used at "
-                 f"{_loc(cop.loc)})")
+        if spec(cop.kind).category == "comm":  # (a push sending the rows on)
+            words = (f"{role} of {cons} (all_to_all at {_loc(cop.loc)}) waits for a chunk of "
+                     f"{site.op.result} (all_to_all at {_loc(site.op.loc)}) to send its rows "
+                     "on")
+        else:
+            words = (f"{role} tile of {cons} = {cop.kind}(...) waits for a chunk of "
+                     f"{site.op.result} (all_to_all at {_loc(site.op.loc)}, used at "
+                     f"{_loc(cop.loc)})")
         sid = mb.site_for(("all_to_all", site.op.result, cons, kb.index), words, dep,
                           (kb.index, role))
         return render_waits(dep, names, sig=sig, site=sid, indent=0, flat=flat,
