@@ -514,7 +514,8 @@ def _f(x: float | None, fmt: str = ".3f", suffix: str = "") -> str:
 
 COLUMNS = ("pattern", "M", "N", "K", "TileLink ms", "TFLOP/s", "1-call ms", "NCCL+cuBLAS ms",
            "async-TP ms", "symm-mem ms", "GEMM ms", "NCCL comm ms", "CE comm ms", "floor ms",
-           "TL/floor", "bytes floor ms", "TL/bytes floor", "× NCCL+cuBLAS", "× async-TP", "× best", "max err", "status")
+           "TL/floor", "bytes floor ms", "TL/bytes floor", "× NCCL+cuBLAS", "× async-TP",
+           "× best", "max err", "status")
 
 
 def table_rows(results: list[BenchResult]) -> list[list[str]]:
