@@ -33,6 +33,17 @@ def run_argv(path, world: int, sizes: dict, config: dict, calls: int) -> list[st
     return args
 
 
+def emulate_checked(pat, world: int, sizes: dict, cfg: dict | None = None, **kw):
+    """(schedule, results) of `runtime.emulate` on pattern `pat`, after asserting that every
+    output passes `runtime.check` (its report's lines as the failure message)."""
+    from tilelink.runtime import check, emulate
+
+    s, res = emulate(pat, world, sizes, cfg or {}, **kw)
+    rep = check(s.bound, res)
+    assert rep.ok, rep.lines
+    return s, res
+
+
 def run_broken(s, src: str, timeout: float = 4.0) -> None:
     """Run module text `src` (schedule `s` rendered with a fault, e.g. drop_notify) for one
     call in the emulated world on seed-0 inputs, its stuck waits described through the module

@@ -14,46 +14,39 @@ from tilelink.errors import HangError
 from tilelink.frontend import load_text
 from tilelink.runtime import check, emulate
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, emulate_checked
 
 AG = load_text(EXAMPLES / "ag_gemm.tl")
 RS = load_text(EXAMPLES / "gemm_rs.tl")
 
 
-def _run(pat, world, sizes, cfg=None, **kw):
-    s, res = emulate(pat, world, sizes, cfg or {}, **kw)
-    rep = check(s.bound, res)
-    assert rep.ok, rep.lines
-    return s, res
-
-
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_other_dtypes(dtype):
-    _run(AG, 2, {"M": 64, "N": 64, "K": 32, "dtype": dtype})
-    _run(RS, 2, {"M": 64, "N": 48, "K": 64, "dtype": dtype})
+    emulate_checked(AG, 2, {"M": 64, "N": 64, "K": 32, "dtype": dtype})
+    emulate_checked(RS, 2, {"M": 64, "N": 48, "K": 64, "dtype": dtype})
 
 
 @pytest.mark.slow
 def test_back_to_back_calls_with_random_delays_reuse_buffers_safely():
     # 5 calls > 2 buffers: call n+2 reuses call n's buffer only after the peers released it.
-    _run(AG, 3, {"M": 96, "N": 48, "K": 32}, {"comm": "sm"}, calls=5, delays=True, seed=3)
-    _run(AG, 2, {"M": 96, "N": 48, "K": 32}, {"comm": "copy_engine"}, calls=5, delays=True)
-    _run(RS, 3, {"M": 96, "N": 40, "K": 48}, {}, calls=5, delays=True, seed=5)
+    emulate_checked(AG, 3, {"M": 96, "N": 48, "K": 32}, {"comm": "sm"}, calls=5, delays=True, seed=3)
+    emulate_checked(AG, 2, {"M": 96, "N": 48, "K": 32}, {"comm": "copy_engine"}, calls=5, delays=True)
+    emulate_checked(RS, 3, {"M": 96, "N": 40, "K": 48}, {}, calls=5, delays=True, seed=5)
     # counters are cumulative (call n waits for n * tiles per chunk) and never reset
-    _run(RS, 3, {"M": 99, "N": 40, "K": 72}, {"comm": "copy_engine"}, calls=5, delays=True,
+    emulate_checked(RS, 3, {"M": 99, "N": 40, "K": 72}, {"comm": "copy_engine"}, calls=5, delays=True,
          seed=7)
 
 
 @pytest.mark.slow
 def test_tile_sizes_larger_than_a_rank_slice():
     # block_m 64 > 24 rows per rank: one tile reads (AG) or feeds (RS) several ranks.
-    _run(AG, 4, {"M": 96, "N": 64, "K": 32}, {"block_m": "64", "comm_block_m": "16"})
-    _run(RS, 4, {"M": 96, "N": 40, "K": 64}, {"block_m": "64", "comm_block_m": "16"})
+    emulate_checked(AG, 4, {"M": 96, "N": 64, "K": 32}, {"block_m": "64", "comm_block_m": "16"})
+    emulate_checked(RS, 4, {"M": 96, "N": 40, "K": 64}, {"block_m": "64", "comm_block_m": "16"})
     # copy engine: a tile straddling ranks and chunks counts once in every chunk it meets
-    _run(RS, 4, {"M": 96, "N": 40, "K": 64}, {"comm": "copy_engine", "block_m": "64",
+    emulate_checked(RS, 4, {"M": 96, "N": 40, "K": 64}, {"comm": "copy_engine", "block_m": "64",
                                              "comm_block_m": "16"}, calls=2)
     # ...and tiles smaller than a chunk: several tiles complete one chunk
-    _run(RS, 3, {"M": 99, "N": 40, "K": 72}, {"comm": "copy_engine", "block_m": "16",
+    emulate_checked(RS, 3, {"M": 99, "N": 40, "K": 72}, {"comm": "copy_engine", "block_m": "16",
                                              "comm_block_m": "64", "order": "natural",
                                              "num_programs": "3", "comm_programs": "2"})
 
@@ -148,7 +141,7 @@ def test_reversed_roles_break_any_kernel_with_several_roles():
 def test_the_non_overlapped_plan_runs_too():
     # comm=none has no kernel: each rank's process computes its share with the collectives
     # going between the processes, as NCCL + cuBLAS do on GPUs
-    s, res = _run(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"}, calls=2)
+    s, res = emulate_checked(RS, 2, {"M": 64, "N": 48, "K": 64}, {"comm": "none"}, calls=2)
     assert s.kernel is None and len(res.outputs) == 2 and res.plan
 
 
@@ -211,16 +204,16 @@ def test_long_runs_print_a_line_per_finished_call(monkeypatch, capsys):
     from tilelink.runtime import emulated
 
     monkeypatch.setattr(emulated, "PROGRESS_AFTER", 60.0)  # (this run is short on any load)
-    _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2)
+    emulate_checked(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2)
     assert capsys.readouterr().err == ""
     for cfg in ({"comm": "sm"}, {"comm": "none"}):
-        _run(AG, 2, {"M": 64, "N": 64, "K": 32}, cfg, calls=2, progress=0)
+        emulate_checked(AG, 2, {"M": 64, "N": 64, "K": 32}, cfg, calls=2, progress=0)
         err = capsys.readouterr().err.splitlines()
         done = [x for x in err if " done on every rank (" in x]
         assert [x.split(" (")[0] for x in done] == [
             "tilelink: emulated world: call 1 of 2 done on every rank",
             "tilelink: emulated world: call 2 of 2 done on every rank"], err
-    _run(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2, progress=False)
+    emulate_checked(AG, 2, {"M": 64, "N": 64, "K": 32}, {"comm": "sm"}, calls=2, progress=False)
     assert capsys.readouterr().err == ""
 
 
@@ -268,8 +261,8 @@ def test_progress_lines_follow_the_ranks_counters(monkeypatch, capsys):
 @pytest.mark.parametrize("comm", ["sm", "copy_engine"])
 def test_eight_ranks(comm):
     # W = 8 (what an 8-GPU host would run), ragged per-rank slices, two back-to-back calls
-    _run(AG, 8, {"M": 8 * 24, "N": 8 * 8, "K": 32}, {"comm": comm}, calls=2)
-    _run(RS, 8, {"M": 8 * 20, "N": 40, "K": 8 * 8}, {"comm": comm}, calls=2)
+    emulate_checked(AG, 8, {"M": 8 * 24, "N": 8 * 8, "K": 32}, {"comm": comm}, calls=2)
+    emulate_checked(RS, 8, {"M": 8 * 20, "N": 40, "K": 8 * 8}, {"comm": comm}, calls=2)
 
 
 def test_copy_engine_op_out_of_bounds_is_an_error_not_a_write():

@@ -650,8 +650,8 @@ def _line(r: dict) -> str:
     if "error" in pr:
         extra += f"\n    profile failed: {pr['error']}"
     elif pr:  # rank 0's
-        extra += (f"\n    profile (rank 0): issuing a call {pr['host_issue_ms']:.3f} ms of host, GPU "
-                  f"busy {pr['gpu_busy_ms']:.3f} ms a call; largest: "
+        extra += (f"\n    profile (rank 0): issuing a call {pr['host_issue_ms']:.3f} ms of "
+                  f"host, GPU busy {pr['gpu_busy_ms']:.3f} ms a call; largest: "
                   + "; ".join(f"{n} {ms:.3f}" for n, ms in pr["top_ms"][:8]))
     ts = r["ms_rounds"]
     return (f"{head} {r['ms']:9.3f} ms [{min(ts):.3f}-{max(ts):.3f}]  err {r['err']:.2e}"

@@ -12,10 +12,9 @@ import pytest
 from tilelink.codegen import render_triton
 from tilelink.errors import ConfigError
 from tilelink.frontend import load_text
-from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 
-from ..conftest import EXAMPLES
+from ..conftest import EXAMPLES, emulate_checked
 
 AG = load_text(EXAMPLES / "ag_gemm.tl")
 RS = load_text(EXAMPLES / "gemm_rs.tl")
@@ -23,18 +22,11 @@ LIB = {"comm": "copy_engine", "gemm": "library"}
 CAPTURABLE = {"comm": "copy_engine", "capturable": "1"}
 
 
-def _run(pat, world, sizes, cfg=None, **kw):
-    s, res = emulate(pat, world, sizes, cfg or {}, **kw)
-    rep = check(s.bound, res)
-    assert rep.ok, rep.lines
-    return s, res
-
-
 # Shapes that do not divide the tiles (32): rows per rank 50 or 33, N 40, K 48.
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("comm", ["sm", "copy_engine"])
 def test_ag_gemm_matches_reference(world, comm):
-    _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48}, {"comm": comm})
+    emulate_checked(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48}, {"comm": comm})
 
 
 @pytest.mark.parametrize("world,comm", [(4, "sm"), (4, "copy_engine"), (1, "sm"),
@@ -48,7 +40,7 @@ def test_ag_own_rows_are_read_in_place(world, comm):
     from tilelink.codegen.compile import load_module
 
     cfg = CAPTURABLE if comm == "capturable" else {"comm": comm}
-    s, _ = _run(AG, world, {"M": 32 * world, "N": 64, "K": 32}, cfg, calls=3,
+    s, _ = emulate_checked(AG, world, {"M": 32 * world, "N": 64, "K": 32}, cfg, calls=3,
                 delays=world > 1)
     assert "OWN_DIRECT = 1" in render_triton(s)
     if world == 1 and comm != "sm":
@@ -62,13 +54,13 @@ def test_ag_flatten_waits_with_one_wait_flat_per_tile(world):
     # flatten=1 renders each tile's chunk waits as one tld.wait_flat over the consecutive
     # slots (loop-free on NVIDIA); 16-row chunks under 32-row tiles: two slots per wait,
     # ragged rows per rank; own rows read in place where tiles do not straddle ranks
-    s, _ = _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+    s, _ = emulate_checked(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
                 {"comm": "copy_engine", "flatten": "1", "comm_block_m": "16"}, calls=3,
                 delays=True)
     src = render_triton(s)
     assert "tld.wait_flat(sig_a_full_ptr + w_slot, w_chunk_end - w_chunk_first" in src
     assert "tld.wait(sig_a_full_ptr" not in src
-    s, _ = _run(AG, 2, {"M": 128, "N": 40, "K": 48},
+    s, _ = emulate_checked(AG, 2, {"M": 128, "N": 40, "K": 48},
                 {"comm": "sm", "flatten": "1", "comm_block_m": "16"}, calls=3, delays=True)
     assert "OWN_DIRECT = 1" in render_triton(s) and "FLATTEN = 1" in render_triton(s)
 
@@ -78,7 +70,7 @@ def test_ag_flatten_waits_with_one_wait_flat_per_tile(world):
 def test_ag_capturable_copy_engine_matches_reference(world):
     # capturable=1: flag gates and data signals, one gathered buffer. Ragged (50 rows per rank
     # with 32-row chunks, N and K that divide nothing), several calls over the one buffer
-    _run(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
+    emulate_checked(AG, world, {"M": 50 * world, "N": 40 * world, "K": 48},
          CAPTURABLE | {"comm_block_m": "32"}, calls=4)
 
 
@@ -96,7 +88,7 @@ def test_ag_capturable_back_to_back_with_random_delays(world, sizes, cfg, seed):
     # previous call, and each call's flags must be cleared before the next call's are set.
     # (These seeds also catch the flags cleared after the release instead of before it, a
     # race the other seeds can miss: checked by mutating the kernel, 2026-11-22, a6cbafb.)
-    s, _ = _run(AG, world, sizes, CAPTURABLE | cfg, calls=8 if world < 4 else 6,
+    s, _ = emulate_checked(AG, world, sizes, CAPTURABLE | cfg, calls=8 if world < 4 else 6,
                 delays=True, seed=seed)
     from tilelink.codegen.compile import load_module
 
@@ -104,10 +96,10 @@ def test_ag_capturable_back_to_back_with_random_delays(world, sizes, cfg, seed):
 
 
 def test_ag_capturable_across_the_int32_wrap_and_flattened():
-    _run(AG, 2, {"M": 96, "N": 48, "K": 32}, CAPTURABLE, calls=6, delays=True, seed=22,
+    emulate_checked(AG, 2, {"M": 96, "N": 48, "K": 32}, CAPTURABLE, calls=6, delays=True, seed=22,
          first_epoch=2**31 - 3)  # the release words cross the int32 wrap; flags do not care
     # flatten=1: one tld.wait_flat per tile, on flags
-    _run(AG, 2, {"M": 96, "N": 48, "K": 32}, CAPTURABLE | {"flatten": "1", "comm_block_m": "16"},
+    emulate_checked(AG, 2, {"M": 96, "N": 48, "K": 32}, CAPTURABLE | {"flatten": "1", "comm_block_m": "16"},
          calls=4, delays=True, seed=23)
 
 

@@ -11,14 +11,9 @@ import triton.language as tl
 
 import tilelink.frontend as tk
 from tilelink.codegen import render_triton
-from tilelink.runtime import check, emulate
+from tilelink.runtime import emulate
 
-
-def _run(pat, world, sizes, cfg=None, **kw):
-    s, res = emulate(pat, world, sizes, cfg or {}, **kw)
-    rep = check(s.bound, res)
-    assert rep.ok, rep.lines
-    return s, res
+from ..conftest import emulate_checked
 
 
 @tk.tile_function(reads={"x": "rows"})
@@ -40,7 +35,7 @@ def ag_times_world(M=96, K=32, dtype="bf16"):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_tile_functions_W_is_the_world_size(world):
-    s, res = _run(ag_times_world, world, {})
+    s, res = emulate_checked(ag_times_world, world, {})
     x_full = torch.cat(res.inputs[0]["x"]).float()
     for y in res.outputs[0]["y"]:
         assert torch.equal(y, (x_full * world).to(y.dtype))
@@ -110,4 +105,4 @@ def test_a_tile_function_within_its_declared_rows_runs():
         y = tk.map(next_block, x_full, SHIFT=0)
         return y
 
-    _run(ag_map, 2, {}, {"block_m": 32})
+    emulate_checked(ag_map, 2, {}, {"block_m": 32})

@@ -10,38 +10,30 @@ import pytest
 
 from tilelink.errors import ConfigError
 from tilelink.frontend import load_text
-from tilelink.runtime import check, emulate
 from tilelink.schedule import get_target, make_schedule
 
-from ..conftest import EXAMPLES
+from ..conftest import EXAMPLES, emulate_checked
 
 RS = load_text(EXAMPLES / "gemm_rs.tl")
-
-
-def _run(pat, world, sizes, cfg=None, **kw):
-    s, res = emulate(pat, world, sizes, cfg or {}, **kw)
-    rep = check(s.bound, res)
-    assert rep.ok, rep.lines
-    return s, res
 
 
 # Shapes that do not divide the tiles (32): rows per rank 33, N 40, K 24 a rank.
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_gemm_rs_matches_reference(world):
-    _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world})
+    emulate_checked(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world})
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_gemm_rs_copy_engine_matches_reference(world):
     # tiles staged locally and counted per (destination rank, chunk); the copy engine ships
     # each chunk once its count is complete. 33 rows per rank: chunks and tiles are ragged.
-    _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world}, {"comm": "copy_engine"})
+    emulate_checked(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world}, {"comm": "copy_engine"})
 
 
 def test_gemm_rs_copy_engine_counters_cross_the_int32_wrap():
     # epochs 2**31 - 2 .. -2**31 + 1: counters (epoch * tiles per chunk) wrap long before the
     # epoch does; the copy engine's waits compare cyclically, as cuStreamWaitValue32 does
-    _run(RS, 2, {"M": 66, "N": 40, "K": 48}, {"comm": "copy_engine", "block_m": "64",
+    emulate_checked(RS, 2, {"M": 66, "N": 40, "K": 48}, {"comm": "copy_engine", "block_m": "64",
                                              "comm_block_m": "16"}, calls=4,
          first_epoch=2**31 - 2)
 
@@ -52,7 +44,7 @@ def test_gemm_rs_copy_engine_counters_cross_the_int32_wrap():
 def test_gemm_rs_reduce_after_the_gemm_kernel(world, comm):
     # reduce_after=1: a second kernel sums what every rank's GEMM kernel pushed (sm) or what
     # every rank's copy engine delivered from the staged tiles (copy_engine)
-    _run(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world},
+    emulate_checked(RS, world, {"M": 33 * world, "N": 40, "K": 24 * world},
          {"comm": comm, "reduce_after": "1"}, calls=4, delays=True)
 
 
@@ -88,4 +80,4 @@ def test_fused_reduce_refuses_tiles_that_straddle_ranks():
 def test_gemm_rs_with_n_below_the_chunk_width_and_not_a_power_of_two(comm):
     # N = 24 < comm_block_n = 32: the reduce tile's width is N's next power of two (a Triton
     # range must be one), masked to N; it was N itself and failed to compile on one rank
-    _run(RS, 2, {"M": 66, "N": 24, "K": 48}, {"comm": comm, "comm_block_n": "32"})
+    emulate_checked(RS, 2, {"M": 66, "N": 24, "K": 48}, {"comm": comm, "comm_block_n": "32"})

@@ -231,3 +231,36 @@ def test_the_default_never_takes_the_ulysses_kernel(world, sizes):
     chosen, why = default_config(bp, target)
     assert chosen.comm == "none", why
     assert make_schedule(bp, target, {"comm": "sm"}).config.comm == "sm"
+
+
+# A push (all_to_all_dims's or all_gather's on SMs) reads x when its kernel starts, without a
+# wait: rows another push delivers during the call may not be there yet (run anyway, it
+# copies stale rows); a reduce-scatter's result is computed by the rank itself
+# in a kernel before the push's, so a gather of it still runs.
+@pytest.mark.parametrize("second", ["z = all_to_all_dims(y, split = 0, concat = 1)",
+                                    "z = all_gather(y, dim = 1)"])
+def test_a_push_of_rows_another_push_delivers_is_refused_and_runs_as_the_plan(second):
+    from tilelink.errors import ConfigError
+    from tilelink.runtime import check, emulate
+
+    src = _pattern("x : [S, H, D] fp32 shard(0)",
+                   "y = all_to_all_dims(x, split = 1, concat = 0)", second, "return z")
+    bp = parse_text(src, "t.tl").bind({}, 2)
+    with pytest.raises(ConfigError) as e:
+        make_schedule(bp, get_target("interp"), {"comm": "sm"})
+    assert ("y comes from a collective (all_to_all_dims) whose rows peers deliver during the "
+            "call, and this push reads them without waiting for them (compute on y first, or "
+            "use comm=none)") in str(e.value)
+    s, res = emulate(bp, world_size=2, calls=1, timeout=300, progress=False)
+    assert s.config.comm == "none"
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+
+
+def test_a_gather_of_a_reduce_scatter_result_still_runs_on_sms():
+    src = _pattern("a : [M, K] bf16 shard(1)", "b : [K, N] bf16 shard(0)", "c = gemm(a, b)",
+                   "r = reduce_scatter(c, dim = 0)", "z = all_gather(r, dim = 0)", "return z",
+                   head="M = 64, N = 32, K = 32")
+    s = make_schedule(parse_text(src, "t.tl").bind({}, 2), get_target("interp"), {"comm": "sm"})
+    kinds = [[(st.kind, st.op.result) for st in k] for k in s.composition.kernels]
+    assert kinds == [[("tiles", "c"), ("reduce", "r")], [("push", "z"), ("copy_out", "z")]]

@@ -245,6 +245,8 @@ class BenchResult:
         return most / (rate[0] * 1e9) * 1e3 if most else None
 
     def vs_bytes_floor(self, system: str = "tilelink") -> float | None:
+        """`system`'s steady time over the bytes floor (1.0: at the floor); None without
+        either."""
         t, f = self.steady_ms.get(system), self.bytes_floor_ms()
         return t / f if t and f else None
 
@@ -260,6 +262,8 @@ class BenchResult:
         return self.comm_bytes_per_rank / (t * 1e-3) / 1e9 if t else None
 
     def vs_floor(self, system: str = "tilelink") -> float | None:
+        """`system`'s steady time over `floor_ms` (1.0: at the floor); None without
+        either."""
         t, f = self.steady_ms.get(system), self.floor_ms()
         return t / f if t and f else None
 
@@ -510,7 +514,8 @@ def _f(x: float | None, fmt: str = ".3f", suffix: str = "") -> str:
 
 COLUMNS = ("pattern", "M", "N", "K", "TileLink ms", "TFLOP/s", "1-call ms", "NCCL+cuBLAS ms",
            "async-TP ms", "symm-mem ms", "GEMM ms", "NCCL comm ms", "CE comm ms", "floor ms",
-           "TL/floor", "bytes floor ms", "TL/bytes floor", "× NCCL+cuBLAS", "× async-TP", "× best", "max err", "status")
+           "TL/floor", "bytes floor ms", "TL/bytes floor", "× NCCL+cuBLAS", "× async-TP",
+           "× best", "max err", "status")
 
 
 def table_rows(results: list[BenchResult]) -> list[list[str]]:

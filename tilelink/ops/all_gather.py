@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import Inferred, OpDoc, check_dim, fail, register
+from ..ir.ops import Inferred, OpDoc, check_dim, fail, register, spec
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
 from ..plan.tiling import DimRule, TileGrid, pow2_ceil
@@ -181,6 +181,22 @@ class _Gather(Lowering):
         for x in shape[d + 1:]:
             inner *= x
         return outer, shape[d] // site.bp.world, inner
+
+    def reasons(self, site) -> list[str]:
+        """Why the push cannot run `site`: it reads x without waiting on it, so x must be
+        complete when its kernel starts; a collective's rows that peers deliver during the
+        call (a push's, the copy engine's) are not. A reduction's result is complete: the
+        rank computes it itself, in a kernel before this push's."""
+        src = site.producer
+        if src is None or spec(src.kind).category != "comm":
+            return []
+        src_site = site.site_of(src.result)
+        if src_site.lowering is not None and any(
+                s.kind == "reduce" for s in src_site.lowering.steps(src_site)):
+            return []
+        return [f"{site.op.args[0]} comes from a collective ({src.kind}) whose rows peers "
+                "deliver during the call, and this push reads them without waiting for them "
+                f"(compute on {site.op.args[0]} first, or use comm=none)"]
 
     def own_in_place(self, site) -> bool:
         """Consumers read this rank's own rows straight from the input (no copy, no wait):

@@ -260,7 +260,7 @@ def attention_flops(bp, op) -> int:
     their mean, the pattern's total over W (rounded down): with the keys of the whole
     sequence, W·S of them, 4·H·D·(W·S)(W·S + 1)/2 / W. Zig-zag placed, every rank's count
     is that mean exactly."""
-    sq, h, d = bp.tensors[op.args[0]].local_shape
+    _, h, d = bp.tensors[op.args[0]].local_shape
     pairs = sum(attended_pairs(bp, op, r) for r in range(bp.world))
     return 4 * h * d * pairs // bp.world
 
