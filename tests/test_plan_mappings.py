@@ -135,3 +135,35 @@ def test_factors_agree_never_accepts_what_the_tile_by_tile_check_refuses():
                 assert _closed_set(dep.producer, closed, box) == overlapping_producers(
                     dep.producer, dep.write, box, dep.extents), (name, dep.tensor, cidx)
     assert seen >= 4
+
+
+def test_run_time_closed_forms_are_checked_axis_by_axis_as_the_slot_sets_would_be():
+    # `_runtime_closed_form` compares per-axis factors instead of the products' slot lists:
+    # on every consumer tile and run-time interval it checks, the two comparisons agree
+    from tilelink.plan.derive import (_closed_axes, _closed_form, _closed_set,
+                                      _overlapping_axes, _same_product, overlapping_producers)
+
+    seen = 0
+    for name, values, world in [("ep_moe_routed", {"T": 24, "TOPK": 2, "H": 32, "CAP": 40}, 2),
+                                ("ag_moe", {"T": 48, "N": 48}, 3), ("ep_dispatch_combine", {}, 2)]:
+        plan = build_plan(load_pattern(str(EXAMPLES / f"{name}.tl")).bind(values, world),
+                          TileSizes(block_m=16, block_n=8, comm_block_m=8, comm_block_n=8))
+        for dep in plan.deps:
+            closed = _closed_form(dep.producer, dep.write)
+            if not dep.runtime_dims or closed is None:
+                continue
+            for cidx in itertools.product(*(range(n) for n in dep.consumer.shape)):
+                for d in dep.runtime_dims:
+                    for rt in ((0, dep.extents[d]), (0, 1), (dep.extents[d] - 1, dep.extents[d])):
+                        box = dep.consumer.box(dep.read, cidx, dep.extents, {d: rt})
+                        slots = _closed_set(dep.producer, closed, box) == overlapping_producers(
+                            dep.producer, dep.write, box, dep.extents)
+                        assert _same_product(_closed_axes(closed, box), _overlapping_axes(
+                            dep.producer, dep.write, box)) == slots, (name, dep.tensor, cidx)
+                        seen += 1
+    assert seen > 50
+    # and where they differ: another tile on one axis, an empty box against a non-empty one
+    assert _same_product([range(0, 2), range(3)], [[0, 1], [0, 1, 2]])
+    assert not _same_product([range(0, 2), range(3)], [[0, 1], [0, 2]])
+    assert not _same_product([range(1)], None) and _same_product([range(0), range(3)], None)
+    assert not _same_product([range(0)], [[0]])

@@ -96,29 +96,52 @@ class Dependency:
                            self.consumer.box(self.read, cidx, self.extents, runtime))
 
 
+def _closed_axes(closed, box) -> list[range]:
+    """Per producer axis, the tiles the closed form `closed` selects for a consumer's `box`
+    (the slots are their product)."""
+    return [w.range_for(*box[w.dim]) if w.dim is not None else w.range_for(0, 0)
+            for w in closed]
+
+
 def _closed_set(producer: TileGrid, closed, box) -> list[int]:
     """The producer slots the closed form `closed` selects for a consumer's `box`."""
-    ranges = [w.range_for(*box[w.dim]) if w.dim is not None else w.range_for(0, 0)
-              for w in closed]
-    return sorted(producer.linear(p) for p in itertools.product(*ranges))
+    return sorted(producer.linear(p) for p in itertools.product(*_closed_axes(closed, box)))
 
 
-def overlapping_producers(producer: TileGrid, write: Access, box, extents) -> list[int]:
-    """Producer tiles (linear) whose `write` region meets `box` — the general derivation."""
+def _overlapping_axes(producer: TileGrid, write: Access, box) -> list | None:
+    """Per producer axis, the sorted tiles whose `write` region meets `box` (the producer
+    tiles that do are their product); None where the box is empty."""
     cands: list[set[int] | None] = [None] * len(producer.axes)
     for dim, rule in enumerate(write.dims):
         lo, hi = box[dim]
         if hi <= lo:
-            return []
+            return None
         if rule.axis is None:
             continue
         k = producer.axis_index(rule.axis)
         t = producer.axes[k].tiling
         hit = {i for i in _narrow(t, rule.mode, lo, hi)}
         cands[k] = hit if cands[k] is None else cands[k] & hit
-    ranges = [sorted(c) if c is not None else range(a.tiling.count)
-              for c, a in zip(cands, producer.axes)]
+    return [sorted(c) if c is not None else range(a.tiling.count)
+            for c, a in zip(cands, producer.axes)]
+
+
+def overlapping_producers(producer: TileGrid, write: Access, box, extents) -> list[int]:
+    """Producer tiles (linear) whose `write` region meets `box` — the general derivation."""
+    ranges = _overlapping_axes(producer, write, box)
+    if ranges is None:
+        return []
     return sorted(producer.linear(p) for p in itertools.product(*ranges))
+
+
+def _same_product(a: list, b: list | None) -> bool:
+    """Whether the products of two per-axis tile lists select the same tiles (`b` None: an
+    empty box). Equal non-empty factors give equal products and, the linear index being
+    one-to-one, only they do; any empty factor makes its product empty."""
+    a_empty = any(len(f) == 0 for f in a)
+    if b is None or any(len(f) == 0 for f in b):
+        return a_empty
+    return not a_empty and all(list(x) == list(y) for x, y in zip(a, b))
 
 
 def _narrow(t: AxisTiling, mode: str, lo: int, hi: int):
@@ -167,8 +190,10 @@ def _runtime_closed_form(dep: Dependency) -> tuple[AxisWait, ...] | None:
     for cidx in itertools.product(*(range(n) for n in dep.consumer.shape)):
         for rt in samples:
             box = dep.consumer.box(dep.read, cidx, dep.extents, rt)
-            want = overlapping_producers(dep.producer, dep.write, box, dep.extents)
-            if _closed_set(dep.producer, closed, box) != want:
+            # compared axis by axis: the product of every tile a box meets is large (a
+            # routed token dim times the hidden dim's tiles) and both sides are products
+            if not _same_product(_closed_axes(closed, box),
+                                 _overlapping_axes(dep.producer, dep.write, box)):
                 return None
     return closed
 
