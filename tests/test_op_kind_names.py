@@ -12,6 +12,8 @@ import tilelink
 from tilelink.ir.ops import OPS
 from tilelink.schedule.lowering import LOWERINGS
 
+from .source_scan import docstring_ids
+
 PACKAGE = Path(tilelink.__file__).parent
 
 #: string constants outside tilelink/ops that equal an op kind but are not the op:
@@ -33,21 +35,11 @@ def _op_names() -> set[str]:
     return names
 
 
-def _docstrings(tree) -> set[int]:
-    out = set()
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and n.body and isinstance(n.body[0], ast.Expr) and \
-                isinstance(n.body[0].value, ast.Constant):
-            out.add(id(n.body[0].value))
-    return out
-
-
 def _named(source: str, names: set[str]) -> list[tuple[int, str]]:
     """(line, string) for each string constant in `source`, not a docstring, that is an op
     kind or a lowering's name, or starts one (`"gemm/"`)."""
     tree = ast.parse(source)
-    docs = _docstrings(tree)
+    docs = docstring_ids(tree)
     kinds = {n.split("/")[0] for n in names}
     return [(n.lineno, n.value) for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs

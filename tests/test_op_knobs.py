@@ -22,6 +22,8 @@ from tilelink.schedule.knobs import OP_KNOBS, Knob, register_knob
 from tilelink.schedule.schedule import capturable, graph_values
 from tilelink.tune import space
 
+from .source_scan import docstring_ids
+
 ROOT = Path(tilelink.__file__).parent
 EXAMPLES = ROOT.parent / "examples"
 CUDA = get_target("cuda:90")
@@ -49,16 +51,6 @@ GENERATED = {
 }
 
 
-def _docstrings(tree) -> set[int]:
-    out = set()
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and n.body and isinstance(n.body[0], ast.Expr) and \
-                isinstance(n.body[0].value, ast.Constant):
-            out.add(id(n.body[0].value))
-    return out
-
-
 def _names_a_knob(text: str, rel: str, names: set[str], sets) -> bool:
     """Whether string `text` in file `rel` is an op knob's name or sets one (generated text
     the golden renders pin aside)."""
@@ -76,7 +68,7 @@ def _uses(source: str, rel: str) -> list[str]:
     sets = re.compile(r"\b(" + "|".join(sorted(names)) + r")=")
     tree = ast.parse(source)
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    docs = _docstrings(tree)
+    docs = docstring_ids(tree)
     out = []
     for n in ast.walk(tree):
         what = None
