@@ -113,7 +113,7 @@ def comm_bytes_per_rank(bp) -> int:
     for op in bp.ops:
         if op.kind in TRANSFERS:
             total += (TRANSFERS[op.kind].received(bp, op)
-                      * DTYPE_BYTES.get(bp.tensors[op.args[0]].dtype, 2))
+                      * DTYPE_BYTES[bp.tensors[op.args[0]].dtype])
     return total
 
 
@@ -137,7 +137,7 @@ def routed_bytes(bp, ints) -> list[list[int]] | None:
         elements = t.routed(bp, op, ints)
         if elements is None:
             return None
-        size = DTYPE_BYTES.get(bp.tensors[op.args[0]].dtype, 2)
+        size = DTYPE_BYTES[bp.tensors[op.args[0]].dtype]
         for s in range(w):
             for d in range(w):
                 total[s][d] += int(elements[s][d]) * size
