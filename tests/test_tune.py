@@ -337,6 +337,20 @@ def test_emulated_dry_run_checks_every_config(path, capsys):
     assert "emulated" in err
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ag_moe", "moe_rs", "ep_moe", "ep_moe_routed", "ep_moe_topk",
+                                  "ep_dispatch_combine"])
+def test_the_moe_and_ep_patterns_tune_like_the_others(name, capsys, cache_root):
+    # the model ranks their configs and the emulated world checks the best two: an
+    # overlapped kernel (routed rows on SMs) among them, every result equal to the reference
+    rc = main(["tune", str(EXAMPLES / f"{name}.tl"), "-W", "2", "--emulate", "--budget", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert "checked 2 of " in out and "all match the torch reference" in out, out
+    assert "comm=sm" in out and "FAILED" not in out
+    assert not cache_root.exists()
+
+
 def test_emulated_budget_limits_the_run(capsys, cache_root):
     rc = main(["tune", AG, "-D", "M=64", "-D", "N=64", "-D", "K=32", "-W", "2", "--emulate",
                "--budget", "2", "--config", "comm=sm"])
