@@ -10,6 +10,12 @@ functions by own time over the op's calls. For shapes whose GPU work is shorter 
 host's (the non-overlapped plan at small M on 4 GPUs: docs/perf.md). Keep `--calls` small:
 once the launch queue fills (each call enqueues a kernel and several stream operations) the
 host waits for the GPU, and the "host" number becomes the GPU's pace.
+
+Several configs in one world (`--configs "comm=sm" "comm=copy_engine" ""`, "" the default):
+each is compiled once, then every system is timed in `--rounds` interleaved rounds (the order
+rotated each round; median, and min-max) with its steady time beside it (CUDA events over
+back-to-back calls, max over ranks, as `tilelink bench` times): which config costs the host
+least, and whether the host or the GPU sets the pace. cProfile then profiles the first.
 """
 
 from __future__ import annotations
@@ -39,34 +45,57 @@ def _loop(fn, calls: int) -> tuple[float, float]:
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
-def _rank(rank, world, pattern, values, config, calls, top):
+def _rank(rank, world, pattern, values, configs, calls, top, rounds):
+    import statistics
+
     import torch
 
     from tilelink.bench import baselines
     from tilelink.frontend import load_pattern
     from tilelink.runtime.gpu import compile_op
+    from tilelink.runtime.timing import steady_state_ms
 
     bp = load_pattern(pattern).bind(values, world)
-    op = compile_op(bp, config=config or None)
-    ins = op.make_inputs(0)
-    fns = {"tilelink": lambda: op(**ins)}
+    fns, ins, head = {}, None, []
+    for config in configs:
+        op = compile_op(bp, config=config or None)
+        if ins is None:
+            ins = op.make_inputs(0)
+        label = "tilelink" if len(configs) == 1 else \
+            "tilelink [" + (" ".join(f"{k}={v}" for k, v in config.items()) or "default") + "]"
+        fns[label] = (lambda op=op: op(**ins))
+        head.append(f"{label}: {op.config}")
     fns["nccl_cublas"] = baselines.build(bp, ins)["nccl_cublas"].fn  # the bench's own
+    names = list(fns)
+    times = {n: [] for n in names}
+    for _ in range(20):  # warm-up (and the same number of collectives on every rank)
+        for fn in fns.values():
+            fn()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # same order every rank
+            host, wall = _loop(fns[name], calls)
+            times[name].append((host, wall, steady_state_ms(fns[name], iters=calls) * 1e3))
     rows = []
-    for name, fn in fns.items():
-        _loop(fn, 20)  # warm-up (and the same number of collectives on every rank)
-        host, wall = _loop(fn, calls)
-        rows.append(f"  {name:<12} host {host:7.1f} us/call   wall {wall:7.1f} us/call")
+    for name in names:
+        cols = []
+        for i, what in enumerate(("host", "wall", "steady")):
+            v = [t[i] for t in times[name]]
+            cols.append(f"{what} {statistics.median(v):7.1f} [{min(v):.1f}-{max(v):.1f}]")
+        rows.append(f"  {name:<40} " + "   ".join(cols) + " us/call")
     prof = cProfile.Profile()
+    first = fns[names[0]]
     torch.cuda.synchronize()
     prof.enable()
     for _ in range(calls):
-        fns["tilelink"]()
+        first()
     prof.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    return (f"{bp.name} {bp.sizes_str()} W={world} config: {op.config}\n" + "\n".join(rows)
-            + "\ncProfile of the op's calls (by own time):\n" + text.getvalue())
+    return (f"{bp.name} {bp.sizes_str()} W={world}; rank {rank}'s host, steady = max over "
+            f"ranks; median [min-max] of {rounds} rounds\n" + "\n".join(head) + "\n"
+            + "\n".join(rows) + f"\ncProfile of {names[0]}'s calls (by own time):\n"
+            + text.getvalue())
 
 
 def main() -> int:
@@ -76,6 +105,11 @@ def main() -> int:
     p.add_argument("-D", nargs="*", default=[], metavar="NAME=VALUE", help="sizes")
     p.add_argument("--config", nargs="*", default=[], metavar="KNOB=VALUE",
                    help="schedule overrides (default: the default schedule)")
+    p.add_argument("--configs", nargs="+", default=None, metavar='"KNOB=VALUE ..."',
+                   help='several configs timed side by side, each one quoted string ("" for '
+                   'the default); instead of --config')
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds of every system (median and min-max reported)")
     p.add_argument("-W", "--world-size", type=int, default=2)
     p.add_argument("--calls", type=int, default=30,
                    help="calls timed and profiled (few: see above)")
@@ -83,10 +117,18 @@ def main() -> int:
     args = p.parse_args()
     from tilelink.runtime.launcher import launch_world
 
+    if args.configs is not None and args.config:
+        p.error("give --config or --configs, not both")
+    if args.rounds < 1 or args.calls < 1:
+        p.error("--rounds and --calls must be >= 1")
     values = dict(kv.split("=", 1) for kv in args.D)
-    config = dict(kv.split("=", 1) for kv in args.config)
-    print(launch_world(_rank, args.world_size, args.pattern, values, config, args.calls,
-                       args.top))
+    texts = args.configs if args.configs is not None else [" ".join(args.config)]
+    try:
+        configs = [dict(kv.split("=", 1) for kv in text.split()) for text in texts]
+    except ValueError:
+        p.error("a config is KNOB=VALUE items, e.g. --configs \"comm=sm\" \"\"")
+    print(launch_world(_rank, args.world_size, args.pattern, values, configs, args.calls,
+                       args.top, args.rounds))
     return 0
 
 
