@@ -358,6 +358,46 @@ H100_MATRIX = [
     (RS, 8192, 8192, 8192, 2, False, {"copy_engine": .831, "async_tp": .927, "nccl": 1.099}),
 ]
 
+# The same matrix at W = 4 on 7d18f86 (2026-11-27, a 4x H100 host, one lease, every row in one
+# tree): the default's plan as TileLink ran it and the baselines of the same run (AG-GEMM,
+# GEMM-RS and GEMM-AR rows; bench-results/2026-11-27-7d18f86-matrix-w4-*).
+AR = "gemm_ar"
+H100_MATRIX += [
+    (AG, 8192, 8192, 8192, 4, True, {"nccl": .704, "async_tp": .425}),
+    (AG, 8192, 28672, 8192, 4, True, {"nccl": 1.661, "async_tp": 1.565, "sm": 1.428}),
+    (AG, 8192, 49152, 12288, 4, True, {"nccl": 3.939, "async_tp": 3.659, "sm": 3.654}),
+    (AG, 2048, 28672, 8192, 4, True, {"nccl": .462, "async_tp": .378}),
+    (AG, 1024, 8192, 8192, 4, True, {"nccl": .120, "async_tp": .129}),
+    (RS, 8192, 8192, 28672, 4, True, {"nccl": 1.764, "async_tp": 1.461}),
+    (RS, 8192, 8192, 29568, 4, True, {"nccl": 1.813, "async_tp": 1.501}),
+    (RS, 8192, 8192, 8192, 4, True, {"nccl": .733, "async_tp": .531}),
+    (RS, 2048, 8192, 28672, 4, True, {"nccl": .432, "async_tp": .366}),
+    (AR, 128, 8192, 8192, 4, True, {"nccl": .051, "symm_one_shot": .045, "symm_two_shot": .040}),
+    (AR, 512, 8192, 8192, 4, True, {"nccl": .102, "symm_one_shot": .123, "symm_two_shot": .086}),
+    (AR, 2048, 8192, 8192, 4, True, {"nccl": .296, "symm_one_shot": .435,
+                                     "symm_two_shot": .269}),
+    (AR, 4096, 8192, 8192, 4, True, {"nccl": .560, "symm_one_shot": .846,
+                                     "symm_two_shot": .509}),
+    (AG, 8192, 8192, 8192, 4, False, {"nccl": .701, "async_tp": .755, "copy_engine": .431}),
+    (AG, 8192, 28672, 8192, 4, False, {"nccl": 1.706, "async_tp": 1.570, "copy_engine": 1.305}),
+    (AG, 8192, 49152, 12288, 4, False, {"nccl": 4.020, "async_tp": 3.638,
+                                        "copy_engine": 3.467}),
+    (AG, 2048, 28672, 8192, 4, False, {"nccl": .473, "async_tp": .752, "copy_engine": .424}),
+    (AG, 1024, 8192, 8192, 4, False, {"nccl": .187, "async_tp": .782}),
+    (RS, 8192, 8192, 28672, 4, False, {"nccl": 1.735, "async_tp": 1.472, "copy_engine": 1.361}),
+    (RS, 8192, 8192, 29568, 4, False, {"nccl": 1.804, "async_tp": 1.503, "copy_engine": 1.450}),
+    (RS, 8192, 8192, 8192, 4, False, {"nccl": .732, "async_tp": .614, "copy_engine": .637}),
+    (RS, 2048, 8192, 28672, 4, False, {"nccl": .419, "async_tp": .713, "copy_engine": .400}),
+    (AR, 128, 8192, 8192, 4, False, {"nccl": .135, "symm_one_shot": .049,
+                                     "symm_two_shot": .047}),
+    (AR, 512, 8192, 8192, 4, False, {"nccl": .131, "symm_one_shot": .125,
+                                     "symm_two_shot": .090}),
+    (AR, 2048, 8192, 8192, 4, False, {"nccl": .295, "symm_one_shot": .437,
+                                      "symm_two_shot": .270}),
+    (AR, 4096, 8192, 8192, 4, False, {"nccl": .560, "symm_one_shot": .850,
+                                      "symm_two_shot": .514}),
+]
+
 
 def _plan(cfg) -> str:
     return cfg.library_comm if cfg.comm == "none" else cfg.comm
