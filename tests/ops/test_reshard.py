@@ -257,6 +257,24 @@ def test_a_push_of_rows_another_push_delivers_is_refused_and_runs_as_the_plan(se
     assert report.ok, "\n".join(report.lines)
 
 
+def test_composition_refuses_a_push_on_delivered_rows_its_lowering_does_not_wait_for(
+        monkeypatch):
+    # defence in depth: were a push lowering to accept such a source (its refusal above
+    # missing), the composer still refuses to put the producing push before it, since the
+    # lowering does not declare `sends_delivered_rows`
+    from tilelink.errors import NotSupportedError
+    from tilelink.ops.all_gather import _Gather
+
+    monkeypatch.setattr(_Gather, "reasons", lambda self, site: [])
+    src = _pattern("x : [S, H, D] fp32 shard(0)",
+                   "y = all_to_all_dims(x, split = 1, concat = 0)",
+                   "z = all_to_all_dims(y, split = 0, concat = 1)", "return z")
+    with pytest.raises(NotSupportedError) as e:
+        make_schedule(parse_text(src, "t.tl").bind({}, 2), get_target("interp"), {"comm": "sm"})
+    assert ("would push on the rows of y, which all_to_all_dims delivers in the same call, "
+            "without waiting for them") in str(e.value)
+
+
 def test_a_gather_of_a_reduce_scatter_result_still_runs_on_sms():
     src = _pattern("a : [M, K] bf16 shard(1)", "b : [K, N] bf16 shard(0)", "c = gemm(a, b)",
                    "r = reduce_scatter(c, dim = 0)", "z = all_gather(r, dim = 0)", "return z",

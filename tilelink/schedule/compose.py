@@ -98,6 +98,14 @@ def compose(bp: BoundPattern, config, target,
                 onward = next((c for c in site.consumers
                                if any(s.kind == "push" for s in
                                       lowerings[c.result].steps(sites[c.result]))), None)
+                if onward is not None and not lowerings[onward.result].sends_delivered_rows:
+                    # its push would read rows before they are delivered: its lowering must
+                    # refuse this source (reasons) before composition gets here
+                    raise NotSupportedError(
+                        f"{onward.kind} ({lowerings[onward.result].name}) would push on the "
+                        f"rows of {op.result}, which {op.kind} delivers in the same call, "
+                        "without waiting for them", onward.loc,
+                        f"compute on {op.result} first, or use comm=none")
                 if consumer is not None:
                     pending.setdefault(consumer.result, []).extend(pushes)
                 elif onward is not None:  # a collective's push sends the rows on: with it

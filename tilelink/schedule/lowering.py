@@ -565,6 +565,12 @@ class Lowering:
 
     # ---- epilogue hooks: a producer calls these on its consumer's lowering ---------------
 
+    #: its push can send on rows that another collective's push delivers within the same
+    #: kernel, waiting for each chunk of them before reading it (compose then places the
+    #: producing push in this push's kernel, before it); a lowering without it must refuse
+    #: such a source in `reasons`
+    sends_delivered_rows: bool = False
+
     #: it takes its input's tiles in the producing compute op's epilogue (a reduction's
     #: push or staging of partials): the producer calls `epilogue` per tile (and `prologue`,
     #: `rows_needed_first`, `fuses_own_rows`, `plain_store`), and the input needs no memory
