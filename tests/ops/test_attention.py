@@ -48,6 +48,8 @@ RUNS = [
     (MHA, 2, {"B": 2, "H": 2, "S": 2 * 41, "D": 128}, {"kv_splits": "1"}),
     # G = 4, more splits asked for than a rank has blocks (capped: one split a block)
     (GQA, 1, {"B": 1, "H": 4, "HKV": 1, "S": 40, "D": 64}, {"kv_splits": "9"}),
+    # G = 4, 2 splits, W = 4 (four ranks' partials combined)
+    (GQA, 4, {"B": 2, "H": 4, "HKV": 1, "S": 4 * 29, "D": 64}, {"kv_splits": "2"}),
 ]
 
 
