@@ -217,6 +217,21 @@ def test_routed_bytes_of_a_small_routing_by_hand():
     assert r.bytes_floor_ms() is None and "bytes floor =" not in format_table([r])
 
 
+def test_the_expert_gemm_counts_the_rows_that_landed_not_its_capacity():
+    # the same W = 3 routing: the dispatch lands rows [0 + 0 + 2, 2 + 2 + 1, 1 + 0 + 0] =
+    # [2, 5, 1] on ranks 0, 1, 2 of their W x CAP = 6 (mean 8 / 3), and each gets back the
+    # rows it sent: [3, 2, 3] (mean 8 / 3); the gemm h = recv @ w (H x H) counts 2·rows·H·H
+    bp = load_pattern(ROUTED).bind({"T": 2, "TOPK": 2, "H": 4, "CAP": 2}, 3)
+    dest = [torch.tensor(d, dtype=torch.int32)
+            for d in ([[1, 1], [1, 2]], [[1, 1], [1, 1]], [[0, 0], [1, 0]])]
+    filled = report.filled_rows(bp, integer_values(bp, {"dest": dest}))
+    assert filled == {"recv": pytest.approx(8 / 3), "back": pytest.approx(8 / 3)}
+    assert report.flops_per_rank(bp, filled) == round(2 * 8 / 3 * 4 * 4)
+    assert report.flops_per_rank(bp) == 2 * 3 * 2 * 4 * 4  # without the routing: W x CAP
+    # a pattern routing nothing by counts fills nothing
+    assert report.filled_rows(load_pattern(AG).bind({}, 2), {}) == {}
+
+
 def test_link_bytes_takes_the_busier_direction():
     # rank 0 sends 10 and receives 1 + 4; rank 1 sends 1 + 2 and receives 10; rank 2 sends
     # 4 and receives 2
@@ -918,6 +933,10 @@ def test_bench_body_records_what_the_routing_moved_on_cpu_gloo(fork_world):
                               for s in range(2)]
     assert r.bytes_floor_ms() and r.vs_bytes_floor() == pytest.approx(
         r.steady_ms["tilelink"] / r.bytes_floor_ms())
+    # the expert GEMM (H x H) counted over the rows that landed, mean over the two ranks
+    landed = sum(sent[s][d] for s in range(2) for d in range(2)) / 2
+    assert r.flops_per_rank == round(2 * landed * sizes["H"] ** 2)
+    assert r.flops_per_rank <= 2 * 2 * sizes["CAP"] * sizes["H"] ** 2  # at most W x CAP rows
 
 
 def _bench_graph_worker(rank, world, port, path, q):

@@ -42,7 +42,10 @@ class Transfer:
 
 
 TRANSFERS: dict[str, Transfer] = {}
-# op kind -> fn(bp, op) -> floating-point operations of one rank's op (local shapes)
+# op kind -> fn(bp, op, filled) -> floating-point operations of one rank's op (local shapes);
+# `filled`: tensor name -> the rows of it that hold data (mean over ranks), for the tensors a
+# collective fills by run-time counts where the bench knows the routing
+# (`report.filled_rows`; empty otherwise: every row counts)
 FLOPS: dict[str, Callable] = {}
 
 

@@ -33,6 +33,7 @@ Which baselines a pattern has, and what each runs, follows from its ops (`baseli
 
 from __future__ import annotations
 
+import math
 import re
 import json
 import sys
@@ -86,9 +87,11 @@ def chain_label(chain: str) -> str:
     return "-".join(short(k) for k in chain.split(">") if k)
 
 
-def flops_per_rank(bp) -> int:
+def flops_per_rank(bp, filled: dict | None = None) -> int:
     """Floating-point operations one rank's compute ops must do (what each op family
     registers in `providers.FLOPS`, local shapes; ops without a count add nothing).
+    `filled` (`filled_rows`): the rows that hold data of tensors a collective fills by
+    run-time counts, where the routing is known; without it every row counts.
 
     AG-GEMM: the gathered [M, K] times this rank's [K, N/W]; GEMM-RS: [M, K/W] times
     [K/W, N]. Both are 2·M·N·K / W per rank.
@@ -97,7 +100,32 @@ def flops_per_rank(bp) -> int:
 
     from .providers import FLOPS
 
-    return sum(FLOPS[op.kind](bp, op) for op in bp.ops if op.kind in FLOPS)
+    return sum(FLOPS[op.kind](bp, op, filled or {}) for op in bp.ops if op.kind in FLOPS)
+
+
+def filled_rows(bp, ints) -> dict[str, float]:
+    """Result name -> the rows that hold data, mean over ranks, of each collective that
+    routes rows by run-time counts (`providers.Transfer.routed`, given the integer tensors'
+    values `ints` as `routed_bytes` takes them): what each rank receives from every rank,
+    its own included, over its operand's row width. Collectives whose counts are not all
+    in `ints` are left out."""
+    import tilelink  # noqa: F401
+
+    from .providers import TRANSFERS
+
+    w = bp.world
+    out = {}
+    for op in bp.ops:
+        t = TRANSFERS.get(op.kind)
+        if t is None or t.routed is None:
+            continue
+        elements = t.routed(bp, op, ints)
+        if elements is None:
+            continue
+        width = math.prod(bp.tensors[op.args[0]].local_shape[1:])
+        out[op.result] = sum(int(elements[s][d]) for s in range(w) for d in range(w)) / (
+            width * w)
+    return out
 
 
 def comm_bytes_per_rank(bp) -> int:

@@ -36,6 +36,7 @@ from .report import (
     BenchResult,
     Progress,
     comm_bytes_per_rank,
+    filled_rows,
     flops_per_rank,
     format_detail,
     op_chain,
@@ -149,7 +150,9 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
             _loud(rank, f"TileLink could not be built for {shape}: {res.failed['tilelink']}")
         inputs = _fallback_inputs(bp, opts.seed, rank)
     res.device = torch.cuda.get_device_name()
-    res.routed_bytes = _routed_bytes(bp, inputs, opts.seed, rank, group)
+    res.routed_bytes, ints = _routed_bytes(bp, inputs, opts.seed, rank, group)
+    if ints is not None:  # the expert GEMMs' rows that hold data, not their capacity
+        res.flops_per_rank = flops_per_rank(bp, filled_rows(bp, ints))
 
     # 2. Reference and baselines on the same inputs.
     _step(progress, f"{shape}: checking every system against the fp32 reference")
@@ -257,27 +260,31 @@ def bench_one(bp, config: dict, group, opts: Options, progress=None) -> BenchRes
     return res
 
 
-def _routed_bytes(bp, inputs: dict, seed: int, rank: int, group) -> list[list[int]] | None:
-    """What the routing of these inputs moves between ranks (`report.routed_bytes`), from the
-    routing every rank's inputs were drawn with, recomputed on the CPU from `seed`; None
-    where the pattern routes nothing by run-time counts, or some rank's integer inputs are
-    not the recomputed ones (then the bytes floor is not reported). Collective: every rank
+def _routed_bytes(bp, inputs: dict, seed: int, rank: int, group):
+    """(What the routing of these inputs moves between ranks (`report.routed_bytes`), the
+    integer tensors' values it was computed from), the routing every rank's inputs were
+    drawn with, recomputed on the CPU from `seed`; (None, None) where the pattern routes
+    nothing by run-time counts, or some rank's integer inputs are not the recomputed ones
+    (then neither the bytes floor nor the filled rows are reported). Collective: every rank
     takes part in the agreement."""
     import torch
 
     from ..runtime.dist_reference import cpu_drawn_ints
     from .report import routed_bytes, routing_values
 
-    routed = same = None
+    routed = same = ints = None
     try:
-        routed = routed_bytes(bp, routing_values(bp, seed))
+        ints = routing_values(bp, seed)
+        routed = routed_bytes(bp, ints)
         mine = cpu_drawn_ints(bp, rank, seed)
         same = all(torch.equal(inputs[k].detach().to("cpu", torch.int64), v)
                    for k, v in mine.items())
     except Exception as e:  # noqa: BLE001 — the bytes floor is a derived number: not fatal
         print(f"tilelink bench: routed bytes not recorded ({type(e).__name__}: {e})",
               file=sys.stderr)
-    return routed if _agree(group, 0.0, 0.0, bool(same))[2] else None
+    if not _agree(group, 0.0, 0.0, bool(same))[2] or routed is None:
+        return None, None
+    return routed, ints
 
 
 def capture_call(fn):

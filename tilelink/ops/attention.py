@@ -249,7 +249,7 @@ def attended_pairs(bp, op, rank: int) -> int:
 
 
 @flops("attention")
-def attention_flops(bp, op) -> int:
+def attention_flops(bp, op, filled=None) -> int:
     """4·H·D per (query, key) pair a rank scores (`attended_pairs`): q k^T and p v, a
     multiply and an add each per element of D; H counts query heads (grouped-query attention
     computes every query head's scores; sharing key heads saves reads, not FLOPs); the
@@ -456,7 +456,7 @@ def partial_dist_ref(op, ctx, args):
 
 
 @flops("attention_partial")
-def partial_flops(bp, op) -> int:
+def partial_flops(bp, op, filled=None) -> int:
     """4·B·H·S·D: q k^T and p v of each of the B·H query rows (query heads: grouped-query
     attention computes every one) against the S keys of this rank's slice, a multiply and
     an add each per element of D; the softmax and the log-sum-exp are not counted. With

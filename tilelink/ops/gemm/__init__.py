@@ -99,10 +99,13 @@ def dist_ref(op, ctx, args):
 
 
 @flops("gemm")
-def gemm_flops(bp, op) -> int:
-    """2·m·n·k: one multiply and one add per term of every output element."""
+def gemm_flops(bp, op, filled=None) -> int:
+    """2·m·n·k: one multiply and one add per term of every output element. `filled`: where a
+    collective fills the first operand by run-time counts (an expert's landed tokens), m is
+    the rows that hold data (the kernel skips the empty tiles; cuBLAS computes them all)."""
     (m, k), (_, n) = (bp.tensors[x].local_shape for x in op.args)
-    return 2 * m * n * k
+    rows = (filled or {}).get(op.args[0], m)
+    return round(2 * rows * n * k)
 
 
 from ...schedule.knobs import Knob, register_knob  # noqa: E402

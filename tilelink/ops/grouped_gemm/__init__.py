@@ -137,7 +137,7 @@ def dist_ref(op, ctx, args):
 
 
 @flops("grouped_gemm")
-def grouped_flops(bp, op) -> int:
+def grouped_flops(bp, op, filled=None) -> int:
     """2·C·N·K: one multiply and one add per term of each of the C = T·k result rows (every
     token's k choices; K: x's columns, N: w's, this rank's). The routing only picks which
     expert a row multiplies, never whether it is computed (grouped_gemm drops no row), so
