@@ -83,6 +83,26 @@ def test_perf_pages_use_no_work_log_numbering():
         assert not re.search(r"\b[Ss]ession" + r"s? \d", text), name
 
 
+# another project's issue, cited for what it says (a test's comment on DeepEP's proxy fence)
+OTHER_PROJECTS = re.compile(r"\b(DeepEP|PyTorch|torch|Triton|NCCL|NVSHMEM)\b")
+
+
+def test_the_repository_cites_no_work_item_of_its_own():
+    # docs, tools and code speak of the project by date and commit, never by a work item's
+    # number (the word "issue", a number)
+    pattern = re.compile(r"\b[Ii]ssues? #?\d+\b")
+    found = []
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
+                 *(ROOT / "tools").iterdir(), *(ROOT / "tilelink").rglob("*.py"),
+                 *(ROOT / "examples").rglob("*"), *(ROOT / "tests").rglob("*.py")]:
+        if not path.is_file() or path.suffix not in (".md", ".py", ".sh", ".tl"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line) and not OTHER_PROJECTS.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
 def test_history_entries_are_dated():
     heads = list(_sections(ROOT / "docs" / "perf-history.md"))
     assert len(heads) >= 5

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #7 in one command, on a host with 4 or 8 GPUs (run from the repo root):
+# The scaling checks in one command, on a host with 4 or 8 GPUs (run from the repo root):
 #   bash tools/scaling.sh 4 OUTDIR      # or 8
 #   bash tools/scaling.sh 4 OUTDIR dist # only the correctness part (or: bench), for hosts whose
 #                                       # per-command limit is below the two parts together

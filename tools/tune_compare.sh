@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #6's comparison on a GPU host: model-pruned vs exhaustive tuning, one shape per line
+# The tuner's check on a GPU host: model-pruned vs exhaustive tuning, one shape per line
 # of the design shapes (or the shapes given as "ag|rs M N K" arguments). Prints the perf.md
 # row of each; full logs and the tuned configs (the tune cache) go to OUTDIR.
 #   bash tools/tune_compare.sh OUTDIR [ "ag 8192 8192 8192" ... ]
