@@ -103,23 +103,29 @@ def flops_per_rank(bp, filled: dict | None = None) -> int:
     return sum(FLOPS[op.kind](bp, op, filled or {}) for op in bp.ops if op.kind in FLOPS)
 
 
+def _routed(bp, ints):
+    """(op, [[elements rank s sends rank d]] or None) of each of the pattern's collectives
+    that route rows by run-time counts, as its op family registers them
+    (`providers.Transfer.routed`; None: a count it needs is not in `ints`)."""
+    import tilelink  # noqa: F401  (the op modules register their transfers)
+
+    from .providers import TRANSFERS
+
+    for op in bp.ops:
+        t = TRANSFERS.get(op.kind)
+        if t is not None and t.routed is not None:
+            yield op, t.routed(bp, op, ints)
+
+
 def filled_rows(bp, ints) -> dict[str, float]:
     """Result name -> the rows that hold data, mean over ranks, of each collective that
     routes rows by run-time counts (`providers.Transfer.routed`, given the integer tensors'
     values `ints` as `routed_bytes` takes them): what each rank receives from every rank,
     its own included, over its operand's row width. Collectives whose counts are not all
     in `ints` are left out."""
-    import tilelink  # noqa: F401
-
-    from .providers import TRANSFERS
-
     w = bp.world
     out = {}
-    for op in bp.ops:
-        t = TRANSFERS.get(op.kind)
-        if t is None or t.routed is None:
-            continue
-        elements = t.routed(bp, op, ints)
+    for op, elements in _routed(bp, ints):
         if elements is None:
             continue
         width = math.prod(bp.tensors[op.args[0]].local_shape[1:])
@@ -151,18 +157,10 @@ def routed_bytes(bp, ints) -> list[list[int]] | None:
     tensors (`ints`: name -> one tensor per rank), each as its op family registers it
     (`providers.Transfer.routed`); None where the pattern has no such collective or a count
     it needs is not in `ints`."""
-    import tilelink  # noqa: F401
-
-    from .providers import TRANSFERS
-
     w = bp.world
     total = [[0] * w for _ in range(w)]
     routed = False
-    for op in bp.ops:
-        t = TRANSFERS.get(op.kind)
-        if t is None or t.routed is None:
-            continue
-        elements = t.routed(bp, op, ints)
+    for op, elements in _routed(bp, ints):
         if elements is None:
             return None
         size = DTYPE_BYTES[bp.tensors[op.args[0]].dtype]
