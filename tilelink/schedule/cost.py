@@ -134,11 +134,14 @@ class DeviceSpec:
     # host time of one eager call's pieces (us): a kernel through TileLink's fast launcher
     # with its epoch bookkeeping, a torch library call (cuBLAS), an NCCL collective, a torch
     # symmetric-memory collective, a copy-engine program (side stream, events, stream ops)
+    # and what each peer adds to it (its copies, signals and stream waits: a driver call
+    # each, ~5-8 us apiece on H100 hosts)
     host_kernel_us: float = 30.0
     host_call_us: float = 15.0
     host_nccl_us: float = 60.0
     host_symm_us: float = 40.0
     host_ce_us: float = 100.0
+    host_ce_peer_us: float = 0.0
     # a fused pipelined library call (torch async-TP): each of its W - 1 steps' barrier and
     # stream hand-off (also before each pulled shard), the share of the whole GEMM's rate its
     # row chunks reach, and its host time per eager call (+ per rank: a step's Python work).
@@ -206,8 +209,14 @@ H100 = DeviceSpec(
     # 4x H100 (2026-11-26): the copy engine to 3 peers at once ~220 GB/s against ~360 to one;
     # SM one-shot pushes of GEMM-AR at W = 4 (M = 4096: 1.058 ms) ~240 against ~270 at W = 2
     peer_share={"ce": ((1, 1.0), (3, 0.61)), "sm": ((1, 1.0), (3, 0.88))},
+    # Host per eager call of the decoder layer's four GEMM + collective pairs at M = 2048
+    # (another 4x H100 host, 2026-11-27, 5cbca45, tools/host_profile.py, W = 2 and 4):
+    # TileLink's SM kernels 61-121 us, the same calls on the copy engine 38-75 us more at
+    # W = 2 and 98-142 more at W = 4 (11-18 driver calls), NCCL + cuBLAS 92-178. The kernels'
+    # own host time keeps the 2x H100 host's fit (its GEMM-AR: 61 us for two kernels); the
+    # copy engine's, what it adds a call and a peer on the slower host
     host_kernel_us=30.0, host_call_us=15.0, host_nccl_us=145.0, host_symm_us=44.0,
-    host_ce_us=60.0,
+    host_ce_us=20.0, host_ce_peer_us=35.0,
     # GEMM-AR's sum after the GEMM (N = 8192, K / W = 4096): 0.055 ms at M = 128 (graph
     # replays) against cuBLAS alone 0.028: the sum's kernel costs ~13 us beyond its bytes
     reduce_pass_us=13.0,
@@ -518,7 +527,7 @@ def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
         if prep is not None:  # its torch ops, each a host call
             us += prep.calls * dev.host_call_us
         if lw.resource == "copy_engine":
-            us += dev.host_ce_us
+            us += dev.host_ce_us + dev.host_ce_peer_us * (bp.world - 1)
     return us * 1e-3
 
 

@@ -263,17 +263,30 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         resources = [_default_resource(bp, base, target)]
         resources += ["sm"] if resources[0] != "sm" else []
     first, first_bad = None, []
-    for comm in resources:
+    for i, comm in enumerate(resources):
         merged, bad = _merged_defaults(bp, target, space, replace(base, comm=comm))
         if not bad:
             if allow_fallback and resource is None and _never_default(bp, merged, target):
                 return _fallbacks(bp, base)[0], unmeasured_note(bp, merged, target)
             if allow_fallback and resource is None:
-                return _decide(bp, target, merged, graph)
+                others = _other_resources(bp, target, space, base, resources[i + 1:])
+                return _decide(bp, target, merged, graph, others)
             return merged, None
         if first is None:
             first, first_bad = merged, bad
     return _or_fallback(first, first_bad, allow_fallback)
+
+
+def _other_resources(bp: BoundPattern, target: Target, space, base: Config,
+                     resources) -> list[Config]:
+    """The overlapped defaults on `resources` (after the preferred one) that can run and may
+    be the default: the cost model weighs them against the preferred one (`_decide`)."""
+    out = []
+    for comm in resources:
+        merged, bad = _merged_defaults(bp, target, space, replace(base, comm=comm))
+        if not bad and not _never_default(bp, merged, target):
+            out.append(merged)
+    return out
 
 
 def _merged_defaults(bp: BoundPattern, target: Target, space, cfg: Config
@@ -388,23 +401,42 @@ def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config 
         else None
 
 
-def _decide(bp: BoundPattern, target: Target, overlapped: Config,
-            graph: bool) -> tuple[Config, str | None]:
-    """`overlapped`, or the non-overlapped plan where the cost model does not predict the
-    overlap to win by OVERLAP_MARGIN (with why, both estimates in it). For calls captured
-    in a CUDA graph (`graph`) the overlapped candidate is one that can be captured."""
+#: an eager call whose predicted host work is at least this share of its GPU time may be
+#: host-bound on a slower host than the cost model's (hosts of one GPU kind differ by ~2x)
+HOST_BOUND_SHARE = 0.5
+
+
+def _decide(bp: BoundPattern, target: Target, overlapped: Config, graph: bool,
+            others: list[Config] = ()) -> tuple[Config, str | None]:
+    """The overlapped default the cost model predicts fastest (`overlapped`, the preferred
+    resource's, or one of `others`, another resource's; ties below), or the
+    non-overlapped plan where that one is not predicted to win by OVERLAP_MARGIN (with why,
+    both estimates in it). For calls captured in a CUDA graph (`graph`) the overlapped
+    candidates are ones that can be captured."""
     from .cost import OVERLAP_MARGIN
 
     if target.backend == "interp":
         return overlapped, None
+    candidates = [overlapped, *others]
     if graph:
-        overlapped = _for_graphs(bp, target, overlapped)
-        if overlapped is None:
+        candidates = [c for c in (_for_graphs(bp, target, c) for c in candidates)
+                      if c is not None]
+        if not candidates:
             fb = _fallbacks(bp, _base(target))
             return fb[0], "non-overlapped plan chosen: no overlapped plan of it can be captured"
-    cmp = compare_plans(bp, target, overlapped, graph)
-    if cmp is None:
-        return overlapped, None
+    cmps = [(c, compare_plans(bp, target, c, graph)) for c in candidates]
+    if cmps[0][1] is None:  # the model does not time this pattern
+        return candidates[0], None
+    # the fastest predicted; among those within a tie of it, the preferred resource, except
+    # for eager calls whose host work is near their GPU time: there the one with the least
+    # host work (on a host slower than the model's row the host sets the pace: host_profile
+    # measured SM kernels 20-55% faster than copy-engine programs the model tied with them
+    # at M = 2048)
+    best = min(e[0].total for _, e in cmps)
+    tied = [(c, e) for c, e in cmps if e[0].total <= best * (1 + OVERLAP_MARGIN)]
+    overlapped, cmp = tied[0]
+    if not graph and cmp[0].host >= HOST_BOUND_SHARE * cmp[0].gpu:
+        overlapped, cmp = min(tied, key=lambda ce: ce[1][0].host)
     over, (fb, fb_est), dev = cmp
     if over.total * (1 + OVERLAP_MARGIN) < fb_est.total:
         return overlapped, None
@@ -573,11 +605,10 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     default, why_default = default_config(bp, target, allow_fallback)
     named = (overrides or {}).get("comm")
     if base is None and named in COMM_RESOURCES and named != default.comm and \
-            named != "none" and (default.comm == "none" or
-                                 _never_default(bp, replace(default, comm=named), target)):
-        # a resource the default does not take (the non-overlapped plan was chosen, or the
-        # default never takes it) starts from its lowerings' own defaults (their chunking,
-        # where the sum runs), not from knobs chosen for another plan
+            named != "none":
+        # a resource the default does not take (the non-overlapped plan or another resource
+        # was chosen, or the default never takes it) starts from its lowerings' own defaults
+        # (their chunking, where the sum runs), not from knobs chosen for another plan
         default, why_default = default_config(bp, target, False, resource=named)
     elif base is None and named is None and default.comm == "none" and \
             set(overrides or {}) - {"library_comm"} and not unlowered_ops(bp):
