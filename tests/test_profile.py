@@ -349,21 +349,24 @@ def test_gluon_kernel_is_refused():
     from tilelink.errors import NotSupportedError
 
     s = make_schedule(load_text(AG).bind({"M": 1024, "N": 512, "K": 512}, 2),
-                      get_target("cuda:90"), {"gemm": "ws", "profile": "1"})
+                      get_target("cuda:90"), {"comm": "copy_engine", "gemm": "ws",
+                                              "profile": "1"})
     with pytest.raises(NotSupportedError, match="Gluon"):
         render_triton(s)
 
 
 def test_a_default_that_flattens_the_loop_is_profiled_unflattened():
-    # GEMM-RS on GPUs defaults to flatten=1, which profiling cannot time: the profile runs
-    # (and --overhead compares) the same config with flatten=0, unless --config names it
+    # GEMM-RS on the copy engine defaults to flatten=1, which profiling cannot time: the
+    # profile runs (and --overhead compares) the same config with flatten=0, unless --config
+    # names it
     from tilelink.frontend import load_pattern
     from tilelink.profile.collect import profile_config
     from tilelink.schedule import get_target, make_schedule
 
     bp = load_pattern(RS).bind({"M": 4096, "N": 4096, "K": 4096}, 2)
     target = get_target("cuda:90")
-    assert make_schedule(bp, target).config.flatten == 1
-    s = make_schedule(bp, target, profile_config({}))
+    ce = {"comm": "copy_engine"}
+    assert make_schedule(bp, target, ce).config.flatten == 1
+    s = make_schedule(bp, target, profile_config(ce))
     assert s.config.profile == 1 and s.config.flatten == 0
     assert profile_config({"flatten": "1"})["flatten"] == "1"  # named: kept (and refused)

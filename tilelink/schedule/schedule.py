@@ -544,15 +544,17 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
     """Knobs the default turned on that the user's overrides make invalid are turned off
     again: `--config comm=sm` on a GEMM-RS whose default is the copy engine with a fused
     reduce means "SM pushes", not "an invalid fused reduce". A knob the user set stays."""
-    if start is not None and start.comm == "copy_engine" and cfg.comm == "sm":
-        # the copy engine's chunks are few and large (each is a copy behind a stream wait:
-        # 2048-row AG shards, 512-row GEMM-RS chunks); SM pushes spread chunks over the comm
-        # programs, which such chunks leave idle: the user gets SM-sized ones (columns to
-        # fit a reduce tile, at most 16384 values, next to rows the user set)
-        if "comm_block_m" not in overrides:
+    if cfg.comm == "sm":
+        from_ce = start is not None and start.comm == "copy_engine"
+        if from_ce and "comm_block_m" not in overrides:
+            # the copy engine's chunks are few and large (each is a copy behind a stream
+            # wait: 2048-row AG shards, 512-row GEMM-RS chunks); SM pushes spread chunks over
+            # the comm programs, which such chunks leave idle: the user gets SM-sized ones
             cfg = replace(cfg, comm_block_m=SM_CHUNK)
         if "comm_block_n" not in overrides:
-            cfg = replace(cfg, comm_block_n=min(SM_CHUNK, 16384 // cfg.comm_block_m))
+            # columns to fit a reduce tile (at most 16384 values) next to rows the user set
+            cols = SM_CHUNK if from_ce else cfg.comm_block_n
+            cfg = replace(cfg, comm_block_n=min(cols, 16384 // cfg.comm_block_m))
     if "library_comm" not in overrides and (cfg.comm != "none" or "comm" in overrides):
         # a named plan runs its own collectives: comm=none alone is NCCL + cuBLAS
         cfg = replace(cfg, library_comm=Config().library_comm)
