@@ -259,6 +259,8 @@ def test_the_schedule_shows_both_estimates():
     kernel = make_schedule(bp, t, {"comm": "sm"})
     assert any(n.startswith("cost model (NVIDIA H100): eager") and
                "the best non-overlapped plan" in n for n in kernel.costs)
+    # and the other resource's default, which the default weighed against it
+    assert any("comm=copy_engine's default: eager" in n and "host" in n for n in kernel.costs)
     assert not any("cost model" in n for n in kernel.notes)  # (not in the module's text)
 
 
@@ -401,9 +403,48 @@ H100_MATRIX += [
                                       "symm_two_shot": .514}),
 ]
 
+# A Llama-3-8B decoder layer's four GEMM + collective pairs, eager calls (tools/host_profile.py,
+# 2026-11-27, 4x H100 hosts, W = 2 on GPUs 0-1; one lease per group of rows, the plans of a row
+# in one run): at M = 2048 tokens the SM kernel (AG; the one measured for GEMM-RS is the GEMM,
+# then its reduction in a kernel of its own, flatten=1 reduce_after=1), the copy engine, and
+# TileLink's non-overlapped plan ("nccl"). These shapes are host-bound or nearly: the copy
+# engine's driver calls cost it up to 2x here, which the resource choice must see.
+H100_MATRIX += [
+    # 5cbca45 (the default was then the copy engine everywhere)
+    (AG, 2048, 28672, 4096, 2, False, {"sm": .416, "copy_engine": .353, "nccl": .405}),
+    (RS, 2048, 4096, 14336, 2, False, {"sm": .209, "copy_engine": .187, "nccl": .218}),
+    # 65df0a4 (the default's SM kernel, flatten=0 for GEMM-RS)
+    (AG, 2048, 6144, 4096, 2, False, {"sm": .104, "copy_engine": .145, "nccl": .146}),
+    (RS, 2048, 4096, 4096, 2, False, {"sm": .145, "copy_engine": .153, "nccl": .171}),
+    (AG, 2048, 6144, 4096, 4, False, {"sm": .134, "copy_engine": .198, "nccl": .191}),
+    (RS, 2048, 4096, 4096, 4, False, {"sm": .123, "copy_engine": .265, "nccl": .211}),
+    (AG, 2048, 28672, 4096, 4, False, {"sm": .248, "copy_engine": .247, "nccl": .258}),
+    # 89dd524, decode sizes called eagerly (8 tokens)
+    (AG, 8, 6144, 4096, 4, False, {"sm": .083, "copy_engine": .207, "nccl": .165}),
+    (RS, 8, 4096, 14336, 4, False, {"sm": .080, "copy_engine": .243, "nccl": .184}),
+]
+# The one decoder pair where the default is not within 5% of the fastest measured (5cbca45):
+# the model takes the plan (predicted 0.160 ms, host-bound, against 0.175 for the SM kernel);
+# the SM GEMM then reduction kernel measured 0.145, the model says 0.182 for it (it charges
+# the reduction as if none of it overlapped the GEMM); the SM default (flatten=0) is unmeasured
+# at this shape. Pinned: the default stays within 20% of the fastest (1.15x today).
+H100_MISSES = [
+    (RS, 2048, 4096, 14336, 4, False, {"sm": .145, "copy_engine": .247, "nccl": .167}),
+]
+
 
 def _plan(cfg) -> str:
     return cfg.library_comm if cfg.comm == "none" else cfg.comm
+
+
+@pytest.mark.parametrize("case", H100_MISSES,
+                         ids=lambda c: "-".join(map(str, c[:5])) + ("-graph" if c[5] else ""))
+def test_the_known_misses_stay_within_20_percent_of_the_fastest_plan(case):
+    name, m, n, k, w, graph, measured = case
+    chosen, why = default_config(_bp(name, w, M=m, N=n, K=k), _target("NVIDIA H100"),
+                                 graph=graph)
+    plan = _plan(chosen)
+    assert plan in measured and measured[plan] <= 1.2 * min(measured.values()), (plan, why)
 
 
 @pytest.mark.parametrize("case", H100_MATRIX,

@@ -477,8 +477,19 @@ def cost_note(bp: BoundPattern, target: Target, cfg: Config) -> str | None:
                           for c in _fallbacks(bp, _base(target))),
                          key=lambda ce: ce[1].total)
         plan = ("the best non-overlapped plan" if cfg.comm != "none" else "its best")
-        parts.append(f"{'graph replays' if graph else 'eager'} {mine.total:.3f} ms "
+        host = f", host {mine.host:.3f}" if not graph else ""
+        parts.append(f"{'graph replays' if graph else 'eager'} {mine.total:.3f} ms{host} "
                      f"({plan}: {fb_est.total:.3f}, library_comm={fb.library_comm})")
+    for comm in (r for r in COMM_RESOURCES if r not in ("none", cfg.comm)):
+        # the other resource's overlapped default, which the default weighed against this
+        try:
+            other, _ = default_config(bp, target, False, resource=comm)
+        except TileLinkError:
+            continue
+        if other.comm == comm and not default_space(target).reasons(other, bp):
+            e, g = estimate(bp, other, dev), estimate(bp, other, dev, True)
+            parts.append(f"comm={comm}'s default: eager {e.total:.3f} ms, host "
+                         f"{e.host:.3f}; graph replays {g.total:.3f}")
     return f"cost model ({dev.name}): " + "; ".join(parts)
 
 
