@@ -248,13 +248,39 @@ def test_a_capture_finding_nothing_prepared_says_to_prepare(monkeypatch):
     msg = _raises(TileLinkError, "nothing prepared for 32 rows", lambda: plans.lookup(shape, 32))
     assert "CUDA graph" in msg
     # a prepared bucket too small for the call is no help either
-    plans._ROWS[shape] = [16]
-    plans._OPS[(shape, 16)] = object()
+    plans._ROWS[(shape, ())] = [16]
+    plans._OPS[(shape, 16, ())] = object()
     msg = _raises(TileLinkError, "prepared row counts: 16", lambda: plans.lookup(shape, 32))
     # one large enough is taken, and the call is padded to it
-    plans._ROWS[shape] = [16, 64]
-    plans._OPS[(shape, 64)] = big = object()
+    plans._ROWS[(shape, ())] = [16, 64]
+    plans._OPS[(shape, 64, ())] = big = object()
     assert plans.lookup(shape, 32) == (big, 64)
+    plans.clear()
+
+
+def test_a_config_override_builds_and_looks_up_ops_of_its_own(monkeypatch):
+    # (tools/decoder_bench.py --tilelink-configs: several configs of one model in a process)
+    plans.clear()
+    built = []
+
+    def build(shape, rows, override):
+        built.append((rows, override))
+        return object()
+
+    monkeypatch.setattr(plans, "_build", build)
+    shape = Shape("gemm_ar", "0", 64, 128, torch.bfloat16, torch.device("cpu"))
+    own, _ = plans.lookup(shape, 32)
+    with plans.config_override({"comm": "sm", "comm_programs": 8}):
+        sm, _ = plans.lookup(shape, 32)
+        assert plans.lookup(shape, 32)[0] is sm
+        with plans.config_override(None):  # (nested: each op's own choice again)
+            assert plans.lookup(shape, 32)[0] is own
+        plans.prepare_rows(shape, [64])
+        assert plans.lookup(shape, 48) == (plans._OPS[(shape, 64, plans.OVERRIDE)], 64)
+    assert plans.OVERRIDE == () and plans.lookup(shape, 32)[0] is own
+    assert plans.lookup(shape, 48)[1] == 48  # the bucket prepared under the override: not ours
+    assert sm is not own and built == [(32, ()), (32, (("comm", "sm"), ("comm_programs", "8"))),
+                                       (64, (("comm", "sm"), ("comm_programs", "8"))), (48, ())]
     plans.clear()
 
 
@@ -354,11 +380,11 @@ def _lean_checks(rank: int, world: int) -> dict:
                    group_name=g, device="cpu")
     x = torch.randn(3 * world, 8)
     got = calls["ar"](x, b)
-    out["bucket_before"] = [e.bucket for k, e in plans.CALLS.items() if k[1] == x.shape]
+    out["bucket_before"] = [e.bucket for (k, _), e in plans.CALLS.items() if k[1] == x.shape]
     ops.prepare_op("gemm_ar", n=4, k=8 * world, rows=[4 * world], dtype=torch.float32,
                    group_name=g, device="cpu")
     assert torch.equal(calls["ar"](x, b), got)
-    out["bucket_after"] = [e.bucket for k, e in plans.CALLS.items() if k[1] == x.shape]
+    out["bucket_after"] = [e.bucket for (k, _), e in plans.CALLS.items() if k[1] == x.shape]
     ops._check_ag, ops._check_rs, ops._check_ar = real["ag"], real["rs"], real["ar"]
     # a seen key after the world is gone: the refusal of a first call, not a stale op's run
     dist.destroy_process_group()

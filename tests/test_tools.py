@@ -155,17 +155,19 @@ def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
     import statistics
 
     path = tmp_path / "dec.json"
+    # (and a TileLink variant under a config override: its own ops, built and looked up)
     out = _decoder_bench("--cpu", "-W", "2", "--hidden", "64", "--intermediate", "128",
                          "--heads", "4/2", "--prefill", "16", "--decode", "4", "--iters", "2",
-                         "--warmup", "1", "--rounds", "2", "--out", str(path), timeout=900)
+                         "--warmup", "1", "--rounds", "2", "--out", str(path),
+                         "--tilelink-configs", "comm=none", timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     data = json.loads(path.read_text())
     assert data["meta"]["complete"] and data["meta"]["world"] == 2
     assert data["meta"]["rounds"] == 2
     rows = data["rows"]
     got = {(r["variant"], r["mode"], r["phase"]) for r in rows}
-    assert got == {(v, m, p) for v in ("tilelink", "nccl") for m in ("eager", "compiled")
-                   for p in ("prefill", "decode")}
+    assert got == {(v, m, p) for v in ("tilelink", "nccl", "tilelink[comm=none]")
+                   for m in ("eager", "compiled") for p in ("prefill", "decode")}
     assert all(r["ok"] and r["err"] < 1e-4 and r["ms"] > 0 for r in rows), rows
     for r in rows:  # every round's time kept, the row's time their median
         assert len(r["ms_rounds"]) == 2 and all(t > 0 for t in r["ms_rounds"]), r
@@ -173,7 +175,7 @@ def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
     # each compiled form compiled once: all of a size's forms are compiled before the rounds,
     # and none of them compiles again when called between the others
     assert not [r for r in rows if r.get("recompiles")], rows
-    assert sum(r["mode"] == "compiled" and "compile_s" in r for r in rows) == 4
+    assert sum(r["mode"] == "compiled" and "compile_s" in r for r in rows) == 6
     for r in rows:  # the ratio is the fastest baseline of the row's size over its time
         best = min(b["ms"] for b in rows if b["variant"] == "nccl" and b["phase"] == r["phase"])
         assert r["speedup_vs_best_baseline"] == round(best / r["ms"], 3)

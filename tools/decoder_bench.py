@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -85,6 +86,11 @@ def parser() -> argparse.ArgumentParser:
                    help="transformers' LlamaDecoderLayer (hf), tilelink.model.llama's (plain),"
                    " or hf where transformers imports (auto)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--tilelink-configs", nargs="+", default=[], metavar='"KNOB=VALUE ..."',
+                   help="more TileLink variants, one per quoted config, timed beside the "
+                   "others: every TileLink op of the layer built with these schedule "
+                   "overrides (tilelink.model.config_override), e.g. \"comm=sm\" "
+                   "\"comm=none\"; rows named tilelink[<config>]")
     p.add_argument("--no-compile", action="store_true", help="eager (and eager graphs) only")
     p.add_argument("--iters", type=int, default=20,
                    help="back-to-back calls per timing (one timing per row and round)")
@@ -231,7 +237,7 @@ def build_variant(subject: Subject, variant: str, compiled: bool):
     from tilelink.model import ColumnParallelLinear, RowParallelLinear
 
     tp = subject.tensor_parallel()
-    if variant == "tilelink":
+    if variant.startswith("tilelink"):  # (tilelink[<config>] too: the same layers)
         return tp
     col, row = _baseline_classes()["nccl" if compiled else variant]
     for m in tp.modules():
@@ -446,7 +452,7 @@ def _rank(rank: int, world: int, args) -> dict:
     import torch
     import torch.distributed as dist
 
-    from tilelink.model import prepare
+    from tilelink.model import config_override, prepare
 
     # torch 2.13 renamed the functional collectives (*_single) and warns on every call of
     # the old names, which torch 2.11 (the GPU hosts') has alone
@@ -488,6 +494,8 @@ def _rank(rank: int, world: int, args) -> dict:
     rows: list[dict] = []
     clock = Clock(args.cpu, args.warmup, args.iters)
     variants = [v for v in args.variants if not (args.cpu and v == "async_tp")]
+    overrides = {f"tilelink[{text}]": config for text, config in args.tilelink_configs}
+    variants += list(overrides)
     with torch.no_grad():  # (eager form, compiled form) of each variant, built once
         forms = {v: (build_variant(subject, v, compiled=False),
                      build_variant(subject, v, compiled=True)) for v in variants}
@@ -507,8 +515,9 @@ def _rank(rank: int, world: int, args) -> dict:
                     if first_row and args.fail_rank == rank:
                         raise RuntimeError(f"--fail-rank {rank}: this rank fails alone")
                     first_row = False
-                    if variant == "tilelink":  # this size's ops built before any capture
-                        with torch.no_grad():
+                    config = overrides.get(variant)
+                    if variant.startswith("tilelink"):  # its ops built before any capture
+                        with torch.no_grad(), config_override(config):
                             prepare(tp, tokens=[t])  # (compiled_tp: the same shapes)
                     if mode.startswith("compiled"):
                         # no FX-graph cache: a cached graph would not show its code
@@ -520,8 +529,10 @@ def _rank(rank: int, world: int, args) -> dict:
                                            backend=backend)
                     else:
                         fn = tp
-                    with torch.no_grad():
+                    with torch.no_grad(), config_override(config):
                         row, call = _build(fn, variant, mode, phase, t, x, want, tp_kw, args)
+                    if variant in overrides:  # (its calls look up the override's ops)
+                        call = _under(overrides[variant], call)
                 except Exception as e:  # noqa: BLE001  (recorded; the ranks fail alike: same code)
                     row = _error_row(variant, mode, phase, t, e, args.cpu)
                 row = _agree(row, next(steps), rank, world, args.agree_timeout)
@@ -536,8 +547,9 @@ def _rank(rank: int, world: int, args) -> dict:
             if args.profile and not args.cpu:
                 try:  # (the row's timing stands without it)
                     with torch.no_grad():
+                        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", row["variant"])
                         row["profile"] = _profile(call, args.iters, Path(args.profile) / (
-                            f"{row['variant']}-{row['mode'].replace(' ', '_')}-{phase}{t}"))
+                            f"{name}-{row['mode'].replace(' ', '_')}-{phase}{t}"))
                 except Exception as e:  # noqa: BLE001  (a profiler this torch lacks: in the row)
                     row["profile"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             if backend is not None and backend.compiles > 1:
@@ -553,6 +565,16 @@ def _rank(rank: int, world: int, args) -> dict:
     if rank == 0:
         write(args.out, meta, rows)
     return {"meta": meta, "rows": with_ratios(rows)}
+
+
+def _under(config: dict, call):
+    """`call`, each call made under the TileLink config override `config`."""
+    from tilelink.model import config_override
+
+    def run():
+        with config_override(config):
+            return call()
+    return run
 
 
 def _error_row(variant, mode, phase, tokens, e: Exception, cpu: bool) -> dict:
@@ -680,6 +702,25 @@ def main(argv=None) -> int:
         bad.append(f"hidden ({args.hidden}) is not divisible by heads ({h})")
     if world < 1:
         bad = [f"W = {world}: no GPU visible (use --cpu for the gloo check)"]
+    configs = []
+    for text in args.tilelink_configs:
+        items = text.split()
+        if not items or any(item.count("=") != 1 for item in items):
+            bad.append(f"--tilelink-configs {text!r}: write KNOB=VALUE items in one quoted "
+                       "string per config, e.g. \"comm=sm comm_programs=32\"")
+            continue
+        config = dict(item.split("=") for item in items)
+        try:
+            from tilelink.schedule.config import Config
+
+            Config().with_values(config)
+        except Exception as e:  # noqa: BLE001  (ConfigError: its message and hint)
+            bad.append(f"--tilelink-configs {text!r}: {e}")
+            continue
+        configs.append((" ".join(items), config))
+    if len({text for text, _ in configs}) < len(configs):
+        bad.append("--tilelink-configs: a config is given twice")
+    args.tilelink_configs = configs
     if bad:
         parser().error("; ".join(bad))
     if args.layer == "hf" and not hf_available():

@@ -16,6 +16,7 @@ from . import ops  # noqa: F401  (registers torch.ops.tilelink.*)
 from .layers import TPMLP, ColumnParallelLinear, RowParallelLinear, prepare
 from .moe import MoE, EPMoE
 from .ops import prepare_ep_moe, prepare_op
+from .plans import config_override
 
-__all__ = ["TPMLP", "ColumnParallelLinear", "EPMoE", "MoE", "RowParallelLinear", "prepare",
-           "prepare_ep_moe", "prepare_op"]
+__all__ = ["TPMLP", "ColumnParallelLinear", "EPMoE", "MoE", "RowParallelLinear",
+           "config_override", "prepare", "prepare_ep_moe", "prepare_op"]

@@ -154,8 +154,9 @@ class _Call:
 
 
 def _entry(key: tuple, group_name: str):
-    """The call entry of `key`, if its group is still the registered one."""
-    e = _CALLS.get(key)
+    """The call entry of `key` under the current config override (`plans.config_override`),
+    if its group is still the registered one."""
+    e = _CALLS.get((key, plans.OVERRIDE))
     if e is not None and e.group is _registered(group_name):
         return e
     return None
@@ -167,7 +168,7 @@ _CALLS, _registered = plans.CALLS, plans.registered_group
 def _remember(key: tuple, e: _Call, group_name: str) -> _Call:
     e.group = _registered(group_name)
     if e.group is not None:  # (None would match a later call without any group)
-        _CALLS[key] = e
+        _CALLS[(key, plans.OVERRIDE)] = e
     return e
 
 

@@ -21,6 +21,7 @@ the padding's rows from the result.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -90,14 +91,36 @@ class MoEShape:
                 f"rank, top-{self.topk}, capacity {cap}, {DTYPE_NAMES[self.dtype]}")
 
 
-_OPS: dict[tuple[Shape | MoEShape, int], object] = {}
-_ROWS: dict[Shape | MoEShape, list[int]] = {}  # prepared row counts per shape, sorted
+_OPS: dict[tuple, object] = {}  # (shape, rows, config override) -> op
+_ROWS: dict[tuple, list[int]] = {}  # (shape, override) -> prepared row counts, sorted
 _LOCK = threading.Lock()
+# schedule overrides the ops built and looked up now take (`config_override`): sorted
+# (knob, value) pairs, () for each op's own choice
+OVERRIDE: tuple = ()
 # What a call of one key (its inputs' shapes, dtypes and devices, its other arguments) runs,
 # worked out by its first call (`tilelink.model.ops`): later calls of the key skip the
 # checks their key already passed and the lookup. Forgotten whenever the buckets change
 # (a prepared row count may serve a key better) or the ops are forgotten.
 CALLS: dict[tuple, object] = {}
+
+
+@contextlib.contextmanager
+def config_override(config: dict | None):
+    """Inside, the model ops build and run the op of these schedule overrides (KNOB=VALUE,
+    as `tilelink run --config`: `{"comm": "sm"}`, `{"comm": "none"}` for the
+    non-overlapped plan) instead of their own choice (the tuned config, else the default).
+    For comparing configs of a model in one process (`tools/decoder_bench.py
+    --tilelink-configs`): each override's ops are built and kept apart, and a call looks
+    up its override's op (prepare and capture inside the override too). On the CPU (gloo)
+    the ops run the non-overlapped plan whatever the override. Not for use from several
+    threads at once."""
+    global OVERRIDE
+    items = tuple(sorted((str(k), str(v)) for k, v in (config or {}).items()))
+    before, OVERRIDE = OVERRIDE, items
+    try:
+        yield
+    finally:
+        OVERRIDE = before
 
 
 def forget_calls() -> None:
@@ -191,8 +214,9 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _build(shape: Shape | MoEShape, rows: int):
-    """A new op for `shape` at `rows` rows (collective on the group)."""
+def _build(shape: Shape | MoEShape, rows: int, override: tuple):
+    """A new op for `shape` at `rows` rows with the schedule overrides `override` (collective
+    on the group)."""
     group = resolve_group(shape.group_name)
     import torch.distributed as dist
 
@@ -202,7 +226,7 @@ def _build(shape: Shape | MoEShape, rows: int):
         from ..runtime.gpu import compile_op
 
         with torch.cuda.device(shape.device):
-            return compile_op(bp, group=group)
+            return compile_op(bp, config=dict(override) or None, group=group)
     if shape.device.type == "cpu":
         return CpuPlan(bp, group)
     raise NotSupportedError(f"the tilelink model ops run on CUDA devices or the CPU, not on "
@@ -219,17 +243,17 @@ def prepare_rows(shape: Shape | MoEShape, rows) -> None:
     for r in sorted({int(x) for x in rows}):
         _get(shape, r, build=True)
         with _LOCK:
-            known = _ROWS.setdefault(shape, [])
+            known = _ROWS.setdefault((shape, OVERRIDE), [])
             if r not in known:
                 bisect.insort(known, r)
             forget_calls()
 
 
 def _get(shape: Shape | MoEShape, rows: int, build: bool):
-    key = (shape, rows)
+    key = (shape, rows, OVERRIDE)
     op = _OPS.get(key)
     if op is None and build:
-        op = _OPS[key] = _build(shape, rows)
+        op = _OPS[key] = _build(shape, rows, OVERRIDE)
     return op
 
 
@@ -238,14 +262,14 @@ def lookup(shape: Shape | MoEShape, rows: int, step: int = 1):
     else that of the smallest prepared bucket above them (rows padded to it; `step`: the
     bucket's rows must be a multiple of it, W for a scatter), else a new op for these rows
     (eager calls only: a capture finding nothing prepared raises)."""
-    op = _OPS.get((shape, rows))
+    op = _OPS.get((shape, rows, OVERRIDE))
     if op is not None:
         return op, rows
-    known = _ROWS.get(shape, ())
+    known = _ROWS.get((shape, OVERRIDE), ())
     i = bisect.bisect_left(known, rows)
     for bucket in known[i:]:
         if bucket % step == 0:
-            return _OPS[(shape, bucket)], bucket
+            return _OPS[(shape, bucket, OVERRIDE)], bucket
     if _capturing():
         have = ", ".join(str(r) for r in known) or "none"
         raise TileLinkError(
