@@ -78,8 +78,8 @@ from ..errors import NotSupportedError
 from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
 from .config import Config
-from .lowering import (VENDOR_WORK, Work, library_moved_bytes, library_timing, op_sites,
-                       pipelined, takes_library)
+from .lowering import (VENDOR_WORK, Work, library_moved_bytes, library_staged_bytes,
+                       library_timing, op_sites, pipelined, takes_library)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
 #: the overlapped default must beat the non-overlapped plan's estimate by this share to be
@@ -486,7 +486,8 @@ def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> floa
     if name != "nccl":
         gbs *= share(dev, "sm", bp.world - 1)
     nbytes = library_moved_bytes(bp, op, name)
-    return lat_us * 1e-3 + nbytes / (gbs * 1e9) * 1e3
+    staged = library_staged_bytes(bp, op, library_comm)  # (its device-local copies)
+    return lat_us * 1e-3 + nbytes / (gbs * 1e9) * 1e3 + staged / (dev.hbm_gbs * 1e9) * 1e3
 
 
 def _fused_ops(bp: BoundPattern, cfg: Config) -> list:

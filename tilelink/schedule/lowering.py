@@ -54,23 +54,36 @@ class LibraryTraits:
     so the cost model times the pair as that pipeline; `host_sync`: each call reads device
     values on the host (split sizes, say), so no CUDA graph can capture it; `timing`: the
     entry of a device's measured library table (`cost.DeviceSpec.library`) that times this
-    call where the device has one (None, or no such entry: the one named `name`)."""
+    call where the device has one (None, or no such entry: the one named `name`);
+    `staged(bp, op)`: HBM bytes the plan's call reads and writes on its own device around the
+    library call (a padded send buffer built from routed rows, say), timed at HBM bandwidth
+    (None: nothing)."""
 
     applies: Callable | None = None
     pipelined: bool = False
     host_sync: bool = False
     timing: str | None = None
+    staged: Callable | None = None
 
 
 def register_library_comm(kind: str, name: str, moved: Callable,
                           applies: Callable | None = None, pipelined: bool = False,
-                          host_sync: bool = False, timing: str | None = None) -> None:
+                          host_sync: bool = False, timing: str | None = None,
+                          staged: Callable | None = None) -> None:
     """Register library call `name` ("nccl", or a `library_comm` variant) of collective
     `kind` in the non-overlapped plan, with `moved(bp, op)`: the bytes one rank sends per call
     with it (what the cost model charges), and its `LibraryTraits`. An op family module calls
     this at import."""
     LIBRARY_COMMS.setdefault(kind, {})[name] = moved
-    LIBRARY_TRAITS[(kind, name)] = LibraryTraits(applies, pipelined, host_sync, timing)
+    LIBRARY_TRAITS[(kind, name)] = LibraryTraits(applies, pipelined, host_sync, timing, staged)
+
+
+def library_staged_bytes(bp, op, library_comm: str) -> float:
+    """HBM bytes the non-overlapped plan's call of collective `op` moves on its own device
+    (`LibraryTraits.staged`; 0 where its registration names none)."""
+    name = library_comm if takes_library(bp, op, library_comm) else "nccl"
+    traits = LIBRARY_TRAITS.get((op.kind, name))
+    return float(traits.staged(bp, op)) if traits is not None and traits.staged else 0.0
 
 
 def library_timing(op, name: str) -> str:

@@ -105,11 +105,11 @@ class AllToAllSM(Lowering):
                 "the sender where its rows of two calls ago reach past them)"]
 
     def moved_bytes(self, site) -> float:
-        """At most every slot full: `capacity` rows to each of the W - 1 peers (the kernel
-        sends only the rows the counts give, which the schedule does not know)."""
-        from . import exchange_bytes
+        """The rows an even routing sends each of the W - 1 peers, at most `capacity`
+        (`expected_bytes`: the kernel sends only the rows the counts give)."""
+        from . import expected_bytes
 
-        return exchange_bytes(site.bp, site.op)
+        return expected_bytes(site.bp, site.op)
 
     # ---- codegen -------------------------------------------------------------------------
 
