@@ -346,6 +346,23 @@ def test_switching_a_copy_engine_default_to_sm_pushes_takes_sm_sized_chunks(patt
                                                       default.comm_block_n)
 
 
+@pytest.mark.parametrize("name,sizes,override", [
+    # an SM all_gather whatever the start: its own default (SM on every tree) ...
+    ("ag_cols_gemm", {}, {"comm_block_m": "2048"}),
+    # ... and a copy-engine default switched to SM pushes
+    ("ag_gemm", {"M": "8192", "N": "8192", "K": "8192"}, {"comm": "sm", "comm_block_m": "2048"}),
+])
+def test_user_rows_on_an_sm_all_gather_keep_valid_columns(name, sizes, override):
+    # comm_block_m=2048 is in the tuner's space (tune.space.CUDA) and an all_gather has no
+    # reduce tile: rows the user sets alone must not shrink the columns to 16384 // 2048 = 8,
+    # which the space refuses (comm_block_n=8 is not one of 16, ...), naming a knob the user
+    # never set
+    bp = load_text(EXAMPLES / f"{name}.tl").bind(sizes, 2)
+    t = get_target("cuda:90")
+    c = make_schedule(bp, t, override).config
+    assert c.comm == "sm" and c.comm_block_m == 2048 and c.comm_block_n >= 16
+
+
 def test_one_wave_default_chunk_stays_in_the_space():
     # 8192 rows per rank in one chunk would exceed the space's largest chunk (4096); (the
     # overlapped default: the cost model may prefer a library plan for this shape)
