@@ -338,8 +338,9 @@ def test_switching_a_copy_engine_default_to_sm_pushes_takes_sm_sized_chunks(patt
     c = make_schedule(bp, t, {"comm": "sm"}).config
     assert (c.comm_block_m, c.comm_block_n) == (SM_CHUNK, SM_CHUNK)
     c = make_schedule(bp, t, {"comm": "sm", "comm_block_m": "256"}).config
-    assert (c.comm_block_m, c.comm_block_n) == (256, 64)  # the user's rows stay; the columns
-    # fit GEMM-RS's reduce tile (16384 values; unused by AG)
+    # the user's rows stay; the columns fit GEMM-RS's reduce tile (16384 values), and an
+    # all_gather, which has none, keeps its own
+    assert (c.comm_block_m, c.comm_block_n) == (256, 64 if pattern == "rs" else SM_CHUNK)
     default = make_schedule(bp, t).config
     kept = make_schedule(bp, t, {"comm": "copy_engine"}).config  # no switch: the default's
     assert (kept.comm_block_m, kept.comm_block_n) == (default.comm_block_m,

@@ -404,12 +404,13 @@ H100_MATRIX += [
 # 2026-11-27, 4x H100 hosts, W = 2 on GPUs 0-1; one lease per group of rows, the plans of a row
 # in one run): at M = 2048 tokens the SM kernel (AG; the one measured for GEMM-RS is the GEMM,
 # then its reduction in a kernel of its own, flatten=1 reduce_after=1), the copy engine, and
-# TileLink's non-overlapped plan ("nccl"). These shapes are host-bound or nearly: the copy
+# TileLink's non-overlapped plan ("nccl"); "sm_after" names that GEMM-RS kernel, which the
+# default (flatten=0) is not. These shapes are host-bound or nearly: the copy
 # engine's driver calls cost it up to 2x here, which the resource choice must see.
 H100_MATRIX += [
     # 5cbca45 (the default was then the copy engine everywhere)
     (AG, 2048, 28672, 4096, 2, False, {"sm": .416, "copy_engine": .353, "nccl": .405}),
-    (RS, 2048, 4096, 14336, 2, False, {"sm": .209, "copy_engine": .187, "nccl": .218}),
+    (RS, 2048, 4096, 14336, 2, False, {"sm_after": .209, "copy_engine": .187, "nccl": .218}),
     # 65df0a4 (the default's SM kernel, flatten=0 for GEMM-RS)
     (AG, 2048, 6144, 4096, 2, False, {"sm": .104, "copy_engine": .145, "nccl": .146}),
     (RS, 2048, 4096, 4096, 2, False, {"sm": .145, "copy_engine": .153, "nccl": .171}),
@@ -426,7 +427,7 @@ H100_MATRIX += [
 # the reduction as if none of it overlapped the GEMM); the SM default (flatten=0) is unmeasured
 # at this shape. Pinned: the default stays within 20% of the fastest (1.15x today).
 H100_MISSES = [
-    (RS, 2048, 4096, 14336, 4, False, {"sm": .145, "copy_engine": .247, "nccl": .167}),
+    (RS, 2048, 4096, 14336, 4, False, {"sm_after": .145, "copy_engine": .247, "nccl": .167}),
 ]
 
 

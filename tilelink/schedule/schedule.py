@@ -268,9 +268,13 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         if not bad:
             if allow_fallback and resource is None and _never_default(bp, merged, target):
                 return _fallbacks(bp, base)[0], unmeasured_note(bp, merged, target)
-            if allow_fallback and resource is None:
+            if resource is None and target.backend != "interp":
                 others = _other_resources(bp, target, space, base, resources[i + 1:])
-                return _decide(bp, target, merged, graph, others)
+                if allow_fallback:
+                    return _decide(bp, target, merged, graph, others)
+                # (showing a kernel: the one the decision weighs against the plan)
+                picked, _ = _pick(bp, target, [merged, *others], False)
+                return picked, None
             return merged, None
         if first is None:
             first, first_bad = merged, bad
@@ -386,7 +390,9 @@ def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config 
     lowerings' variant for captured calls (AG-GEMM's copy engine on flags, where it was
     measured to pay), `overlapped` itself where it can be captured, else the SM resource's
     default (GEMM-RS's copy engine has no capturable protocol); None where none can."""
-    extra = captured_overrides(bp, target)
+    # (the capture variant of the preferred resource's lowerings: for its candidate only)
+    extra = captured_overrides(bp, target) \
+        if overlapped.comm == _default_resource(bp, _base(target), target) else None
     if extra is not None:
         cfg = overlapped.with_values(extra)
         if not default_space(target).reasons(cfg, bp):
@@ -401,6 +407,27 @@ def _for_graphs(bp: BoundPattern, target: Target, overlapped: Config) -> Config 
         else None
 
 
+def _pick(bp: BoundPattern, target: Target, candidates: list[Config], graph: bool):
+    """(the overlapped candidate the cost model predicts fastest, its `compare_plans`), or
+    (the first, None) where the model does not time the pattern. Among those within a tie
+    (OVERLAP_MARGIN) of the fastest: the first (the preferred resource), except for eager
+    calls whose host work is near their GPU time (HOST_BOUND_SHARE), which take the one with
+    the least host work (on a host slower than the model's row the host sets the pace:
+    host_profile measured SM kernels 20-55% faster than copy-engine programs the model tied
+    with them at M = 2048)."""
+    from .cost import OVERLAP_MARGIN
+
+    cmps = [(c, compare_plans(bp, target, c, graph)) for c in candidates]
+    if cmps[0][1] is None:
+        return candidates[0], None
+    best = min(e[0].total for _, e in cmps)
+    tied = [(c, e) for c, e in cmps if e[0].total <= best * (1 + OVERLAP_MARGIN)]
+    picked = tied[0]
+    if not graph and picked[1][0].host >= HOST_BOUND_SHARE * picked[1][0].gpu:
+        picked = min(tied, key=lambda ce: ce[1][0].host)
+    return picked
+
+
 #: an eager call whose predicted host work is at least this share of its GPU time may be
 #: host-bound on a slower host than the cost model's (hosts of one GPU kind differ by ~2x)
 HOST_BOUND_SHARE = 0.5
@@ -409,7 +436,7 @@ HOST_BOUND_SHARE = 0.5
 def _decide(bp: BoundPattern, target: Target, overlapped: Config, graph: bool,
             others: list[Config] = ()) -> tuple[Config, str | None]:
     """The overlapped default the cost model predicts fastest (`overlapped`, the preferred
-    resource's, or one of `others`, another resource's; ties below), or the
+    resource's, or one of `others`, another resource's: `_pick`), or the
     non-overlapped plan where that one is not predicted to win by OVERLAP_MARGIN (with why,
     both estimates in it). For calls captured in a CUDA graph (`graph`) the overlapped
     candidates are ones that can be captured."""
@@ -424,19 +451,9 @@ def _decide(bp: BoundPattern, target: Target, overlapped: Config, graph: bool,
         if not candidates:
             fb = _fallbacks(bp, _base(target))
             return fb[0], "non-overlapped plan chosen: no overlapped plan of it can be captured"
-    cmps = [(c, compare_plans(bp, target, c, graph)) for c in candidates]
-    if cmps[0][1] is None:  # the model does not time this pattern
-        return candidates[0], None
-    # the fastest predicted; among those within a tie of it, the preferred resource, except
-    # for eager calls whose host work is near their GPU time: there the one with the least
-    # host work (on a host slower than the model's row the host sets the pace: host_profile
-    # measured SM kernels 20-55% faster than copy-engine programs the model tied with them
-    # at M = 2048)
-    best = min(e[0].total for _, e in cmps)
-    tied = [(c, e) for c, e in cmps if e[0].total <= best * (1 + OVERLAP_MARGIN)]
-    overlapped, cmp = tied[0]
-    if not graph and cmp[0].host >= HOST_BOUND_SHARE * cmp[0].gpu:
-        overlapped, cmp = min(tied, key=lambda ce: ce[1][0].host)
+    overlapped, cmp = _pick(bp, target, candidates, graph)
+    if cmp is None:  # the model does not time this pattern
+        return overlapped, None
     over, (fb, fb_est), dev = cmp
     if over.total * (1 + OVERLAP_MARGIN) < fb_est.total:
         return overlapped, None
@@ -520,7 +537,12 @@ def captured_overrides(bp: BoundPattern, target: Target) -> dict[str, str] | Non
     have it); None where no lowering of the pattern offers such a variant."""
     if target.backend == "interp":
         return None
-    default, _ = default_config(bp, target, allow_fallback=False)
+    # the preferred resource's kernel (the copy engine's flag protocol is such a variant)
+    preferred = _default_resource(bp, _base(target), target)
+    try:
+        default, _ = default_config(bp, target, allow_fallback=False, resource=preferred)
+    except TileLinkError:
+        return None
     comms = _comm_sites(bp, default, target)
     if not comms or any(lw is None for _, lw in comms):
         return None
@@ -533,7 +555,7 @@ def captured_overrides(bp: BoundPattern, target: Target) -> dict[str, str] | Non
     return out
 
 
-#: chunk rows and columns `--config comm=sm` gets in place of a copy-engine default's
+#: chunk rows and columns an SM config gets in place of a copy-engine base config's
 SM_CHUNK = 128
 
 
@@ -552,20 +574,26 @@ def _drop_invalid_features(cfg: Config, overrides: dict, bp: BoundPattern,
 
 def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
                     space: ConfigSpace, start: Config | None = None) -> Config:
-    """Knobs the default turned on that the user's overrides make invalid are turned off
-    again: `--config comm=sm` on a GEMM-RS whose default is the copy engine with a fused
-    reduce means "SM pushes", not "an invalid fused reduce". A knob the user set stays."""
+    """Knobs the start config turned on that the user's overrides make invalid are turned
+    off again (a tuned copy-engine config with `comm=sm` means "SM pushes", not "an invalid
+    fused reduce"), and an SM config's chunk columns are fitted to rows the user set. A knob
+    the user set stays."""
     if cfg.comm == "sm":
         from_ce = start is not None and start.comm == "copy_engine"
         if from_ce and "comm_block_m" not in overrides:
-            # the copy engine's chunks are few and large (each is a copy behind a stream
-            # wait: 2048-row AG shards, 512-row GEMM-RS chunks); SM pushes spread chunks over
-            # the comm programs, which such chunks leave idle: the user gets SM-sized ones
+            # (a copy-engine base config given with comm=sm: its chunks are few and large,
+            # each a copy behind a stream wait; SM pushes spread chunks over the comm
+            # programs, which such chunks leave idle: SM-sized ones)
             cfg = replace(cfg, comm_block_m=SM_CHUNK)
         if "comm_block_n" not in overrides:
-            # columns to fit a reduce tile (at most 16384 values) next to rows the user set
+            # columns to fit a reduce tile (at most 16384 values) next to rows the user set,
+            # only where the columns it has make the config invalid (a gather has no reduce
+            # tile: its columns stay)
             cols = SM_CHUNK if from_ce else cfg.comm_block_n
-            cfg = replace(cfg, comm_block_n=min(cols, 16384 // cfg.comm_block_m))
+            kept = replace(cfg, comm_block_n=cols)
+            fitted = replace(cfg, comm_block_n=max(16, min(cols, 16384 // cfg.comm_block_m)))
+            cfg = fitted if len(space.reasons(fitted, bp)) < len(space.reasons(kept, bp)) \
+                else kept
     if "library_comm" not in overrides and (cfg.comm != "none" or "comm" in overrides):
         # a named plan runs its own collectives: comm=none alone is NCCL + cuBLAS
         cfg = replace(cfg, library_comm=Config().library_comm)
