@@ -188,6 +188,16 @@ class _EveryRow:
             return axes
         return axes + [dict(a, allreduce="two_shot") for a in axes]
 
+    def default_axes(self, site) -> list[dict]:
+        """None: an all-reduce's defaults already place its sum (not measured against the
+        reduce-scatter's alternative)."""
+        return []
+
+    def stall_spreads(self, site) -> bool:
+        """No: its tiles go to every rank, and its stall held at K / W = 4096 where the GEMM
+        outlasts the pushes (`push_stall`'s measurements)."""
+        return False
+
     def push_stall(self, site) -> float:
         """A tile is stored into every rank (its own too): ~0.85 of the push time is lost by
         the GEMM (2x H100, sum after the GEMM, N = 8192, K / W = 4096: 0.329 / 0.612 ms at

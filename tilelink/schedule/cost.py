@@ -108,10 +108,16 @@ class DeviceSpec:
     # (fraction of SMs, fraction of full-GPU GEMM throughput) points
     sm_scale: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 1.0))
     local_cta_gbs: float = 40.0  # one CTA copying or reducing in its own HBM
-    # how many times its even share of HBM (hbm_gbs / num_sms) one program of a GEMM streams
-    # when few run: a skinny GEMM's 24 programs read their weights at ~35 GB/s each on an
-    # H100 (2026-11-27, AG 8 x 6144 x 4096 at W = 2: 0.039 ms), 1.5x the 23 GB/s share
-    cta_hbm_share: float = 1.5
+    # the share of HBM bandwidth a GEMM streams its operands at when only some programs have
+    # a tile (a skinny GEMM): (busy programs / SMs, share of hbm_gbs) points, interpolated.
+    # Up to ~32 busy programs each reads 1.5x its even share; from there to ~56 the sum
+    # barely grows. The SM kernels at 8 tokens on H100s (2026-11-27, K = 4096, graph
+    # replays) took 0.036 ms with 12 busy programs (AG, W = 4, N = 6144), 0.039 with 24 (AG,
+    # W = 2, N = 6144), 0.034 with 32 (GEMM-RS, W = 2, N = 4096), 0.052-0.057 with 56 (AG,
+    # W = 4, N = 28672: 1.5x per program said 0.038) and 0.057 with 112 (AG, W = 2,
+    # N = 28672); all SMs busy: the full bandwidth, as before
+    skinny_hbm: tuple[tuple[float, float], ...] = (
+        (0.0, 0.0), (0.24, 0.36), (0.42, 0.42), (0.85, 0.79), (1.0, 1.0))
     signal_us: float = 2.0  # one notify -> wait round trip (release + acquire, system scope)
     # what one GEMM-RS chunk on the copy engine's stream (a stream wait for its tiles, the
     # copy, the signal) adds to a call, exposed although the copies overlap the GEMM (the
@@ -323,8 +329,8 @@ def _gemm(dev, m, n, k, cfg, programs, elem, tiled=True) -> tuple[float, float]:
         waves += dev.tail_weight * (math.ceil(waves) - waves) / math.ceil(waves)
     hbm = dev.hbm_gbs
     if tiled:  # few tiles (a skinny GEMM): only as many programs stream its operands
-        busy = min(tiles, programs)
-        hbm = min(hbm, hbm * busy * dev.cta_hbm_share / dev.num_sms)
+        busy = min(tiles, programs, dev.num_sms)
+        hbm *= interpolate(dev.skinny_hbm, busy / dev.num_sms, log=False)
     memory_s = (m * k + k * n + m * n) * elem / (hbm * 1e9)
     return (max(waves * tile_s, memory_s) + dev.launch_us * 1e-6) * 1e3, tile_s * 1e3
 
@@ -600,8 +606,9 @@ def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Esti
     exposed = sum(lw.exposed_bytes(site) for site, lw in lws)
     stall = max((lw.push_stall(site) for site, lw in lws), default=0.0)
     fused = any(lw.fuses_own_rows(site) for site, lw in lws)
+    spreads = bool(lws) and all(lw.stall_spreads(site) for site, lw in lws)
     return _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
-                          exposed, stall, after, fused)
+                          exposed, stall, after, fused, spreads)
 
 
 def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
@@ -745,13 +752,14 @@ def _comm_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat) -> 
 
 def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
                    exposed: float = 0.0, stall: float = 0.6, after: bool = False,
-                   fused: bool = False) -> Estimate:
+                   fused: bool = False, spreads: bool = False) -> Estimate:
     """A GEMM feeding its collective; `exposed`: bytes the collective sends only once the
     whole result is reduced (a two-shot all-reduce's sums), after everything else; `stall`:
     the share of its epilogue pushes' time the GEMM does not hide (`Lowering.push_stall`);
     `after`: the sum runs in a kernel of its own after the GEMM (`Lowering.sums_after`);
     `fused`: this rank's own rows are summed in the GEMM's epilogue instead
-    (`Lowering.fuses_own_rows`)."""
+    (`Lowering.fuses_own_rows`); `spreads`: with the sum after the GEMM, the stall shrinks
+    as the GEMM outlasts the pushes (`Lowering.stall_spreads`)."""
     rows, cols = ext["rows"], ext["cols"]
     chunk_rows, chunk_cols = min(cfg.comm_block_m, rows), min(cfg.comm_block_n, cols)
     chunks = math.ceil(rows / chunk_rows) * math.ceil(cols / chunk_cols)
@@ -798,7 +806,11 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
             total = max(gemm, push) + fused_ms + chunk_cost
         elif cfg.comm == "copy_engine":
             total = max(gemm, push) + after_ms + chunk_cost
-        else:  # remote stores in the GEMM's epilogue stall it (Lowering.push_stall)
+        else:
+            # remote stores in the GEMM's epilogue stall it (Lowering.push_stall), for some
+            # lowerings less where the GEMM outlasts its pushes (Lowering.stall_spreads)
+            if spreads:
+                stall *= min(1.0, push / max(gemm, 1e-9))
             total = max(gemm + stall * push, push) + after_ms + chunk_cost
         return Estimate(total, gemm, push, total - gemm)
     red_bw = min(dev.hbm_gbs, reducers * dev.local_cta_gbs)

@@ -406,6 +406,13 @@ class Lowering:
         knob values (e.g. a reduction in the kernel, or after it); [{}]: nothing of its own."""
         return [{}]
 
+    def default_axes(self, site: OpSite) -> list[dict]:
+        """Alternatives to `defaults` (each a dict of knob values) that the default decision
+        weighs by the cost model beside them, on this lowering's resource: the ones measured
+        to win somewhere and modelled well enough to be picked where they do (a subset of
+        `tune_axes`; none by default)."""
+        return []
+
     def captured_overrides(self, site: OpSite) -> dict | None:
         """Config overrides for calls captured in a CUDA graph, where the default is the
         non-overlapped plan for host cost (which a replay does not have); None: none."""
@@ -452,6 +459,13 @@ class Lowering:
         0.6 measured for a reduce-scatter's one store per tile (2x H200, GEMM-RS 8192^3:
         0.866 ms pushing 64 MB against 0.747 staging locally)."""
         return 0.6
+
+    def stall_spreads(self, site: OpSite) -> bool:
+        """Whether, with the sum after the GEMM (`sums_after`), its pushes' stall shrinks in
+        proportion as the GEMM outlasts them (push time / GEMM time, capped at 1: the stores
+        spread over more of the GEMM), as measured for some lowerings; by default the whole
+        `push_stall` is charged."""
+        return False
 
     def sums_after(self, site: OpSite) -> bool:
         """Whether its sum runs after the producer's tiles instead of in a role beside them

@@ -269,7 +269,9 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
             if allow_fallback and resource is None and _never_default(bp, merged, target):
                 return _fallbacks(bp, base)[0], unmeasured_note(bp, merged, target)
             if resource is None and target.backend != "interp":
-                others = _other_resources(bp, target, space, base, resources[i + 1:])
+                others = _alternatives(bp, target, space, merged, graph)
+                others += _other_resources(bp, target, space, base, resources[i + 1:],
+                                           graph)
                 if allow_fallback:
                     return _decide(bp, target, merged, graph, others)
                 # (showing a kernel: the one the decision weighs against the plan)
@@ -282,15 +284,43 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
 
 
 def _other_resources(bp: BoundPattern, target: Target, space, base: Config,
-                     resources) -> list[Config]:
+                     resources, graph: bool = False) -> list[Config]:
     """The overlapped defaults on `resources` (after the preferred one) that can run and may
-    be the default: the cost model weighs them against the preferred one (`_decide`)."""
+    be the default, each followed by its lowerings' alternatives (`_alternatives`): the
+    cost model weighs them against the preferred one (`_decide`)."""
     out = []
     for comm in resources:
         merged, bad = _merged_defaults(bp, target, space, replace(base, comm=comm))
         if not bad and not _never_default(bp, merged, target):
-            out.append(merged)
+            out += [merged, *_alternatives(bp, target, space, merged, graph)]
     return out
+
+
+def _alternatives(bp: BoundPattern, target: Target, space, merged: Config,
+                  graph: bool = False) -> list[Config]:
+    """`merged` (a resource's default) with each combination of its ops' lowerings'
+    alternatives to their defaults (`Lowering.default_axes`: where a sum runs, ...) that
+    can run, other than `merged` itself: the default decision weighs them by the cost model
+    as it weighs resources (the tuner measures these and more). Eager calls only: for
+    CUDA-graph replays the model's async-TP chain is too slow by ~20% (4x H100, TP-MLP at
+    M = 4096, 2026-11-27: async-TP replayed 0.426 ms, the model 0.519), so the SM sum after
+    the GEMM it put first measured slower (0.456); replays keep the resources' defaults."""
+    import itertools
+
+    if graph:
+        return []
+
+    sites = op_sites(bp, merged, target)
+    axes = [[{}, *lw.default_axes(sites[op.result])] for op in bp.ops
+            if (lw := sites[op.result].lowering) is not None]
+    out: dict[Config, None] = {}
+    for combo in itertools.product(*axes):
+        values = {k: str(v) for axis in combo for k, v in axis.items()}
+        cfg = merged.with_values(values)
+        if cfg != merged and not space.reasons(cfg, bp) and \
+                not _never_default(bp, cfg, target):
+            out[cfg] = None
+    return list(out)
 
 
 def _merged_defaults(bp: BoundPattern, target: Target, space, cfg: Config

@@ -36,6 +36,13 @@ class ReduceScatterSM(_Scatter):
 
         return interpolate(PUSH_STALL, max(1, site.bp.world - 1), log=False)
 
+    def stall_spreads(self, site) -> bool:
+        """Yes (the sum after the GEMM; one owner a tile): 4x H100, GEMM-RS 2048 x 4096 x K
+        (2026-11-27, eager) took 0.1185 ms at K = 4096, where the pushes take 1.7x the GEMM,
+        and 0.146-0.149 at K = 14336 (0.56x), where the whole stall said 0.182. Measured
+        at three peers only: with one, the whole stall (`PUSH_STALL`'s fit)."""
+        return site.bp.world >= 4
+
     # ---- W = 1: the sum of one partial is the partial ----------------------------------
     # The GEMM's epilogue stores its tiles straight into the result: no stage buffer, no
     # signal, no reduce role (its programs go to the GEMM), nothing to release.
@@ -50,6 +57,15 @@ class ReduceScatterSM(_Scatter):
 
     def tune_axes(self, site) -> list[dict]:
         return [{}] if self.alone(site) else super().tune_axes(site)
+
+    def default_axes(self, site) -> list[dict]:
+        """On GPUs, besides the sum beside the GEMM (the default), the GEMM on every SM and
+        the sum in a kernel of its own after it: 4x H100, M = 2048, N = 4096, K = 14336
+        (2026-11-27, eager): 0.149 ms against 0.203 with the sum beside it and 0.180 for
+        NCCL + cuBLAS. The cost model picks between them."""
+        if self.alone(site) or site.target is None or site.target.backend != "cuda":
+            return []
+        return [{"flatten": 1, "reduce_after": 1}]
 
     def notes(self, site) -> list[str]:
         if not self.alone(site):
