@@ -131,11 +131,13 @@ def test_more_comm_programs_move_data_faster_until_the_link_saturates():
 
 
 def test_wave_quantization_is_visible():
+    # (four column tiles a row block: the GEMM stays compute-bound; one column of 128 reads
+    # a row block's 1 MiB of A per tile, which 100 programs stream at HBM's pace)
     cfg = Config(block_m=128, block_n=128, block_k=64, stages=3, warps=8)
-    p = 100
-    one_wave = cost.gemm_ms(H200, 128 * p, 128, 4096, cfg, p)  # exactly p tiles
-    one_more = cost.gemm_ms(H200, 128 * (p + 1), 128, 4096, cfg, p)  # p + 1 tiles
-    two_waves = cost.gemm_ms(H200, 128 * 2 * p, 128, 4096, cfg, p)
+    p, rows = 100, 25  # 25 row blocks x 4 column tiles: exactly p tiles
+    one_wave = cost.gemm_ms(H200, 128 * rows, 512, 4096, cfg, p)
+    one_more = cost.gemm_ms(H200, 128 * (rows + 1), 512, 4096, cfg, p)  # p + 4 tiles
+    two_waves = cost.gemm_ms(H200, 128 * 2 * rows, 512, 4096, cfg, p)
     assert one_more / one_wave > 1.3  # one extra tile costs a (partial) wave
     assert one_more < two_waves
 
