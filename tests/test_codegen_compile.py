@@ -440,19 +440,24 @@ def test_ag_copy_engine_delivers_in_the_order_receivers_read(world, template_con
 def test_defaults_past_two_ranks_follow_the_four_gpu_measurements():
     # the copy engine's defaults: AG one chunk per shard at W > 2 (two at W = 2); GEMM-RS
     # chunks of up to 512 rows, the reduce tile 512 x 32 (16384 fp32 values, like 128 x 128)
-    # (named: the default may run SM pushes or NCCL + cuBLAS instead, by the cost model)
+    # (its lowerings' own defaults: the default config may run SM pushes, NCCL + cuBLAS or
+    # the reduce-scatter's 1,024-row alternative instead, by the cost model)
     t = get_target("cuda:90")
-    ce = {"comm": "copy_engine"}
     big = {"M": "8192", "N": "8192", "K": "8192"}
+
+    def ce(bp):
+        return default_config(bp, t, allow_fallback=False, resource="copy_engine")[0]
+
     for w, rows in ((2, 2048), (4, 2048), (8, 1024)):  # 4096, 2048 and 1024 rows per rank
-        assert make_schedule(AG.bind(big, w), t, ce).config.comm_block_m == rows
+        assert ce(AG.bind(big, w)).comm_block_m == rows
     for sizes, world, chunk in [(big, 2, (512, 32)), (big, 8, (512, 32)),
                                 ({"M": "1024", "N": "8192", "K": "65536"}, 8, (128, 128)),
                                 ({"M": "1000", "N": "520", "K": "1000"}, 2, (256, 64))]:
-        s = make_schedule(RS.bind(sizes, world), t, ce)
-        c = s.config
+        c = ce(RS.bind(sizes, world))
         assert (c.comm, c.comm_block_m, c.comm_block_n) == ("copy_engine",) + chunk, sizes
-        render_triton(s)
+        render_triton(make_schedule(RS.bind(sizes, world), t, {
+            "comm": "copy_engine", "comm_block_m": str(chunk[0]),
+            "comm_block_n": str(chunk[1])}))
 
 
 def test_ahead_of_time_ptx_has_the_launchs_16_byte_accesses():

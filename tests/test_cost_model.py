@@ -465,6 +465,40 @@ def test_the_default_weighs_a_lowerings_alternatives_on_eager_calls_only():
         assert sites[rs.result].lowering.default_axes(sites[rs.result]) == []
 
 
+# The copy engine's reduce-scatter in 512- and 1,024-row chunks (`comm_block_m`; the default
+# and the alternative its lowering offers), eager calls at W = 2, 2x H100 hosts (2026-11-27,
+# 955ef31 and 9e06a47 with the per-op host model, tools/host_profile.py, steady us per call):
+# half the chunks, half the copies, waits and signals (a driver call each, ~5-7 us of host)
+CE_CHUNKS_H100 = [
+    ((4096, 4096, 4096), {512: 201.1, 1024: 157.1}),  # host-paced at 512
+    ((4096, 4096, 14336), {512: 368.0, 1024: 374.4}),
+    ((2048, 4096, 14336), {512: 200.7, 1024: 186.0}),
+    ((2048, 8192, 8192), {512: 238.1, 1024: 229.9}),
+    ((8192, 4096, 14336), {512: 751.7, 1024: 741.5}),
+    ((8192, 4096, 4096), {512: 245.3, 1024: 242.6}),
+]
+
+
+@pytest.mark.parametrize("mnk,measured", CE_CHUNKS_H100, ids=lambda v: "x".join(map(str, v))
+                         if isinstance(v, tuple) else None)
+def test_the_copy_engine_reduce_scatter_takes_the_chunk_measured_fastest(mnk, measured):
+    m, n, k = mnk
+    chosen, why = default_config(_bp(RS, 2, M=m, N=n, K=k), _target("NVIDIA H100"))
+    assert chosen.comm == "copy_engine", why
+    assert measured[chosen.comm_block_m] <= 1.05 * min(measured.values()), chosen
+
+
+def test_host_time_counts_the_copy_engine_programs_ops():
+    # a driver call an op (Lowering.ce_ops): 1,024-row chunks save the host 6 of 13 ops
+    t, dev = _target("NVIDIA H100"), device_spec("NVIDIA H100")
+    bp = _bp(RS, 2, M=4096, N=4096, K=4096)
+    small = estimate(bp, _config(bp, t, "comm=copy_engine comm_block_m=512 comm_block_n=32"),
+                     dev).host
+    large = estimate(bp, _config(bp, t, "comm=copy_engine comm_block_m=1024 comm_block_n=16"),
+                     dev).host
+    assert small - large == pytest.approx(6 * dev.host_ce_op_us * 1e-3)
+
+
 @pytest.mark.parametrize("case", H100_MATRIX,
                          ids=lambda c: "-".join(map(str, c[:5])) + ("-graph" if c[5] else ""))
 def test_the_default_is_within_5_percent_of_the_fastest_plan_measured_on_h100(case):

@@ -445,6 +445,14 @@ class AllGatherCopyEngine(_Gather):
             return None
         return {"capturable": "1"}
 
+    def ce_ops(self, site) -> int:
+        """Per destination: a wait on its gate (and, with flags, a write closing it), then
+        a copy and a data signal per chunk of this rank's rows."""
+        seg = self._geometry(site)[1]
+        chunks = -(-seg // site.config.comm_block_m)
+        dests = site.bp.world - int(self.own_in_place(site))
+        return dests * (1 + int(self._flags(site)) + 2 * chunks)
+
     def declare(self, mb, site) -> None:
         super().declare(mb, site)
         mb.copy_engine = mb.gates = True

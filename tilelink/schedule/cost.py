@@ -148,6 +148,7 @@ class DeviceSpec:
     host_symm_us: float = 40.0
     host_ce_us: float = 100.0
     host_ce_peer_us: float = 0.0
+    host_ce_op_us: float = 0.0  # each op of its program (`Lowering.ce_ops`): a driver call
     # a fused pipelined library call (torch async-TP): each of its W - 1 steps' barrier and
     # stream hand-off (also before each pulled shard), the share of the whole GEMM's rate its
     # row chunks reach, and its host time per eager call (+ per rank: a step's Python work).
@@ -218,11 +219,13 @@ H100 = DeviceSpec(
     # Host per eager call of the decoder layer's four GEMM + collective pairs at M = 2048
     # (another 4x H100 host, 2026-11-27, 5cbca45, tools/host_profile.py, W = 2 and 4):
     # TileLink's SM kernels 61-121 us, the same calls on the copy engine 38-75 us more at
-    # W = 2 and 98-142 more at W = 4 (11-18 driver calls), NCCL + cuBLAS 92-178. The kernels'
-    # own host time keeps the 2x H100 host's fit (its GEMM-AR: 61 us for two kernels); the
-    # copy engine's, what it adds a call and a peer on the slower host
+    # W = 2 and 98-142 more at W = 4, NCCL + cuBLAS 92-178. The kernels' own host time keeps
+    # the 2x H100 host's fit (its GEMM-AR: 61 us for two kernels). The copy engine's: its
+    # events and stream joins, then ~7 us an op of its program (a driver call each: 3-12 ops
+    # at M = 2048; at M = 4096, W = 2, 960452b / 955ef31: 57-80 us more than the SM kernel
+    # for a gather's 5 ops, 102.5 for a reduce-scatter's 13, and 28 us less for 6 ops fewer)
     host_kernel_us=30.0, host_call_us=15.0, host_nccl_us=145.0, host_symm_us=44.0,
-    host_ce_us=20.0, host_ce_peer_us=35.0,
+    host_ce_us=35.0, host_ce_op_us=7.0,
     # GEMM-AR's sum after the GEMM (N = 8192, K / W = 4096): 0.055 ms at M = 128 (graph
     # replays) against cuBLAS alone 0.028: the sum's kernel costs ~13 us beyond its bytes
     reduce_pass_us=13.0,
@@ -534,7 +537,8 @@ def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
         if prep is not None:  # its torch ops, each a host call
             us += prep.calls * dev.host_call_us
         if lw.resource == "copy_engine":
-            us += dev.host_ce_us + dev.host_ce_peer_us * (bp.world - 1)
+            us += (dev.host_ce_us + dev.host_ce_peer_us * (bp.world - 1)
+                   + dev.host_ce_op_us * lw.ce_ops(site))
     return us * 1e-3
 
 
@@ -766,7 +770,8 @@ def _compute_first(ext, cfg, dev, elem, w, nbytes, gemm, tile_ms, compute, lat,
     if cfg.comm == "copy_engine":
         # tiles land in a local staging buffer; the copy engine moves each finished chunk
         push_bw = interpolate(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", w - 1)
-        last_push = chunk_rows * chunk_cols * elem / (push_bw * 1e9) * 1e3 + w * lat
+        # (its copies are whole rows: the last chunk's every column goes after the GEMM)
+        last_push = chunk_rows * cols * elem / (push_bw * 1e9) * 1e3 + w * lat
         reducers = max(1, cfg.comm_programs)
         # its copies are whole rows of chunk_rows, one per chunk and destination, one after
         # another; the own rows too unless the reduce after the GEMM reads them in place

@@ -453,6 +453,11 @@ class Lowering:
         charges for a collective; 0 for a compute op)."""
         return 0.0
 
+    def ce_ops(self, site: OpSite) -> int:
+        """How many copy-engine ops (copies, signal writes, stream waits: one driver call
+        each) its program enqueues per call, for the cost model's host time; 0: none."""
+        return 0
+
     def push_stall(self, site: OpSite) -> float:
         """The share of its pushes' time a GEMM loses when this lowering's epilogue stores its
         tiles into peers (the cost model's charge where the reduction runs after the GEMM):
