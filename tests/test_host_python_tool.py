@@ -68,7 +68,12 @@ def test_the_cost_models_copy_engine_op_count_is_the_runtimes():
              ("examples/ag_gemm.tl", {"M": 4096, "N": 256, "K": 256},
               {"comm": "copy_engine", "comm_block_m": "1024"}, 2),
              ("examples/ag_gemm.tl", {"M": 2048, "N": 256, "K": 256},
-              {"comm": "copy_engine", "comm_block_m": "256", "capturable": "1"}, 4)]
+              {"comm": "copy_engine", "comm_block_m": "256", "capturable": "1"}, 4),
+             ("examples/gemm_ar.tl", {"M": 2048, "N": 256, "K": 512},
+              {"comm": "copy_engine", "reduce_after": "0"}, 4),
+             ("examples/gemm_rs.tl", {"M": 2048, "N": 256, "K": 512},
+              {"comm": "copy_engine", "reduce_after": "0", "flatten": "0", "fuse_reduce": "0"},
+              2)]
     out = subprocess.run([sys.executable, "-c", _COUNT_CALLS, json.dumps(cases)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -402,6 +402,13 @@ class AllReduceCopyEngine(_EveryRow, ReduceScatterCopyEngine):
         comm=copy_engine`) or by the tuner (eager)."""
         return False
 
+    def ce_ops(self, site) -> int:
+        """A wait on each destination's release, then per chunk of rows one wait on its tile
+        count and, to each destination, the copy and the data signal."""
+        chunks = -(-self._seg(site) // site.config.comm_block_m)
+        dests = site.bp.world - int(bool(site.config.reduce_after))
+        return dests + chunks * (1 + 2 * dests)
+
     def ce_program(self, mb, site) -> list[str]:
         out = site.op.result
         p = ident(out)
