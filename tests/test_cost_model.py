@@ -454,8 +454,11 @@ def test_the_default_weighs_a_lowerings_alternatives_on_eager_calls_only():
     bp, t = _bp(RS, 4, M=2048, N=4096, K=14336), _target("NVIDIA H100")
     eager, _ = default_config(bp, t)
     assert (eager.comm, eager.flatten, eager.reduce_after) == ("sm", 1, 1)
-    replayed, _ = default_config(bp, t, graph=True)
-    assert not (replayed.comm == "sm" and replayed.reduce_after)
+    from tilelink.schedule.schedule import _alternatives, default_alternatives, default_space
+
+    sm, _ = default_config(bp, t, allow_fallback=False, resource="sm")
+    assert [(c.flatten, c.reduce_after) for c in default_alternatives(bp, t, sm)] == [(1, 1)]
+    assert _alternatives(bp, t, default_space(t), sm, graph=True) == []
     # on the emulated world and at W = 1 the lowering proposes no alternative
     for target, w in ((get_target("interp"), 4), (t, 1)):
         b = _bp(RS, w, M=64, N=64, K=64 * w)
@@ -486,6 +489,16 @@ def test_the_copy_engine_reduce_scatter_takes_the_chunk_measured_fastest(mnk, me
     chosen, why = default_config(_bp(RS, 2, M=m, N=n, K=k), _target("NVIDIA H100"))
     assert chosen.comm == "copy_engine", why
     assert measured[chosen.comm_block_m] <= 1.05 * min(measured.values()), chosen
+
+
+def test_the_tuners_space_has_the_alternatives_the_default_weighs():
+    # the 1,024-row chunks the default takes at 4096^3, W = 2: the tuner can measure them
+    from tilelink.tune import space
+
+    bp = _bp(RS, 2, M=4096, N=4096, K=4096)
+    cands = space.candidates(bp, _target("NVIDIA H100"))
+    chunks = {(c.comm_block_m, c.comm_block_n) for c in cands if c.comm == "copy_engine"}
+    assert {(512, 32), (1024, 16)} <= chunks
 
 
 def test_host_time_counts_the_copy_engine_programs_ops():

@@ -408,9 +408,9 @@ class Lowering:
 
     def default_axes(self, site: OpSite) -> list[dict]:
         """Alternatives to `defaults` (each a dict of knob values) that the default decision
-        weighs by the cost model beside them, on this lowering's resource: the ones measured
-        to win somewhere and modelled well enough to be picked where they do (a subset of
-        `tune_axes`; none by default)."""
+        weighs by the cost model beside them, on this lowering's resource, for eager calls:
+        the ones measured to win somewhere and modelled well enough to be picked where they
+        do (the tuner's space admits them too; none by default)."""
         return []
 
     def captured_overrides(self, site: OpSite) -> dict | None:

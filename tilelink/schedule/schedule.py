@@ -301,7 +301,8 @@ def _alternatives(bp: BoundPattern, target: Target, space, merged: Config,
     """`merged` (a resource's default) with each combination of its ops' lowerings'
     alternatives to their defaults (`Lowering.default_axes`: where a sum runs, ...) that
     can run, other than `merged` itself: the default decision weighs them by the cost model
-    as it weighs resources (the tuner measures these and more). Eager calls only: for
+    as it weighs resources (the tuner's space admits them: `default_alternatives`). Eager
+    calls only: for
     CUDA-graph replays the model's async-TP chain is too slow by ~20% (4x H100, TP-MLP at
     M = 4096, 2026-11-27: async-TP replayed 0.426 ms, the model 0.519), so the SM sum after
     the GEMM it put first measured slower (0.456); replays keep the resources' defaults."""
@@ -321,6 +322,14 @@ def _alternatives(bp: BoundPattern, target: Target, space, merged: Config,
                 not _never_default(bp, cfg, target):
             out[cfg] = None
     return list(out)
+
+
+def default_alternatives(bp: BoundPattern, target: Target, cfg: Config) -> list[Config]:
+    """The lowerings' alternatives to `cfg`, a resource's default (`Lowering.default_axes`),
+    that can run: what the eager default weighs beside it (for the tuner's space)."""
+    if target.backend == "interp" or cfg.comm == "none":
+        return []
+    return _alternatives(bp, target, default_space(target), cfg)
 
 
 def _merged_defaults(bp: BoundPattern, target: Target, space, cfg: Config
@@ -527,17 +536,32 @@ def cost_note(bp: BoundPattern, target: Target, cfg: Config) -> str | None:
         host = f", host {mine.host:.3f}" if not graph else ""
         parts.append(f"{'graph replays' if graph else 'eager'} {mine.total:.3f} ms{host} "
                      f"({plan}: {fb_est.total:.3f}, library_comm={fb.library_comm})")
-    for comm in (r for r in COMM_RESOURCES if r not in ("none", cfg.comm)):
-        # the other resource's overlapped default, which the default weighed against this
+    for comm in (r for r in COMM_RESOURCES if r != "none"):
+        # each resource's overlapped default and its lowerings' alternatives (eager), which
+        # the default weighed against this config
         try:
             other, _ = default_config(bp, target, False, resource=comm)
         except TileLinkError:
             continue
-        if other.comm == comm and not default_space(target).reasons(other, bp):
-            e, g = estimate(bp, other, dev), estimate(bp, other, dev, True)
-            parts.append(f"comm={comm}'s default: eager {e.total:.3f} ms, host "
-                         f"{e.host:.3f}; graph replays {g.total:.3f}")
+        if other.comm != comm or default_space(target).reasons(other, bp):
+            continue
+        named = [(f"comm={comm}'s default", other)]
+        named += [(f"comm={comm}'s alternative ({_changed(other, alt)})", alt)
+                  for alt in default_alternatives(bp, target, other)]
+        for name, c in named:
+            if c == cfg:
+                continue
+            e, g = estimate(bp, c, dev), estimate(bp, c, dev, True)
+            parts.append(f"{name}: eager {e.total:.3f} ms, host {e.host:.3f}; graph "
+                         f"replays {g.total:.3f}")
     return f"cost model ({dev.name}): " + "; ".join(parts)
+
+
+def _changed(base: Config, cfg: Config) -> str:
+    """The knob values of `cfg` that differ from `base` (for messages)."""
+    a, b = dict(kv.split("=") for kv in str(base).split()), \
+        dict(kv.split("=") for kv in str(cfg).split())
+    return " ".join(f"{k}={v}" for k, v in b.items() if a.get(k) != v)
 
 
 def _words(cfg: Config) -> str:

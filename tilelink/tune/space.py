@@ -11,8 +11,8 @@ from ..schedule.cost import (FALLBACK, extents, is_fallback, op_lowerings,
                              uses_comm_programs)
 from ..plan.tiling import pow2_ceil
 from ..schedule.knobs import OP_KNOBS, plan_knobs
-from ..schedule.schedule import (capturable, default_config, default_space,  # noqa: F401
-                                 graph_values, make_schedule)
+from ..schedule.schedule import (capturable, default_alternatives,  # noqa: F401
+                                 default_config, default_space, graph_values, make_schedule)
 
 
 
@@ -269,10 +269,13 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
             cfg, _ = default_config(bp, target, False, resource=res)
         except TileLinkError:
             continue
-        cfg = _canonical(replace(cfg, num_programs=min(cfg.num_programs, programs)), bp, ext,
-                         target)
-        if cfg.comm == res:
-            admit(cfg, read_knobs(bp, cfg, target))
+        if cfg.comm != res:
+            continue
+        # and the alternatives its lowerings offer the default (`Lowering.default_axes`)
+        for c in [cfg, *default_alternatives(bp, target, cfg)]:
+            c = _canonical(replace(c, num_programs=min(c.num_programs, programs)), bp, ext,
+                           target)
+            admit(c, read_knobs(bp, c, target))
     for fb in _fallbacks(bp, target, programs):
         out[fb] = None
     if not out:

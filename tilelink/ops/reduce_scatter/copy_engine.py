@@ -68,6 +68,16 @@ class ReduceScatterCopyEngine(_Scatter):
             axes.append(axes[-1] | {"fuse_reduce": 1})
         return axes
 
+    def fit(self, cfg, overrides, site):
+        """Rows the user set (`comm_block_m`) without columns: the reduce tile's columns fitted
+        to them as `defaults` fits its own (16384 values, at most 128 columns), not inherited
+        from a default with other rows."""
+        if "comm_block_m" in overrides and "comm_block_n" not in overrides:
+            from dataclasses import replace
+
+            return replace(cfg, comm_block_n=max(16, min(128, 16384 // cfg.comm_block_m)))
+        return cfg
+
     def default_axes(self, site) -> list[dict]:
         """On GPUs, chunks twice the default's rows where a rank sums more than one default
         chunk: half the copies, waits and signals, each a driver call (the reduce tile keeps
@@ -79,7 +89,7 @@ class ReduceScatterCopyEngine(_Scatter):
         cb = site.config.comm_block_m * 2
         if cb > self._seg(site) or 16384 // cb < 16:
             return []
-        return [{"comm_block_m": cb, "comm_block_n": min(site.config.comm_block_n, 16384 // cb)}]
+        return [{"comm_block_m": cb, "comm_block_n": min(128, 16384 // cb)}]
 
     def defaults(self, site) -> dict:
         """The GEMM on every SM stores its tiles locally, the copy engine ships each finished

@@ -40,7 +40,8 @@ class ReduceScatterSM(_Scatter):
         """Yes (the sum after the GEMM; one owner a tile): 4x H100, GEMM-RS 2048 x 4096 x K
         (2026-11-27, eager) took 0.1185 ms at K = 4096, where the pushes take 1.7x the GEMM,
         and 0.146-0.149 at K = 14336 (0.56x), where the whole stall said 0.182. Measured
-        at three peers only: with one, the whole stall (`PUSH_STALL`'s fit)."""
+        at three peers; beyond them taken as at three (as `PUSH_STALL` is), with one peer
+        the whole stall (its fit)."""
         return site.bp.world >= 4
 
     # ---- W = 1: the sum of one partial is the partial ----------------------------------
