@@ -179,11 +179,38 @@ def test_decoder_bench_cpu_run_checks_every_variant(tmp_path):
     for r in rows:  # the ratio is the fastest baseline of the row's size over its time
         best = min(b["ms"] for b in rows if b["variant"] == "nccl" and b["phase"] == r["phase"])
         assert r["speedup_vs_best_baseline"] == round(best / r["ms"], 3)
+        assert len(r["speedup_rounds"]) == 2, r  # and round by round
+    assert "tilelink compiled prefill T=16: x best baseline" in out.stdout
     # the printed line: median [min-max] of the rounds
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("nccl      eager"))
     r = next(r for r in rows if (r["variant"], r["mode"]) == ("nccl", "eager"))
     assert (f"{r['ms']:9.3f} ms [{min(r['ms_rounds']):.3f}-{max(r['ms_rounds']):.3f}]"
             in line), line
+
+
+def test_decoder_bench_ratios_pair_each_round():
+    # round by round, the fastest baseline of that round over the row's time in it; a
+    # baseline row gets its own (<= 1), a row of another size or without rounds none
+    db = _decoder_bench_module()
+    rows = [
+        {"variant": "nccl", "mode": "compiled", "phase": "prefill", "tokens": 8, "ok": True,
+         "ms": 2.0, "ms_rounds": [2.0, 1.5, 2.1]},
+        {"variant": "async_tp", "mode": "compiled", "phase": "prefill", "tokens": 8,
+         "ok": True, "ms": 3.0, "ms_rounds": [1.8, 3.0, 3.1]},
+        {"variant": "tilelink", "mode": "compiled", "phase": "prefill", "tokens": 8,
+         "ok": True, "ms": 1.8, "ms_rounds": [1.8, 1.2, 2.0]},
+        {"variant": "tilelink", "mode": "compiled", "phase": "prefill", "tokens": 16,
+         "ok": True, "ms": 1.0, "ms_rounds": [1.0]},
+    ]
+    out = db.with_ratios(rows)
+    tl = out[2]
+    assert tl["speedup_vs_best_baseline"] == round(2.0 / 1.8, 3)
+    assert tl["speedup_rounds"] == [1.0, 1.25, 1.05]  # 1.8 / 1.8, 1.5 / 1.2, 2.1 / 2.0
+    assert tl["speedup_paired"] == 1.05
+    assert "speedup_rounds" not in out[3]  # no baseline at 16 tokens
+    line = db._ratio_line(tl)
+    assert "round by round 1.050 [1.000-1.250]" in line
+    assert db._ratio_line(out[0]) is None
 
 
 def _decoder_bench_module():

@@ -40,9 +40,11 @@ JSON (`--out`, rewritten after each size, so a run cut short keeps what it measu
 one per (variant, mode, phase, tokens): `ms` (median over rounds), `ms_rounds` (each
 round's), `err`, `ok`, `error`, compiled rows' `compile_s`, `graph_ops` (fused ops found in
 inductor's code: shows whether async-TP's pass fired) and `recompiles` (compiles after the
-first, if any: a compile may then be in the times), `profile` (with --profile), and
+first, if any: a compile may then be in the times), `profile` (with --profile),
 `speedup_vs_best_baseline` (the fastest agreeing `nccl` / `async_tp` row of that phase and
-size, any mode, over this row's ms). `--time-limit` bounds the whole run: past it every
+size, any mode, over this row's ms), and `speedup_rounds` / `speedup_paired` (the same
+ratio round by round, and its median: a round's rows ran back to back, so a host whose
+speed drifts between rounds spreads it less). `--time-limit` bounds the whole run: past it every
 rank exits (status 3) with the JSON written so far. `--cpu` runs the same flow on a gloo
 world (no timing worth reading, no async_tp, compiled with aot_eager): the tool's own check.
 """
@@ -559,6 +561,9 @@ def _rank(rank: int, world: int, args) -> dict:
         if rank == 0:
             for row in size_rows:
                 print(_line(row), flush=True)
+            for row in with_ratios(size_rows):
+                if (line := _ratio_line(row)) is not None:
+                    print(line, flush=True)
             write(args.out, meta, rows)
     meta["complete"] = True
     deadline.cancel()
@@ -633,22 +638,49 @@ def _out_of_time(rank: int, limit: float) -> None:
 
 def with_ratios(rows: list[dict]) -> list[dict]:
     """Each row with `speedup_vs_best_baseline`: the fastest agreeing baseline row of its
-    phase and size (any mode) over this row's ms (> 1: faster than every baseline)."""
+    phase and size (any mode) over this row's ms (> 1: faster than every baseline); and,
+    round by round, the fastest baseline of that round over this row's time in it
+    (`speedup_rounds`) and their median (`speedup_paired`). A round times every row of a
+    size once, back to back, so a round's ratio compares times taken under the same state of
+    the host: on hosts whose speed drifts between rounds it spreads less than the ratio of
+    medians."""
+    import statistics
+
     best: dict = {}
+    base: dict = {}
     for r in rows:
         if r["variant"] in BASELINES and r.get("ok") and "ms" in r:
             key = (r["phase"], r["tokens"])
+            base.setdefault(key, []).append(r)
             if key not in best or r["ms"] < best[key]["ms"]:
                 best[key] = r
     out = []
     for r in rows:
         r = dict(r)
-        b = best.get((r["phase"], r["tokens"]))
+        key = (r["phase"], r["tokens"])
+        b = best.get(key)
         if b is not None and r.get("ok") and "ms" in r:
             r["best_baseline"] = f"{b['variant']} {b['mode']}"
             r["speedup_vs_best_baseline"] = round(b["ms"] / r["ms"], 3)
+            ts = r.get("ms_rounds") or []
+            peers = [x["ms_rounds"] for x in base[key] if len(x.get("ms_rounds") or []) == len(ts)]
+            if ts and peers:
+                r["speedup_rounds"] = [round(min(p[i] for p in peers) / t, 3)
+                                       for i, t in enumerate(ts)]
+                r["speedup_paired"] = round(statistics.median(r["speedup_rounds"]), 3)
         out.append(r)
     return out
+
+
+def _ratio_line(r: dict) -> str | None:
+    """A row's ratio to the fastest baseline, per round (None for a baseline or a row
+    without one)."""
+    if r["variant"] in BASELINES or "speedup_rounds" not in r:
+        return None
+    sr = r["speedup_rounds"]
+    return (f"  {r['variant']} {r['mode']} {r['phase']} T={r['tokens']}: x best baseline "
+            f"{r['speedup_vs_best_baseline']:.3f} (medians); round by round {r['speedup_paired']:.3f} "
+            f"[{min(sr):.3f}-{max(sr):.3f}]")
 
 
 def write(path: str, meta: dict, rows: list[dict]) -> None:
