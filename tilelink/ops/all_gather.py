@@ -7,7 +7,7 @@ import torch
 from ..ir.ops import Inferred, OpDoc, check_dim, fail, register, spec
 from ..ir.tensor import REPLICATED
 from ..plan.regions import FULL, access, chunk_axis, region_rule
-from ..plan.tiling import DimRule, TileGrid, pow2_ceil
+from ..plan.tiling import DimRule, TileGrid, cdiv, pow2_ceil
 from ..bench.providers import (gathered_operand_skipped, peer_elements, symm_mem_op,
                                to_every_peer, transfer)
 from ..runtime.bounds import Sums, rounding
@@ -448,8 +448,7 @@ class AllGatherCopyEngine(_Gather):
     def ce_ops(self, site) -> int:
         """Per destination: a wait on its gate (and, with flags, a write closing it), then
         a copy and a data signal per chunk of this rank's rows."""
-        seg = self._geometry(site)[1]
-        chunks = -(-seg // site.config.comm_block_m)
+        chunks = cdiv(self._geometry(site)[1], site.config.comm_block_m)
         dests = site.bp.world - int(self.own_in_place(site))
         return dests * (1 + int(self._flags(site)) + 2 * chunks)
 

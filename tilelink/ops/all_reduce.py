@@ -405,8 +405,7 @@ class AllReduceCopyEngine(_EveryRow, ReduceScatterCopyEngine):
     def ce_ops(self, site) -> int:
         """A wait on each destination's release, then per chunk of rows one wait on its tile
         count and, to each destination, the copy and the data signal."""
-        chunks = -(-self._seg(site) // site.config.comm_block_m)
-        dests = site.bp.world - int(bool(site.config.reduce_after))
+        dests, chunks = self._ce_counts(site)
         return dests + chunks * (1 + 2 * dests)
 
     def ce_program(self, mb, site) -> list[str]:

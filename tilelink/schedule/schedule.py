@@ -15,6 +15,7 @@ the pattern's ops (`lowering.py`), each in its op family's module (`tilelink.ops
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError, NotSupportedError, TileLinkError
@@ -302,12 +303,10 @@ def _alternatives(bp: BoundPattern, target: Target, space, merged: Config,
     alternatives to their defaults (`Lowering.default_axes`: where a sum runs, ...) that
     can run, other than `merged` itself: the default decision weighs them by the cost model
     as it weighs resources (the tuner's space admits them: `default_alternatives`). Eager
-    calls only: for
-    CUDA-graph replays the model's async-TP chain is too slow by ~20% (4x H100, TP-MLP at
-    M = 4096, 2026-11-27: async-TP replayed 0.426 ms, the model 0.519), so the SM sum after
-    the GEMM it put first measured slower (0.456); replays keep the resources' defaults."""
-    import itertools
-
+    calls only: for CUDA-graph replays the model's async-TP chain is too slow by ~20% (4x
+    H100, TP-MLP at M = 4096, 2026-11-27: async-TP replayed 0.426 ms, the model 0.519), so
+    the SM sum after the GEMM it put first measured slower (0.456); replays keep the
+    resources' defaults."""
     if graph:
         return []
 
@@ -559,9 +558,8 @@ def cost_note(bp: BoundPattern, target: Target, cfg: Config) -> str | None:
 
 def _changed(base: Config, cfg: Config) -> str:
     """The knob values of `cfg` that differ from `base` (for messages)."""
-    a, b = dict(kv.split("=") for kv in str(base).split()), \
-        dict(kv.split("=") for kv in str(cfg).split())
-    return " ".join(f"{k}={v}" for k, v in b.items() if a.get(k) != v)
+    a = base.as_dict()
+    return " ".join(f"{k}={v}" for k, v in cfg.as_dict().items() if a[k] != v)
 
 
 def _words(cfg: Config) -> str:

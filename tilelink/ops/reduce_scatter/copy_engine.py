@@ -4,6 +4,7 @@ fused into the own tiles' epilogue."""
 from __future__ import annotations
 
 from ...codegen.module import TL_DTYPES, ident, indent
+from ...plan.tiling import cdiv
 from ...schedule.lowering import Step
 from .common import _Scatter, _loc, reduce_dep, tiles_per_chunk
 
@@ -122,12 +123,21 @@ class ReduceScatterCopyEngine(_Scatter):
     def own_rows(self, kb, site) -> str:
         return f"{ident(site.op.result)}_SEG"
 
+    @staticmethod
+    def _own_in_place(site) -> bool:
+        """The sum after the GEMM reads this rank's own partial from `send` (no own copy)."""
+        return bool(site.config.reduce_after)
+
+    def _ce_counts(self, site) -> tuple[int, int]:
+        """(destinations the copy engine sends to, chunks of rows a rank sums)."""
+        dests = site.bp.world - int(self._own_in_place(site))
+        return dests, cdiv(self._seg(site), site.config.comm_block_m)
+
     def ce_ops(self, site) -> int:
         """Per destination (this rank too unless the sum after the GEMM reads its own rows in
         place): a wait on its release, then per chunk of its rows a wait on the chunk's
         tile count, the copy and the data signal."""
-        chunks = -(-self._seg(site) // site.config.comm_block_m)
-        dests = site.bp.world - int(bool(site.config.reduce_after))
+        dests, chunks = self._ce_counts(site)
         return dests * (1 + 3 * chunks)
 
     def declare(self, mb, site) -> None:
@@ -138,7 +148,7 @@ class ReduceScatterCopyEngine(_Scatter):
         w = mb.bp.world
         m, n = mb.bp.tensors[part].shape
         chunks = mb.plan.grids[out].axes[0].tiling
-        own_in_place = int(bool(site.config.reduce_after))
+        own_in_place = int(self._own_in_place(site))
         # slab s: rank s's partial of the rows this rank sums
         mb.heap_tensor(f"{out}_stage", (w, self._seg(site), n), site.result.dtype, 2,
                        peer_written=True)
