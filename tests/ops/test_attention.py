@@ -168,7 +168,8 @@ def test_the_default_split_keeps_the_gpu_busy(b, h, hkv, busy):
     sp = _split(bp, op, s.config)
     rounds = -(-sp.items // s.config.num_programs)
     assert sp.items // rounds >= busy and (sp.splits == 1 or rounds <= 4)
-    assert (sp.block, s.config.warps, s.config.stages) == (64, 4, 3)
+    # (a query group's tl.dot takes 128-key blocks: DECODE_GROUP_BLOCK)
+    assert (sp.block, s.config.warps, s.config.stages) == (64 if h == hkv else 128, 4, 3)
     work = s.composition.lowerings[op.result].work(s.composition.sites[op.result])
     assert work.programs == sp.items // rounds
     assert work.program_gbs == SPLIT_PROGRAM_GBS["one" if h == hkv else "group"]
@@ -204,7 +205,7 @@ def test_the_split_shows_in_the_schedule(capsys):
                  "-D", "S=131072", "-D", "D=128", "--config", "comm=sm",
                  "--emit", "schedule"]) == 0
     out = capsys.readouterr().out
-    assert "16 KV split(s) of 64 block(s) of 64 keys per (batch, key head): 128 items" in out
+    assert "16 KV split(s) of 32 block(s) of 128 keys per (batch, key head): 128 items" in out
     assert "4 query heads a key head, on the tensor cores" in out
 
 

@@ -626,8 +626,13 @@ class _DecodeTiles(Lowering):
 
 
 #: on GPU targets: keys a block of the KV loop, and warps a program (measured: 16 splits a
-#: head of 64-key blocks on 4 warps streamed 1 GiB of keys and values in 0.401 ms on one H100)
-DECODE_BLOCK, DECODE_WARPS = 64, 4
+#: head of 64-key blocks on 4 warps streamed 1 GiB of keys and values in 0.401 ms on one H100).
+#: A query group sharing a key head (its tl.dot) takes 128-key blocks: one H100, B = 1, 32 / 8
+#: heads, 131072 keys, 3 stages, CUDA-graph replays (2026-11-28, tools/decode_bw.py): 0.192 ms
+#: against 0.234 with 64-key blocks (torch's flash SDPA 0.188); at 32768 keys 0.061 both, at
+#: B = 8 0.359 against 0.353. One key head per query head keeps 64 (128 in 2 stages: 0.847
+#: against 0.804 ms at 131072 keys of 32 heads)
+DECODE_BLOCK, DECODE_GROUP_BLOCK, DECODE_WARPS = 64, 128, 4
 
 
 @dataclass(frozen=True)
@@ -682,8 +687,9 @@ def _split(bp, op, cfg) -> _Split:
 #: GB/s one busy program streams its keys and values at (one H100, B = 1, D = 128,
 #: 32 query heads, CUDA-graph replays of the kernel alone, tools/decode_bw.py): one key
 #: head per query head 2718 GB/s on 132 busy programs at 131072 keys (torch's cuDNN SDPA
-#: 3076); a query group of 4 sharing a key head (its tl.dot) 2281 (flash SDPA 2830)
-SPLIT_PROGRAM_GBS = {"one": 20.4, "group": 17.3}
+#: 3076); a query group of 4 sharing a key head (its tl.dot, 128-key blocks) 2801 on 128
+#: busy programs (flash SDPA 2855; 2026-11-28)
+SPLIT_PROGRAM_GBS = {"one": 20.4, "group": 21.9}
 
 
 class AttentionPartialTiles(_DecodeTiles):
@@ -728,11 +734,14 @@ class AttentionPartialTiles(_DecodeTiles):
         return cfg.stages * 2 * _split(site.bp, site.op, cfg).block * pow2_ceil(d) * elem
 
     def defaults(self, site) -> dict:
-        """On GPUs the measured decode blocks and warps (`DECODE_BLOCK`, `DECODE_WARPS`), in
-        stages that fit the target's shared memory."""
+        """On GPUs the measured decode blocks and warps (`DECODE_BLOCK`, or
+        `DECODE_GROUP_BLOCK` for a query group sharing a key head; `DECODE_WARPS`), in stages
+        that fit the target's shared memory."""
         if site.target.backend == "interp":
             return {}
-        vals = {"block_n": str(DECODE_BLOCK), "warps": str(DECODE_WARPS)}
+        q, k = site.tensor(site.op.args[0]).local_shape, site.tensor(site.op.args[1]).local_shape
+        block = DECODE_GROUP_BLOCK if _group(q, k) > 1 else DECODE_BLOCK
+        vals = {"block_n": str(block), "warps": str(DECODE_WARPS)}
         return vals | self._fit(site.config.with_values(vals), site, ())
 
     def fit(self, cfg, overrides, site):
