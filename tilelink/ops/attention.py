@@ -898,7 +898,10 @@ class AttentionPartialTiles(_DecodeTiles):
             ]
         if not whole:
             body += self._combine(kb, site, sp, ragged)
-        index = ["c = t % SPLITS", "g = (t // SPLITS) % HKV", "b = t // (SPLITS * HKV)",
+        # key heads fastest: the programs running at once read every key head of the same
+        # keys (a key's heads are adjacent in memory, HKV x D elements), not a few heads of
+        # many keys
+        index = ["g = t % HKV", "c = (t // HKV) % SPLITS", "b = t // (SPLITS * HKV)",
                  "h = g * G  # its first query head"]
         return item_loop(step, "B * HKV * SPLITS", index, waits, body)
 
