@@ -685,11 +685,11 @@ def _split(bp, op, cfg) -> _Split:
 
 
 #: GB/s one busy program streams its keys and values at (one H100, B = 1, D = 128,
-#: 32 query heads, CUDA-graph replays of the kernel alone, tools/decode_bw.py): one key
-#: head per query head 2718 GB/s on 132 busy programs at 131072 keys (torch's cuDNN SDPA
-#: 3076); a query group of 4 sharing a key head (its tl.dot, 128-key blocks) 2801 on 128
-#: busy programs (flash SDPA 2855; 2026-11-28)
-SPLIT_PROGRAM_GBS = {"one": 20.4, "group": 21.9}
+#: 32 query heads, CUDA-graph replays of the kernel alone, tools/decode_bw.py, 2026-11-28,
+#: items by key head fastest): one key head per query head 2844 GB/s on 132 busy programs
+#: at 131072 keys (torch's cuDNN SDPA 3073); a query group of 4 sharing a key head (its
+#: tl.dot, 128-key blocks) 2799 on 128 busy programs (flash SDPA 2833)
+SPLIT_PROGRAM_GBS = {"one": 21.5, "group": 21.9}
 
 
 class AttentionPartialTiles(_DecodeTiles):
