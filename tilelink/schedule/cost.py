@@ -140,15 +140,14 @@ class DeviceSpec:
     # host time of one eager call's pieces (us): a kernel through TileLink's fast launcher
     # with its epoch bookkeeping, a torch library call (cuBLAS), an NCCL collective, a torch
     # symmetric-memory collective, a copy-engine program (side stream, events, stream ops)
-    # and what each peer adds to it (its copies, signals and stream waits: a driver call
-    # each, ~5-8 us apiece on H100 hosts)
+    # and each op of that program (a copy, signal or stream wait: a driver call each, ~5-8
+    # us apiece on H100 hosts)
     host_kernel_us: float = 30.0
     host_call_us: float = 15.0
     host_nccl_us: float = 60.0
     host_symm_us: float = 40.0
     host_ce_us: float = 100.0
-    host_ce_peer_us: float = 0.0
-    host_ce_op_us: float = 0.0  # each op of its program (`Lowering.ce_ops`): a driver call
+    host_ce_op_us: float = 0.0  # each op of its program (`Lowering.ce_ops`)
     # a fused pipelined library call (torch async-TP): each of its W - 1 steps' barrier and
     # stream hand-off (also before each pulled shard), the share of the whole GEMM's rate its
     # row chunks reach, and its host time per eager call (+ per rank: a step's Python work).
@@ -537,8 +536,7 @@ def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
         if prep is not None:  # its torch ops, each a host call
             us += prep.calls * dev.host_call_us
         if lw.resource == "copy_engine":
-            us += (dev.host_ce_us + dev.host_ce_peer_us * (bp.world - 1)
-                   + dev.host_ce_op_us * lw.ce_ops(site))
+            us += dev.host_ce_us + dev.host_ce_op_us * lw.ce_ops(site)
     return us * 1e-3
 
 

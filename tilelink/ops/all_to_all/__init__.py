@@ -7,7 +7,7 @@ import torch
 from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, spec
 from ...ir.tensor import INT_DTYPES, LOCAL
 from ...plan.regions import access, chunk_axis, region_rule
-from ...plan.tiling import FULL, DimRule, TileGrid
+from ...plan.tiling import FULL, DimRule, TileGrid, cdiv
 from ...bench.providers import peer_elements, transfer
 from ...runtime.bounds import rounding
 from ...runtime.dist_reference import Prepared, dist_reference, library_variant
@@ -334,7 +334,7 @@ def expected_bytes(bp, op) -> float:
     if cap is not None:
         source = dispatched_rows(bp, op) if bp.op_attrs(op)["back"] else \
             bp.tensors[op.args[0]].local_shape[0]
-        rows = min(rows, -(-source // bp.world))
+        rows = min(rows, cdiv(source, bp.world))
     return (bp.world - 1) * rows * local_bytes(bp, op.result) / res.local_shape[0]
 
 

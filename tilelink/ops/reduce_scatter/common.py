@@ -10,6 +10,17 @@ from ...schedule.lowering import Lowering, Step
 from .op import _scatter_bytes
 
 
+#: values of the reduce role's comm_block_m x comm_block_n fp32 tile, held in registers: more
+#: spill (measured 1.2-4x slower)
+REDUCE_TILE_VALUES = 16384
+
+
+def reduce_tile_cols(rows: int, most: int = 128) -> int:
+    """The columns of a reduce tile of `rows` rows: as many as fit REDUCE_TILE_VALUES, at
+    most `most`."""
+    return min(most, REDUCE_TILE_VALUES // rows)
+
+
 def _loc(loc) -> str:
     return f"{loc.file}:{loc.line}" if loc else "?"
 
@@ -67,11 +78,12 @@ class _Scatter(Lowering):
             bad.append(f"its partials are taken from a GEMM's tile epilogue; {src} is "
                        + ("a pattern input" if site.producer is None else
                           f"computed by {site.producer.kind}") + " (compute it with gemm)")
-        if site.config.comm_block_m * site.config.comm_block_n > 16384:
+        if site.config.comm_block_m * site.config.comm_block_n > REDUCE_TILE_VALUES:
             # the reduce role holds a comm_block_m x comm_block_n fp32 tile in registers
             bad.append(f"comm_block_m x comm_block_n = "
-                       f"{site.config.comm_block_m * site.config.comm_block_n} exceeds 16384: the "
-                       "reduce tile (fp32, in registers) would spill (measured 1.2-4x slower)")
+                       f"{site.config.comm_block_m * site.config.comm_block_n} exceeds "
+                       f"{REDUCE_TILE_VALUES}: the reduce tile (fp32, in registers) would "
+                       "spill (measured 1.2-4x slower)")
         return bad
 
     def steps(self, site) -> list[Step]:

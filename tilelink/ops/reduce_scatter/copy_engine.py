@@ -6,7 +6,8 @@ from __future__ import annotations
 from ...codegen.module import TL_DTYPES, ident, indent
 from ...plan.tiling import cdiv
 from ...schedule.lowering import Step
-from .common import _Scatter, _loc, reduce_dep, tiles_per_chunk
+from .common import (REDUCE_TILE_VALUES, _Scatter, _loc, reduce_dep, reduce_tile_cols,
+                     tiles_per_chunk)
 
 
 class ReduceScatterCopyEngine(_Scatter):
@@ -71,12 +72,12 @@ class ReduceScatterCopyEngine(_Scatter):
 
     def fit(self, cfg, overrides, site):
         """Rows the user set (`comm_block_m`) without columns: the reduce tile's columns fitted
-        to them as `defaults` fits its own (16384 values, at most 128 columns), not inherited
+        to them as `defaults` fits its own (`reduce_tile_cols`), not inherited
         from a default with other rows."""
         if "comm_block_m" in overrides and "comm_block_n" not in overrides:
             from dataclasses import replace
 
-            return replace(cfg, comm_block_n=max(16, min(128, 16384 // cfg.comm_block_m)))
+            return replace(cfg, comm_block_n=max(16, reduce_tile_cols(cfg.comm_block_m)))
         return cfg
 
     def default_axes(self, site) -> list[dict]:
@@ -88,9 +89,9 @@ class ReduceScatterCopyEngine(_Scatter):
         if site.target is None or site.target.backend != "cuda":
             return []
         cb = site.config.comm_block_m * 2
-        if cb > self._seg(site) or 16384 // cb < 16:
+        if cb > self._seg(site) or REDUCE_TILE_VALUES // cb < 16:
             return []
-        return [{"comm_block_m": cb, "comm_block_n": min(128, 16384 // cb)}]
+        return [{"comm_block_m": cb, "comm_block_n": reduce_tile_cols(cb)}]
 
     def defaults(self, site) -> dict:
         """The GEMM on every SM stores its tiles locally, the copy engine ships each finished
@@ -105,7 +106,7 @@ class ReduceScatterCopyEngine(_Scatter):
         rows = site.result.local_shape[0]  # the rows this rank sums (M / W here)
         chunk = min(512, max(16, 1 << max(0, rows.bit_length() - 1)))
         out = {"flatten": "1", "reduce_after": "1", "comm_block_m": str(chunk),
-               "comm_block_n": str(min(128, 16384 // chunk))}
+               "comm_block_n": str(reduce_tile_cols(chunk))}
         if not self._fusable():
             return out
         from dataclasses import replace
