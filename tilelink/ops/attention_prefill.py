@@ -199,11 +199,6 @@ class AttentionTiles(Lowering):
         # tile's end, where its keys stop) divide into blocks: its loads need no key mask
         whole = skv % bn == 0 and (not causal or zigzag or (sq % bn == 0 and bm % bn == 0))
         self._const(kb, site, QK_SCALE=_qk_scale(d))
-        # K and V blocks through TMA descriptors on targets that have them (a [BN, 1, DP] box
-        # of the [SKV, HKV, D] tensor: keys past SKV and columns past D load as zeros)
-        tma = bool(site.target.tma) and d * DTYPE_BYTES.get(k.dtype, 2) % 16 == 0
-        if tma:
-            kb.mb.flags["TMA"] = 1
         if zigzag:
             # rank r holds blocks r and 2W - 1 - r of the sequence (SQ / 2 rows each), for
             # the queries and for each rank's keys: the mask follows their positions, and a
@@ -252,25 +247,15 @@ class AttentionTiles(Lowering):
             if dmask:
                 mask = (mask + dmask) if mask else "dmask[None, :]"
             block = [f"offs_n = {n_at} + tl.arange(0, BN)"] + \
-                ([] if whole else ["nmask = offs_n < nkeys"])
-            if tma:
-                # (keys past nkeys but before SKV load too: their scores are masked)
-                k_at, v_at = ((f"[{tok('n0', k_name, step_waited)}, g, 0]",
-                               f"[{tok('n0', v_name, step_waited)}, g, 0]")
-                              if zz else (f"[{n_at}, g, 0]",) * 2)
-                k_load = f"k_desc.load({k_at}).reshape(BN, DP)"
-                v_load = f"v_desc.load({v_at}).reshape(BN, DP)"
-            else:
-                block += ["kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]"]
-                k_at, v_at = ((tok("kv", k_name, step_waited), tok("kv", v_name, step_waited))
-                              if zz else ("kv", "kv"))
-                kw = f", mask={mask}, other=0.0" if mask else ""
-                k_load = f"tl.load({k.base} + {k_at}{kw})"
-                v_load = f"tl.load({v.base} + {v_at}{kw})"
+                ([] if whole else ["nmask = offs_n < nkeys"]) + \
+                ["kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]"]
+            k_at, v_at = ((tok("kv", k_name, step_waited), tok("kv", v_name, step_waited))
+                          if zz else ("kv", "kv"))
+            kw = f", mask={mask}, other=0.0" if mask else ""
             score_mask = f'scores = tl.where({seen}, scores, float("-inf"))'
             m_name = "m_use" if unseen_rows else "m_new"
             work = [
-                f"kt = {k_load}{up}",
+                f"kt = tl.load({k.base} + {k_at}{kw}){up}",
                 "scores = tl.dot(qt, tl.trans(kt){0})  # q . k; QK_SCALE takes it to exp2's "
                 "base".format(prec),
             ] + ([] if masked is None else [score_mask] if masked == "" else [
@@ -286,19 +271,17 @@ class AttentionTiles(Lowering):
                 f"p = tl.exp2(scores * QK_SCALE - {m_name}[:, None])",
                 f"alpha = tl.exp2(m_i - {m_name})",
                 "l_i = l_i * alpha + tl.sum(p, axis=1)",
-                f"vt = {v_load}{up}",
+                f"vt = tl.load({v.base} + {v_at}{kw}){up}",
                 "# the weights rounded to the inputs' dtype; the rescaled sum accumulated by "
                 "the product",
                 f"acc = tl.dot(p.to({dt}){up}, vt, acc * alpha[:, None]{prec})",
                 "m_i = m_new",
             ]
-            waits = step_waits
-            if waits and fence:
-                waits = waits + fence
             if zz:  # a block none of whose keys the tile's queries see: no wait, no read
                 return block + kpos + [
                     "if tl.min(" + ("kpos" if whole else "tl.where(nmask, kpos, SKV)") +
-                    ", axis=0) <= qlast:"] + ["    " + x for x in waits + work]
+                    ", axis=0) <= qlast:"] + ["    " + x for x in step_waits + work]
+            waits = step_waits
             if waits:  # (first line: tok's initial value; then the waits)
                 # the waits and the token's use under an `if` (n1 > n0 holds for every
                 # block): Triton's pipeliner predicates an scf.if, not the inline asm of a
@@ -306,11 +289,6 @@ class AttentionTiles(Lowering):
                 waits = waits[:1] + ["n0_at = n0", "if n1 > n0:"] + [
                     "    " + x for x in waits[1:] + ["n0_at = tld.consume_token(n0, tok)"]]
             return waits + block + work
-
-        # gathered keys are written by other agents through the generic proxy and read here
-        # through the async proxy (TMA): a fence between the acquire and the loads
-        fence = (["tld.fence_proxy_async(True)  # (generic-proxy writes, TMA reads)"]
-                 if tma and (k.peer_written or v.peer_written) else [])
 
         def kv_loop(head: str, n0: str, work: list[str]) -> list[str]:
             return [head, f"    n0 = {n0}", "    n1 = tl.minimum(n0 + BN, SKV)"] + \
@@ -363,10 +341,7 @@ class AttentionTiles(Lowering):
             index = ["g = t // (NMB * G)  # its key head", "r = t % (NMB * G)",
                      "h = g * G + r % G  # its query head", "m0 = (r // G) * BM"]
         index += ["m1 = tl.minimum(m0 + BM, SQ)"]
-        descs = [f"{x}_desc = tl.make_tensor_descriptor({b}, shape=[SKV, HKV, D], "
-                 f"strides=[HKV * D, D, 1], block_shape=[BN, 1, DP])"
-                 for x, b in (("k", k.base), ("v", v.base))] if tma else []
-        return descs + item_loop(step, "NMB * HQ", index, waits, body)
+        return item_loop(step, "NMB * HQ", index, waits, body)
 
     def _first_block(self, kb, site, keys: str) -> str:
         """The KV loop's first block: with order=own_first, the one holding the key row
