@@ -291,6 +291,10 @@ class AttentionTiles(Lowering):
             return waits + block + work
 
         def kv_loop(head: str, n0: str, work: list[str]) -> list[str]:
+            """A pipelined loop over K / V blocks. Its block `n0` stays a block of this tile's
+            keys for every i, also past the loop's end (the modulo or the clamp): were the
+            pipeliner to run a later iteration's waits ahead of the bound check, they would
+            wait for a chunk the tile reads anyway, never for one no one signals."""
             return [head, f"    n0 = {n0}", "    n1 = tl.minimum(n0 + BN, SKV)"] + \
                 ["    " + x for x in work]
 
@@ -304,7 +308,8 @@ class AttentionTiles(Lowering):
             # masked, then those every query sees whole are not: a branch-free loop
             body += [
                 "nfull = (me * SQ + m0 + 1) // BN  # blocks at or before the first query",
-            ] + kv_loop(f"for i in tl.range(nfull, nblk, {pipelined}", "i * BN  # the diagonal",
+            ] + kv_loop(f"for i in tl.range(nfull, nblk, {pipelined}",
+                        "tl.minimum(i, nblk - 1) * BN  # the diagonal (i < nblk: see kv_loop)",
                         block_work("", True)) + [
                 f"start = {first}",
             ] + kv_loop(f"for i in tl.range(0, nfull, {pipelined}",
@@ -320,27 +325,18 @@ class AttentionTiles(Lowering):
             f"(acc / l_i[:, None]).to({TL_DTYPES[out.dtype]}), "
             f"mask=mmask[:, None]{dmask})",
         ]
+        # Items by key head, then query block, then the G query heads that share the key head:
+        # the programs running at once read the same keys and values, which stay in L2 (with
+        # heads fastest every key head's keys and values are read at once; 4x H100: 2-3%
+        # faster on every attention case measured, docs/perf.md)
         self._const(kb, site, NMB=cdiv(sq, cfg.block_m))
-        if causal:
-            # a tile sees more keys the later its queries: every head's tiles longest first,
-            # each other round of the programs taking its tiles in reverse (a snake), so
-            # every program gets about the same number of key blocks (round-robin over the
-            # longest-first tiles of one key head at a time left one program 1.29x the mean
-            # at S = 8192 and 1.78x at 4096, 32 / 8 heads on 132 programs; the snake 1.01x)
-            p = step.count
-            index = [f"rnd = t // {p}  # the programs' round",
-                     f"u = t + (rnd % 2) * (tl.minimum({p}, NMB * HQ - rnd * {p}) - 1 - "
-                     f"2 * (t % {p}))  # odd rounds reversed",
-                     "m0 = (NMB - 1 - u // HQ) * BM  # the longest tiles first",
-                     "h = u % HQ  # its query head", "g = h // G  # its key head"]
+        if causal:  # within a key head the last query blocks see the most keys: they go
+            # first, so no program is left with a long tile at the end
+            m0 = "m0 = (NMB - 1 - r // G) * BM  # the longest tiles first"
         else:
-            # items by key head, then query block, then the G query heads that share the key
-            # head: the programs running at once read the same keys and values, which stay
-            # in L2 (with heads fastest every key head's keys and values are read at once;
-            # 4x H100: 2-3% faster on every attention case measured, docs/perf.md)
-            index = ["g = t // (NMB * G)  # its key head", "r = t % (NMB * G)",
-                     "h = g * G + r % G  # its query head", "m0 = (r // G) * BM"]
-        index += ["m1 = tl.minimum(m0 + BM, SQ)"]
+            m0 = "m0 = (r // G) * BM"
+        index = ["g = t // (NMB * G)  # its key head", "r = t % (NMB * G)",
+                 "h = g * G + r % G  # its query head", m0, "m1 = tl.minimum(m0 + BM, SQ)"]
         return item_loop(step, "NMB * HQ", index, waits, body)
 
     def _first_block(self, kb, site, keys: str) -> str:
