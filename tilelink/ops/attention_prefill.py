@@ -194,11 +194,6 @@ class AttentionTiles(Lowering):
         # the head dim padded to a power of two (DP) is masked to D; unpadded, no mask
         dmask = "" if max(16, pow2_ceil(d)) == d else " & dmask[None, :]"
         dt = TL_DTYPES[q.dtype]
-        bm, bn = cfg.block_m, cfg.block_n
-        # every block the loop reads is whole when the keys (and, causal, the rows up to each
-        # tile's end, where its keys stop) divide into blocks: its loads need no key mask
-        whole = skv % bn == 0 and (not causal or zigzag or (sq % bn == 0 and bm % bn == 0))
-        self._const(kb, site, QK_SCALE=_qk_scale(d))
         if zigzag:
             # rank r holds blocks r and 2W - 1 - r of the sequence (SQ / 2 rows each), for
             # the queries and for each rank's keys: the mask follows their positions, and a
@@ -211,17 +206,19 @@ class AttentionTiles(Lowering):
             kpos = ["src, row = offs_n // SQ, offs_n % SQ  # the key's rank and its row there",
                     "kpos = tl.where(row < HALF, src * HALF + row, "
                     "(2 * WORLD - 1 - src) * HALF + row - HALF)"]
-            seen = "kpos[None, :] <= qpos[:, None]"
+            seen = "nmask[None, :] & (kpos[None, :] <= qpos[:, None])"
+            partial = None  # every block is masked (positions differ per half)
         elif causal:
             # query i of this rank sits at position me * SQ + i and sees keys up to it
             keys = ["nkeys = tl.minimum(me * SQ + m1, SKV)  # keys up to the last query's "
                     "position: the blocks past them are never read"]
-            seen = "offs_n[None, :] <= me * SQ + offs_m[:, None]"
+            seen = "nmask[None, :] & (offs_n[None, :] <= me * SQ + offs_m[:, None])"
+            # a block past the tile's first query position (the diagonal) or the last
+            partial = "(n0 + BN > nkeys) | (n0 + BN - 1 > me * SQ + m0)"
         else:
             keys = ["nkeys = SKV"]
-            seen = None
-        if not whole:
-            seen = "nmask[None, :]" + (f" & ({seen})" if seen else "")
+            seen = "nmask[None, :]"
+            partial = "n0 + BN > nkeys"  # the last block, where SKV is ragged
         body = [
             "offs_m = m0 + tl.arange(0, BM)",
             "mmask = offs_m < SQ  # (the last query block may be ragged)",
@@ -233,93 +230,58 @@ class AttentionTiles(Lowering):
             'm_i = tl.full((BM,), float("-inf"), tl.float32)  # running max per row',
             "l_i = tl.zeros((BM,), tl.float32)  # running sum of exp(score - m_i)",
             "acc = tl.zeros((BM, DP), dtype=tl.float32)",
-        ] + keys + memo_init(step_waited) + ["nblk = (nkeys + BN - 1) // BN"]
-
-        def block_work(masked: str | None, unseen_rows: bool, zz: bool = False) -> list[str]:
-            """One K / V block's step of the online softmax. `masked`: when its scores are
-            masked (None never, "" always, else a run-time condition); `unseen_rows`: a row
-            may have seen no key yet (its max -inf)."""
-            # the block's first key, made dependent on its waits (below) where it has any: a
-            # scalar, so the K and V offsets are computed after the waits' `if` (a [BN, D]
-            # offset tensor carried out of it would hold 2 x BN x D / threads registers)
-            n_at = "n0_at" if step_waits and not zz else "n0"
-            mask = "" if whole else "nmask[:, None]"
-            if dmask:
-                mask = (mask + dmask) if mask else "dmask[None, :]"
-            block = [f"offs_n = {n_at} + tl.arange(0, BN)"] + \
-                ([] if whole else ["nmask = offs_n < nkeys"]) + \
-                ["kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]"]
-            k_at, v_at = ((tok("kv", k_name, step_waited), tok("kv", v_name, step_waited))
-                          if zz else ("kv", "kv"))
-            kw = f", mask={mask}, other=0.0" if mask else ""
-            score_mask = f'scores = tl.where({seen}, scores, float("-inf"))'
-            m_name = "m_use" if unseen_rows else "m_new"
-            work = [
-                f"kt = tl.load({k.base} + {k_at}{kw}){up}",
-                "scores = tl.dot(qt, tl.trans(kt){0})  # q . k; QK_SCALE takes it to exp2's "
-                "base".format(prec),
-            ] + ([] if masked is None else [score_mask] if masked == "" else [
-                f"if {masked}:  # keys some queries must not see: masked (whole blocks are not)",
-                "    " + score_mask,
-            ]) + [
-                # (the scale folded into the max and into exp2's argument: one FMA a score)
-                "m_new = tl.maximum(m_i, tl.max(scores, axis=1) * QK_SCALE)",
-            ] + ([
-                "# (a row that has seen no key yet keeps -inf: exp against 0 gives it 0s)",
-                'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
-            ] if unseen_rows else []) + [
-                f"p = tl.exp2(scores * QK_SCALE - {m_name}[:, None])",
-                f"alpha = tl.exp2(m_i - {m_name})",
-                "l_i = l_i * alpha + tl.sum(p, axis=1)",
-                f"vt = tl.load({v.base} + {v_at}{kw}){up}",
-                "# the weights rounded to the inputs' dtype; the rescaled sum accumulated by "
-                "the product",
-                f"acc = tl.dot(p.to({dt}){up}, vt, acc * alpha[:, None]{prec})",
-                "m_i = m_new",
-            ]
-            if zz:  # a block none of whose keys the tile's queries see: no wait, no read
-                return block + kpos + [
-                    "if tl.min(" + ("kpos" if whole else "tl.where(nmask, kpos, SKV)") +
-                    ", axis=0) <= qlast:"] + ["    " + x for x in step_waits + work]
-            waits = step_waits
-            if waits:  # (first line: tok's initial value; then the waits)
+        ] + keys + memo_init(step_waited) + [
+            "nblk = (nkeys + BN - 1) // BN",
+            f"start = {first}",
+            "for i in tl.range(0, nblk, num_stages=STAGES):  # K and V blocks in flight",
+            "    n0 = ((start + i) % nblk) * BN",
+            "    n1 = tl.minimum(n0 + BN, SKV)",
+        ]
+        # the block's first key, made dependent on its waits (below) where it has any: a
+        # scalar, so the K and V offsets are computed after the waits' `if` (a [BN, D]
+        # offset tensor carried out of it would hold 2 x BN x D / threads registers)
+        n_at = "n0_at" if step_waits and not zigzag else "n0"
+        block = [f"offs_n = {n_at} + tl.arange(0, BN)", "nmask = offs_n < nkeys",
+                 "kv = (offs_n[:, None] * HKV + g) * D + offs_d[None, :]",
+                 f"kvmask = nmask[:, None]{dmask}"]
+        k_at, v_at = ((tok("kv", k_name, step_waited), tok("kv", v_name, step_waited))
+                      if zigzag else ("kv", "kv"))
+        work = [
+            f"kt = tl.load({k.base} + {k_at}, mask=kvmask, other=0.0){up}",
+            # scores in log2 units (scaled by log2(e) / sqrt(D)): exp2 is the GPU's own
+            f"scores = tl.dot(qt, tl.trans(kt){prec}) * {_qk_scale(d)!r}",
+        ] + ([f"scores = tl.where({seen}, scores, float(\"-inf\"))"] if partial is None else [
+            f"if {partial}:  # keys some queries must not see: masked (whole blocks are not)",
+            f"    scores = tl.where({seen}, scores, float(\"-inf\"))",
+        ]) + [
+            "m_new = tl.maximum(m_i, tl.max(scores, axis=1))",
+        ] + ([
+            "# (a row that has seen no key yet keeps -inf: exp against 0 gives it 0s)",
+            'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
+        ] if causal else [
+            "m_use = m_new  # (every block holds a key every query sees: never -inf)",
+        ]) + [
+            "p = tl.exp2(scores - m_use[:, None])",
+            "alpha = tl.exp2(m_i - m_use)",
+            "l_i = l_i * alpha + tl.sum(p, axis=1)",
+            f"vt = tl.load({v.base} + {v_at}, mask=kvmask, other=0.0){up}",
+            f"pv = tl.dot(p.to({dt}){up}, vt{prec})  # weights rounded to the inputs' dtype",
+            "acc = acc * alpha[:, None] + pv",
+            "m_i = m_new",
+        ]
+        if zigzag:  # a block none of whose keys the tile's queries see: no wait, no read
+            work = block + kpos + [
+                "if tl.min(tl.where(nmask, kpos, SKV), axis=0) <= qlast:"] + [
+                "    " + x for x in step_waits + work]
+        else:
+            if step_waits:  # (first line: tok's initial value; then the waits)
                 # the waits and the token's use under an `if` (n1 > n0 holds for every
                 # block): Triton's pipeliner predicates an scf.if, not the inline asm of a
                 # bare wait or consume_token, so the K and V loads stay pipelined
-                waits = waits[:1] + ["n0_at = n0", "if n1 > n0:"] + [
-                    "    " + x for x in waits[1:] + ["n0_at = tld.consume_token(n0, tok)"]]
-            return waits + block + work
-
-        def kv_loop(head: str, n0: str, work: list[str]) -> list[str]:
-            """A pipelined loop over K / V blocks. Its block `n0` stays a block of this tile's
-            keys for every i, also past the loop's end (the modulo or the clamp): were the
-            pipeliner to run a later iteration's waits ahead of the bound check, they would
-            wait for a chunk the tile reads anyway, never for one no one signals."""
-            return [head, f"    n0 = {n0}", "    n1 = tl.minimum(n0 + BN, SKV)"] + \
-                ["    " + x for x in work]
-
-        pipelined = "num_stages=STAGES):  # K and V blocks in flight"
-        if zigzag:  # (positions differ per half: every block masked)
-            body += [f"start = {first}"] + kv_loop(
-                f"for i in tl.range(0, nblk, {pipelined}", "((start + i) % nblk) * BN",
-                block_work("", True, zz=True))
-        elif causal:
-            # the blocks on the tile's diagonal (some keys past some of its queries) are
-            # masked, then those every query sees whole are not: a branch-free loop
-            body += [
-                "nfull = (me * SQ + m0 + 1) // BN  # blocks at or before the first query",
-            ] + kv_loop(f"for i in tl.range(nfull, nblk, {pipelined}",
-                        "tl.minimum(i, nblk - 1) * BN  # the diagonal (i < nblk: see kv_loop)",
-                        block_work("", True)) + [
-                f"start = {first}",
-            ] + kv_loop(f"for i in tl.range(0, nfull, {pipelined}",
-                        "((start + i) % tl.maximum(nfull, 1)) * BN",
-                        block_work(None, False))
-        else:
-            body += [f"start = {first}"] + kv_loop(
-                f"for i in tl.range(0, nblk, {pipelined}", "((start + i) % nblk) * BN",
-                block_work(None if whole else "n0 + BN > nkeys", False))
-        body += [
+                step_waits = step_waits[:1] + ["n0_at = n0", "if n1 > n0:"] + [
+                    "    " + x for x in step_waits[1:] + ["n0_at = tld.consume_token(n0, tok)"]]
+            work = step_waits + block + work
+        body += ["    " + x for x in work] + [
             "l_i = tl.where(l_i == 0.0, 1.0, l_i)",
             f"tl.store({out.base} + (offs_m[:, None] * HQ + h) * D + offs_d[None, :], "
             f"(acc / l_i[:, None]).to({TL_DTYPES[out.dtype]}), "
