@@ -55,24 +55,4 @@ def raise_recorded(rt, schedule, module, released: tuple | None) -> None:
         shown.append(f"... and {count - len(shown)} more")
     raise HangError(f"rank {rt.rank}: {count} wait(s) gave up after "
                     f"{rt.spin_limit} spins\n" + "\n".join(f"  {w}" for w in shown),
-                    hint=own_copy_hint(schedule, module, words) or
-                    "the wait names the producer tile and the pattern line it needed")
-
-
-def own_copy_hint(schedule, module, words: list[str]) -> str | None:
-    """Why waits for chunks of this rank's own rows may give up with comm=copy_engine, when
-    some did and the module copies those rows on this GPU (not read in place): the driver
-    may run a same-device cuMemcpyAsync as a kernel, which gets no SM while the persistent
-    grid holds every SM and leaves no room beside it. Measured 2026-11-28 on one H200: a
-    causal attention kernel of 243 registers a thread (8 warps, one program per SM) waited
-    for its own rows' copy until the spin bound; at 214-229 registers the copy ran."""
-    if schedule.config.comm != "copy_engine" or getattr(module, "OWN_DIRECT", 0):
-        return None
-    if not any("(this rank)" in w for w in words):
-        return None
-    sms = schedule.target.num_sms
-    return ("the waits for this rank's own rows gave up: with comm=copy_engine they reach its "
-            "buffer by a copy on this GPU, which the CUDA driver may run on SMs, and the "
-            f"kernel's {schedule.config.num_programs} programs may leave no SM room for it; "
-            f"try num_programs={max(1, sms - 4)} (SMs - 4), smaller tiles or fewer stages, "
-            "or comm=sm")
+                    hint="the wait names the producer tile and the pattern line it needed")
