@@ -191,6 +191,9 @@ class _FakeEngine:
     def run(self, ops, ready, capturing=False):
         self.runs.append((list(ops), ready) + ((True,) if capturing else ()))
 
+    def run_local(self, ops, stream, rank):
+        self.runs.append(("local", list(ops), stream, rank))
+
 
 def _rank_runtime():
     from tilelink.runtime.gpu import GpuRankRuntime
@@ -252,6 +255,46 @@ def test_copy_engine_ops_are_checked_before_anything_runs():
     with pytest.raises(TileLinkError, match="out of bounds"):
         rt.copy_engine(bad, start_now=True)
     assert rt.engine.runs == [] and rt.pending == []
+
+
+LOCAL = [("local_copy", torch.zeros(8, dtype=torch.bfloat16), 0, 8, "buf", 0),
+         ("local_signal", "ctl", 3, 1)]
+
+
+def test_local_ops_go_on_the_calls_stream_before_the_kernel():
+    # copies into this rank's own buffers run at once on the call's stream (before the
+    # launch that follows): a copy within one GPU may run on SMs, which the kernel waiting
+    # for it may hold; the other ops still wait for the launch
+    rt = _rank_runtime()
+    rt.stream = "call-stream"
+    rt.copy_engine(LOCAL + OPS)
+    assert rt.engine.runs == [("local", LOCAL, "call-stream", 0)] and rt.pending == OPS
+    rt.engine.runs, rt.pending = [], []
+    rt.copy_engine(LOCAL)  # W = 1: nothing for the side stream
+    assert rt.engine.runs == [("local", LOCAL, "call-stream", 0)] and rt.pending == []
+
+
+def test_local_ops_are_checked_against_the_ranks_own_buffers_and_skipped_in_the_warm_up():
+    rt = _rank_runtime()
+    with pytest.raises(TileLinkError, match="out of bounds"):
+        rt.copy_engine([("local_copy", torch.zeros(8, dtype=torch.bfloat16), 0, 8, "buf", 60)]
+                       + OPS)
+    with pytest.raises(TileLinkError, match="not an int32 word"):
+        rt.copy_engine([("local_signal", "ctl", 8, 1)])
+    assert rt.engine.runs == [] and rt.pending == []
+    rt.compile_only = True  # no kernel runs in the warm-up: nothing is enqueued
+    rt.copy_engine(LOCAL + OPS)
+    assert rt.engine.runs == [] and rt.pending == OPS
+
+
+def test_capture_refuses_per_call_local_ops():
+    from tilelink.errors import NotSupportedError
+
+    rt = _rank_runtime()
+    rt.engine.flags, rt.capturing = False, True  # a local signal carries the call's epoch
+    with pytest.raises(NotSupportedError):
+        rt.copy_engine(LOCAL)
+    assert rt.engine.runs == []
 
 
 def test_captured_calls_take_the_graph_tuned_config_only_where_outputs_agree():

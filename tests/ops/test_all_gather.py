@@ -117,9 +117,11 @@ def test_ag_capturable_copy_engine_ops_carry_no_per_call_value():
     assert mod.copy_engine_ops(1, 7, a) == mod.copy_engine_ops(1, 8, a) \
         == mod.copy_engine_ops(1, 2**31 - 1, a)
     kinds = [op[0] for op in mod.copy_engine_ops(1, 7, a)]
-    # per destination (the peer, and this rank: 32-row shards under 128-row tiles are not
-    # read in place): its gate, closing it, then 2 chunks with their flags
-    assert kinds == (["wait", "signal"] + ["copy", "signal"] * 2) * 2
+    # this rank's own rows first (32-row shards under 128-row tiles are not read in place):
+    # 2 chunks with their flags on the caller's stream, no gate; then the peer's gate,
+    # closing it, and 2 chunks with their flags
+    assert kinds == ["local_copy", "local_signal"] * 2 + ["wait", "signal"] + \
+        ["copy", "signal"] * 2
     plain = load_module(render_triton(make_schedule(
         AG.bind({"M": 64, "N": 32, "K": 32}, 2), get_target("cuda:90"),
         {"comm": "copy_engine", "comm_block_m": "16"})))

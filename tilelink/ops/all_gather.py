@@ -446,11 +446,12 @@ class AllGatherCopyEngine(_Gather):
         return {"capturable": "1"}
 
     def ce_ops(self, site) -> int:
-        """Per destination: a wait on its gate (and, with flags, a write closing it), then
-        a copy and a data signal per chunk of this rank's rows."""
+        """Per peer: a wait on its gate (and, with flags, a write closing it), then a copy
+        and a data signal per chunk of this rank's rows; the same copies and signals into
+        this rank's own buffer unless its consumers read its rows in place (no gate)."""
         chunks = cdiv(self._geometry(site)[1], site.config.comm_block_m)
-        dests = site.bp.world - int(self.own_in_place(site))
-        return dests * (1 + int(self._flags(site)) + 2 * chunks)
+        own = 0 if self.own_in_place(site) else 2 * chunks
+        return (site.bp.world - 1) * (1 + int(self._flags(site)) + 2 * chunks) + own
 
     def declare(self, mb, site) -> None:
         super().declare(mb, site)
@@ -474,8 +475,22 @@ class AllGatherCopyEngine(_Gather):
                 "    buf, value = 0, 1"]
         else:
             mb.ce_lines += ["    buf, value = epoch & 1, epoch"]
+        copy_args = (f"src, lo * {p}_INNER, (hi - lo) * {p}_INNER",
+                     f"(buf * WORLD * {p}_SEG + rank * {p}_SEG + lo) * {p}_INNER")
+        if not own:
+            mb.ce_lines += [
+                "    # this rank's own rows into its own buffer: on the caller's stream before "
+                "the kernel", "    # (local ops): a copy within one GPU may run on SMs, "
+                "and must not queue behind the", "    # kernel that waits for it; no gate: "
+                "the kernels that read this buffer came before it",
+                f"    for j in range({p}_CHUNKS):",
+                f"        lo, hi = j * {p}_CB, min((j + 1) * {p}_CB, {p}_SEG)",
+                f"        ops.append((\"local_copy\", {copy_args[0]}, {full!r},",
+                f"                    {copy_args[1]}))",
+                mb.ce_data_signal(f"        ops.append((\"local_signal\", {sig!r}, "
+                                  f"{slot}, value))")]
         mb.ce_lines += [
-            f"    for step in range({own}, WORLD):",
+            f"    for step in range(1, WORLD):",
             "        # rank - step: receiver r gets rank r + 1's rows first, the order its tiles "
             "read them",
             "        dst = (rank - step) % WORLD",
@@ -488,10 +503,8 @@ class AllGatherCopyEngine(_Gather):
             f"        for j in range({p}_CHUNKS):",
             f"            lo, hi = j * {p}_CB, min((j + 1) * {p}_CB, {p}_SEG)",
             f"            # rows lo:hi of {src} -> rows of `rank` in dst's {full} buffer `buf`",
-            f"            ops.append((\"copy\", src, lo * {p}_INNER, (hi - lo) * {p}_INNER, dst, "
-            f"{full!r},",
-            f"                        (buf * WORLD * {p}_SEG + rank * {p}_SEG + lo) * "
-            f"{p}_INNER))",
+            f"            ops.append((\"copy\", {copy_args[0]}, dst, {full!r},",
+            f"                        {copy_args[1]}))",
             mb.ce_data_signal(f"            ops.append((\"signal\", dst, {sig!r}, {slot}, value))")]
 
 

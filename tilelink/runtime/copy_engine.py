@@ -116,6 +116,26 @@ class CopyEngine:
                 waits.append((addr, value))
                 stream_ops.wait_value32(h, addr, value)
 
+    def run_local(self, ops: list[tuple], stream: int, rank: int) -> None:
+        """Enqueue the local ops (`copy_ops.local_ops`: copies and signals into this rank's
+        own buffers) on `stream`, the caller's (raw handle), now: before the kernel the call
+        launches next. The driver may run a copy within one GPU as a kernel of its own,
+        which would wait for SMs behind a persistent kernel that holds them all while it
+        waits for that copy (2026-11-28, one H200: causal attention's kernel of 243
+        registers a thread gave up waiting for its own rows). On the caller's stream the
+        copy also needs no gate: the kernels that read the buffer before (this rank's) came
+        earlier on the same stream."""
+        bufs = self.bufs[rank]
+        for op in ops:
+            if op[0] == "local_copy":
+                _, src, src_off, count, buf, dst_off = op
+                base, size = bufs[buf]
+                stream_ops.copy_async(stream, base + dst_off * size,
+                                      src.data_ptr() + src_off * size, count * size)
+            else:  # "local_signal"
+                _, buf, idx, value = op
+                stream_ops.write_value32(stream, bufs[buf][0] + idx * 4, value)
+
     def join(self, stream: int) -> None:
         """Make `stream` (the caller's; raw handle) wait for everything enqueued on the side
         stream. Nothing to join where this call enqueued nothing (W = 1 reads its own rows in

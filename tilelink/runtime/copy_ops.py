@@ -13,7 +13,28 @@ def buffer_layout(peers: list[dict]) -> list[dict]:
     return [{k: (v.numel(), v.dtype) for k, v in peer.items()} for peer in peers]
 
 
-def check_copy_ops(ops: list[tuple], layout: list[dict]) -> None:
+#: op kinds run on the caller's stream before the kernel, into this rank's own buffers
+LOCAL_KINDS = ("local_copy", "local_signal")
+
+
+def local_ops(ops: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """`ops` split into (the ops run on the caller's stream before the kernel, the rest)."""
+    if not any(op[0] in LOCAL_KINDS for op in ops):
+        return [], ops
+    return ([op for op in ops if op[0] in LOCAL_KINDS],
+            [op for op in ops if op[0] not in LOCAL_KINDS])
+
+
+def as_peer_op(op: tuple, rank: int) -> tuple:
+    """A local op as the copy / signal of rank `rank` it is."""
+    if op[0] == "local_copy":
+        _, src, src_off, count, buf, dst_off = op
+        return ("copy", src, src_off, count, rank, buf, dst_off)
+    _, buf, idx, value = op
+    return ("signal", rank, buf, idx, value)
+
+
+def check_copy_ops(ops: list[tuple], layout: list[dict], rank: int = 0) -> None:
     """Raise TileLinkError for any copy-engine op that does not fit the heap, before anything
     is done. The GPU runtime turns the ops into raw addresses (`gpu.CopyEngine.run`): this
     checks what a tensor slice would have checked, so a bad op is an error and never a write
@@ -23,9 +44,15 @@ def check_copy_ops(ops: list[tuple], layout: list[dict]) -> None:
     of the contiguous tensor `src` from element `src_offset` into peer `peer`'s buffer at
     element `dst_offset`; ("signal" | "wait", peer, buffer, index, value) write / wait for
     (cyclic >=) the int32 word buffer[index] of peer `peer`. `layout[peer][name]` is
-    (element count, dtype), as `buffer_layout` gives it.
+    (element count, dtype), as `buffer_layout` gives it. ("local_copy", src, src_offset,
+    count, buffer, dst_offset) and ("local_signal", buffer, index, value) are the copy and
+    signal into rank `rank`'s own buffers that run on the caller's stream before the kernel
+    (`local_ops`): a copy on one GPU may run on SMs, and must not queue behind a kernel that
+    holds every SM and waits for it.
     """
     for op in ops:
+        if op and op[0] in LOCAL_KINDS:
+            op = as_peer_op(op, rank)
         kind = op[0]
         if kind == "copy":
             _, src, src_off, count, peer, buf, dst_off = op

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import HangError, NotSupportedError, TileLinkError
-from .copy_ops import buffer_layout, check_copy_ops
+from .copy_ops import as_peer_op, buffer_layout, check_copy_ops, local_ops
 from .inputs import check_module_inputs
 from .reference import TORCH_DTYPES
 
@@ -192,8 +192,15 @@ class RankRuntime:
 
     def copy_engine(self, ops: list[tuple], start_now: bool = False) -> None:
         """Run copy-engine ops on a side 'stream' (a thread), in order, while the kernel runs
-        (always started at once here, so `start_now` changes nothing)."""
+        (always started at once here, so `start_now` changes nothing); the local ones (into
+        this rank's own buffers) first and to the end, as the caller's stream runs them
+        before the kernel on a GPU."""
         self.join()
+        local, ops = local_ops(ops)
+        if local:
+            check_copy_ops(local, buffer_layout(self.peers), self.rank)
+            self._run_ops([as_peer_op(op, self.rank) for op in local])
+            self.join()  # (raises what the local ops failed with)
         if not ops:
             return
         self._thread = threading.Thread(target=self._run_ops, args=(ops,), daemon=True)
@@ -201,7 +208,7 @@ class RankRuntime:
 
     def _run_ops(self, ops):
         try:
-            check_copy_ops(ops, buffer_layout(self.peers))  # nothing runs if any op is bad
+            check_copy_ops(ops, buffer_layout(self.peers), self.rank)  # (nothing runs if any op is bad)
             for op in ops:
                 kind = op[0]
                 if kind == "wait":

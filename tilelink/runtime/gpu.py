@@ -12,7 +12,9 @@ is needed between calls (double buffers are released by signals; see docs/design
 
 Copy-engine communication runs on a side stream: peer copies (cudaMemcpyAsync), each chunk
 followed by a stream write of its signal, and stream waits for buffer releases
-(`stream_ops`); the side stream forks from and joins back into the caller's stream.
+(`stream_ops`); the side stream forks from and joins back into the caller's stream. Copies
+into the rank's own buffers (`local_copy`, `local_signal`) go on the caller's stream before
+the kernel: a copy within one GPU may run on SMs, which the kernel may hold while it waits.
 
 This module compiles ops; the rest of the GPU runtime is split by what it does, and its
 public names are importable from here too:

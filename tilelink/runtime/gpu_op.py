@@ -14,7 +14,7 @@ from ..ir import BoundPattern
 from ..lang.core import DIAG_WORDS
 from . import stream_ops  # (ctypes only: no CUDA call at import)
 from .copy_engine import CopyEngine
-from .copy_ops import check_copy_ops
+from .copy_ops import check_copy_ops, local_ops
 from .emulated import wrap_epoch
 from .fast_launch import FastLauncher
 from .gpu_report import raise_recorded
@@ -58,11 +58,13 @@ class GpuRankRuntime:
             self.launcher.launch(kernel, grid, args, options, self.stream)
 
     def copy_engine(self, ops: list[tuple], start_now: bool = False) -> None:
-        """Take this call's copy-engine ops (checked now, before the kernel is launched); the
-        op enqueues them right after the kernel, or at once with `start_now` (a launch that
-        enqueues more work after this point, which the peers' calls wait on)."""
+        """Take this call's copy-engine ops (checked now, before the kernel is launched): the
+        local ones (into this rank's own buffers) are enqueued on the call's stream at once,
+        before the kernel (`CopyEngine.run_local`); the op enqueues the others on the side
+        stream right after the kernel, or at once with `start_now` (a launch that enqueues
+        more work after this point, which the peers' calls wait on)."""
         if self.engine is not None:
-            check_copy_ops(ops, self.engine.layout)
+            check_copy_ops(ops, self.engine.layout, self.rank)
             if self.capturing and ops and not self.engine.flags:
                 # raised before the kernel is launched: the call leaves no trace (the op's
                 # host epoch and the device's stay in step). A call with no ops (W = 1: own
@@ -73,6 +75,9 @@ class GpuRankRuntime:
                     hint=(f"compile with config {self.graph_config} (constant-valued "
                           "signals) or comm=sm" if self.graph_config else "compile with "
                           "comm=sm") + " for graph capture")
+            local, ops = local_ops(ops)
+            if local and not self.compile_only:
+                self.engine.run_local(local, self.stream, self.rank)
             if start_now and not self.compile_only:  # (warm-up: nothing is enqueued)
                 self.engine.run(ops, self.ready, self.capturing)
                 self.pending = []
