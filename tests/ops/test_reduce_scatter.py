@@ -81,3 +81,17 @@ def test_gemm_rs_with_n_below_the_chunk_width_and_not_a_power_of_two(comm):
     # N = 24 < comm_block_n = 32: the reduce tile's width is N's next power of two (a Triton
     # range must be one), masked to N; it was N itself and failed to compile on one rank
     emulate_checked(RS, 2, {"M": 66, "N": 24, "K": 48}, {"comm": comm, "comm_block_n": "32"})
+
+
+@pytest.mark.parametrize("rows,cols", [(64, 128), (256, 64), (512, 32), (1024, 16)])
+def test_sm_rows_set_by_the_user_get_reduce_tile_columns(rows, cols):
+    # the reduce tile holds comm_block_m x comm_block_n fp32 values in registers (at most
+    # 16384): rows set without columns get the columns that fit (Lowering.comm_cols); a
+    # gather bounds no tile, so AG-GEMM's columns stay
+    sizes = {"M": "4096", "N": "4096", "K": "4096"}
+    over = {"comm": "sm", "comm_block_m": str(rows)}
+    s = make_schedule(RS.bind(sizes, 2), get_target("cuda:90"), over)
+    assert (s.config.comm_block_m, s.config.comm_block_n) == (rows, cols)
+    ag = make_schedule(load_text(EXAMPLES / "ag_gemm.tl").bind(sizes, 2), get_target("cuda:90"),
+                       over)
+    assert ag.config.comm_block_n == 128

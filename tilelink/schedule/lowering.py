@@ -555,6 +555,13 @@ class Lowering:
         `cfg` as it is."""
         return cfg
 
+    def comm_cols(self, rows: int, cols: int) -> int:
+        """The columns its communication tile can take next to `rows` rows the user set,
+        from `cols` (the config's, or an SM default): `cols` unless the lowering bounds the
+        tile (a reduction's, held in registers). The schedule fits a user's rows with it
+        where `cols` make the config invalid."""
+        return cols
+
     def reads_in_place(self, op, tensor: str, rows: int, config) -> bool:
         """Whether this (compute) lowering can read this rank's own `rows` rows of the
         gathered `tensor` straight from the gather's input instead of a copy (the gather

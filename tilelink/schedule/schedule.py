@@ -638,12 +638,15 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
             # programs, which such chunks leave idle: SM-sized ones)
             cfg = replace(cfg, comm_block_m=SM_CHUNK)
         if "comm_block_n" not in overrides:
-            # columns to fit a reduce tile (at most 16384 values) next to rows the user set,
-            # only where the columns it has make the config invalid (a gather has no reduce
-            # tile: its columns stay)
+            # columns fitted to rows the user set by the ops' lowerings (a reduce tile holds
+            # a bounded number of values: `Lowering.comm_cols`), only where the columns it has
+            # make the config invalid (a gather bounds nothing: its columns stay)
             cols = SM_CHUNK if from_ce else cfg.comm_block_n
             kept = replace(cfg, comm_block_n=cols)
-            fitted = replace(cfg, comm_block_n=max(16, min(cols, 16384 // cfg.comm_block_m)))
+            lowerings = [s.lowering for s in op_sites(bp, kept, space.target).values()
+                         if s.lowering is not None]
+            fitted = replace(cfg, comm_block_n=min(
+                [lw.comm_cols(cfg.comm_block_m, cols) for lw in lowerings], default=cols))
             cfg = fitted if len(space.reasons(fitted, bp)) < len(space.reasons(kept, bp)) \
                 else kept
     if "library_comm" not in overrides and (cfg.comm != "none" or "comm" in overrides):

@@ -58,6 +58,11 @@ class _Scatter(Lowering):
     takes_epilogue = True
     knobs = ("comm", "comm_programs", "comm_block_m", "comm_block_n", "reduce_after")
 
+    def comm_cols(self, rows: int, cols: int) -> int:
+        """At most `cols` columns, and at most REDUCE_TILE_VALUES values in the reduce tile
+        (16 columns at least)."""
+        return max(16, reduce_tile_cols(rows, most=cols))
+
     def moved_bytes(self, site) -> float:
         return _scatter_bytes(site.bp, site.op)
 
