@@ -143,3 +143,39 @@ def test_capturable_knob_checks():
     s = make_schedule(bp, cuda, CAPTURABLE)
     assert "capturable=1" in str(s.config) and "capturable" not in str(
         make_schedule(bp, cuda, {"comm": "copy_engine"}).config)
+
+
+@pytest.mark.parametrize("example,sizes,world,config", [
+    ("sp_attention_causal.tl", {"S": "512", "H": "8", "HKV": "2", "D": "64"}, 2, {}),
+    ("sp_attention.tl", {"S": "384", "H": "4", "D": "64"}, 3, {}),
+    ("fsdp_gemm.tl", {}, 2, {}),
+    # (on GPUs the grouped GEMM refuses the copy engine: its gather's first chunk never came,
+    # which is this hang; the interpreter's schedule renders the same ops)
+    ("ag_moe.tl", {}, 2, {"target": "interp"}),
+    ("ag_gemm.tl", {"M": "96", "N": "48", "K": "32"}, 2, {"capturable": "1"}),
+    ("ag_gemm.tl", {"M": "96", "N": "48", "K": "32"}, 1, {}),
+])
+def test_no_copy_engine_op_copies_into_the_ranks_own_buffer_behind_the_kernel(
+        example, sizes, world, config):
+    # a copy within one GPU may run on SMs: one queued behind a kernel that holds every SM
+    # and waits for it never runs (2026-11-28, one H200). A gather's own rows therefore go
+    # as local ops (the caller's stream, before the kernel), never as a side-stream copy
+    import torch
+
+    from tilelink.codegen.compile import load_module
+    from tilelink.runtime.dist_reference import make_local_inputs
+    from tilelink.runtime.reference import TORCH_DTYPES
+
+    bp = load_text(EXAMPLES / example).bind(sizes, world)
+    config = dict(config)
+    target = get_target(config.pop("target", "cuda:90"))
+    s = make_schedule(bp, target, {"comm": "copy_engine"} | config)
+    mod = load_module(render_triton(s))
+    sym = {n: torch.zeros(shape, dtype=TORCH_DTYPES[dt]) for n, (shape, dt) in
+           mod.SYMMETRIC.items()}
+    for rank in range(world):
+        ops = mod.copy_engine_ops(rank, 5, make_local_inputs(bp, rank, 0, "cpu") | sym)
+        assert not [op for op in ops if op[0] == "copy" and op[4] == rank]
+        local = [op for op in ops if op[0].startswith("local_")]
+        # (AG-GEMM reads its own rows in place where its row tiles allow: no own copy)
+        assert bool(local) == (not getattr(mod, "OWN_DIRECT", 0)), (rank, local[:2])

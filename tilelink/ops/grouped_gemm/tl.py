@@ -109,9 +109,13 @@ class GroupedGemmTriton(Lowering):
         x = site.op.args[0]
         if _gathered(site) and site.config.comm == "copy_engine" and \
                 site.target.backend != "interp":
-            # measured, cause not found: on 2x H100 (2026-11-27) no chunk signal of the copy
-            # engine arrived while the grouped kernel held every SM (T = 2048 and 8192, K =
-            # 4096); with num_programs = 66 it ran, and at K = 1000 it ran 1,000 calls
+            # on 2x H100 (2026-11-27) no chunk signal of the copy engine arrived while the
+            # grouped kernel held every SM (T = 2048 and 8192, K = 4096); with num_programs =
+            # 66 it ran, and at K = 1000 it ran 1,000 calls. The likely cause, found with
+            # causal attention on 2026-11-28 (docs/perf.md): the copy of this rank's own rows
+            # (the first the copy engine made) ran on SMs, queued behind the kernel that held
+            # them all while it waited for it. Those rows are now copied before the kernel
+            # (ea490d2); this refusal goes once that is run on GPUs here
             out.append(f"the copy engine's gather of {x} never delivered its first chunk "
                        "while the grouped kernel held every SM (2x H100, K = 4096; the cause "
                        "is not found): use comm=sm on GPUs")
