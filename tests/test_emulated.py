@@ -282,6 +282,15 @@ def test_copy_engine_op_out_of_bounds_is_an_error_not_a_write():
         rt.join()
     assert dst.sum() == 0
     rt._error.clear()  # (a rank's copy-engine error is sticky; a fresh start for the check)
+    # a local op (this rank's own buffer, before the kernel) is not run when another op is bad
+    rt.copy_engine([("local_copy", torch.ones(4), 0, 4, "buf", 0),
+                    ("copy", torch.ones(4), 0, 4, 0, "buf", 6)])
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        rt.join()
+    assert dst.sum() == 0
+    rt._error.clear()
     rt.copy_engine([("copy", torch.ones(4), 1, 3, 0, "buf", 5)])  # fits exactly
     rt.join()
     assert dst.tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
+    rt.copy_engine([("local_copy", torch.full((2,), 2.0), 0, 2, "buf", 0)])  # run at once
+    assert dst.tolist() == [2, 2, 0, 0, 0, 1, 1, 1]

@@ -366,3 +366,23 @@ def test_a_refusal_on_the_device_is_reported_as_a_runtime_check_error():
                        r"routing of y: expert choices in ids outside 0 \.\. 7: 3 value"):
         TileLinkOp.report(op)
     assert int(rt.diag.abs().sum()) == 0 and int(rt.abort) == 0
+
+
+def test_local_ops_reach_the_driver_as_this_ranks_own_addresses(monkeypatch):
+    # CopyEngine.run_local turns local ops into raw addresses of rank `rank`'s buffers, on the
+    # stream it is given (the call's), with the driver calls stubbed
+    from tilelink.runtime import copy_engine
+
+    calls = []
+    monkeypatch.setattr(copy_engine.stream_ops, "copy_async",
+                        lambda *a: calls.append(("copy",) + a))
+    monkeypatch.setattr(copy_engine.stream_ops, "write_value32",
+                        lambda *a: calls.append(("write",) + a))
+    engine = object.__new__(copy_engine.CopyEngine)
+    # (base address, element size) of each rank's buffers
+    engine.bufs = [{"buf": (1000, 2), "sig": (5000, 4)}, {"buf": (9000, 2), "sig": (13000, 4)}]
+    src = torch.zeros(16, dtype=torch.bfloat16)
+    engine.run_local([("local_copy", src, 4, 8, "buf", 32), ("local_signal", "sig", 3, 7)],
+                     "call-stream", 1)
+    assert calls == [("copy", "call-stream", 9000 + 32 * 2, src.data_ptr() + 4 * 2, 8 * 2),
+                     ("write", "call-stream", 13000 + 3 * 4, 7)]

@@ -77,7 +77,7 @@ def build_op(pattern: str, values: dict, config: dict, world: int = 2, rank: int
                        for p in engine.flat]
         engine.layout = buffer_layout(engine.flat)
         engine.handle, engine.stream, engine.done_handle = 1, None, 2
-        engine.pending_waits = []
+        engine.pending_waits, engine.forked = [], False
         engine.flags = bool(getattr(mod, "CAPTURABLE", 0))
     op = object.__new__(gpu.TileLinkOp)
     op.bound, op.schedule, op.config, op.module = bp, s, s.config, mod

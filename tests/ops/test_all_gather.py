@@ -155,7 +155,7 @@ def test_capturable_knob_checks():
     ("ag_gemm.tl", {"M": "96", "N": "48", "K": "32"}, 2, {"capturable": "1"}),
     ("ag_gemm.tl", {"M": "96", "N": "48", "K": "32"}, 1, {}),
 ])
-def test_no_copy_engine_op_copies_into_the_ranks_own_buffer_behind_the_kernel(
+def test_no_gather_copies_into_the_ranks_own_buffer_behind_the_kernel(
         example, sizes, world, config):
     # a copy within one GPU may run on SMs: one queued behind a kernel that holds every SM
     # and waits for it never runs (2026-11-28, one H200). A gather's own rows therefore go

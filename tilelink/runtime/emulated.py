@@ -198,7 +198,11 @@ class RankRuntime:
         self.join()
         local, ops = local_ops(ops)
         if local:
-            check_copy_ops(local, buffer_layout(self.peers), self.rank)
+            try:  # every op checked before any runs (a bad one surfaces at join, as below)
+                check_copy_ops(ops, buffer_layout(self.peers), self.rank)
+            except TileLinkError as e:
+                self._error.append(f"copy engine of rank {self.rank} failed: {e!r}")
+                return
             self._run_ops([as_peer_op(op, self.rank) for op in local])
             self.join()  # (raises what the local ops failed with)
         if not ops:
@@ -208,7 +212,7 @@ class RankRuntime:
 
     def _run_ops(self, ops):
         try:
-            check_copy_ops(ops, buffer_layout(self.peers), self.rank)  # (nothing runs if any op is bad)
+            check_copy_ops(ops, buffer_layout(self.peers), self.rank)  # nothing runs if any op is bad
             for op in ops:
                 kind = op[0]
                 if kind == "wait":

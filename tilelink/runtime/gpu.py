@@ -14,7 +14,9 @@ Copy-engine communication runs on a side stream: peer copies (cudaMemcpyAsync), 
 followed by a stream write of its signal, and stream waits for buffer releases
 (`stream_ops`); the side stream forks from and joins back into the caller's stream. Copies
 into the rank's own buffers (`local_copy`, `local_signal`) go on the caller's stream before
-the kernel: a copy within one GPU may run on SMs, which the kernel may hold while it waits.
+the kernel: a copy within one GPU may run on SMs, which the kernel may hold while it waits
+(a gather's own rows; a reduction's own partial still goes on the side stream, after the GEMM
+tiles whose programs end and free their SMs).
 
 This module compiles ops; the rest of the GPU runtime is split by what it does, and its
 public names are importable from here too:

@@ -117,8 +117,9 @@ class GroupedGemmTriton(Lowering):
             # them all while it waited for it. Those rows are now copied before the kernel
             # (ea490d2); this refusal goes once that is run on GPUs here
             out.append(f"the copy engine's gather of {x} never delivered its first chunk "
-                       "while the grouped kernel held every SM (2x H100, K = 4096; the cause "
-                       "is not found): use comm=sm on GPUs")
+                       "while the grouped kernel held every SM (2x H100, K = 4096; likely its "
+                       "own rows' copy waiting for an SM, since moved before the kernel but "
+                       "not yet run on GPUs here): use comm=sm on GPUs")
         takers = [c for c in site.consumers if spec(c.kind).category == "comm"]
         if takers:
             out.append(f"{takers[0].kind} reads {site.op.result}, whose rows a tile scatters "
