@@ -72,12 +72,12 @@ class ReduceScatterCopyEngine(_Scatter):
 
     def fit(self, cfg, overrides, site):
         """Rows the user set (`comm_block_m`) without columns: the reduce tile's columns fitted
-        to them as `defaults` fits its own (`reduce_tile_cols`), not inherited
-        from a default with other rows."""
+        to them (`comm_cols`, up to 128 as `defaults` has), not inherited from a default with
+        other rows."""
         if "comm_block_m" in overrides and "comm_block_n" not in overrides:
             from dataclasses import replace
 
-            return replace(cfg, comm_block_n=max(16, reduce_tile_cols(cfg.comm_block_m)))
+            return replace(cfg, comm_block_n=self.comm_cols(cfg.comm_block_m, 128))
         return cfg
 
     def default_axes(self, site) -> list[dict]:
