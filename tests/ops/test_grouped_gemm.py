@@ -287,25 +287,22 @@ def test_the_cost_model_charges_the_prepare_steps_launches(monkeypatch):
         (11 - calls) * dev.host_call_us * 1e-3)
 
 
-def test_the_copy_engine_gather_is_refused_on_gpus_and_the_default_takes_sms():
-    # on 2x H100 the copy engine's first chunk never arrived while the grouped kernel held
-    # every SM (K = 4096): refused on GPU targets, with why; the default falls to SMs (not to
-    # the non-overlapped plan) where the model predicts the kernel faster
+def test_the_copy_engine_gather_runs_on_gpus_and_is_the_eager_default_at_mixtrals_layer():
+    # its own rows are copied before the kernel (a local op): on 2x H200 (2026-11-28) the
+    # gather on the copy engine ran 100 checked calls with delays at K = 4096 and 1.533 ms at
+    # Mixtral's layer against 1.688 on SMs (another 2x H200 host, same day). For CUDA-graph
+    # replays the cost model picks SMs
     from dataclasses import replace
 
-    from tilelink.errors import ConfigError
     from tilelink.schedule import get_target
     from tilelink.schedule import make_schedule as schedule
     from tilelink.schedule.schedule import default_config
 
     bp = AG_MOE.bind({"T": 8192, "K": 4096, "N": 14336, "E": 8, "TOPK": 2}, 2)
     target = replace(get_target("cuda:90"), device="NVIDIA H100")
-    with pytest.raises(ConfigError, match="never delivered its first chunk"):
-        schedule(bp, target, {"comm": "copy_engine"})
-    for graph in (False, True):
-        assert default_config(bp, target, graph=graph)[0].comm == "sm"
-    assert make_schedule(AG_MOE, 2, None, {"comm": "copy_engine"}, "interp").config.comm \
-        == "copy_engine"  # the emulated world runs it (every code path stays tested)
+    assert schedule(bp, target, {"comm": "copy_engine"}).config.comm == "copy_engine"
+    assert default_config(bp, target, graph=False)[0].comm == "copy_engine"
+    assert default_config(bp, target, graph=True)[0].comm == "sm"
 
 
 def test_topk_sum_weights_each_tokens_rows_like_a_row_by_row_sum():

@@ -106,20 +106,6 @@ class GroupedGemmTriton(Lowering):
             out.append(f"{ids} comes from a collective ({src.kind}) of the kernel its tiles "
                        "run in, but the prepare step reads it before that kernel starts: "
                        "pass the expert choices in replicated")
-        x = site.op.args[0]
-        if _gathered(site) and site.config.comm == "copy_engine" and \
-                site.target.backend != "interp":
-            # on 2x H100 (2026-11-27) no chunk signal of the copy engine arrived while the
-            # grouped kernel held every SM (T = 2048 and 8192, K = 4096); with num_programs =
-            # 66 it ran, and at K = 1000 it ran 1,000 calls. The likely cause, found with
-            # causal attention on 2026-11-28 (docs/perf.md): the copy of this rank's own rows
-            # (the first the copy engine made) ran on SMs, queued behind the kernel that held
-            # them all while it waited for it. Those rows are now copied before the kernel
-            # (ea490d2); this refusal goes once that is run on GPUs here
-            out.append(f"the copy engine's gather of {x} never delivered its first chunk "
-                       "while the grouped kernel held every SM (2x H100, K = 4096; likely its "
-                       "own rows' copy waiting for an SM, since moved before the kernel but "
-                       "not yet run on GPUs here): use comm=sm on GPUs")
         takers = [c for c in site.consumers if spec(c.kind).category == "comm"]
         if takers:
             out.append(f"{takers[0].kind} reads {site.op.result}, whose rows a tile scatters "
