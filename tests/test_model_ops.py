@@ -249,11 +249,11 @@ def test_a_capture_finding_nothing_prepared_says_to_prepare(monkeypatch):
     assert "CUDA graph" in msg
     # a prepared bucket too small for the call is no help either
     plans._ROWS[(shape, ())] = [16]
-    plans._OPS[(shape, 16, ())] = object()
+    plans._OPS[(shape, 16, (), False)] = object()
     msg = _raises(TileLinkError, "prepared row counts: 16", lambda: plans.lookup(shape, 32))
     # one large enough is taken, and the call is padded to it
     plans._ROWS[(shape, ())] = [16, 64]
-    plans._OPS[(shape, 64, ())] = big = object()
+    plans._OPS[(shape, 64, (), False)] = big = object()
     assert plans.lookup(shape, 32) == (big, 64)
     plans.clear()
 
@@ -263,7 +263,7 @@ def test_a_config_override_builds_and_looks_up_ops_of_its_own(monkeypatch):
     plans.clear()
     built = []
 
-    def build(shape, rows, override):
+    def build(shape, rows, override, chosen=False):
         built.append((rows, override))
         return object()
 
@@ -276,7 +276,7 @@ def test_a_config_override_builds_and_looks_up_ops_of_its_own(monkeypatch):
         with plans.config_override(None):  # (nested: each op's own choice again)
             assert plans.lookup(shape, 32)[0] is own
         plans.prepare_rows(shape, [64])
-        assert plans.lookup(shape, 48) == (plans._OPS[(shape, 64, plans.OVERRIDE)], 64)
+        assert plans.lookup(shape, 48) == (plans._OPS[(shape, 64, plans.OVERRIDE, False)], 64)
     assert plans.OVERRIDE == () and plans.lookup(shape, 32)[0] is own
     assert plans.lookup(shape, 48)[1] == 48  # the bucket prepared under the override: not ours
     assert sm is not own and built == [(32, ()), (32, (("comm", "sm"), ("comm_programs", "8"))),

@@ -92,7 +92,9 @@ def parser() -> argparse.ArgumentParser:
                    help="more TileLink variants, one per quoted config, timed beside the "
                    "others: every TileLink op of the layer built with these schedule "
                    "overrides (tilelink.model.config_override), e.g. \"comm=sm\" "
-                   "\"comm=none\"; rows named tilelink[<config>]")
+                   "\"comm=none\", or \"balance=0\" for each op's own choice instead of "
+                   "the layer's joint decision (tilelink.model.prepare); rows named "
+                   "tilelink[<config>]")
     p.add_argument("--no-compile", action="store_true", help="eager (and eager graphs) only")
     p.add_argument("--iters", type=int, default=20,
                    help="back-to-back calls per timing (one timing per row and round)")
@@ -566,6 +568,10 @@ def _rank(rank: int, world: int, args) -> dict:
                     print(line, flush=True)
             write(args.out, meta, rows)
     meta["complete"] = True
+    if not args.cpu:  # what tilelink.model.prepare's joint decision picked, per op and size
+        from tilelink.model.plans import choices
+
+        meta["tilelink_choices"] = choices()
     deadline.cancel()
     if rank == 0:
         write(args.out, meta, rows)
@@ -743,9 +749,13 @@ def main(argv=None) -> int:
             continue
         config = dict(item.split("=") for item in items)
         try:
+            from tilelink.model.plans import BALANCE_KNOB
             from tilelink.schedule.config import Config
 
-            Config().with_values(config)
+            if config.get(BALANCE_KNOB, "0") not in ("0", "1"):
+                raise ValueError(f"{BALANCE_KNOB}={config[BALANCE_KNOB]}: write 0 (each op's "
+                                 "own choice) or 1 (the model's joint decision)")
+            Config().with_values({k: v for k, v in config.items() if k != BALANCE_KNOB})
         except Exception as e:  # noqa: BLE001  (ConfigError: its message and hint)
             bad.append(f"--tilelink-configs {text!r}: {e}")
             continue

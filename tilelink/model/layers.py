@@ -27,8 +27,8 @@ from torch import nn
 
 from ..errors import UsageError
 from . import ops as _ops  # noqa: F401  (registers torch.ops.tilelink)
-from .ops import prepare_op
-from .plans import group_name_of
+from .ops import op_shape, prepare_op
+from .plans import choose, group_name_of
 
 
 def _world(group) -> tuple[int, int]:
@@ -124,6 +124,12 @@ class ColumnParallelLinear(nn.Module):
                    rows=tokens, dtype=self.weight_t.dtype, group_name=self.group_name,
                    device=self.weight_t.device)
 
+    def op_shape(self):
+        """What selects the op a forward calls, besides its rows (the total tokens)."""
+        return op_shape("ag_gemm", n=self.local_out * self.world, k=self.in_features,
+                        dtype=self.weight_t.dtype, group_name=self.group_name,
+                        device=self.weight_t.device)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.local_out * self.world}"
                 f" (this rank: {self.local_out}), world={self.world}")
@@ -178,6 +184,13 @@ class RowParallelLinear(nn.Module):
                    dtype=self.weight_t.dtype, group_name=self.group_name,
                    device=self.weight_t.device)
 
+    def op_shape(self):
+        """What selects the op a forward calls, besides its rows (the total tokens)."""
+        return op_shape("gemm_rs" if self.reduce == "scatter" else "gemm_ar",
+                        n=self.out_features, k=self.local_in * self.world,
+                        dtype=self.weight_t.dtype, group_name=self.group_name,
+                        device=self.weight_t.device)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.local_in * self.world} (this rank: {self.local_in}), "
                 f"out_features={self.out_features}, reduce={self.reduce}, world={self.world}")
@@ -206,14 +219,26 @@ class TPMLP(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
-def prepare(model: nn.Module, tokens: Iterable[int]) -> None:
+def prepare(model: nn.Module, tokens: Iterable[int], *, balance: bool = True,
+            other_host_us: float | None = None) -> None:
     """Build every TileLink op `model`'s tensor-parallel layers and EPMoE blocks will call,
     for each total token count in `tokens` (all ranks' tokens of a forward), before capturing
     a CUDA graph; a call with fewer tokens than a prepared count runs that count's op on padded
-    rows. Collective: every rank calls it with the same model and tokens."""
+    rows. Collective: every rank calls it with the same model and tokens.
+
+    With `balance` (the default), the tensor-parallel layers' ops are decided together for
+    their eager calls: the cost model's host and GPU time over one forward, the rest of the
+    model's host `other_host_us` per op call (tilelink.model.balance; default OTHER_HOST_US),
+    so that a host-bound forward is not handed ops that save GPU time at the host's expense.
+    `tilelink.model.plans.choices()` lists what it picked; `config_override({"balance":
+    "0"})` or `balance=False` keeps each op's own choice."""
     from .moe import EPMoE  # (moe builds on this module)
 
     tokens = list(tokens)
-    for m in model.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear, EPMoE)):
-            m.prepare(tokens)
+    mods = [m for m in model.modules()
+            if isinstance(m, (ColumnParallelLinear, RowParallelLinear, EPMoE))]
+    if balance:
+        choose([m.op_shape() for m in mods if not isinstance(m, EPMoE)], tokens,
+               other_host_us)
+    for m in mods:
+        m.prepare(tokens)

@@ -511,16 +511,24 @@ def prepare_op(kind: str, *, n: int, k: int, rows, dtype: torch.dtype, group_nam
     if kind == "ep_moe":
         raise UsageError("prepare_op takes the GEMM ops; ep_moe has sizes of its own",
                          hint="call tilelink.model.prepare_ep_moe(...) (or EPMoE.prepare)")
+    shape = op_shape(kind, n=n, k=k, dtype=dtype, group_name=group_name, device=device)
+    rows = [int(r) for r in rows]
+    w = world_size(group_name)
+    if shape.kind != "gemm_ar" and any(r % w or r <= 0 for r in rows):
+        raise UsageError(f"prepare({kind}): every token count must be a positive multiple of "
+                         f"the world size {w} (tokens are split evenly); got {rows}")
+    plans.prepare_rows(shape, rows)
+
+
+def op_shape(kind: str, *, n: int, k: int, dtype: torch.dtype, group_name: str,
+             device) -> Shape:
+    """The Shape (what selects a compiled op besides its rows) of a GEMM model op; `kind`
+    as `prepare_op` takes it, with return_A folded in (ag_gemm_gathered)."""
     if kind not in ("ag_gemm", "ag_gemm_gathered", "gemm_rs", "gemm_ar"):
         raise UsageError(f"no tilelink model op {kind!r}",
                          hint="ops: ag_gemm, gemm_rs, gemm_ar (ep_moe: prepare_ep_moe)")
     plans.check_dtype(dtype, f"prepare({kind})")
-    rows = [int(r) for r in rows]
-    w = world_size(group_name)
-    if kind != "gemm_ar" and any(r % w or r <= 0 for r in rows):
-        raise UsageError(f"prepare({kind}): every token count must be a positive multiple of "
-                         f"the world size {w} (tokens are split evenly); got {rows}")
-    plans.prepare_rows(Shape(kind, group_name, n, k, dtype, plans.norm_device(device)), rows)
+    return Shape(kind, group_name, n, k, dtype, plans.norm_device(device))
 
 
 def prepare_ep_moe(*, hidden: int, inter: int, experts: int, topk: int, capacity, rows,

@@ -12,6 +12,11 @@ while a CUDA graph is being captured. `prepare` builds the ops of the shapes a m
 run before any capture; an eager call of an unprepared shape builds its op at once (every
 rank reaches the same call with the same shape), and a captured one raises.
 
+`tilelink.model.prepare` decides a model's ops together (`balance`: the host's time and the
+GPU's over one forward) and records each (shape, rows)'s choice here (`CHOICES`); a call
+with no config override of its own runs its shape's choice (for eager calls: captured calls
+keep the scheduler's choice for CUDA-graph replays, which have no host work).
+
 Shape buckets: rows are the dimension that varies between calls (tokens). A call whose rows
 were not prepared, but a larger row count of the same op was, runs the larger op on inputs
 padded with zero rows (per rank's block, so every rank's rows keep their place) and drops
@@ -102,6 +107,12 @@ OVERRIDE: tuple = ()
 # checks their key already passed and the lookup. Forgotten whenever the buckets change
 # (a prepared row count may serve a key better) or the ops are forgotten.
 CALLS: dict[tuple, object] = {}
+# (shape, rows) -> the schedule overrides the model's joint decision picked for its eager
+# calls (`choose`), and what the decision predicted (for `choices`)
+CHOICES: dict[tuple, tuple] = {}
+CHOICE_NOTES: dict[tuple, str] = {}
+#: the config_override knob that turns the joint decision off (each op's own choice)
+BALANCE_KNOB = "balance"
 
 
 @contextlib.contextmanager
@@ -111,9 +122,10 @@ def config_override(config: dict | None):
     non-overlapped plan) instead of their own choice (the tuned config, else the default).
     For comparing configs of a model in one process (`tools/decoder_bench.py
     --tilelink-configs`): each override's ops are built and kept apart, and a call looks
-    up its override's op (prepare and capture inside the override too). On the CPU (gloo)
-    the ops run the non-overlapped plan whatever the override. Not for use from several
-    threads at once."""
+    up its override's op (prepare and capture inside the override too). `{"balance": "0"}`
+    alone: each op's own choice instead of the model's joint one (`prepare`). On the CPU
+    (gloo) the ops run the non-overlapped plan whatever the override. Not for use from
+    several threads at once."""
     global OVERRIDE
     items = tuple(sorted((str(k), str(v)) for k, v in (config or {}).items()))
     before, OVERRIDE = OVERRIDE, items
@@ -214,9 +226,72 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _build(shape: Shape | MoEShape, rows: int, override: tuple):
+def balancing() -> bool:
+    """Whether calls now run the model's joint choices (no override, or not `balance=0`)."""
+    return not OVERRIDE or OVERRIDE == ((BALANCE_KNOB, "1"),)
+
+
+def _override(shape: Shape | MoEShape, rows: int) -> tuple[tuple, bool]:
+    """(the schedule overrides a call of `shape` at `rows` rows runs, whether they are the
+    model's joint choice): the config_override's, else the recorded choice."""
+    own = tuple(kv for kv in OVERRIDE if kv[0] != BALANCE_KNOB)
+    if own or not balancing():
+        return own, False
+    choice = CHOICES.get((shape, rows), ())
+    return choice, bool(choice)
+
+
+def choose(shapes: list, tokens, other_host_us: float | None = None, *, target=None,
+           world: int | None = None) -> None:
+    """Decide the ops of one forward together (`balance.choose`) for each token count of
+    `tokens`: `shapes` are the Shapes its op calls have, one per call, and each is called
+    with rows = the token count. Records each (shape, rows)'s choice for `prepare_rows`
+    and the calls. Only CUDA shapes are decided (the CPU runs the plan). `target` (the
+    current device's) and `world` (each group's size) are for tests."""
+    from .balance import OTHER_HOST_US, candidates
+    from .balance import choose as pick
+
+    if not balancing():
+        return
+    other = OTHER_HOST_US if other_host_us is None else float(other_host_us)
+    order = [s for s in dict.fromkeys(shapes) if s.device.type == "cuda"]
+    if not order:
+        return
+    if target is None:
+        from ..runtime.gpu_world import device_target
+
+        with torch.cuda.device(order[0].device):
+            target = device_target()
+    counts = [shapes.count(s) for s in order]
+    for t in sorted({int(x) for x in tokens}):
+        options = []
+        for s in order:
+            w = world or world_size(s.group_name)
+            options.append(candidates(PATTERNS[s.kind].bind(s.values(t, w), w), target))
+        if any(not o for o in options):  # an op the model does not time: no joint choice
+            continue
+        picks, ms, own_ms = pick(options, counts, other)
+        with _LOCK:
+            for s, c in zip(order, picks):
+                CHOICES[(s, t)] = c.override
+                CHOICE_NOTES[(s, t)] = (
+                    f"{c.label}: predicted forward {ms:.3f} ms against {own_ms:.3f} with "
+                    f"each op's own choice (GPU {c.gpu:.3f} ms, host {c.host:.3f} ms a call; "
+                    f"the rest's host {other:.0f} us a call)")
+            forget_calls()
+
+
+def choices() -> list[dict]:
+    """What the joint decision picked: one entry per (op shape, rows), with the overrides
+    (empty: the op's own choice) and what it predicted."""
+    return [{"kind": s.kind, "n": getattr(s, "n", None), "k": getattr(s, "k", None),
+             "rows": r, "override": dict(o), "note": CHOICE_NOTES.get((s, r), "")}
+            for (s, r), o in CHOICES.items()]
+
+
+def _build(shape: Shape | MoEShape, rows: int, override: tuple, chosen: bool = False):
     """A new op for `shape` at `rows` rows with the schedule overrides `override` (collective
-    on the group)."""
+    on the group). `chosen`: they are the joint decision's, for eager calls alone."""
     group = resolve_group(shape.group_name)
     import torch.distributed as dist
 
@@ -226,7 +301,8 @@ def _build(shape: Shape | MoEShape, rows: int, override: tuple):
         from ..runtime.gpu import compile_op
 
         with torch.cuda.device(shape.device):
-            return compile_op(bp, config=dict(override) or None, group=group)
+            return compile_op(bp, config=dict(override) or None, group=group,
+                              graph_default=chosen)
     if shape.device.type == "cpu":
         return CpuPlan(bp, group)
     raise NotSupportedError(f"the tilelink model ops run on CUDA devices or the CPU, not on "
@@ -250,10 +326,11 @@ def prepare_rows(shape: Shape | MoEShape, rows) -> None:
 
 
 def _get(shape: Shape | MoEShape, rows: int, build: bool):
-    key = (shape, rows, OVERRIDE)
+    override, chosen = _override(shape, rows)
+    key = (shape, rows, override, chosen)
     op = _OPS.get(key)
     if op is None and build:
-        op = _OPS[key] = _build(shape, rows, OVERRIDE)
+        op = _OPS[key] = _build(shape, rows, override, chosen)
     return op
 
 
@@ -262,14 +339,14 @@ def lookup(shape: Shape | MoEShape, rows: int, step: int = 1):
     else that of the smallest prepared bucket above them (rows padded to it; `step`: the
     bucket's rows must be a multiple of it, W for a scatter), else a new op for these rows
     (eager calls only: a capture finding nothing prepared raises)."""
-    op = _OPS.get((shape, rows, OVERRIDE))
+    op = _get(shape, rows, build=False)
     if op is not None:
         return op, rows
     known = _ROWS.get((shape, OVERRIDE), ())
     i = bisect.bisect_left(known, rows)
     for bucket in known[i:]:
-        if bucket % step == 0:
-            return _OPS[(shape, bucket, OVERRIDE)], bucket
+        if bucket % step == 0 and (op := _get(shape, bucket, build=False)) is not None:
+            return op, bucket
     if _capturing():
         have = ", ".join(str(r) for r in known) or "none"
         raise TileLinkError(
@@ -323,6 +400,8 @@ def clear() -> None:
     with _LOCK:
         _OPS.clear()
         _ROWS.clear()
+        CHOICES.clear()
+        CHOICE_NOTES.clear()
         forget_calls()
 
 

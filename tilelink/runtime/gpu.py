@@ -87,7 +87,7 @@ _OPS: dict[tuple, list[TileLinkOp]] = {}
 def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
                config: dict | None = None, group=None, *, backend: str = "torch",
                spin_limit: int | None = None, tuned: bool = True, fault: str | None = None,
-               verbose: bool = False) -> TileLinkOp:
+               verbose: bool = False, graph_default: bool = False) -> TileLinkOp:
     """Compile `pattern` for the ranks of `group` (default: the world); collective call.
 
     `config`: schedule overrides (dict of KEY=VALUE strings, or a Config); without any, the
@@ -96,7 +96,10 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
     (NVSHMEM heap, kernels use NVSHMEM's device-side put/signal) or "nvshmem-ptr" (NVSHMEM heap
     through peer pointers). Ops are cached per (pattern, sizes, config, backend, group,
     device): a second call returns the same op. `fault` ("drop_notify") is for testing the
-    watchdog. (`compile_ops` builds ops for any world: a one-GPU world's every rank.)
+    watchdog. `graph_default`: `config` is for eager calls alone, and calls captured in a
+    CUDA graph take the tuner's or the scheduler's choice for replays, as without a config
+    (tilelink.model's joint decision weighs host time, which replays do not have).
+    (`compile_ops` builds ops for any world: a one-GPU world's every rank.)
     """
     import torch
     import torch.distributed as dist
@@ -110,12 +113,14 @@ def compile_op(pattern: Pattern | BoundPattern, values: dict | None = None,
                             hint="call torch.distributed.init_process_group('nccl') first, or "
                             "use `tilelink run`, which starts the ranks itself")
     return compile_ops(pattern, values, config, ProcessGroupWorld(group), backend=backend,
-                       spin_limit=spin_limit, tuned=tuned, fault=fault, verbose=verbose)[0]
+                       spin_limit=spin_limit, tuned=tuned, fault=fault, verbose=verbose,
+                       graph_default=graph_default)[0]
 
 
 def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, world, *,
                 backend: str = "torch", spin_limit: int | None = None, tuned: bool = True,
-                fault: str | None = None, verbose: bool = False) -> list[TileLinkOp]:
+                fault: str | None = None, verbose: bool = False,
+                graph_default: bool = False) -> list[TileLinkOp]:
     """`compile_op` for any world: the ops of the ranks `world` builds in this process (one
     for a process group, every rank's for a one-GPU world), in rank order. Cached per
     (pattern, sizes, config, backend, world.key(), spin limit, fault)."""
@@ -141,12 +146,14 @@ def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, wo
         overrides = {k: str(v) for k, v in config.items()}
     elif tuned and world.tuned:
         base = _tuned_config(bp, verbose, target)
+    if tuned and world.tuned and (graph_default or not config):
         graph_tuned = _tuned_config(bp, verbose, target, graph=True)
     s = world.annotate(make_schedule(bp, target, overrides, base=base))
     _refuse_device(s)
     limit = spin_limit or spin_limit_from_env()  # $TILELINK_SPIN_LIMIT, read now (tilelink.env)
-    captured = _captured_config(bp, target, s.config, base, graph_tuned,
-                                explicit=bool(overrides), fault=fault)
+    captured = _captured_config(bp, target, s.config, None if graph_default else base,
+                                graph_tuned, explicit=bool(overrides) and not graph_default,
+                                fault=fault)
     world.agree(f"{s.config} captured={captured} spin_limit={limit} backend={backend} "
                 f"fault={fault}")
     key = _op_key(bp, s.config, backend, world.key(), limit, fault) + (str(captured),)

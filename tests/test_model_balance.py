@@ -1,0 +1,103 @@
+"""tilelink.model's joint decision over a forward's ops (tilelink.model.balance, plans.choose)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tilelink.model import balance, plans
+from tilelink.model.balance import Candidate
+from tilelink.model.plans import Shape
+from tilelink.schedule import get_target
+
+CUDA = torch.device("cuda", 0)  # (a device name only: nothing runs on it here)
+# a Llama-3-8B decoder layer's four TP ops: q/k/v and gate/up (AG-GEMM), o and down (GEMM-RS)
+LLAMA = [Shape("ag_gemm", "g", 6144, 4096, torch.bfloat16, CUDA),
+         Shape("gemm_rs", "g", 4096, 4096, torch.bfloat16, CUDA),
+         Shape("ag_gemm", "g", 28672, 4096, torch.bfloat16, CUDA),
+         Shape("gemm_rs", "g", 4096, 14336, torch.bfloat16, CUDA)]
+
+
+def _h100():
+    return replace(get_target("cuda:90"), device="NVIDIA H100")
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    plans.clear()
+    yield
+    plans.clear()
+
+
+def test_a_host_bound_forward_takes_the_candidates_that_save_host():
+    own = Candidate((), gpu=0.20, host=0.15, label="own choice")
+    sm = Candidate((("comm", "sm"),), gpu=0.25, host=0.03, label="comm=sm")
+    # the rest of the model's host (0.25 ms a call) makes the host the pace: 4 x (0.15 +
+    # 0.25) = 1.6 ms against 0.8 of GPU; on SMs 1.12 against 1.0
+    picks, ms, own_ms = balance.choose([[own, sm]], [4], other_host_us=250)
+    assert picks == [sm] and ms == pytest.approx(1.12) and own_ms == pytest.approx(1.6)
+    # with no other host work the GPU sets the pace, and each op's own choice is faster
+    picks, ms, own_ms = balance.choose([[own, sm]], [4], other_host_us=0)
+    assert picks == [own] and ms == own_ms == pytest.approx(0.8)
+
+
+def test_the_own_choice_stands_unless_another_wins_by_the_margin():
+    own = Candidate((), gpu=1.0, host=0.1, label="own choice")
+    close = Candidate((("comm", "sm"),), gpu=0.99, host=0.1, label="comm=sm")
+    picks, ms, own_ms = balance.choose([[own, close]], [1], other_host_us=0)
+    assert picks == [own] and ms == own_ms == 1.0
+
+
+def test_one_op_at_a_time_finds_the_exhaustive_choice(monkeypatch):
+    t = _h100()
+    options = [balance.candidates(plans.PATTERNS[s.kind].bind(s.values(4096, 4), 4), t)
+               for s in LLAMA]
+    exhaustive = balance.choose(options, [1] * 4)
+    monkeypatch.setattr(balance, "MAX_COMBINATIONS", 1)
+    assert balance.choose(options, [1] * 4) == exhaustive
+
+
+def test_the_llama_layer_at_w4_and_4096_tokens_runs_every_op_on_sms():
+    # 4x H100, 2026-11-28 (docs/perf.md): each op's own choice (the plan for q/k/v, the copy
+    # engine for the other three) ran the compiled layer at 0.74-0.82x NCCL + cuBLAS, every op
+    # on SMs at 1.05-1.19x: the layer is host-bound there, which each op alone cannot see
+    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    picked = {(c["kind"], c["n"], c["k"]): c["override"] for c in plans.choices()}
+    assert list(picked.values()) == [{"comm": "sm"}] * 4, picked
+    note = plans.choices()[0]["note"]
+    assert "predicted forward" in note and "own choice" in note
+
+
+@pytest.mark.parametrize("world,tokens", [(2, 8192), (4, 8192), (4, 2048), (2, 8), (4, 64)])
+def test_where_the_gpu_sets_the_pace_or_every_op_is_on_sms_the_own_choices_stand(world, tokens):
+    plans.choose(LLAMA, [tokens], target=_h100(), world=world)
+    assert [c["override"] for c in plans.choices()] == [{}] * 4
+
+
+def test_calls_run_the_choice_unless_an_override_says_otherwise(monkeypatch):
+    built = []
+
+    def build(shape, rows, override, chosen=False):
+        built.append((shape.n, rows, override, chosen))
+        return object()
+
+    monkeypatch.setattr(plans, "_build", build)
+    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    qkv = LLAMA[0]
+    chosen, _ = plans.lookup(qkv, 4096)
+    assert built[-1] == (6144, 4096, (("comm", "sm"),), True)
+    with plans.config_override({"balance": "0"}):  # each op's own choice
+        own, _ = plans.lookup(qkv, 4096)
+        assert own is not chosen and built[-1] == (6144, 4096, (), False)
+        plans.choose(LLAMA, [2048], target=_h100(), world=4)  # (off: nothing decided)
+    with plans.config_override({"comm": "none"}):  # an explicit override wins
+        plans.lookup(qkv, 4096)
+        assert built[-1] == (6144, 4096, (("comm", "none"),), False)
+    assert plans.lookup(qkv, 4096)[0] is chosen
+    assert {c["rows"] for c in plans.choices()} == {4096}
+
+
+def test_the_cpu_runs_the_plan_and_is_not_decided():
+    cpu = [replace(s, device=torch.device("cpu")) for s in LLAMA]
+    plans.choose(cpu, [4096], target=_h100(), world=4)
+    assert plans.choices() == []
