@@ -101,3 +101,50 @@ def test_the_cpu_runs_the_plan_and_is_not_decided():
     cpu = [replace(s, device=torch.device("cpu")) for s in LLAMA]
     plans.choose(cpu, [4096], target=_h100(), world=4)
     assert plans.choices() == []
+
+
+def _tune_on_gloo(rank: int, world: int) -> dict:
+    from torch import nn
+
+    from tilelink.model import TPMLP, tune
+
+    plans.clear()
+    torch.manual_seed(3)
+    hidden, inter, tokens = 16, 8 * world, 4 * world
+    mlp = TPMLP.from_full(nn.Linear(hidden, inter, bias=False), nn.Linear(hidden, inter, bias=False),
+                          nn.Linear(inter, hidden, bias=False))
+    x = torch.randn(tokens, hidden).chunk(world)[rank]
+    want = mlp(x)
+    seen = []
+    with torch.no_grad():
+        res = tune(mlp, lambda t: mlp(x), [tokens], iters=2, warmup=1, rounds=2,
+                   progress=seen.append)
+        got = mlp(x)
+    return {"res": res, "seen": seen, "choices": plans.choices(),
+            "same": bool(torch.equal(got, want))}
+
+
+def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank():
+    from tilelink.model import cpu_world
+
+    outs = cpu_world.run(_tune_on_gloo, 2, (), timeout=600)
+    for out in outs:
+        (entry,) = out["res"]
+        # (the CPU runs the plan whatever the config; every assignment is timed there)
+        assert set(entry["ms"]) == {"own choice", "comm=sm", "comm=copy_engine", "comm=none"}
+        assert all(v > 0 for v in entry["ms"].values()) and entry["pick"] in entry["ms"]
+        assert len(out["choices"]) == 2 and all(
+            c["note"].startswith("measured by tune: " + entry["pick"]) for c in out["choices"])
+        assert out["seen"] and out["same"]
+    # the slowest rank's times: the same table and pick on both ranks
+    assert outs[0]["res"] == outs[1]["res"]
+
+
+def test_tune_refuses_a_model_without_tp_layers():
+    from torch import nn
+
+    from tilelink.errors import TileLinkError
+    from tilelink.model import tune
+
+    with pytest.raises(TileLinkError, match="no tensor-parallel TileLink layers"):
+        tune(nn.Linear(4, 4), lambda t: None, [4])

@@ -93,8 +93,9 @@ def parser() -> argparse.ArgumentParser:
                    "others: every TileLink op of the layer built with these schedule "
                    "overrides (tilelink.model.config_override), e.g. \"comm=sm\" "
                    "\"comm=none\", or \"balance=0\" for each op's own choice instead of "
-                   "the layer's joint decision (tilelink.model.prepare); rows named "
-                   "tilelink[<config>]")
+                   "the layer's joint decision (tilelink.model.prepare), \"balance=tuned\" "
+                   "for tilelink.model.tune's (measured on the compiled layer, before the "
+                   "timing); rows named tilelink[<config>]")
     p.add_argument("--no-compile", action="store_true", help="eager (and eager graphs) only")
     p.add_argument("--iters", type=int, default=20,
                    help="back-to-back calls per timing (one timing per row and round)")
@@ -535,6 +536,8 @@ def _rank(rank: int, world: int, args) -> dict:
                         fn = tp
                     with torch.no_grad(), config_override(config):
                         row, call = _build(fn, variant, mode, phase, t, x, want, tp_kw, args)
+                        if (config or {}).get("balance") == "tuned" and mode == "compiled":
+                            row = _tuned(tp, call, row, t, want, args)
                     if variant in overrides:  # (its calls look up the override's ops)
                         call = _under(overrides[variant], call)
                 except Exception as e:  # noqa: BLE001  (recorded; the ranks fail alike: same code)
@@ -576,6 +579,22 @@ def _rank(rank: int, world: int, args) -> dict:
     if rank == 0:
         write(args.out, meta, rows)
     return {"meta": meta, "rows": with_ratios(rows)}
+
+
+def _tuned(tp, call, row: dict, tokens: int, want, args) -> dict:
+    """tilelink.model.tune over `call` (the compiled layer's forward) for the ops of `tp`,
+    then the row's output checked again (its ops may have changed). The eager row of the
+    variant, timed later, runs the same choices."""
+    from tilelink.model import tune
+
+    res = tune(tp, lambda _t: call(), [tokens], iters=max(3, args.iters // 2),
+               warmup=2, rounds=3)
+    row = dict(row, tuned=res[0])
+    got = call()
+    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    row["err"] = max(row["err"], _max_over_ranks(err))
+    row["ok"] = row["err"] <= args.tol
+    return row
 
 
 def _under(config: dict, call):
@@ -752,9 +771,10 @@ def main(argv=None) -> int:
             from tilelink.model.plans import BALANCE_KNOB
             from tilelink.schedule.config import Config
 
-            if config.get(BALANCE_KNOB, "0") not in ("0", "1"):
+            if config.get(BALANCE_KNOB, "0") not in ("0", "1", "tuned"):
                 raise ValueError(f"{BALANCE_KNOB}={config[BALANCE_KNOB]}: write 0 (each op's "
-                                 "own choice) or 1 (the model's joint decision)")
+                                 "own choice), 1 (the model's joint decision) or tuned "
+                                 "(tilelink.model.tune's measured choice)")
             Config().with_values({k: v for k, v in config.items() if k != BALANCE_KNOB})
         except Exception as e:  # noqa: BLE001  (ConfigError: its message and hint)
             bad.append(f"--tilelink-configs {text!r}: {e}")

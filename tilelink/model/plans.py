@@ -107,11 +107,13 @@ OVERRIDE: tuple = ()
 # checks their key already passed and the lookup. Forgotten whenever the buckets change
 # (a prepared row count may serve a key better) or the ops are forgotten.
 CALLS: dict[tuple, object] = {}
-# (shape, rows) -> the schedule overrides the model's joint decision picked for its eager
-# calls (`choose`), and what the decision predicted (for `choices`)
+# (shape, rows, scope) -> the schedule overrides the model's joint decision (`choose`) or
+# its measurement (tilelink.model.tune) picked for eager calls, and why (for `choices`);
+# scope: the config_override (OVERRIDE) it was decided under, () by default
 CHOICES: dict[tuple, tuple] = {}
 CHOICE_NOTES: dict[tuple, str] = {}
-#: the config_override knob that turns the joint decision off (each op's own choice)
+#: the config_override knob that names a scope of joint choices ("balance": "0" turns them
+#: off, each op's own choice; any other value keeps choices apart from the default scope's)
 BALANCE_KNOB = "balance"
 
 
@@ -227,8 +229,9 @@ def _capturing() -> bool:
 
 
 def balancing() -> bool:
-    """Whether calls now run the model's joint choices (no override, or not `balance=0`)."""
-    return not OVERRIDE or OVERRIDE == ((BALANCE_KNOB, "1"),)
+    """Whether calls now run the model's joint choices: no config override but a `balance`
+    scope other than "0"."""
+    return all(k == BALANCE_KNOB and v != "0" for k, v in OVERRIDE)
 
 
 def _override(shape: Shape | MoEShape, rows: int) -> tuple[tuple, bool]:
@@ -237,8 +240,17 @@ def _override(shape: Shape | MoEShape, rows: int) -> tuple[tuple, bool]:
     own = tuple(kv for kv in OVERRIDE if kv[0] != BALANCE_KNOB)
     if own or not balancing():
         return own, False
-    choice = CHOICES.get((shape, rows), ())
+    choice = CHOICES.get((shape, rows, OVERRIDE), ())
     return choice, bool(choice)
+
+
+def record(shape: Shape | MoEShape, rows: int, override: tuple, note: str) -> None:
+    """Record the joint choice for `shape` at `rows` rows in the current scope (calls and
+    `prepare_rows` run it from now on)."""
+    with _LOCK:
+        CHOICES[(shape, rows, OVERRIDE)] = tuple(override)
+        CHOICE_NOTES[(shape, rows, OVERRIDE)] = note
+        forget_calls()
 
 
 def choose(shapes: list, tokens, other_host_us: float | None = None, *, target=None,
@@ -271,22 +283,19 @@ def choose(shapes: list, tokens, other_host_us: float | None = None, *, target=N
         if any(not o for o in options):  # an op the model does not time: no joint choice
             continue
         picks, ms, own_ms = pick(options, counts, other)
-        with _LOCK:
-            for s, c in zip(order, picks):
-                CHOICES[(s, t)] = c.override
-                CHOICE_NOTES[(s, t)] = (
-                    f"{c.label}: predicted forward {ms:.3f} ms against {own_ms:.3f} with "
-                    f"each op's own choice (GPU {c.gpu:.3f} ms, host {c.host:.3f} ms a call; "
-                    f"the rest's host {other:.0f} us a call)")
-            forget_calls()
+        for s, c in zip(order, picks):
+            record(s, t, c.override,
+                   f"{c.label}: predicted forward {ms:.3f} ms against {own_ms:.3f} with "
+                   f"each op's own choice (GPU {c.gpu:.3f} ms, host {c.host:.3f} ms a call; "
+                   f"the rest's host {other:.0f} us a call)")
 
 
 def choices() -> list[dict]:
-    """What the joint decision picked: one entry per (op shape, rows), with the overrides
-    (empty: the op's own choice) and what it predicted."""
+    """What the joint decision (or tilelink.model.tune) picked in the current scope: one
+    entry per (op shape, rows), with the overrides (empty: the op's own choice) and why."""
     return [{"kind": s.kind, "n": getattr(s, "n", None), "k": getattr(s, "k", None),
-             "rows": r, "override": dict(o), "note": CHOICE_NOTES.get((s, r), "")}
-            for (s, r), o in CHOICES.items()]
+             "rows": r, "override": dict(o), "note": CHOICE_NOTES.get((s, r, sc), "")}
+            for (s, r, sc), o in CHOICES.items() if sc == OVERRIDE]
 
 
 def _build(shape: Shape | MoEShape, rows: int, override: tuple, chosen: bool = False):

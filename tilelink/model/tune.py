@@ -1,0 +1,137 @@
+"""Measured joint choices for a model's tensor-parallel ops: time whole forwards.
+
+The cost model's joint decision (`tilelink.model.prepare`, tilelink.model.balance) needs the
+rest of the model's host time, which differs by host and model, and it cannot see how ops
+that wait on their peers' hosts (the copy engine's programs) behave once a forward leaves
+the GPU's queue shallow: on 4x H200 (2026-11-28, docs/perf.md) a Llama layer at 2,048 tokens
+ran 2x slower with one op on the copy engine at W = 4, and 15% faster with two at W = 2.
+`tune` settles it by measurement: a few assignments of the ops' configs, each timed over
+the caller's own forward, the fastest kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+
+from . import plans
+
+#: the assignments `tune` times besides each op's own choice and the cost model's joint one:
+#: every op on this resource
+RESOURCES = ("sm", "copy_engine", "none")
+
+#: each op's own choice stands unless another assignment is faster by this share
+MARGIN = 0.02
+
+
+def tp_shapes(model: torch.nn.Module) -> list:
+    """The Shapes of the TileLink ops one forward of `model` calls (its tensor-parallel
+    linear layers, in module order; one entry per call)."""
+    from .layers import ColumnParallelLinear, RowParallelLinear
+
+    return [m.op_shape() for m in model.modules()
+            if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+
+
+def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Iterable[int], *,
+         iters: int = 10, warmup: int = 3, rounds: int = 3,
+         progress: Callable[[str], None] | None = None) -> list[dict]:
+    """For each total token count t of `tokens`, time `forward(t)` (one forward of `model`
+    at t tokens: this rank's part; every rank of the group calls `tune` alike) with each
+    assignment of its tensor-parallel ops' configs: each op's own choice, the cost model's
+    joint decision (`prepare`), and every op on SMs, on the copy engine, as the
+    non-overlapped plan (those the ops can all run). Each is timed `rounds` times,
+    interleaved, `iters` forwards after `warmup`, as the slowest rank saw it; the median
+    counts. The fastest is recorded as the joint choice of the current config_override
+    scope (`plans.choices()` shows it) unless each op's own choice is within MARGIN.
+    Collective, and it builds ops: call it before any CUDA-graph capture. Returns one entry
+    per t: every assignment's time (ms) and the pick."""
+    from ..errors import TileLinkError
+
+    shapes = tp_shapes(model)
+    order = list(dict.fromkeys(shapes))
+    if not order:
+        raise TileLinkError("tilelink.model.tune: the model has no tensor-parallel TileLink "
+                            "layers (ColumnParallelLinear, RowParallelLinear)")
+    if not plans.balancing():
+        raise TileLinkError("tilelink.model.tune: a config override is in force (each op "
+                            f"runs {dict(plans.OVERRIDE)}), so no choice would be used",
+                            hint="call it outside config_override, or inside "
+                            "config_override({'balance': NAME}) to keep its choices apart")
+    group = plans.resolve_group(order[0].group_name)
+    device = order[0].device
+    say = progress or (lambda _line: None)
+    out = []
+    for t in sorted({int(x) for x in tokens}):
+        plans.choose(shapes, [t])
+        joint = [plans._override(s, t)[0] for s in order]
+        assignments = {"own choice": [()] * len(order), "joint (cost model)": joint}
+        for r in RESOURCES:
+            assignments[f"comm={r}"] = [(("comm", r),)] * len(order)
+        runnable: dict[str, list] = {}
+        for name, overrides in assignments.items():
+            if overrides in runnable.values():
+                continue
+            try:
+                _apply(order, t, overrides, "(being measured)")
+                for s in order:
+                    plans.prepare_rows(s, [t])
+            except TileLinkError as e:  # an op that cannot run this way: every rank alike
+                say(f"tokens {t}: {name} cannot run ({str(e).splitlines()[0][:120]})")
+                continue
+            runnable[name] = overrides
+        names = list(runnable)
+        times = torch.zeros(rounds, len(names), dtype=torch.float64)
+        for r in range(rounds):
+            for j, name in enumerate(names):
+                _apply(order, t, runnable[name], "(being measured)")
+                times[r, j] = _time(forward, t, device, iters, warmup)
+        times = _slowest_rank(times, group, device)
+        ms = {n: statistics.median(times[:, j].tolist()) for j, n in enumerate(names)}
+        best = min(ms, key=ms.get)
+        if ms[best] * (1 + MARGIN) >= ms["own choice"]:
+            best = "own choice"
+        table = ", ".join(f"{n} {v:.3f}" for n, v in ms.items())
+        _apply(order, t, runnable[best], f"measured by tune: {best} {ms[best]:.3f} ms a "
+               f"forward ({table})")
+        say(f"tokens {t}: {best} ({table} ms)")
+        out.append({"tokens": t, "ms": ms, "pick": best})
+    return out
+
+
+def _apply(order: list, rows: int, overrides: list, note: str) -> None:
+    for s, ov in zip(order, overrides):
+        plans.record(s, rows, ov, note)
+
+
+def _time(forward: Callable[[int], object], t: int, device: torch.device, iters: int,
+          warmup: int) -> float:
+    """ms per forward(t), back to back."""
+    for _ in range(warmup):
+        forward(t)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            forward(t)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        forward(t)
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def _slowest_rank(times: torch.Tensor, group, device: torch.device) -> torch.Tensor:
+    """Every rank's timings replaced by the slowest rank's (so every rank picks alike)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return times
+    t = times.to(device if device.type == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.cpu()
