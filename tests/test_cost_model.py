@@ -591,13 +591,46 @@ def test_ag_moe_takes_the_plan_measured_faster(sizes, w, graph, measured):
     bp = _bp("ag_moe", w, **sizes)
     t = _target("NVIDIA H100")
     chosen, why = default_config(bp, t, graph=graph)
-    assert _plan(chosen) == min(measured, key=measured.get), why
+    want = min(measured, key=measured.get)
+    # (the copy engine's gather was refused on GPUs when these ran; the eager default takes
+    # it now, measured faster than SMs on H200s: MOE_H200)
+    assert _plan(chosen) == want or (want, _plan(chosen), graph) == (
+        "sm", "copy_engine", False), why
     dev = device_spec(t.device)
     for plan, ms in measured.items():  # and the model within 30% of each measurement
         if (sizes["E"], w, plan) in MOE_KNOWN_MISSES:
             continue
         cfg = _config(bp, t, "comm=sm" if plan == "sm" else NCCL)
         assert 0.7 < estimate(bp, cfg, dev, graph).total / ms < 1.3, (plan, ms)
+
+
+# AG-MoE on 4x H200 (2026-11-28, 1476066, bench, eager, one lease; W = 2 on GPUs 0-1): the
+# gather on the copy engine against SMs and NCCL + torch._grouped_mm
+MOE_H200 = [
+    (dict(T=8192, K=4096, N=14336, E=8, TOPK=2), 2,
+     {"copy_engine": 1.571, "sm": 1.797, "nccl": 2.383}),
+    (dict(T=8192, K=2048, N=1408, E=64, TOPK=6), 2,
+     {"copy_engine": 0.367, "sm": 0.394, "nccl": 0.872}),
+    (dict(T=8192, K=4096, N=14336, E=8, TOPK=2), 4,
+     {"copy_engine": 0.911, "sm": 0.985, "nccl": 1.425}),
+]
+
+
+@pytest.mark.parametrize("sizes,w,measured", MOE_H200,
+                         ids=[f"E{c[0]['E']}-W{c[1]}" for c in MOE_H200])
+def test_ag_moe_eager_takes_the_copy_engine_measured_faster_on_h200(sizes, w, measured):
+    bp = _bp("ag_moe", w, **sizes)
+    t = _target("NVIDIA H200")
+    dev = device_spec(t.device)
+    chosen, why = default_config(bp, t)
+    assert _plan(chosen) == min(measured, key=measured.get), why
+    for plan in ("sm", "nccl"):
+        cfg = _config(bp, t, "comm=sm" if plan == "sm" else NCCL)
+        assert 0.7 < estimate(bp, cfg, dev).total / measured[plan] < 1.3, plan
+    # the model charges the copy engine's gather as SMs' (it ties them, and the preferred
+    # resource, the copy engine, wins the tie): it does not credit the 7-13% measured
+    ce = estimate(bp, _config(bp, t, "comm=copy_engine"), dev).total
+    assert ce >= measured["copy_engine"]
 
 
 # the model's grouped-GEMM efficiency follows rows per expert only; at E = 64, W = 4 (N / W =
