@@ -207,8 +207,7 @@ MOE_TOP4 = MOE | {"TOPK": "4"}
 # Passed at W = 2 and 4 on 4x H100 (2026-11-27: 3356429, and the default and K = 4096 cases
 # at 77bcf53). The copy engine's gather hung at K = 4096 on 2026-11-27 (its own rows' copy
 # queued behind the grouped kernel holding every SM); since that copy goes before the kernel
-# it ran 100 checked calls with delays at K = 4096 (`tilelink run --check`, 2x H200,
-# 2026-11-28), and its cases below wait in NOT_YET_RUN for the suite's own run.
+# its cases below passed at W = 2 (4x H200, 2026-11-28, c0fd56b).
 CASES |= {
     "ag_moe_sm_1000": RunSpec(AG_MOE, MOE, {"comm": "sm"}, calls=1000),
     "ag_moe_sm_top4_delays": RunSpec(AG_MOE, MOE_TOP4, {"comm": "sm"}, calls=100,
@@ -220,7 +219,7 @@ CASES |= {
     "ag_moe_sm_k4096": RunSpec(AG_MOE, {"T": "2400", "K": "4096", "N": "2400", "E": "8",
                                         "TOPK": "2"}, {"comm": "sm"}, calls=100),
 }
-NOT_YET_RUN |= {
+CASES |= {
     "ag_moe_ce_k4096_delays": RunSpec(AG_MOE, {"T": "2400", "K": "4096", "N": "2400", "E": "8",
                                                "TOPK": "2"}, {"comm": "copy_engine"},
                                       calls=100, delays=True, seed=51),
