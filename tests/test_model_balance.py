@@ -103,10 +103,10 @@ def test_the_cpu_runs_the_plan_and_is_not_decided():
     assert plans.choices() == []
 
 
-def _tune_on_gloo(rank: int, world: int) -> dict:
+def _tune_on_gloo(rank: int, world: int, path: str) -> dict:
     from torch import nn
 
-    from tilelink.model import TPMLP, tune
+    from tilelink.model import TPMLP, prepare, tune
 
     plans.clear()
     torch.manual_seed(3)
@@ -118,16 +118,20 @@ def _tune_on_gloo(rank: int, world: int) -> dict:
     seen = []
     with torch.no_grad():
         res = tune(mlp, lambda t: mlp(x), [tokens], iters=2, warmup=1, rounds=2,
-                   progress=seen.append)
+                   progress=seen.append, save=path)
         got = mlp(x)
-    return {"res": res, "seen": seen, "choices": plans.choices(),
+        picked = plans.choices()
+        plans.clear()  # a later run: its prepare reads the file rank 0 wrote
+        prepare(mlp, tokens=[tokens], choices=path)
+    return {"res": res, "seen": seen, "choices": picked, "loaded": plans.choices(),
             "same": bool(torch.equal(got, want))}
 
 
-def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank():
+def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank(tmp_path):
     from tilelink.model import cpu_world
 
-    outs = cpu_world.run(_tune_on_gloo, 2, (), timeout=600)
+    path = str(tmp_path / "mlp-tp2-cpu.json")
+    outs = cpu_world.run(_tune_on_gloo, 2, (path,), timeout=600)
     for out in outs:
         (entry,) = out["res"]
         # (the CPU runs the plan whatever the config; every assignment is timed there)
@@ -136,6 +140,9 @@ def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank():
         assert len(out["choices"]) == 2 and all(
             c["note"].startswith("measured by tune: " + entry["pick"]) for c in out["choices"])
         assert out["seen"] and out["same"]
+        # saved by rank 0 and read back by every rank's prepare: the same picks
+        assert [c["override"] for c in out["loaded"]] == [c["override"] for c in out["choices"]]
+        assert all(path in c["note"] for c in out["loaded"])
     # the slowest rank's times: the same table and pick on both ranks
     assert outs[0]["res"] == outs[1]["res"]
 
@@ -148,3 +155,63 @@ def test_tune_refuses_a_model_without_tp_layers():
 
     with pytest.raises(TileLinkError, match="no tensor-parallel TileLink layers"):
         tune(nn.Linear(4, 4), lambda t: None, [4])
+
+
+def _saved(monkeypatch, device="NVIDIA H200", world=4):
+    from tilelink.model import saved_choices
+
+    monkeypatch.setattr(saved_choices, "device_name", lambda shape: device)
+    monkeypatch.setattr(plans, "world_size", lambda name: world)
+    return saved_choices
+
+
+def test_saved_choices_come_back_for_the_same_ops(monkeypatch, tmp_path):
+    sc = _saved(monkeypatch)
+    plans.choose(LLAMA, [4096, 8192], target=_h100(), world=4)
+    before = {(c["n"], c["k"], c["rows"]): c["override"] for c in plans.choices()}
+    path = tmp_path / "llama-tp4.json"
+    assert sc.save(path, LLAMA) == 8
+    plans.clear()
+    assert sc.load(path, LLAMA) == 8
+    after = {(c["n"], c["k"], c["rows"]): c["override"] for c in plans.choices()}
+    assert after == before and {"comm": "sm"} in after.values()
+    assert all(str(path) in c["note"] for c in plans.choices())
+    plans.clear()  # an op the file does not hold is left to the joint decision
+    assert sc.load(path, LLAMA[:1]) == 2
+
+
+@pytest.mark.parametrize("device,world,why", [("NVIDIA H100", 4, "device"),
+                                              ("NVIDIA H200", 2, "world")])
+def test_saved_choices_of_another_gpu_or_world_are_not_used(monkeypatch, tmp_path, device,
+                                                           world, why):
+    sc = _saved(monkeypatch)
+    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    path = tmp_path / "c.json"
+    sc.save(path, LLAMA)
+    plans.clear()
+    _saved(monkeypatch, device, world)
+    with pytest.warns(sc.ChoicesWarning, match=f"measured on {why}.*not used"):
+        assert sc.load(path, LLAMA) == 0
+    assert plans.choices() == []
+
+
+def test_a_bad_choices_file_or_entry_warns_and_changes_nothing_else(monkeypatch, tmp_path):
+    import json
+
+    sc = _saved(monkeypatch)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.warns(sc.ChoicesWarning, match="not used"):
+        assert sc.load(bad, LLAMA) == 0
+    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    path = tmp_path / "c.json"
+    sc.save(path, LLAMA)
+    record = json.loads(path.read_text())
+    record["entries"][0]["override"] = {"carrier_pigeon": "1"}
+    record["versions"] = {"torch": "0.1"}
+    path.write_text(json.dumps(record))
+    plans.clear()
+    with pytest.warns(sc.ChoicesWarning) as caught:
+        assert sc.load(path, LLAMA) == 3
+    text = " ".join(str(w.message) for w in caught)
+    assert "skipped" in text and "may no longer be the fastest" in text

@@ -220,7 +220,7 @@ class TPMLP(nn.Module):
 
 
 def prepare(model: nn.Module, tokens: Iterable[int], *, balance: bool = True,
-            other_host_us: float | None = None) -> None:
+            other_host_us: float | None = None, choices=None) -> None:
     """Build every TileLink op `model`'s tensor-parallel layers and EPMoE blocks will call,
     for each total token count in `tokens` (all ranks' tokens of a forward), before capturing
     a CUDA graph; a call with fewer tokens than a prepared count runs that count's op on padded
@@ -231,14 +231,20 @@ def prepare(model: nn.Module, tokens: Iterable[int], *, balance: bool = True,
     model's host `other_host_us` per op call (tilelink.model.balance; default OTHER_HOST_US),
     so that a host-bound forward is not handed ops that save GPU time at the host's expense.
     `tilelink.model.plans.choices()` lists what it picked; `config_override({"balance":
-    "0"})` or `balance=False` keeps each op's own choice."""
+    "0"})` or `balance=False` keeps each op's own choice. `choices`: a file that
+    `tilelink.model.tune(..., save=...)` wrote on this GPU and world size; its picks replace
+    the joint decision's for the ops and token counts it holds (tilelink.model.saved_choices)."""
     from .moe import EPMoE  # (moe builds on this module)
 
     tokens = list(tokens)
     mods = [m for m in model.modules()
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear, EPMoE))]
     if balance:
-        choose([m.op_shape() for m in mods if not isinstance(m, EPMoE)], tokens,
-               other_host_us)
+        shapes = [m.op_shape() for m in mods if not isinstance(m, EPMoE)]
+        choose(shapes, tokens, other_host_us)
+        if choices is not None:
+            from .saved_choices import load
+
+            load(choices, shapes)
     for m in mods:
         m.prepare(tokens)

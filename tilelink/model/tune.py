@@ -38,7 +38,7 @@ def tp_shapes(model: torch.nn.Module) -> list:
 
 def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Iterable[int], *,
          iters: int = 10, warmup: int = 3, rounds: int = 3,
-         progress: Callable[[str], None] | None = None) -> list[dict]:
+         progress: Callable[[str], None] | None = None, save=None) -> list[dict]:
     """For each total token count t of `tokens`, time `forward(t)` (one forward of `model`
     at t tokens: this rank's part; every rank of the group calls `tune` alike) with each
     assignment of its tensor-parallel ops' configs: each op's own choice, the cost model's
@@ -47,8 +47,10 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
     interleaved, `iters` forwards after `warmup`, as the slowest rank saw it; the median
     counts. The fastest is recorded as the joint choice of the current config_override
     scope (`plans.choices()` shows it) unless each op's own choice is within MARGIN.
-    Collective, and it builds ops: call it before any CUDA-graph capture. Returns one entry
-    per t: every assignment's time (ms) and the pick."""
+    Collective, and it builds ops: call it before any CUDA-graph capture. `save`: a path
+    rank 0 writes the picks to, for `prepare(..., choices=path)` in later runs
+    (tilelink.model.saved_choices). Returns one entry per t: every assignment's time (ms)
+    and the pick."""
     from ..errors import TileLinkError
 
     shapes = tp_shapes(model)
@@ -99,6 +101,15 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
                f"forward ({table})")
         say(f"tokens {t}: {best} ({table} ms)")
         out.append({"tokens": t, "ms": ms, "pick": best})
+    if save is not None:
+        import torch.distributed as dist
+
+        from .saved_choices import save as write
+
+        if not dist.is_initialized() or dist.get_rank(group) == 0:
+            write(save, shapes)
+        if dist.is_initialized():
+            dist.barrier(group=group)  # the file is whole before any rank goes on to read it
     return out
 
 
