@@ -53,6 +53,7 @@ def test_one_op_at_a_time_finds_the_exhaustive_choice(monkeypatch):
     options = [balance.candidates(plans.PATTERNS[s.kind].bind(s.values(4096, 4), 4), t)
                for s in LLAMA]
     exhaustive = balance.choose(options, [1] * 4)
+    assert exhaustive[0] != [o[0] for o in options]  # (a case where the search moves)
     monkeypatch.setattr(balance, "MAX_COMBINATIONS", 1)
     assert balance.choose(options, [1] * 4) == exhaustive
 
@@ -106,6 +107,7 @@ def test_the_cpu_runs_the_plan_and_is_not_decided():
 def _tune_on_gloo(rank: int, world: int, path: str) -> dict:
     from torch import nn
 
+    from tilelink.errors import TileLinkError
     from tilelink.model import TPMLP, prepare, tune
 
     plans.clear()
@@ -114,17 +116,34 @@ def _tune_on_gloo(rank: int, world: int, path: str) -> dict:
     mlp = TPMLP.from_full(nn.Linear(hidden, inter, bias=False), nn.Linear(hidden, inter, bias=False),
                           nn.Linear(inter, hidden, bias=False))
     x = torch.randn(tokens, hidden).chunk(world)[rank]
-    want = mlp(x)
     seen = []
-    with torch.no_grad():
-        res = tune(mlp, lambda t: mlp(x), [tokens], iters=2, warmup=1, rounds=2,
-                   progress=seen.append, save=path)
-        got = mlp(x)
-        picked = plans.choices()
-        plans.clear()  # a later run: its prepare reads the file rank 0 wrote
-        prepare(mlp, tokens=[tokens], choices=path)
-    return {"res": res, "seen": seen, "choices": picked, "loaded": plans.choices(),
-            "same": bool(torch.equal(got, want))}
+    # the last rank alone fails to build the plan's ops: every rank must skip that assignment
+    prepare_rows = plans.prepare_rows
+
+    def flaky(shape, rows):
+        if rank == world - 1 and ("comm", "none") in plans._override(shape, rows[0])[0]:
+            raise TileLinkError("this rank's build failed")
+        prepare_rows(shape, rows)
+
+    plans.prepare_rows = flaky
+    try:
+        with torch.no_grad():
+            res = tune(mlp, lambda t: mlp(x), [tokens], iters=2, warmup=1, rounds=2,
+                       progress=seen.append, save=path)
+    finally:
+        plans.prepare_rows = prepare_rows
+    picked = plans.choices()
+    plans.clear()  # a later run: its prepare reads the file rank 0 wrote
+    prepare(mlp, tokens=[tokens], choices=path)
+    loaded = plans.choices()
+    unwritable = None
+    try:
+        tune(mlp, lambda t: mlp(x), [tokens], iters=1, warmup=0, rounds=1,
+             save=path + ".missing/dir/c.json")
+    except TileLinkError as e:  # every rank, not rank 0 alone
+        unwritable = str(e)
+    return {"res": res, "seen": seen, "choices": picked, "loaded": loaded,
+            "unwritable": unwritable}
 
 
 def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank(tmp_path):
@@ -134,15 +153,19 @@ def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank(tm
     outs = cpu_world.run(_tune_on_gloo, 2, (path,), timeout=600)
     for out in outs:
         (entry,) = out["res"]
-        # (the CPU runs the plan whatever the config; every assignment is timed there)
-        assert set(entry["ms"]) == {"own choice", "comm=sm", "comm=copy_engine", "comm=none"}
+        # (the CPU runs the plan whatever the config; every assignment is timed there but
+        # the one the last rank could not build, skipped on every rank)
+        assert set(entry["ms"]) == {"own choice", "comm=sm", "comm=copy_engine"}
+        assert any("comm=none cannot run" in line for line in out["seen"])
         assert all(v > 0 for v in entry["ms"].values()) and entry["pick"] in entry["ms"]
         assert len(out["choices"]) == 2 and all(
             c["note"].startswith("measured by tune: " + entry["pick"]) for c in out["choices"])
-        assert out["seen"] and out["same"]
-        # saved by rank 0 and read back by every rank's prepare: the same picks
-        assert [c["override"] for c in out["loaded"]] == [c["override"] for c in out["choices"]]
+        # saved by rank 0 and read back by every rank's prepare: the same picks, op by op
+        key = lambda c: (c["kind"], c["n"], c["k"], c["rows"])  # noqa: E731
+        assert sorted((key(c), c["override"]) for c in out["loaded"]) == \
+            sorted((key(c), c["override"]) for c in out["choices"])
         assert all(path in c["note"] for c in out["loaded"])
+        assert "could not write" in out["unwritable"]
     # the slowest rank's times: the same table and pick on both ranks
     assert outs[0]["res"] == outs[1]["res"]
 
@@ -215,3 +238,52 @@ def test_a_bad_choices_file_or_entry_warns_and_changes_nothing_else(monkeypatch,
         assert sc.load(path, LLAMA) == 3
     text = " ".join(str(w.message) for w in caught)
     assert "skipped" in text and "may no longer be the fastest" in text
+
+
+def test_an_op_tune_cached_keeps_its_tuned_config(monkeypatch):
+    from tilelink.schedule import tuned
+    from tilelink.schedule.schedule import default_config
+
+    t = _h100()
+    bp = plans.PATTERNS["ag_gemm"].bind(LLAMA[0].values(4096, 4), 4)
+    cached = default_config(bp, t)[0]
+    monkeypatch.setattr(tuned, "lookup", lambda *a, **k: (cached, "cache.json"))
+    (only,) = balance.candidates(bp, t)
+    assert only.override == () and only.label == "own choice"
+
+
+def test_captured_calls_of_a_chosen_config_run_what_an_unconfigured_op_would():
+    from tilelink.runtime.gpu import _captured_as_unconfigured
+    from tilelink.schedule import make_schedule
+    from tilelink.schedule.schedule import default_config
+
+    t = _h100()
+    bp = plans.PATTERNS["gemm_rs"].bind(LLAMA[1].values(4096, 4), 4)
+    sm = make_schedule(bp, t, {"comm": "sm"}).config
+    ce = make_schedule(bp, t, {"comm": "copy_engine"}).config
+    graph = default_config(bp, t, graph=True)[0]
+    assert _captured_as_unconfigured(bp, t, ce, None, None, None) == (
+        None if graph == ce else graph)
+    assert _captured_as_unconfigured(bp, t, ce, None, sm, None) == sm  # the eager-tuned one
+    assert _captured_as_unconfigured(bp, t, sm, ce, sm, None) == ce  # the graph-tuned one
+    assert _captured_as_unconfigured(bp, t, sm, None, sm, None) is None  # (the same)
+    assert _captured_as_unconfigured(bp, t, ce, None, sm, "drop_notify") is None
+
+
+def test_a_changed_choice_builds_its_op_when_prepared_again(monkeypatch):
+    built = []
+
+    def build(shape, rows, override, chosen=False):
+        built.append(override)
+        return object()
+
+    monkeypatch.setattr(plans, "_build", build)
+    qkv = LLAMA[0]
+    plans.record(qkv, 4096, (("comm", "sm"),), "a")
+    plans.prepare_rows(qkv, [4096])
+    sm_op, _ = plans.lookup(qkv, 4096)
+    plans.record(qkv, 4096, (("comm", "none"),), "b")
+    plans.prepare_rows(qkv, [4096])
+    none_op, rows = plans.lookup(qkv, 4096)
+    assert rows == 4096 and none_op is not sm_op
+    assert built == [(("comm", "sm"),), (("comm", "none"),)]

@@ -574,7 +574,7 @@ def _rank(rank: int, world: int, args) -> dict:
     if not args.cpu:  # what tilelink.model.prepare's joint decision picked, per op and size
         from tilelink.model.plans import choices
 
-        meta["tilelink_choices"] = choices()
+        meta["tilelink_choices"] = choices(every_scope=True)
     deadline.cancel()
     if rank == 0:
         write(args.out, meta, rows)

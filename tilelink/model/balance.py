@@ -52,18 +52,22 @@ class Candidate:
 
 def candidates(bp, target) -> list[Candidate]:
     """The op's own default and the resources it can run on, each with the cost model's GPU
-    and host time per eager call; [] where the model does not time the pattern."""
+    and host time per eager call; [] where the model does not time the pattern. An op with
+    a config `tilelink tune` cached for this GPU has that one alone (a measured choice, whose
+    tile sizes an override of its resource would drop)."""
     from ..errors import TileLinkError
     from ..schedule import make_schedule
     from ..schedule.cost import device_spec, estimate, modelled
     from ..schedule.schedule import default_config
+    from ..schedule.tuned import tuned_config
 
     if modelled(bp) is not None:
         return []
     dev = device_spec(target.device)
-    own, _ = default_config(bp, target)
+    found = tuned_config(bp, target.device, target=target)
+    own = found[0] if found else default_config(bp, target)[0]
     out, seen = [], set()
-    for override in [()] + [(("comm", r),) for r in RESOURCES]:
+    for override in [()] + ([] if found else [(("comm", r),) for r in RESOURCES]):
         if override:
             try:
                 cfg = make_schedule(bp, target, dict(override)).config

@@ -233,18 +233,19 @@ def prepare(model: nn.Module, tokens: Iterable[int], *, balance: bool = True,
     `tilelink.model.plans.choices()` lists what it picked; `config_override({"balance":
     "0"})` or `balance=False` keeps each op's own choice. `choices`: a file that
     `tilelink.model.tune(..., save=...)` wrote on this GPU and world size; its picks replace
-    the joint decision's for the ops and token counts it holds (tilelink.model.saved_choices)."""
+    the joint decision's (or, with balance=False, the ops' own choices) for the ops and token
+    counts of `tokens` it holds (tilelink.model.saved_choices)."""
     from .moe import EPMoE  # (moe builds on this module)
 
     tokens = list(tokens)
     mods = [m for m in model.modules()
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear, EPMoE))]
+    shapes = [m.op_shape() for m in mods if not isinstance(m, EPMoE)]
     if balance:
-        shapes = [m.op_shape() for m in mods if not isinstance(m, EPMoE)]
         choose(shapes, tokens, other_host_us)
-        if choices is not None:
-            from .saved_choices import load
+    if choices is not None:
+        from .saved_choices import load
 
-            load(choices, shapes)
+        load(choices, shapes, tokens)
     for m in mods:
         m.prepare(tokens)

@@ -254,27 +254,29 @@ def record(shape: Shape | MoEShape, rows: int, override: tuple, note: str) -> No
 
 
 def choose(shapes: list, tokens, other_host_us: float | None = None, *, target=None,
-           world: int | None = None) -> None:
+           world: int | None = None) -> set[int]:
     """Decide the ops of one forward together (`balance.choose`) for each token count of
     `tokens`: `shapes` are the Shapes its op calls have, one per call, and each is called
     with rows = the token count. Records each (shape, rows)'s choice for `prepare_rows`
-    and the calls. Only CUDA shapes are decided (the CPU runs the plan). `target` (the
+    and the calls. Only CUDA shapes are decided (the CPU runs the plan). Returns the token
+    counts decided (not those with an op the cost model does not time). `target` (the
     current device's) and `world` (each group's size) are for tests."""
     from .balance import OTHER_HOST_US, candidates
     from .balance import choose as pick
 
     if not balancing():
-        return
+        return set()
     other = OTHER_HOST_US if other_host_us is None else float(other_host_us)
     order = [s for s in dict.fromkeys(shapes) if s.device.type == "cuda"]
     if not order:
-        return
+        return set()
     if target is None:
         from ..runtime.gpu_world import device_target
 
         with torch.cuda.device(order[0].device):
             target = device_target()
     counts = [shapes.count(s) for s in order]
+    decided = set()
     for t in sorted({int(x) for x in tokens}):
         options = []
         for s in order:
@@ -288,14 +290,18 @@ def choose(shapes: list, tokens, other_host_us: float | None = None, *, target=N
                    f"{c.label}: predicted forward {ms:.3f} ms against {own_ms:.3f} with "
                    f"each op's own choice (GPU {c.gpu:.3f} ms, host {c.host:.3f} ms a call; "
                    f"the rest's host {other:.0f} us a call)")
+        decided.add(t)
+    return decided
 
 
-def choices() -> list[dict]:
-    """What the joint decision (or tilelink.model.tune) picked in the current scope: one
-    entry per (op shape, rows), with the overrides (empty: the op's own choice) and why."""
+def choices(every_scope: bool = False) -> list[dict]:
+    """What the joint decision (or tilelink.model.tune) picked in the current scope (or, with
+    `every_scope`, in each config_override scope, named in "scope"): one entry per (op
+    shape, rows), with the overrides (empty: the op's own choice) and why."""
     return [{"kind": s.kind, "n": getattr(s, "n", None), "k": getattr(s, "k", None),
              "rows": r, "override": dict(o), "note": CHOICE_NOTES.get((s, r, sc), "")}
-            for (s, r, sc), o in CHOICES.items() if sc == OVERRIDE]
+            | ({"scope": dict(sc)} if every_scope else {})
+            for (s, r, sc), o in CHOICES.items() if every_scope or sc == OVERRIDE]
 
 
 def _build(shape: Shape | MoEShape, rows: int, override: tuple, chosen: bool = False):

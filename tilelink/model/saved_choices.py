@@ -42,19 +42,20 @@ def _key(shape) -> list:
     return [shape.kind, shape.n, shape.k, str(shape.dtype).replace("torch.", "")]
 
 
-def save(path, shapes: list) -> int:
-    """Write the current scope's choices for `shapes` (the model's op shapes) to `path`;
-    returns how many entries it wrote."""
+def save(path, shapes: list, rows=None) -> int:
+    """Write the current scope's choices for `shapes` (the model's op shapes; `rows`: only
+    these row counts, None every one) to `path`; returns how many entries it wrote."""
     from ..schedule.tuned import versions
 
     order = list(dict.fromkeys(shapes))
     if not order:
         raise ValueError("no op shapes to save choices for")
+    keep = None if rows is None else {int(r) for r in rows}
     entries = []
-    for (s, rows, scope), override in sorted(plans.CHOICES.items(), key=lambda kv: str(kv[0])):
-        if scope == plans.OVERRIDE and s in order:
-            entries.append({"op": _key(s), "rows": rows, "override": dict(override),
-                            "note": plans.CHOICE_NOTES.get((s, rows, scope), "")})
+    for (s, r, scope), override in sorted(plans.CHOICES.items(), key=lambda kv: str(kv[0])):
+        if scope == plans.OVERRIDE and s in order and (keep is None or r in keep):
+            entries.append({"op": _key(s), "rows": r, "override": dict(override),
+                            "note": plans.CHOICE_NOTES.get((s, r, scope), "")})
     record = {"format": FORMAT, "device": device_name(order[0]),
               "world": plans.world_size(order[0].group_name), "versions": versions(),
               "entries": entries}
@@ -70,26 +71,53 @@ def save(path, shapes: list) -> int:
     return len(entries)
 
 
-def load(path, shapes: list) -> int:
-    """Record the choices `path` holds for `shapes` (the model's op shapes) in the current
-    scope; returns how many it recorded (0, with a ChoicesWarning, where the file is not
-    usable here)."""
+def _read(path) -> dict:
+    record = json.loads(Path(path).read_text())
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ValueError(f"not a format-{FORMAT} choices file")
+    if not isinstance(record.get("entries"), list):
+        raise ValueError("'entries' is not a list")
+    return record
+
+
+def _read_on_rank0(path, shape):
+    """(the file's record, or the error reading it) as rank 0 of the shape's group read it,
+    on every rank: the ranks must record the same choices or they build different ops."""
+    import torch.distributed as dist
+
+    def read():
+        try:
+            return _read(path), None
+        except (OSError, ValueError) as e:
+            return None, str(e)
+
+    if not dist.is_initialized():
+        return read()
+    group = plans.resolve_group(shape.group_name)
+    box = [read() if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group,
+                               device=shape.device if shape.device.type == "cuda" else None)
+    return box[0]
+
+
+def load(path, shapes: list, rows=None) -> int:
+    """Record the choices `path` holds for `shapes` (the model's op shapes; `rows`: only these
+    row counts, None every one) in the current scope; returns how many it recorded (0, with
+    a ChoicesWarning, where the file is not usable here). Collective where torch.distributed
+    is initialised: rank 0 of the group reads the file for every rank."""
     from ..schedule.config import Config
     from ..schedule.tuned import versions
 
     order = list(dict.fromkeys(shapes))
     if not order:
         return 0
-    try:
-        record = json.loads(Path(path).read_text())
-        if not isinstance(record, dict) or record.get("format") != FORMAT:
-            raise ValueError(f"not a format-{FORMAT} choices file")
-        entries = record["entries"]
-        if not isinstance(entries, list):
-            raise ValueError("'entries' is not a list")
-    except (OSError, ValueError, KeyError) as e:
-        warnings.warn(f"saved choices {path}: not used ({e})", ChoicesWarning, stacklevel=3)
+    record, error = _read_on_rank0(path, order[0])
+    if record is None:
+        warnings.warn(f"saved choices {path}: not used ({error})", ChoicesWarning,
+                      stacklevel=3)
         return 0
+    entries = record["entries"]
+    keep = None if rows is None else {int(r) for r in rows}
     here = {"device": device_name(order[0]), "world": plans.world_size(order[0].group_name)}
     for what, value in here.items():
         if record.get(what) != value:
@@ -111,8 +139,8 @@ def load(path, shapes: list) -> int:
             warnings.warn(f"saved choices {path}: entry {e!r} skipped ({err})",
                           ChoicesWarning, stacklevel=3)
             continue
-        if s is None:
-            continue  # an op this model does not have
+        if s is None or (keep is not None and rows not in keep):
+            continue  # an op this model does not have, or rows not being prepared
         plans.record(s, rows, tuple(sorted((k, str(v)) for k, v in override.items())),
                      f"{e.get('note', '')} (from {path})".strip())
         n += 1

@@ -67,22 +67,28 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
     device = order[0].device
     say = progress or (lambda _line: None)
     out = []
-    for t in sorted({int(x) for x in tokens}):
-        plans.choose(shapes, [t])
-        joint = [plans._override(s, t)[0] for s in order]
-        assignments = {"own choice": [()] * len(order), "joint (cost model)": joint}
+    tuned_rows = sorted({int(x) for x in tokens})
+    for t in tuned_rows:
+        assignments = {"own choice": [()] * len(order)}
+        if t in plans.choose(shapes, [t]):
+            assignments["joint (cost model)"] = [plans._override(s, t)[0] for s in order]
         for r in RESOURCES:
             assignments[f"comm={r}"] = [(("comm", r),)] * len(order)
         runnable: dict[str, list] = {}
         for name, overrides in assignments.items():
             if overrides in runnable.values():
                 continue
+            error = None
             try:
                 _apply(order, t, overrides, "(being measured)")
                 for s in order:
                     plans.prepare_rows(s, [t])
-            except TileLinkError as e:  # an op that cannot run this way: every rank alike
-                say(f"tokens {t}: {name} cannot run ({str(e).splitlines()[0][:120]})")
+            except TileLinkError as e:  # an op that cannot run this way
+                error = str(e).splitlines()[0][:120]
+            # every rank skips it if any rank could not build it (a refusal is the same on
+            # every rank; a build that failed on one rank alone must not split the ranks)
+            if not _everywhere(error is None, group, device):
+                say(f"tokens {t}: {name} cannot run ({error or 'failed on another rank'})")
                 continue
             runnable[name] = overrides
         names = list(runnable)
@@ -90,7 +96,7 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
         for r in range(rounds):
             for j, name in enumerate(names):
                 _apply(order, t, runnable[name], "(being measured)")
-                times[r, j] = _time(forward, t, device, iters, warmup)
+                times[r, j] = _time(forward, t, device, iters, warmup, group)
         times = _slowest_rank(times, group, device)
         ms = {n: statistics.median(times[:, j].tolist()) for j, n in enumerate(names)}
         best = min(ms, key=ms.get)
@@ -106,10 +112,16 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
 
         from .saved_choices import save as write
 
+        error = None
         if not dist.is_initialized() or dist.get_rank(group) == 0:
-            write(save, shapes)
-        if dist.is_initialized():
-            dist.barrier(group=group)  # the file is whole before any rank goes on to read it
+            try:
+                write(save, shapes, tuned_rows)
+            except OSError as e:
+                error = e
+        # (every rank learns whether the file was written: none waits on a rank that raised)
+        if not _everywhere(error is None, group, device):
+            raise TileLinkError(f"tilelink.model.tune: could not write {save}: "
+                                f"{error or 'rank 0 failed to write it'}") from error
     return out
 
 
@@ -119,10 +131,17 @@ def _apply(order: list, rows: int, overrides: list, note: str) -> None:
 
 
 def _time(forward: Callable[[int], object], t: int, device: torch.device, iters: int,
-          warmup: int) -> float:
-    """ms per forward(t), back to back."""
+          warmup: int, group) -> float:
+    """ms per forward(t), back to back, from an idle device and ranks that start together
+    (no warm-up forward's host time hidden in the timed ones)."""
+    import torch.distributed as dist
+
     for _ in range(warmup):
         forward(t)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if dist.is_initialized():
+        dist.barrier(group=group)
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -135,6 +154,18 @@ def _time(forward: Callable[[int], object], t: int, device: torch.device, iters:
     for _ in range(iters):
         forward(t)
     return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def _everywhere(ok: bool, group, device: torch.device) -> bool:
+    """Whether `ok` holds on every rank of `group` (collective)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32,
+                        device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
 
 
 def _slowest_rank(times: torch.Tensor, group, device: torch.device) -> torch.Tensor:

@@ -146,14 +146,20 @@ def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, wo
         overrides = {k: str(v) for k, v in config.items()}
     elif tuned and world.tuned:
         base = _tuned_config(bp, verbose, target)
+    eager_tuned = None  # (graph_default: what eager calls would run without `config`)
     if tuned and world.tuned and (graph_default or not config):
         graph_tuned = _tuned_config(bp, verbose, target, graph=True)
+        if graph_default:
+            eager_tuned = _tuned_config(bp, verbose, target)
     s = world.annotate(make_schedule(bp, target, overrides, base=base))
     _refuse_device(s)
     limit = spin_limit or spin_limit_from_env()  # $TILELINK_SPIN_LIMIT, read now (tilelink.env)
-    captured = _captured_config(bp, target, s.config, None if graph_default else base,
-                                graph_tuned, explicit=bool(overrides) and not graph_default,
-                                fault=fault)
+    if graph_default:
+        captured = _captured_as_unconfigured(bp, target, s.config, graph_tuned, eager_tuned,
+                                             fault)
+    else:
+        captured = _captured_config(bp, target, s.config, base, graph_tuned,
+                                    explicit=bool(overrides), fault=fault)
     world.agree(f"{s.config} captured={captured} spin_limit={limit} backend={backend} "
                 f"fault={fault}")
     key = _op_key(bp, s.config, backend, world.key(), limit, fault) + (str(captured),)
@@ -190,6 +196,19 @@ def _captured_config(bp: BoundPattern, target, config: Config, base: Config | No
     if captured is None or captured == config:
         return None
     return captured
+
+
+def _captured_as_unconfigured(bp: BoundPattern, target, config: Config,
+                              graph_tuned: Config | None, eager_tuned: Config | None,
+                              fault: str | None) -> Config | None:
+    """For `compile_op(graph_default=True)`: the config captured calls take instead of the
+    eager `config` (None: the same), as an op built without a config would give them: the
+    graph-tuned config, else the eager-tuned one (which such an op's captured calls run),
+    else the scheduler's default for CUDA-graph replays. None under a test fault."""
+    if fault is not None:
+        return None
+    captured = graph_tuned or eager_tuned or default_config(bp, target, graph=True)[0]
+    return None if captured == config else captured
 
 
 def _build_ops(bp: BoundPattern, s, target, world, backend: str, limit: int,
