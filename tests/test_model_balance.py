@@ -287,3 +287,16 @@ def test_a_changed_choice_builds_its_op_when_prepared_again(monkeypatch):
     none_op, rows = plans.lookup(qkv, 4096)
     assert rows == 4096 and none_op is not sm_op
     assert built == [(("comm", "sm"),), (("comm", "none"),)]
+
+
+def test_saving_again_keeps_the_other_token_counts_of_the_file(monkeypatch, tmp_path):
+    sc = _saved(monkeypatch)
+    plans.choose(LLAMA, [4096, 8192], target=_h100(), world=4)
+    path = tmp_path / "c.json"
+    assert sc.save(path, LLAMA, rows=[4096]) == 4
+    plans.record(LLAMA[0], 8192, (("comm", "none"),), "measured")
+    assert sc.save(path, LLAMA, rows=[8192]) == 4
+    plans.clear()
+    assert sc.load(path, LLAMA) == 8
+    got = {(c["n"], c["rows"]): c["override"] for c in plans.choices()}
+    assert got[(6144, 4096)] == {"comm": "sm"} and got[(6144, 8192)] == {"comm": "none"}

@@ -96,6 +96,10 @@ def parser() -> argparse.ArgumentParser:
                    "the layer's joint decision (tilelink.model.prepare), \"balance=tuned\" "
                    "for tilelink.model.tune's (measured on the compiled layer, before the "
                    "timing); rows named tilelink[<config>]")
+    p.add_argument("--save-choices", metavar="FILE",
+                   help="with --tilelink-configs balance=tuned: write tilelink.model.tune's "
+                   "picks to FILE (one file per GPU, world size and layer; each size's picks "
+                   "added), for tilelink.model.prepare(..., choices=FILE) in a model")
     p.add_argument("--no-compile", action="store_true", help="eager (and eager graphs) only")
     p.add_argument("--iters", type=int, default=20,
                    help="back-to-back calls per timing (one timing per row and round)")
@@ -588,7 +592,7 @@ def _tuned(tp, call, row: dict, tokens: int, want, args) -> dict:
     from tilelink.model import tune
 
     res = tune(tp, lambda _t: call(), [tokens], iters=max(3, args.iters // 2),
-               warmup=2, rounds=3)
+               warmup=2, rounds=3, save=args.save_choices)
     row = dict(row, tuned=res[0])
     got = call()
     err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
@@ -783,6 +787,9 @@ def main(argv=None) -> int:
     if len({text for text, _ in configs}) < len(configs):
         bad.append("--tilelink-configs: a config is given twice")
     args.tilelink_configs = configs
+    if args.save_choices and not any(c.get("balance") == "tuned" for _, c in configs):
+        bad.append("--save-choices writes tilelink.model.tune's picks: add "
+                   "--tilelink-configs balance=tuned")
     if bad:
         parser().error("; ".join(bad))
     if args.layer == "hf" and not hf_available():

@@ -44,7 +44,9 @@ def _key(shape) -> list:
 
 def save(path, shapes: list, rows=None) -> int:
     """Write the current scope's choices for `shapes` (the model's op shapes; `rows`: only
-    these row counts, None every one) to `path`; returns how many entries it wrote."""
+    these row counts, None every one) to `path`; returns how many entries it wrote. A file
+    already there for this GPU and world size keeps its entries for other (op, rows): one
+    file gathers a model's token counts tuned one call at a time."""
     from ..schedule.tuned import versions
 
     order = list(dict.fromkeys(shapes))
@@ -60,6 +62,16 @@ def save(path, shapes: list, rows=None) -> int:
               "world": plans.world_size(order[0].group_name), "versions": versions(),
               "entries": entries}
     path = Path(path)
+    try:
+        old = _read(path)
+    except (OSError, ValueError):
+        old = None  # (none yet, or not one to keep: replaced)
+    if old is not None and (old.get("device"), old.get("world")) == (record["device"],
+                                                                    record["world"]):
+        mine = {(tuple(e["op"]), e["rows"]) for e in entries}
+        kept = [e for e in old["entries"] if isinstance(e, dict) and
+                (tuple(e.get("op", ())), e.get("rows")) not in mine]
+        record["entries"] = kept + entries
     fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
