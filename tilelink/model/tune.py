@@ -1,10 +1,10 @@
 """Measured joint choices for a model's tensor-parallel ops: time whole forwards.
 
 The cost model's joint decision (`tilelink.model.prepare`, tilelink.model.balance) needs the
-rest of the model's host time, which differs by host and model, and it cannot see how ops
-that wait on their peers' hosts (the copy engine's programs) behave once a forward leaves
-the GPU's queue shallow: on 4x H200 (2026-11-28, docs/perf.md) a Llama layer at 2,048 tokens
-ran 2x slower with one op on the copy engine at W = 4, and 15% faster with two at W = 2.
+rest of the model's host time, which differs by host and model, and it misjudges ops off SMs
+inside a host-bound forward: on 4x H200 (2026-11-28, docs/perf.md) a Llama layer at 2,048
+tokens ran 1.7x slower with its ops as the plan or on the copy engine than on SMs at W = 4,
+while at W = 2 two ops on the copy engine made it 4-15% faster.
 `tune` settles it by measurement: a few assignments of the ops' configs, each timed over
 the caller's own forward, the fastest kept.
 """
