@@ -158,6 +158,7 @@ def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank(tm
         assert set(entry["ms"]) == {"own choice", "comm=sm", "comm=copy_engine"}
         assert any("comm=none cannot run" in line for line in out["seen"])
         assert all(v > 0 for v in entry["ms"].values()) and entry["pick"] in entry["ms"]
+        assert set(entry["host_ms"]) == set(entry["ms"])
         assert len(out["choices"]) == 2 and all(
             c["note"].startswith("measured by tune: " + entry["pick"]) for c in out["choices"])
         # saved by rank 0 and read back by every rank's prepare: the same picks, op by op

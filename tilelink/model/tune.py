@@ -46,11 +46,13 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
     non-overlapped plan (those the ops can all run). Each is timed `rounds` times,
     interleaved, `iters` forwards after `warmup`, as the slowest rank saw it; the median
     counts. The fastest is recorded as the joint choice of the current config_override
-    scope (`plans.choices()` shows it) unless each op's own choice is within MARGIN.
+    scope (`plans.choices()` shows it) unless each op's own choice is within MARGIN. Each
+    entry also has the host's time to issue a forward (`host_ms`, the slowest rank's median):
+    where it is close to the forward's, the forward is host-bound.
     Collective, and it builds ops: call it before any CUDA-graph capture. `save`: a path
     rank 0 writes the picks to, for `prepare(..., choices=path)` in later runs
-    (tilelink.model.saved_choices). Returns one entry per t: every assignment's time (ms)
-    and the pick."""
+    (tilelink.model.saved_choices). Returns one entry per t: every assignment's time (ms),
+    its host time (host_ms) and the pick."""
     from ..errors import TileLinkError
 
     shapes = tp_shapes(model)
@@ -92,13 +94,15 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
                 continue
             runnable[name] = overrides
         names = list(runnable)
-        times = torch.zeros(rounds, len(names), dtype=torch.float64)
+        # [round, assignment, (wall, host)]
+        times = torch.zeros(rounds, len(names), 2, dtype=torch.float64)
         for r in range(rounds):
             for j, name in enumerate(names):
                 _apply(order, t, runnable[name], "(being measured)")
-                times[r, j] = _time(forward, t, device, iters, warmup, group)
+                times[r, j] = torch.tensor(_time(forward, t, device, iters, warmup, group))
         times = _slowest_rank(times, group, device)
-        ms = {n: statistics.median(times[:, j].tolist()) for j, n in enumerate(names)}
+        ms = {n: statistics.median(times[:, j, 0].tolist()) for j, n in enumerate(names)}
+        host_ms = {n: statistics.median(times[:, j, 1].tolist()) for j, n in enumerate(names)}
         best = min(ms, key=ms.get)
         if ms[best] * (1 + MARGIN) >= ms["own choice"]:
             best = "own choice"
@@ -106,7 +110,7 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
         _apply(order, t, runnable[best], f"measured by tune: {best} {ms[best]:.3f} ms a "
                f"forward ({table})")
         say(f"tokens {t}: {best} ({table} ms)")
-        out.append({"tokens": t, "ms": ms, "pick": best})
+        out.append({"tokens": t, "ms": ms, "host_ms": host_ms, "pick": best})
     if save is not None:
         import torch.distributed as dist
 
@@ -131,9 +135,10 @@ def _apply(order: list, rows: int, overrides: list, note: str) -> None:
 
 
 def _time(forward: Callable[[int], object], t: int, device: torch.device, iters: int,
-          warmup: int, group) -> float:
-    """ms per forward(t), back to back, from an idle device and ranks that start together
-    (no warm-up forward's host time hidden in the timed ones)."""
+          warmup: int, group) -> tuple[float, float]:
+    """(ms per forward(t), back to back; the host's ms to issue one) from an idle device and
+    ranks that start together (no warm-up forward's host time hidden in the timed ones).
+    Where the two are close the forward is host-bound."""
     import torch.distributed as dist
 
     for _ in range(warmup):
@@ -145,15 +150,18 @@ def _time(forward: Callable[[int], object], t: int, device: torch.device, iters:
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         for _ in range(iters):
             forward(t)
+        host = (time.perf_counter() - t0) * 1e3 / iters
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / iters
+        return start.elapsed_time(end) / iters, host
     t0 = time.perf_counter()
     for _ in range(iters):
         forward(t)
-    return (time.perf_counter() - t0) * 1e3 / iters
+    wall = (time.perf_counter() - t0) * 1e3 / iters
+    return wall, wall
 
 
 def _everywhere(ok: bool, group, device: torch.device) -> bool:
