@@ -93,6 +93,9 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
                 say(f"tokens {t}: {name} cannot run ({error or 'failed on another rank'})")
                 continue
             runnable[name] = overrides
+        if "own choice" not in runnable:  # (the ops' defaults: a model that cannot run)
+            raise TileLinkError(f"tilelink.model.tune: at {t} tokens the ops' own choices "
+                                "could not be built on every rank (see the messages above)")
         names = list(runnable)
         # [round, assignment, (wall, host)]
         times = torch.zeros(rounds, len(names), 2, dtype=torch.float64)
