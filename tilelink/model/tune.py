@@ -77,6 +77,7 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
         for r in RESOURCES:
             assignments[f"comm={r}"] = [(("comm", r),)] * len(order)
         runnable: dict[str, list] = {}
+        failed: dict[str, str] = {}
         for name, overrides in assignments.items():
             if overrides in runnable.values():
                 continue
@@ -90,12 +91,13 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
             # every rank skips it if any rank could not build it (a refusal is the same on
             # every rank; a build that failed on one rank alone must not split the ranks)
             if not _everywhere(error is None, group, device):
-                say(f"tokens {t}: {name} cannot run ({error or 'failed on another rank'})")
+                failed[name] = error or "failed on another rank"
+                say(f"tokens {t}: {name} cannot run ({failed[name]})")
                 continue
             runnable[name] = overrides
         if "own choice" not in runnable:  # (the ops' defaults: a model that cannot run)
             raise TileLinkError(f"tilelink.model.tune: at {t} tokens the ops' own choices "
-                                "could not be built on every rank (see the messages above)")
+                                f"could not be built on every rank ({failed['own choice']})")
         names = list(runnable)
         # [round, assignment, (wall, host)]
         times = torch.zeros(rounds, len(names), 2, dtype=torch.float64)
