@@ -139,18 +139,18 @@ def compile_ops(pattern: Pattern | BoundPattern, values: dict | None, config, wo
         raise ConfigError(f"unknown symmetric-memory backend '{backend}'",
                           hint="backends: " + ", ".join(BACKENDS))
     target = world.target(backend)
-    overrides, base, graph_tuned = {}, None, None
+    overrides, base, eager_tuned, graph_tuned = {}, None, None, None
+    if tuned and world.tuned and (graph_default or not config):
+        # the cached winners: eager calls run the first where no config is given, captured
+        # calls the second (with graph_default, as if no config were given)
+        eager_tuned = _tuned_config(bp, verbose, target)
+        graph_tuned = _tuned_config(bp, verbose, target, graph=True)
     if config is not None and not isinstance(config, dict):
         base = config
     elif config:
         overrides = {k: str(v) for k, v in config.items()}
-    elif tuned and world.tuned:
-        base = _tuned_config(bp, verbose, target)
-    eager_tuned = None  # (graph_default: what eager calls would run without `config`)
-    if tuned and world.tuned and (graph_default or not config):
-        graph_tuned = _tuned_config(bp, verbose, target, graph=True)
-        if graph_default:
-            eager_tuned = _tuned_config(bp, verbose, target)
+    else:
+        base = eager_tuned
     s = world.annotate(make_schedule(bp, target, overrides, base=base))
     _refuse_device(s)
     limit = spin_limit or spin_limit_from_env()  # $TILELINK_SPIN_LIMIT, read now (tilelink.env)
