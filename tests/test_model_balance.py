@@ -1,4 +1,4 @@
-"""tilelink.model's joint decision over a forward's ops (tilelink.model.balance, plans.choose)."""
+"""tilelink.model's joint decision over a forward's ops (tilelink.model.balance), tune and saved choices."""
 
 from dataclasses import replace
 
@@ -62,7 +62,7 @@ def test_the_llama_layer_at_w4_and_4096_tokens_runs_every_op_on_sms():
     # 4x H100, 2026-11-28 (docs/perf.md): each op's own choice (the plan for q/k/v, the copy
     # engine for the other three) ran the compiled layer at 0.74-0.82x NCCL + cuBLAS, every op
     # on SMs at 1.05-1.19x: the layer is host-bound there, which each op alone cannot see
-    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    balance.decide(LLAMA, [4096], target=_h100(), world=4)
     picked = {(c["kind"], c["n"], c["k"]): c["override"] for c in plans.choices()}
     assert list(picked.values()) == [{"comm": "sm"}] * 4, picked
     note = plans.choices()[0]["note"]
@@ -71,7 +71,7 @@ def test_the_llama_layer_at_w4_and_4096_tokens_runs_every_op_on_sms():
 
 @pytest.mark.parametrize("world,tokens", [(2, 8192), (4, 8192), (4, 2048), (2, 8), (4, 64)])
 def test_where_the_gpu_sets_the_pace_or_every_op_is_on_sms_the_own_choices_stand(world, tokens):
-    plans.choose(LLAMA, [tokens], target=_h100(), world=world)
+    balance.decide(LLAMA, [tokens], target=_h100(), world=world)
     assert [c["override"] for c in plans.choices()] == [{}] * 4
 
 
@@ -83,14 +83,14 @@ def test_calls_run_the_choice_unless_an_override_says_otherwise(monkeypatch):
         return object()
 
     monkeypatch.setattr(plans, "_build", build)
-    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    balance.decide(LLAMA, [4096], target=_h100(), world=4)
     qkv = LLAMA[0]
     chosen, _ = plans.lookup(qkv, 4096)
     assert built[-1] == (6144, 4096, (("comm", "sm"),), True)
     with plans.config_override({"balance": "0"}):  # each op's own choice
         own, _ = plans.lookup(qkv, 4096)
         assert own is not chosen and built[-1] == (6144, 4096, (), False)
-        plans.choose(LLAMA, [2048], target=_h100(), world=4)  # (off: nothing decided)
+        balance.decide(LLAMA, [2048], target=_h100(), world=4)  # (off: nothing decided)
     with plans.config_override({"comm": "none"}):  # an explicit override wins
         plans.lookup(qkv, 4096)
         assert built[-1] == (6144, 4096, (("comm", "none"),), False)
@@ -100,7 +100,7 @@ def test_calls_run_the_choice_unless_an_override_says_otherwise(monkeypatch):
 
 def test_the_cpu_runs_the_plan_and_is_not_decided():
     cpu = [replace(s, device=torch.device("cpu")) for s in LLAMA]
-    plans.choose(cpu, [4096], target=_h100(), world=4)
+    balance.decide(cpu, [4096], target=_h100(), world=4)
     assert plans.choices() == []
 
 
@@ -191,7 +191,7 @@ def _saved(monkeypatch, device="NVIDIA H200", world=4):
 
 def test_saved_choices_come_back_for_the_same_ops(monkeypatch, tmp_path):
     sc = _saved(monkeypatch)
-    plans.choose(LLAMA, [4096, 8192], target=_h100(), world=4)
+    balance.decide(LLAMA, [4096, 8192], target=_h100(), world=4)
     before = {(c["n"], c["k"], c["rows"]): c["override"] for c in plans.choices()}
     path = tmp_path / "llama-tp4.json"
     assert sc.save(path, LLAMA) == 8
@@ -209,7 +209,7 @@ def test_saved_choices_come_back_for_the_same_ops(monkeypatch, tmp_path):
 def test_saved_choices_of_another_gpu_or_world_are_not_used(monkeypatch, tmp_path, device,
                                                            world, why):
     sc = _saved(monkeypatch)
-    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    balance.decide(LLAMA, [4096], target=_h100(), world=4)
     path = tmp_path / "c.json"
     sc.save(path, LLAMA)
     plans.clear()
@@ -227,7 +227,7 @@ def test_a_bad_choices_file_or_entry_warns_and_changes_nothing_else(monkeypatch,
     bad.write_text("{not json")
     with pytest.warns(sc.ChoicesWarning, match="not used"):
         assert sc.load(bad, LLAMA) == 0
-    plans.choose(LLAMA, [4096], target=_h100(), world=4)
+    balance.decide(LLAMA, [4096], target=_h100(), world=4)
     path = tmp_path / "c.json"
     sc.save(path, LLAMA)
     record = json.loads(path.read_text())
@@ -292,7 +292,7 @@ def test_a_changed_choice_builds_its_op_when_prepared_again(monkeypatch):
 
 def test_saving_again_keeps_the_other_token_counts_of_the_file(monkeypatch, tmp_path):
     sc = _saved(monkeypatch)
-    plans.choose(LLAMA, [4096, 8192], target=_h100(), world=4)
+    balance.decide(LLAMA, [4096, 8192], target=_h100(), world=4)
     path = tmp_path / "c.json"
     assert sc.save(path, LLAMA, rows=[4096]) == 4
     plans.record(LLAMA[0], 8192, (("comm", "none"),), "measured")

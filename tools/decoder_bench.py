@@ -348,10 +348,14 @@ def _build(fn, variant, mode, phase, tokens, x, want, tp_kw, args):
         got = fn(xs, **tp_kw)
         def call():
             return fn(xs, **tp_kw)
-    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-    row["err"] = _max_over_ranks(err)
+    row["err"] = _max_over_ranks(_rel_err(got, want))
     row["ok"] = row["err"] <= args.tol
     return row, call
+
+
+def _rel_err(got, want) -> float:
+    """The largest difference from `want`, relative to its largest magnitude."""
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
 
 
 def _call_and_get_code(fn, *args, **kwargs):
@@ -462,6 +466,7 @@ def _rank(rank: int, world: int, args) -> dict:
     import torch.distributed as dist
 
     from tilelink.model import config_override, prepare
+    from tilelink.model.plans import BALANCE_KNOB
 
     # torch 2.13 renamed the functional collectives (*_single) and warns on every call of
     # the old names, which torch 2.11 (the GPU hosts') has alone
@@ -540,7 +545,7 @@ def _rank(rank: int, world: int, args) -> dict:
                         fn = tp
                     with torch.no_grad(), config_override(config):
                         row, call = _build(fn, variant, mode, phase, t, x, want, tp_kw, args)
-                        if (config or {}).get("balance") == "tuned" and mode == "compiled":
+                        if (config or {}).get(BALANCE_KNOB) == "tuned" and mode == "compiled":
                             row = _tuned(tp, call, row, t, want, args)
                     if variant in overrides:  # (its calls look up the override's ops)
                         call = _under(overrides[variant], call)
@@ -594,9 +599,7 @@ def _tuned(tp, call, row: dict, tokens: int, want, args) -> dict:
     res = tune(tp, lambda _t: call(), [tokens], iters=max(3, args.iters // 2),
                warmup=2, rounds=3, save=args.save_choices)
     row = dict(row, tuned=res[0])
-    got = call()
-    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-    row["err"] = max(row["err"], _max_over_ranks(err))
+    row["err"] = max(row["err"], _max_over_ranks(_rel_err(call(), want)))
     row["ok"] = row["err"] <= args.tol
     return row
 
@@ -763,6 +766,8 @@ def main(argv=None) -> int:
         bad.append(f"hidden ({args.hidden}) is not divisible by heads ({h})")
     if world < 1:
         bad = [f"W = {world}: no GPU visible (use --cpu for the gloo check)"]
+    from tilelink.model.plans import BALANCE_KNOB
+
     configs = []
     for text in args.tilelink_configs:
         items = text.split()
@@ -772,7 +777,6 @@ def main(argv=None) -> int:
             continue
         config = dict(item.split("=") for item in items)
         try:
-            from tilelink.model.plans import BALANCE_KNOB
             from tilelink.schedule.config import Config
 
             if config.get(BALANCE_KNOB, "0") not in ("0", "1", "tuned"):
@@ -787,7 +791,7 @@ def main(argv=None) -> int:
     if len({text for text, _ in configs}) < len(configs):
         bad.append("--tilelink-configs: a config is given twice")
     args.tilelink_configs = configs
-    if args.save_choices and not any(c.get("balance") == "tuned" for _, c in configs):
+    if args.save_choices and not any(c.get(BALANCE_KNOB) == "tuned" for _, c in configs):
         bad.append("--save-choices writes tilelink.model.tune's picks: add "
                    "--tilelink-configs balance=tuned")
     if bad:

@@ -12,6 +12,7 @@ does. On 4x H100 a Llama layer at 4,096 tokens ran 0.74-0.82x NCCL + cuBLAS with
 own choice (three on the copy engine) and 1.05-1.19x with all four on SMs (docs/perf.md,
 2026-11-28): the GPU sum of the per-op choices was the smaller, but the layer was host-bound.
 
+`decide` records the choice for each token count of a forward's ops (tilelink.model.plans);
 `choose` takes the ops one forward calls, each op's candidates (its own choice, and SMs, the
 copy engine and the non-overlapped plan where they can run) with the cost model's GPU and
 host times, and picks the combination with the smallest predicted forward; it departs from
@@ -26,7 +27,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import torch
+
+from . import plans
 
 #: the model's host time besides its TileLink ops, per op call (us): about 1 ms for a compiled
 #: Llama decoder layer's four (q/k/v, o, gate/up, down) on 4x H100 hosts (docs/perf.md)
@@ -57,8 +62,8 @@ def candidates(bp, target) -> list[Candidate]:
     tile sizes an override of its resource would drop)."""
     from ..errors import TileLinkError
     from ..schedule import make_schedule
-    from ..schedule.cost import device_spec, estimate, modelled
-    from ..schedule.schedule import default_config
+    from ..schedule.cost import device_spec, modelled
+    from ..schedule.schedule import default_config, whole_gpu_estimate
     from ..schedule.tuned import tuned_config
 
     if modelled(bp) is not None:
@@ -78,8 +83,7 @@ def candidates(bp, target) -> list[Candidate]:
         if cfg in seen:
             continue
         seen.add(cfg)
-        # (the whole GPU's SMs, as the default decision weighs them)
-        e = estimate(bp, replace(cfg, num_programs=max(cfg.num_programs, dev.num_sms)), dev)
+        e = whole_gpu_estimate(bp, cfg, dev)
         out.append(Candidate(override, e.gpu, e.host, "own choice" if not override
                              else f"comm={cfg.comm}"))
     return out
@@ -123,3 +127,42 @@ def choose(options: list[list[Candidate]], counts: list[int],
         return own, own_ms, own_ms
     return best, best_ms, own_ms
 
+
+
+def decide(shapes: list, tokens, other_host_us: float | None = None, *, target=None,
+           world: int | None = None) -> set[int]:
+    """Decide the ops of one forward together (`choose`) for each token count of `tokens`:
+    `shapes` are the Shapes (tilelink.model.plans) its op calls have, one per call, and each
+    is called with rows = the token count. Records each (shape, rows)'s choice in the current
+    config_override scope (`plans.record`), for `prepare_rows` and the calls. Only CUDA shapes
+    are decided (the CPU runs the plan). Returns the token counts decided (not those with an
+    op the cost model does not time). `target` (the current device's) and `world` (each
+    group's size) are for tests."""
+    if not plans.balancing():
+        return set()
+    other = OTHER_HOST_US if other_host_us is None else float(other_host_us)
+    order = [s for s in dict.fromkeys(shapes) if s.device.type == "cuda"]
+    if not order:
+        return set()
+    if target is None:
+        from ..runtime.gpu_world import device_target
+
+        with torch.cuda.device(order[0].device):
+            target = device_target()
+    counts = [shapes.count(s) for s in order]
+    decided = set()
+    for t in sorted({int(x) for x in tokens}):
+        options = []
+        for s in order:
+            w = world or plans.world_size(s.group_name)
+            options.append(candidates(plans.PATTERNS[s.kind].bind(s.values(t, w), w), target))
+        if any(not o for o in options):  # an op the model does not time: no joint choice
+            continue
+        picks, ms, own_ms = choose(options, counts, other)
+        for s, c in zip(order, picks):
+            plans.record(s, t, c.override,
+                         f"{c.label}: predicted forward {ms:.3f} ms against {own_ms:.3f} with "
+                         f"each op's own choice (GPU {c.gpu:.3f} ms, host {c.host:.3f} ms a "
+                         f"call; the rest's host {other:.0f} us a call)")
+        decided.add(t)
+    return decided

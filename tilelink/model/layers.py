@@ -28,7 +28,8 @@ from torch import nn
 from ..errors import UsageError
 from . import ops as _ops  # noqa: F401  (registers torch.ops.tilelink)
 from .ops import op_shape, prepare_op
-from .plans import choose, group_name_of
+from .balance import decide
+from .plans import group_name_of
 
 
 def _world(group) -> tuple[int, int]:
@@ -242,7 +243,7 @@ def prepare(model: nn.Module, tokens: Iterable[int], *, balance: bool = True,
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear, EPMoE))]
     shapes = [m.op_shape() for m in mods if not isinstance(m, EPMoE)]
     if balance:
-        choose(shapes, tokens, other_host_us)
+        decide(shapes, tokens, other_host_us)
     if choices is not None:
         from .saved_choices import load
 

@@ -12,8 +12,8 @@ while a CUDA graph is being captured. `prepare` builds the ops of the shapes a m
 run before any capture; an eager call of an unprepared shape builds its op at once (every
 rank reaches the same call with the same shape), and a captured one raises.
 
-`tilelink.model.prepare` decides a model's ops together (`balance`: the host's time and the
-GPU's over one forward) and records each (shape, rows)'s choice here (`CHOICES`); a call
+`tilelink.model.prepare` decides a model's ops together (`balance.decide`: the host's time
+and the GPU's over one forward) and records each (shape, rows)'s choice here (`CHOICES`); a call
 with no config override of its own runs its shape's choice (for eager calls: captured calls
 keep the scheduler's choice for CUDA-graph replays, which have no host work).
 
@@ -107,11 +107,10 @@ OVERRIDE: tuple = ()
 # checks their key already passed and the lookup. Forgotten whenever the buckets change
 # (a prepared row count may serve a key better) or the ops are forgotten.
 CALLS: dict[tuple, object] = {}
-# (shape, rows, scope) -> the schedule overrides the model's joint decision (`choose`) or
-# its measurement (tilelink.model.tune) picked for eager calls, and why (for `choices`);
+# (shape, rows, scope) -> (the schedule overrides the model's joint decision (balance.decide)
+# or its measurement (tilelink.model.tune) picked for eager calls, why: for `choices`);
 # scope: the config_override (OVERRIDE) it was decided under, () by default
-CHOICES: dict[tuple, tuple] = {}
-CHOICE_NOTES: dict[tuple, str] = {}
+CHOICES: dict[tuple, tuple[tuple, str]] = {}
 #: the config_override knob that names a scope of joint choices ("balance": "0" turns them
 #: off, each op's own choice; any other value keeps choices apart from the default scope's)
 BALANCE_KNOB = "balance"
@@ -240,7 +239,7 @@ def _override(shape: Shape | MoEShape, rows: int) -> tuple[tuple, bool]:
     own = tuple(kv for kv in OVERRIDE if kv[0] != BALANCE_KNOB)
     if own or not balancing():
         return own, False
-    choice = CHOICES.get((shape, rows, OVERRIDE), ())
+    choice, _ = CHOICES.get((shape, rows, OVERRIDE), ((), ""))
     return choice, bool(choice)
 
 
@@ -248,50 +247,8 @@ def record(shape: Shape | MoEShape, rows: int, override: tuple, note: str) -> No
     """Record the joint choice for `shape` at `rows` rows in the current scope (calls and
     `prepare_rows` run it from now on)."""
     with _LOCK:
-        CHOICES[(shape, rows, OVERRIDE)] = tuple(override)
-        CHOICE_NOTES[(shape, rows, OVERRIDE)] = note
+        CHOICES[(shape, rows, OVERRIDE)] = (tuple(override), note)
         forget_calls()
-
-
-def choose(shapes: list, tokens, other_host_us: float | None = None, *, target=None,
-           world: int | None = None) -> set[int]:
-    """Decide the ops of one forward together (`balance.choose`) for each token count of
-    `tokens`: `shapes` are the Shapes its op calls have, one per call, and each is called
-    with rows = the token count. Records each (shape, rows)'s choice for `prepare_rows`
-    and the calls. Only CUDA shapes are decided (the CPU runs the plan). Returns the token
-    counts decided (not those with an op the cost model does not time). `target` (the
-    current device's) and `world` (each group's size) are for tests."""
-    from .balance import OTHER_HOST_US, candidates
-    from .balance import choose as pick
-
-    if not balancing():
-        return set()
-    other = OTHER_HOST_US if other_host_us is None else float(other_host_us)
-    order = [s for s in dict.fromkeys(shapes) if s.device.type == "cuda"]
-    if not order:
-        return set()
-    if target is None:
-        from ..runtime.gpu_world import device_target
-
-        with torch.cuda.device(order[0].device):
-            target = device_target()
-    counts = [shapes.count(s) for s in order]
-    decided = set()
-    for t in sorted({int(x) for x in tokens}):
-        options = []
-        for s in order:
-            w = world or world_size(s.group_name)
-            options.append(candidates(PATTERNS[s.kind].bind(s.values(t, w), w), target))
-        if any(not o for o in options):  # an op the model does not time: no joint choice
-            continue
-        picks, ms, own_ms = pick(options, counts, other)
-        for s, c in zip(order, picks):
-            record(s, t, c.override,
-                   f"{c.label}: predicted forward {ms:.3f} ms against {own_ms:.3f} with "
-                   f"each op's own choice (GPU {c.gpu:.3f} ms, host {c.host:.3f} ms a call; "
-                   f"the rest's host {other:.0f} us a call)")
-        decided.add(t)
-    return decided
 
 
 def choices(every_scope: bool = False) -> list[dict]:
@@ -299,9 +256,9 @@ def choices(every_scope: bool = False) -> list[dict]:
     `every_scope`, in each config_override scope, named in "scope"): one entry per (op
     shape, rows), with the overrides (empty: the op's own choice) and why."""
     return [{"kind": s.kind, "n": getattr(s, "n", None), "k": getattr(s, "k", None),
-             "rows": r, "override": dict(o), "note": CHOICE_NOTES.get((s, r, sc), "")}
+             "rows": r, "override": dict(o), "note": note}
             | ({"scope": dict(sc)} if every_scope else {})
-            for (s, r, sc), o in CHOICES.items() if every_scope or sc == OVERRIDE]
+            for (s, r, sc), (o, note) in CHOICES.items() if every_scope or sc == OVERRIDE]
 
 
 def _build(shape: Shape | MoEShape, rows: int, override: tuple, chosen: bool = False):
@@ -416,7 +373,6 @@ def clear() -> None:
         _OPS.clear()
         _ROWS.clear()
         CHOICES.clear()
-        CHOICE_NOTES.clear()
         forget_calls()
 
 

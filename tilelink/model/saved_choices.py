@@ -54,10 +54,11 @@ def save(path, shapes: list, rows=None) -> int:
         raise ValueError("no op shapes to save choices for")
     keep = None if rows is None else {int(r) for r in rows}
     entries = []
-    for (s, r, scope), override in sorted(plans.CHOICES.items(), key=lambda kv: str(kv[0])):
+    for (s, r, scope), (override, note) in sorted(plans.CHOICES.items(),
+                                                  key=lambda kv: str(kv[0])):
         if scope == plans.OVERRIDE and s in order and (keep is None or r in keep):
             entries.append({"op": _key(s), "rows": r, "override": dict(override),
-                            "note": plans.CHOICE_NOTES.get((s, r, scope), "")})
+                            "note": note})
     record = {"format": FORMAT, "device": device_name(order[0]),
               "world": plans.world_size(order[0].group_name), "versions": versions(),
               "entries": entries}

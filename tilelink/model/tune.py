@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from . import plans
+from .balance import decide
 
 #: the assignments `tune` times besides each op's own choice and the cost model's joint one:
 #: every op on this resource
@@ -72,7 +73,7 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
     tuned_rows = sorted({int(x) for x in tokens})
     for t in tuned_rows:
         assignments = {"own choice": [()] * len(order)}
-        if t in plans.choose(shapes, [t]):
+        if t in decide(shapes, [t]):
             assignments["joint (cost model)"] = [plans._override(s, t)[0] for s in order]
         for r in RESOURCES:
             assignments[f"comm={r}"] = [(("comm", r),)] * len(order)

@@ -391,10 +391,19 @@ def compare_plans(bp: BoundPattern, target: Target, overlapped: Config, graph: b
     if modelled(bp) is not None:
         return None
     dev = device_spec(target.device)
-    whole = replace(overlapped, num_programs=max(overlapped.num_programs, dev.num_sms))
-    over = estimate(bp, whole, dev, graph)
+    over = whole_gpu_estimate(bp, overlapped, dev, graph)
     fbs = [(c, estimate(bp, c, dev, graph)) for c in _fallbacks(bp, _base(target))]
     return over, min(fbs, key=lambda ce: ce[1].total), dev
+
+
+def whole_gpu_estimate(bp: BoundPattern, cfg: Config, dev, graph: bool = False):
+    """The cost model's estimate of `cfg` with at least one program per SM of `dev`, as the
+    default decision weighs a config (the one-GPU world's share of SMs is not what W GPUs
+    would run)."""
+    from .cost import estimate
+
+    return estimate(bp, replace(cfg, num_programs=max(cfg.num_programs, dev.num_sms)), dev,
+                    graph)
 
 
 def graph_values(bp: BoundPattern, cfg: Config, target: Target) -> dict[str, str] | None:
