@@ -179,7 +179,12 @@ H200 = DeviceSpec(
     # 0.091: an 8 MiB all-gather in ~0.055) and NCCL's all-gather of AG 8192^3 at W = 4
     # 0.351 ms (100 MB per rank); torch symmetric memory's kernels not measured on H200:
     # the H100's (the same NV18 links)
-    library={"nccl": (20.0, 280.0), "symm_one_shot": (15.0, 187.0),
+    # NCCL scattering a few rows: 10 us, as on H100; on 4x H200 (2026-11-28, e7f6964, graph
+    # replays, 8 tokens) the scatters' NCCL + cuBLAS took 0.017-0.018 ms (4096 x 4096 a
+    # rank) and 0.021-0.030 (K = 14336), the model 0.017-0.027. Its gathers keep "nccl"
+    # (a few rows: 17 us a gather inside the decoder layer, W = 4)
+    library={"nccl": (20.0, 280.0), "nccl_scatter": (10.0, 280.0),
+             "symm_one_shot": (15.0, 187.0),
              "symm_two_shot": (12.0, 327.0)},
     peer_share={"ce": ((1, 1.0), (3, 0.61)), "sm": ((1, 1.0), (3, 0.88))},
     # AG-GEMM at M = 1024 (2026-11-22, docs/perf.md "The host path of a call"): the
@@ -188,6 +193,13 @@ H200 = DeviceSpec(
     # 0.145-0.151 for NCCL + cuBLAS, no default that is never slower)
     host_kernel_us=30.0, host_call_us=10.0, host_nccl_us=45.0, host_symm_us=30.0,
     host_ce_us=120.0,
+    # A skinny GEMM's few busy programs stream at what one SM can keep in flight, not at a
+    # share of HBM: the SM kernels at 8 tokens ran as on H100 (4x H200, 2026-11-28, e7f6964,
+    # graph replays: GEMM-RS 4096 x 4096 0.028 / 0.035 ms at W = 2 / 4, AG 6144 x 4096
+    # 0.035 / 0.027, AG 28672 x 4096 0.047 at W = 2), so the H100's rates in GB/s (its
+    # shares of 3,000 GB/s); with all SMs busy, the whole HBM
+    skinny_hbm=((0.0, 0.0), (0.24, 0.36 * 3000 / 4800), (0.42, 0.42 * 3000 / 4800),
+                (0.85, 0.79 * 3000 / 4800), (1.0, 1.0)),
 )
 
 # Measured on the 2x H100 host (NV18, 700 W), 2026-11-26 (tools/calibrate.py, docs/perf.md):
