@@ -92,10 +92,19 @@ rounding("reduce_scatter")(rank_sums)
 def dist_ref(op, ctx, args):
     import torch.distributed as dist
 
-    x = (args[0].float() if ctx.exact else args[0]).movedim(ctx.attrs["dim"], 0).contiguous()
+    d = ctx.attrs["dim"]
+    x = args[0].float() if ctx.exact else args[0]
+    # (along dim 0 in the result's dtype, the common case, no torch call beyond the scatter)
+    x = x if d == 0 else x.movedim(d, 0)
+    if not x.is_contiguous():
+        x = x.contiguous()
     part = torch.empty((x.shape[0] // ctx.world, *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.reduce_scatter_tensor(part, x, group=ctx.group)
-    return part.movedim(0, ctx.attrs["dim"]).to(ctx.dtype).contiguous()
+    if d != 0:
+        part = part.movedim(0, d)
+    if part.dtype != ctx.dtype:
+        part = part.to(ctx.dtype)
+    return part if part.is_contiguous() else part.contiguous()
 
 
 # each peer's partial of this rank's slice
