@@ -336,7 +336,7 @@ def test_sizes_past_the_kernels_int32_offsets_are_refused_before_planning(
     # a GPU holds these (4 GiB a tensor), the overlapped kernels cannot index them: refused
     # at the tensor's declaration, before the plan (it took a minute to derive first)
     err = assert_refused([command[0], AG, *command[1:], "-D", define, "--config", "comm=sm"],
-                         ["int32 offsets", "fewer than 1073741824 (2**30) per tensor",
+                         ["int32 offsets", "fewer than 1073741824 (2**30) per rank's tensor",
                           "hint: use --config comm=none"], capsys)
     assert f"{AG}:{line}:5: config error: tensor " in err, err
     assert no_planning == []

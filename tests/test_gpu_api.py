@@ -91,6 +91,21 @@ def test_sizes_past_int32_offsets_are_refused_with_a_way_out():
     assert make_schedule(big, get_target("cuda:90"), {"comm": "none"}).kernel is None
 
 
+def test_the_int32_bound_is_on_each_ranks_part_not_the_whole_tensor():
+    # a kernel indexes its own rank's buffers only: MHA flash-decode over 262,144 keys holds
+    # 2**30 elements of K in all, 2**29 a rank at W = 2 (schedulable), all of them at W = 1
+    from tilelink.errors import ConfigError
+    from tilelink.frontend import load_pattern
+    from tilelink.schedule import get_target, make_schedule
+
+    fd = load_pattern(str(EXAMPLES / "flash_decode.tl"))
+    sizes = {"B": "1", "H": "32", "S": "262144", "D": "128"}
+    assert make_schedule(fd.bind(sizes, 2), get_target("cuda:90"), {"comm": "sm"}).kernel
+    with pytest.raises(ConfigError, match=r"'k' has 1073741824 elements a rank") as err:
+        make_schedule(fd.bind(sizes, 1), get_target("cuda:90"), {"comm": "sm"})
+    assert "more ranks" in err.value.hint
+
+
 def test_nvshmem_hook_is_reinstalled_and_chains(monkeypatch):
     import triton
 

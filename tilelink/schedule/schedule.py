@@ -687,18 +687,25 @@ _MAX_ELEMENTS = 2**30
 
 def _check_int32_offsets(bp: BoundPattern) -> None:
     """Refuse sizes whose element offsets would wrap the kernels' int32 arithmetic (a silent
-    out-of-bounds access otherwise). Cheap: `make_schedule` runs it before deriving the plan
+    out-of-bounds access otherwise). A kernel indexes only its own rank's buffers: each
+    tensor's per-rank part (`local_shape`: a shard, or the whole of a replicated or gathered
+    tensor) and the symmetric buffers staged from them (two slots of such a part), so the
+    bound is on the per-rank part. Cheap: `make_schedule` runs it before deriving the plan
     (which takes time in proportion to the tiles), located at the tensor's declaration."""
     for name, t in bp.tensors.items():
         n = 1
-        for d in t.shape:
+        for d in t.local_shape:
             n *= d
         if n >= _MAX_ELEMENTS:
-            raise ConfigError(f"tensor '{name}' has {n} elements ({' x '.join(map(str, t.shape))}"
-                              f"); the overlapped kernels index with int32 offsets and take "
-                              f"fewer than {_MAX_ELEMENTS} (2**30) per tensor",
+            whole = ("" if tuple(t.local_shape) == tuple(t.shape) else
+                     f" of {' x '.join(map(str, t.shape))} in all")
+            raise ConfigError(f"tensor '{name}' has {n} elements a rank "
+                              f"({' x '.join(map(str, t.local_shape))}{whole}); the overlapped "
+                              f"kernels index with int32 offsets and take fewer than "
+                              f"{_MAX_ELEMENTS} (2**30) per rank's tensor",
                               bp.decl_loc(name),
-                              hint="use --config comm=none (NCCL + cuBLAS) or split the problem")
+                              hint="use --config comm=none (NCCL + cuBLAS), more ranks, or split "
+                                   "the problem")
 
 
 def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | None = None,
