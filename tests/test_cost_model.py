@@ -568,6 +568,28 @@ def test_flash_decode_takes_the_plan_measured_faster(name, heads, w, measured):
                     graph=True)
 
 
+# at sizes the int32 rule allows since it bounds each rank's part (2x H200, 2026-11-28,
+# c17cba3, W = 2, S = 262144 / 131072 keys in all, D = 128, CUDA-graph replays; `--check`
+# passed on both large ones): the kernel against the plan, ms per call
+FLASH_DECODE_H200 = [
+    ("flash_decode", dict(B=1, H=32, S=262144), {"sm": .823, "nccl": .572}),
+    ("flash_decode_gqa", dict(B=8, H=32, HKV=8, S=131072), {"sm": .505, "nccl": .541}),
+    ("flash_decode_gqa", dict(B=1, H=32, HKV=8, S=131072), {"sm": .0854, "nccl": .1236}),
+]
+
+
+@pytest.mark.parametrize("name,sizes,measured", FLASH_DECODE_H200,
+                         ids=[f"{c[0]}-B{c[1]['B']}" for c in FLASH_DECODE_H200])
+def test_flash_decode_on_h200_within_a_tenth_of_the_faster(name, sizes, measured):
+    # a known miss: GQA at B = 8 streamed 4.25 TB/s (32.7 GB/s a program, where the H100's
+    # measured 21.9 is the model's), so the model keeps the plan, 7% slower; at B = 1 the
+    # same kernel streamed 3.14 TB/s, and MHA 2.61: one rate per kind fits neither batch,
+    # and two points do not make a rule (the rate by batch is left to more measurements)
+    bp = _bp(name, 2, D=128, **sizes)
+    chosen, why = default_config(bp, _target("NVIDIA H200"), graph=True)
+    assert measured[_plan(chosen)] <= 1.10 * min(measured.values()), (why, measured)
+
+
 # AG-MoE on 2x / 4x H100 (2026-11-27, 3356429, bench, ms per call): the grouped kernel on SMs
 # against the non-overlapped plan (NCCL all-gather + torch._grouped_mm on rows sorted by
 # expert). Mixtral-8x7B's layer (8192 tokens, K = 4096, N = 14336, E = 8, top-2) and a
