@@ -118,6 +118,31 @@ def test_decoder_bench_help_and_refusals_need_no_gpu(tilelink_cli):
     assert out.returncode == 2, out.stderr
     assert "heads (4) is not divisible by W = 3" in out.stderr
     assert not (ROOT / "unused.json").exists()
+    # a saved-choices file that is not there, before any rank starts
+    out = tilelink_cli.run_script(tool, ["--cpu", "-W", "2", "--choices", "no-such.json",
+                                         "--out", "unused.json"], ROOT, timeout=60)
+    assert out.returncode == 2 and "--choices no-such.json: no such file" in out.stderr
+    assert not (ROOT / "unused.json").exists()
+
+
+@pytest.mark.slow
+def test_decoder_bench_prepares_the_default_variant_with_saved_choices(tmp_path):
+    # --choices reaches tilelink.model.prepare: a file of another world size is read (rank 0
+    # reads it for both), refused with its warning, and the rows run the joint decision
+    import json
+
+    choices = tmp_path / "ch.json"
+    choices.write_text(json.dumps({"format": 1, "device": "cpu", "world": 3, "versions": {},
+                                   "entries": []}))
+    out = _decoder_bench("--cpu", "-W", "2", "--layer", "plain", "--hidden", "64",
+                         "--intermediate", "128", "--heads", "4/2", "--prefill", "16",
+                         "--decode", "--variants", "tilelink", "--no-compile", "--iters", "2",
+                         "--warmup", "1", "--rounds", "1", "--choices", str(choices),
+                         "--out", str(tmp_path / "dec.json"), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "measured on world 3, this run has 2: not used" in out.stderr
+    rows = json.loads((tmp_path / "dec.json").read_text())["rows"]
+    assert rows and all(r["ok"] for r in rows), rows
 
 
 def test_decoder_bench_stops_at_its_time_limit(tmp_path):

@@ -100,6 +100,11 @@ def parser() -> argparse.ArgumentParser:
                    help="with --tilelink-configs balance=tuned: write tilelink.model.tune's "
                    "picks to FILE (one file per GPU, world size and layer; each size's picks "
                    "added), for tilelink.model.prepare(..., choices=FILE) in a model")
+    p.add_argument("--choices", metavar="FILE",
+                   help="the default tilelink variant prepares with these saved choices "
+                   "(tilelink.model.prepare(..., choices=FILE): a file --save-choices or "
+                   "tilelink.model.tune(save=) wrote on this GPU and world size) instead of "
+                   "the cost model's joint decision")
     p.add_argument("--no-compile", action="store_true", help="eager (and eager graphs) only")
     p.add_argument("--iters", type=int, default=20,
                    help="back-to-back calls per timing (one timing per row and round)")
@@ -532,7 +537,9 @@ def _rank(rank: int, world: int, args) -> dict:
                     config = overrides.get(variant)
                     if variant.startswith("tilelink"):  # its ops built before any capture
                         with torch.no_grad(), config_override(config):
-                            prepare(tp, tokens=[t])  # (compiled_tp: the same shapes)
+                            # (compiled_tp: the same shapes)
+                            prepare(tp, tokens=[t],
+                                    choices=args.choices if config is None else None)
                     if mode.startswith("compiled"):
                         # no FX-graph cache: a cached graph would not show its code
                         # (graph_ops); async-TP's pass on for its form alone
@@ -794,6 +801,9 @@ def main(argv=None) -> int:
     if args.save_choices and not any(c.get(BALANCE_KNOB) == "tuned" for _, c in configs):
         bad.append("--save-choices writes tilelink.model.tune's picks: add "
                    "--tilelink-configs balance=tuned")
+    if args.choices and not Path(args.choices).is_file():
+        bad.append(f"--choices {args.choices}: no such file (write one with --save-choices "
+                   "and --tilelink-configs balance=tuned)")
     if bad:
         parser().error("; ".join(bad))
     if args.layer == "hf" and not hf_available():
