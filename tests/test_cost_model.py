@@ -568,9 +568,8 @@ def test_flash_decode_takes_the_plan_measured_faster(name, heads, w, measured):
                     graph=True)
 
 
-# at sizes the int32 rule allows since it bounds each rank's part (2x H200, 2026-11-28,
-# c17cba3, W = 2, S = 262144 / 131072 keys in all, D = 128, CUDA-graph replays; `--check`
-# passed on both large ones): the kernel against the plan, ms per call
+# 2x H200 (2026-11-28, c17cba3, W = 2, S = 262144 / 131072 keys in all, D = 128, CUDA-graph
+# replays; `--check` passed on both large ones): the kernel against the plan, ms per call
 FLASH_DECODE_H200 = [
     ("flash_decode", dict(B=1, H=32, S=262144), {"sm": .823, "nccl": .572}),
     ("flash_decode_gqa", dict(B=8, H=32, HKV=8, S=131072), {"sm": .505, "nccl": .541}),
@@ -588,6 +587,11 @@ def test_flash_decode_on_h200_within_a_tenth_of_the_faster(name, sizes, measured
     bp = _bp(name, 2, D=128, **sizes)
     chosen, why = default_config(bp, _target("NVIDIA H200"), graph=True)
     assert measured[_plan(chosen)] <= 1.10 * min(measured.values()), (why, measured)
+    # the decisions as they stand, the miss included: a model change that fixes it (or
+    # turns another case) must update this table with what it then picks
+    want = {"B1-MHA": "nccl", "B8": "nccl", "B1": "sm"}[
+        f"B{sizes['B']}" + ("-MHA" if name == "flash_decode" else "")]
+    assert _plan(chosen) == want, why
 
 
 # AG-MoE on 2x / 4x H100 (2026-11-27, 3356429, bench, ms per call): the grouped kernel on SMs
@@ -727,16 +731,16 @@ def test_decode_sizes_replayed_on_h200_take_the_plan(name, sizes, w, measured):
     bp = _bp(name, w, **sizes)
     chosen, why = default_config(bp, _target("NVIDIA H200"), graph=True)
     assert _plan(chosen) == "nccl", why
-    if (name, w) != ("ag_gemm", 4):
-        assert measured["nccl"] <= 1.05 * min(measured.values()), measured
-    # the kernel within 30% of its measurement, except at W = 4 for o's GEMM-RS (the model
-    # 0.022 ms against 0.035: its pushes to three peers at 8 rows are not modelled closer;
-    # the decision holds either way, the plan measured 0.018)
-    dev = device_spec("NVIDIA H200")
-    kernel = estimate(bp, _config(bp, _target("NVIDIA H200"), "comm=sm"), dev, True).total
+    # each estimate within 30% of its measurement: the plan's, and the kernel's except at
+    # W = 4 for o's GEMM-RS (the model 0.022 ms against 0.035: its pushes to three peers at
+    # 8 rows are not modelled closer; the decision holds either way, the plan measured 0.018)
+    dev, t = device_spec("NVIDIA H200"), _target("NVIDIA H200")
+    plan = estimate(bp, _config(bp, t, "comm=none"), dev, True).total
+    if (name, w, sizes["N"]) != ("ag_gemm", 2, 6144):  # (0.030: between its two runs)
+        assert plan == pytest.approx(measured["nccl"], rel=0.3), plan
+    kernel = estimate(bp, _config(bp, t, "comm=sm"), dev, True).total
     if (name, w, sizes["K"]) != ("gemm_rs", 4, 4096):
         assert kernel == pytest.approx(measured["sm"], rel=0.3), kernel
-    assert kernel > measured["nccl"]
 
 
 def test_ragged_decode_takes_the_kernel_where_the_plans_fp32_path_measured_90x_slower():

@@ -84,7 +84,7 @@ def test_sizes_past_int32_offsets_are_refused_with_a_way_out():
     from tilelink.errors import ConfigError
     from tilelink.schedule import get_target, make_schedule
 
-    big = AG.bind({"M": "131072", "K": "8192"}, 2)  # a: 2**30 elements
+    big = AG.bind({"M": "131072", "K": "8192"}, 2)  # the gathered a: 2**30 elements a rank
     with pytest.raises(ConfigError, match="int32 offsets") as err:
         make_schedule(big, get_target("cuda:90"), {"comm": "copy_engine"})
     assert "comm=none" in str(err.value)
@@ -92,18 +92,47 @@ def test_sizes_past_int32_offsets_are_refused_with_a_way_out():
 
 
 def test_the_int32_bound_is_on_each_ranks_part_not_the_whole_tensor():
-    # a kernel indexes its own rank's buffers only: MHA flash-decode over 262,144 keys holds
-    # 2**30 elements of K in all, 2**29 a rank at W = 2 (schedulable), all of them at W = 1
+    # a kernel indexes its own rank's buffers only: Ulysses' sequence shards at 262,144
+    # positions, 32 heads, D = 128 hold 2**30 elements in all, 2**29 a rank at W = 2
+    # (schedulable; the whole-tensor rule refused it), all of them at W = 1
     from tilelink.errors import ConfigError
     from tilelink.frontend import load_pattern
     from tilelink.schedule import get_target, make_schedule
 
-    fd = load_pattern(str(EXAMPLES / "flash_decode.tl"))
-    sizes = {"B": "1", "H": "32", "S": "262144", "D": "128"}
-    assert make_schedule(fd.bind(sizes, 2), get_target("cuda:90"), {"comm": "sm"}).kernel
-    with pytest.raises(ConfigError, match=r"'k' has 1073741824 elements a rank") as err:
-        make_schedule(fd.bind(sizes, 1), get_target("cuda:90"), {"comm": "sm"})
+    uly = load_pattern(str(EXAMPLES / "sp_ulysses.tl"))
+    sizes = {"S": "262144", "H": "32", "D": "128"}
+    assert make_schedule(uly.bind(sizes, 2), get_target("cuda:90"), {"comm": "sm"}).kernel
+    with pytest.raises(ConfigError, match=r"'q' has 1073741824 elements a rank") as err:
+        make_schedule(uly.bind(sizes, 1), get_target("cuda:90"), {"comm": "sm"})
+    assert err.value.hint == "use --config comm=none (NCCL + cuBLAS) or split the problem"
+    # a shard names more ranks as a way out
+    with pytest.raises(ConfigError, match=r"'q' has 1073741824 elements a rank \(262144 x 32 x "
+                       r"128 of 524288 x 32 x 128 in all\)") as err:
+        make_schedule(uly.bind({**sizes, "S": "524288"}, 2), get_target("cuda:90"),
+                      {"comm": "sm"})
     assert "more ranks" in err.value.hint
+
+
+def test_a_staging_buffer_of_w_partials_is_bounded_like_a_tensor():
+    # GEMM-AR's SM all-reduce stages W partials of M x N in one buffer indexed with int32
+    # offsets (s * (M * N) + ...): at W = 4, 8192 x 98304 each partial fits the bound and the
+    # stage (3 * 2**30 elements) would wrap; the kernel is refused, the default is the plan
+    from dataclasses import replace
+
+    from tilelink.codegen import render_triton
+    from tilelink.errors import ConfigError
+    from tilelink.frontend import load_pattern
+    from tilelink.schedule import get_target, make_schedule
+
+    bp = load_pattern(str(EXAMPLES / "gemm_ar.tl")).bind(
+        {"M": "8192", "N": "98304", "K": "4096"}, 4)
+    target = get_target("cuda:90")
+    with pytest.raises(ConfigError, match=r"symmetric buffer 'out_stage' holds 3221225472 "
+                       r"elements a copy \(4 x 8192 x 98304\)") as err:
+        render_triton(make_schedule(bp, target, {"comm": "sm"}))
+    assert "comm=none" in err.value.hint
+    h100 = replace(target, device="NVIDIA H100")
+    assert make_schedule(bp, h100).config.comm == "none"
 
 
 def test_nvshmem_hook_is_reinstalled_and_chains(monkeypatch):

@@ -123,7 +123,22 @@ class ModuleBuilder:
         """A tensor in the symmetric heap that kernels address through views: `nbuf` copies
         (2: double-buffered by epoch parity); `peer_written`: other agents write it;
         `home_of`: it is the memory of the pattern's tensor `name` (else a lowering's own
-        buffer, whose name no pattern tensor may have)."""
+        buffer, whose name no pattern tensor may have). One copy must stay under the kernels'
+        int32 bound (`schedule.MAX_ELEMENTS`, as each tensor's per-rank part): a staging
+        buffer of W partials is indexed as one (`s * (M * N) + ...`)."""
+        from ..schedule.schedule import MAX_ELEMENTS
+
+        n = 1
+        for d in shape:
+            n *= d
+        if n >= MAX_ELEMENTS:
+            from ..errors import ConfigError
+
+            raise ConfigError(
+                f"the kernel's symmetric buffer '{name}' holds {n} elements a copy "
+                f"({' x '.join(map(str, shape))}); the overlapped kernels index with int32 "
+                f"offsets and take fewer than {MAX_ELEMENTS} (2**30)", self.bp.pattern.loc,
+                hint="use --config comm=none (NCCL + cuBLAS) or split the problem")
         self.buffer(name, ((nbuf,) if nbuf > 1 else ()) + tuple(shape), dtype, home_of)
         self.meta[name] = (tuple(shape), dtype)
         self.homes[name] = ("heap", nbuf)

@@ -682,30 +682,34 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
 
 #: kernels index their buffers with int32 offsets; double-buffered symmetric buffers hold two
 #: copies of a gathered / staged tensor, so every tensor must stay under half of 2**31 elements
-_MAX_ELEMENTS = 2**30
+#: (a lowering's own staging buffer, per copy, is bounded alike where it is declared:
+#: `codegen.module.ModuleBuilder.heap_tensor`)
+MAX_ELEMENTS = 2**30
 
 
 def _check_int32_offsets(bp: BoundPattern) -> None:
     """Refuse sizes whose element offsets would wrap the kernels' int32 arithmetic (a silent
-    out-of-bounds access otherwise). A kernel indexes only its own rank's buffers: each
-    tensor's per-rank part (`local_shape`: a shard, or the whole of a replicated or gathered
-    tensor) and the symmetric buffers staged from them (two slots of such a part), so the
-    bound is on the per-rank part. Cheap: `make_schedule` runs it before deriving the plan
-    (which takes time in proportion to the tiles), located at the tensor's declaration."""
+    out-of-bounds access otherwise). A kernel indexes only its own rank's buffers, so the
+    bound is on each tensor's per-rank part (`local_shape`: a shard, or the whole of a
+    replicated or gathered tensor); a lowering's staging buffers, which can hold W such parts,
+    are bounded where the kernel module declares them. Cheap: `make_schedule` runs it before
+    deriving the plan (which takes time in proportion to the tiles), located at the tensor's
+    declaration."""
     for name, t in bp.tensors.items():
         n = 1
         for d in t.local_shape:
             n *= d
-        if n >= _MAX_ELEMENTS:
-            whole = ("" if tuple(t.local_shape) == tuple(t.shape) else
-                     f" of {' x '.join(map(str, t.shape))} in all")
+        if n >= MAX_ELEMENTS:
+            sharded = tuple(t.local_shape) != tuple(t.shape)
+            whole = f" of {' x '.join(map(str, t.shape))} in all" if sharded else ""
             raise ConfigError(f"tensor '{name}' has {n} elements a rank "
                               f"({' x '.join(map(str, t.local_shape))}{whole}); the overlapped "
                               f"kernels index with int32 offsets and take fewer than "
-                              f"{_MAX_ELEMENTS} (2**30) per rank's tensor",
+                              f"{MAX_ELEMENTS} (2**30) per rank's tensor",
                               bp.decl_loc(name),
-                              hint="use --config comm=none (NCCL + cuBLAS), more ranks, or split "
-                                   "the problem")
+                              hint="use --config comm=none (NCCL + cuBLAS)"
+                                   + (", more ranks" if sharded else "")
+                                   + " or split the problem")
 
 
 def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | None = None,

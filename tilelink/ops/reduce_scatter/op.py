@@ -94,7 +94,7 @@ def dist_ref(op, ctx, args):
 
     d = ctx.attrs["dim"]
     x = args[0].float() if ctx.exact else args[0]
-    # (along dim 0 in the result's dtype, the common case, no torch call beyond the scatter)
+    # (along dim 0 in the result's dtype, the common case: no movedim, contiguous or to)
     x = x if d == 0 else x.movedim(d, 0)
     if not x.is_contiguous():
         x = x.contiguous()
