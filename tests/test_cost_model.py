@@ -690,9 +690,13 @@ DECODE_H100 = [
 # layer against 0.133 with this pair on the kernel
 
 
-@pytest.mark.parametrize("name,sizes,w,measured", DECODE_H100,
-                         ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items())
-                         if isinstance(v, dict) and "M" in v else str(v))
+def _pair_id(v) -> str:
+    """A decode pair case's id: its sizes (M8-N6144-K4096), else the value itself."""
+    return "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) and "M" in v \
+        else str(v)
+
+
+@pytest.mark.parametrize("name,sizes,w,measured", DECODE_H100, ids=_pair_id)
 def test_decode_sizes_replayed_take_the_plan_measured_faster(name, sizes, w, measured):
     bp = _bp(name, w, **sizes)
     _default_within(bp, measured, 1.05, graph=True)
@@ -724,9 +728,7 @@ DECODE_H200 = [
 # takes measured 0.0651 / 0.0644 for itself / NCCL + cuBLAS in the run before (NCCL's spread)
 
 
-@pytest.mark.parametrize("name,sizes,w,measured", DECODE_H200,
-                         ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items())
-                         if isinstance(v, dict) and "M" in v else str(v))
+@pytest.mark.parametrize("name,sizes,w,measured", DECODE_H200, ids=_pair_id)
 def test_decode_sizes_replayed_on_h200_take_the_plan(name, sizes, w, measured):
     bp = _bp(name, w, **sizes)
     chosen, why = default_config(bp, _target("NVIDIA H200"), graph=True)
