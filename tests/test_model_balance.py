@@ -157,6 +157,10 @@ def test_tune_times_every_assignment_and_records_the_pick_alike_on_every_rank(tm
         # the one the last rank could not build, skipped on every rank)
         assert set(entry["ms"]) == {"own choice", "comm=sm", "comm=copy_engine"}
         assert any("comm=none cannot run" in line for line in out["seen"])
+        # progress: a line per timed round, then the pick
+        rounds = [ln for ln in out["seen"] if "timed (3 assignments)" in ln]
+        assert [ln.split(": ")[1].split(" timed")[0] for ln in rounds] == \
+            ["round 1 of 2", "round 2 of 2"], out["seen"]
         assert all(v > 0 for v in entry["ms"].values()) and entry["pick"] in entry["ms"]
         assert set(entry["host_ms"]) == set(entry["ms"])
         assert len(out["choices"]) == 2 and all(

@@ -603,8 +603,14 @@ def _tuned(tp, call, row: dict, tokens: int, want, args) -> dict:
     variant, timed later, runs the same choices."""
     from tilelink.model import tune
 
+    import torch.distributed as dist
+
+    def say(line: str) -> None:  # (rank 0's progress: tuning takes a while a size)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"tune: {line}", flush=True)
+
     res = tune(tp, lambda _t: call(), [tokens], iters=max(3, args.iters // 2),
-               warmup=2, rounds=3, save=args.save_choices)
+               warmup=2, rounds=3, save=args.save_choices, progress=say)
     row = dict(row, tuned=res[0])
     row["err"] = max(row["err"], _max_over_ranks(_rel_err(call(), want)))
     row["ok"] = row["err"] <= args.tol

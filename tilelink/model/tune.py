@@ -106,6 +106,7 @@ def tune(model: torch.nn.Module, forward: Callable[[int], object], tokens: Itera
             for j, name in enumerate(names):
                 _apply(order, t, runnable[name], "(being measured)")
                 times[r, j] = torch.tensor(_time(forward, t, device, iters, warmup, group))
+            say(f"tokens {t}: round {r + 1} of {rounds} timed ({len(names)} assignments)")
         times = _slowest_rank(times, group, device)
         ms = {n: statistics.median(times[:, j, 0].tolist()) for j, n in enumerate(names)}
         host_ms = {n: statistics.median(times[:, j, 1].tolist()) for j, n in enumerate(names)}
