@@ -200,6 +200,39 @@ def test_the_decode_kernel_compiles(target, path, sizes, config):
     assert ("_kv_done_ptr + b * HKV + g, 1" in src) == (sp.splits > 1)  # the splits' count
 
 
+def test_past_the_int32_bound_k_and_v_are_indexed_in_64_bits(monkeypatch, capsys):
+    # one rank's K and V of 2**31 elements (MHA, 524,288 keys, W = 1) would wrap int32
+    # offsets: the decode lowering computes theirs in 64 bits, so the size schedules and its
+    # kernel compiles; below the bound the code is as before
+    from tilelink.schedule import schedule as sched
+
+    big = make_schedule(_bp(MHA, {"B": 1, "H": 32, "S": 524288, "D": 128}, 1),
+                        get_target("cuda:90"), {"comm": "sm"})
+    src = render_triton(big)
+    assert "b64 = b.to(tl.int64)" in src and "kv = ((b64 * S + offs_s" in src
+    compiled = compile_module(src, get_target("cuda:90"), f"{big.bound.name}_kernel")
+    assert "mul.wide" in compiled.asm["ptx"] or "mul.lo.s64" in compiled.asm["ptx"]
+    small = make_schedule(_bp(MHA, {"B": 1, "H": 32, "S": 8192, "D": 128}, 2),
+                          get_target("cuda:90"), {"comm": "sm"})
+    assert "b64" not in render_triton(small)
+    # the 64-bit path's numbers, in the emulated world: the bound lowered below this K and V
+    # (2 x 64 x 2 x 16 = 4096 elements a rank) and above every other tensor and buffer
+    monkeypatch.setattr(sched, "MAX_ELEMENTS", 2048)
+    sizes = {"B": 2, "H": 4, "HKV": 2, "S": 2 * 64, "D": 16}
+    assert "b64 * S" in render_triton(make_schedule(_bp(GQA, sizes, 2), get_target("interp"),
+                                                    {"comm": "sm", "block_n": "16"}))
+    assert main(_args(GQA, 2, sizes, {"kv_splits": "2"})) == 0
+    assert "check: OK" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_k_and_v_past_the_int32_bound_check_on_a_gpu(capsys):
+    # 2**31 elements of K a rank (W = 1, MHA, 524,288 keys): 4 GiB each of K and V
+    assert main(run_argv(MHA, 1, {"B": 1, "H": 32, "S": 524288, "D": 128}, {"comm": "sm"},
+                         3)) == 0
+    assert "check: OK" in capsys.readouterr().out
+
+
 def test_the_split_shows_in_the_schedule(capsys):
     assert main(["compile", str(GQA), "-W", "2", "-D", "B=1", "-D", "H=32", "-D", "HKV=8",
                  "-D", "S=131072", "-D", "D=128", "--config", "comm=sm",

@@ -692,6 +692,16 @@ def _split(bp, op, cfg) -> _Split:
 SPLIT_PROGRAM_GBS = {"one": 21.5, "group": 21.9}
 
 
+def _wide_kv(site) -> bool:
+    """Whether this rank's K (and V, of its shape) reach the kernels' int32 bound."""
+    from ..schedule.schedule import MAX_ELEMENTS
+
+    n = 1
+    for d in site.tensor(site.op.args[1]).local_shape:
+        n *= d
+    return n >= MAX_ELEMENTS
+
+
 class AttentionPartialTiles(_DecodeTiles):
     """attention_partial's tiles: each (batch b, key head g) item is split over the KV
     sequence into `kv_splits` items, each streaming its blocks of BS keys once for the G
@@ -782,6 +792,12 @@ class AttentionPartialTiles(_DecodeTiles):
             kv_heads = site.tensor(site.op.args[1]).local_shape[2]
             mb.signal(self._counter(site), bsz * kv_heads, init="zero")
 
+    def wide_operands(self, site) -> frozenset:
+        """K and V where this rank's part holds the int32 bound's elements or more
+        (`schedule.MAX_ELEMENTS`: 262,144 keys a rank of 32 heads, or a batch of long
+        caches): their offsets are computed in 64 bits (`_splits`)."""
+        return frozenset(site.op.args[1:3]) if _wide_kv(site) else frozenset()
+
     @staticmethod
     def _partials(site) -> str:
         """The rank's buffer of the splits' partials ([B, H, splits, D + 1] fp32)."""
@@ -820,11 +836,16 @@ class AttentionPartialTiles(_DecodeTiles):
             row = "((b * HQ + {r}) * SPLITS + c) * (D + 1)"
         dt = TL_DTYPES[q.dtype]
         head = ["offs_d = tl.arange(0, DP)", "dmask = offs_d < D"]
+        kv_at = "((b * S + offs_s[:, None]) * HKV + g) * D + offs_d[None, :]"
+        if _wide_kv(site):  # (past int32: the batch row's offset, and so the sum, in 64 bits)
+            head.append("b64 = b.to(tl.int64)  # this rank's K and V hold 2**30 elements "
+                        "or more: their offsets in 64 bits")
+            kv_at = kv_at.replace("b * S", "b64 * S")
         loop = ["for blk in tl.range(c * BPS, tl.minimum(c * BPS + BPS, NB), "
                 "num_stages=STAGES):",
                 "    offs_s = blk * BS + tl.arange(0, BS)",
                 "    smask = offs_s < S  # (the slice's last block may be ragged)",
-                f"    kv = {tok.format('((b * S + offs_s[:, None]) * HKV + g) * D + offs_d[None, :]')}",
+                f"    kv = {tok.format(kv_at)}",
                 "    kvmask = smask[:, None] & dmask[None, :]"]
         if ragged:
             lens = kb.view(step.op.args[3]).base

@@ -433,6 +433,13 @@ class Lowering:
         calls, which a replay does not have); none by default."""
         return []
 
+    def wide_operands(self, site: OpSite) -> frozenset:
+        """The pattern tensors (operands or result) this lowering indexes with 64-bit offsets
+        at `site`'s sizes: the schedule's int32 bound on a tensor's per-rank part
+        (`schedule.MAX_ELEMENTS`) does not apply to a tensor every op touching it indexes
+        so. None by default (every offset is int32)."""
+        return frozenset()
+
     def device_refusal(self, site: OpSite,
                        capability: Callable[[], tuple[int, int]]) -> tuple[str, str] | None:
         """(why, what to use instead) where this lowering cannot run on the GPU at hand, whose

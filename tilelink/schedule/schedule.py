@@ -687,19 +687,20 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
 MAX_ELEMENTS = 2**30
 
 
-def _check_int32_offsets(bp: BoundPattern) -> None:
+def _check_int32_offsets(bp: BoundPattern, sites: dict | None = None) -> None:
     """Refuse sizes whose element offsets would wrap the kernels' int32 arithmetic (a silent
     out-of-bounds access otherwise). A kernel indexes only its own rank's buffers, so the
     bound is on each tensor's per-rank part (`local_shape`: a shard, or the whole of a
     replicated or gathered tensor); a lowering's staging buffers, which can hold W such parts,
-    are bounded where the kernel module declares them. Cheap: `make_schedule` runs it before
-    deriving the plan (which takes time in proportion to the tiles), located at the tensor's
-    declaration."""
+    are bounded where the kernel module declares them. A tensor that every op touching it
+    indexes with 64-bit offsets (its lowering's `wide_operands`, at the `sites` chosen) is not
+    bounded. Cheap: `make_schedule` runs it before deriving the plan (which takes time in
+    proportion to the tiles), located at the tensor's declaration."""
     for name, t in bp.tensors.items():
         n = 1
         for d in t.local_shape:
             n *= d
-        if n >= MAX_ELEMENTS:
+        if n >= MAX_ELEMENTS and not _indexed_wide(bp, name, sites):
             sharded = tuple(t.local_shape) != tuple(t.shape)
             whole = f" of {' x '.join(map(str, t.shape))} in all" if sharded else ""
             raise ConfigError(f"tensor '{name}' has {n} elements a rank "
@@ -710,6 +711,20 @@ def _check_int32_offsets(bp: BoundPattern) -> None:
                               hint="use --config comm=none (NCCL + cuBLAS)"
                                    + (", more ranks" if sharded else "")
                                    + " or split the problem")
+
+
+def _indexed_wide(bp: BoundPattern, name: str, sites: dict | None) -> bool:
+    """Whether every op reading or writing tensor `name` has a lowering (at `sites`) that
+    indexes it with 64-bit offsets."""
+    touching = [op for op in bp.ops if name in op.args or op.result == name]
+    if not sites or not touching:
+        return False
+    for op in touching:
+        site = sites.get(op.result)
+        lw = site.lowering if site is not None else None
+        if lw is None or name not in lw.wide_operands(site):
+            return False
+    return True
 
 
 def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | None = None,
@@ -743,7 +758,7 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
     sites = space.validate(cfg, bp)  # also refuses debug knobs on GPU targets
     unlowered = unlowered_ops(bp)
     if cfg.comm != "none" and not unlowered:
-        _check_int32_offsets(bp)  # before the plan: sizes the kernels cannot index fail at once
+        _check_int32_offsets(bp, sites)  # before the plan: sizes kernels cannot index fail now
     tiles = TileSizes(cfg.block_m, cfg.block_n, cfg.comm_block_m, cfg.comm_block_n)
     notes = []
     if cfg.comm == "none":
