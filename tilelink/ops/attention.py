@@ -792,6 +792,11 @@ class AttentionPartialTiles(_DecodeTiles):
             kv_heads = site.tensor(site.op.args[1]).local_shape[2]
             mb.signal(self._counter(site), bsz * kv_heads, init="zero")
 
+    def default_ok(self, site) -> bool:
+        """Not past the int32 bound (`wide_operands`): the 64-bit kernel has not yet run on a
+        GPU, so the default takes the plan there and `--config comm=sm` names the kernel."""
+        return not _wide_kv(site)
+
     def wide_operands(self, site) -> frozenset:
         """K and V where this rank's part holds the int32 bound's elements or more
         (`schedule.MAX_ELEMENTS`: 262,144 keys a rank of 32 heads, or a batch of long

@@ -211,22 +211,30 @@ def _default_resource(bp: BoundPattern, base: Config, target: Target) -> str:
     return "sm"
 
 
+def _op_sites(bp: BoundPattern, cfg: Config, target: Target):
+    """(site, lowering) of every op of `bp` under `cfg`."""
+    sites = op_sites(bp, cfg, target)
+    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
+
+
 def _never_default(bp: BoundPattern, cfg: Config, target: Target) -> bool:
-    """Whether some collective's lowering under `cfg` is one the default never chooses
-    (`Lowering.default_ok`); GPU targets only (the emulated world's default is fixed)."""
+    """Whether some op's lowering under `cfg` is one the default never chooses
+    (`Lowering.default_ok`: a collective's resource, or a compute lowering at sizes not yet
+    run); GPU targets only (the emulated world's default is fixed)."""
     if target.backend == "interp" or cfg.comm == "none":
         return False
     return any(lw is not None and not lw.default_ok(site)
-               for site, lw in _comm_sites(bp, cfg, target))
+               for site, lw in _op_sites(bp, cfg, target))
 
 
 def unmeasured_note(bp: BoundPattern, cfg: Config, target: Target) -> str:
-    """Why the non-overlapped plan is the default where a collective's lowering under `cfg`
-    is one the default never takes (`Lowering.default_ok`)."""
-    kinds = sorted({site.op.kind for site, lw in _comm_sites(bp, cfg, target)
+    """Why the non-overlapped plan is the default where an op's lowering under `cfg` is one
+    the default never takes (`Lowering.default_ok`)."""
+    kinds = sorted({site.op.kind for site, lw in _op_sites(bp, cfg, target)
                     if lw is not None and not lw.default_ok(site)})
     return (f"{', '.join(kinds)} on comm={cfg.comm} is not the default yet (not measured "
-            "against its library call): running the non-overlapped plan; --config "
+            "on GPUs against the library plan at these sizes): running the non-overlapped "
+            "plan; --config "
             f"comm={cfg.comm} runs the kernel")
 
 
