@@ -580,13 +580,18 @@ FLASH_DECODE_H200 = [
 @pytest.mark.parametrize("name,sizes,measured", FLASH_DECODE_H200,
                          ids=[f"{c[0]}-B{c[1]['B']}" for c in FLASH_DECODE_H200])
 def test_flash_decode_on_h200_within_a_tenth_of_the_faster(name, sizes, measured):
-    # a known miss: GQA at B = 8 streamed 4.25 TB/s (32.7 GB/s a program, where the H100's
-    # measured 21.9 is the model's), so the model keeps the plan, 7% slower; at B = 1 the
-    # same kernel streamed 3.14 TB/s, and MHA 2.61: one rate per kind fits neither batch,
-    # and two points do not make a rule (the rate by batch is left to more measurements)
+    # the kernel's per-program rates on H200 (attention.SPLIT_PROGRAM_GBS_ON: the group kernel
+    # follows the faster HBM, the one-head kernel does not) put it within 15% of each run
+    # (B = 1 the least close: each item's fixed cost, not modelled, weighs more there). A
+    # known miss: GQA at B = 8 the kernel 0.505 ms against the plan's 0.541, which the model
+    # says 0.513 (SDPA's rate on H200 not measured apart), so within the overlap margin the
+    # default keeps the plan, 7% slower
     bp = _bp(name, 2, D=128, **sizes)
-    chosen, why = default_config(bp, _target("NVIDIA H200"), graph=True)
+    t = _target("NVIDIA H200")
+    chosen, why = default_config(bp, t, graph=True)
     assert measured[_plan(chosen)] <= 1.10 * min(measured.values()), (why, measured)
+    kernel = estimate(bp, _config(bp, t, "comm=sm"), device_spec(t.device), True).total
+    assert kernel == pytest.approx(measured["sm"], rel=0.15), kernel
     # the decisions as they stand, the miss included: a model change that fixes it (or
     # turns another case) must update this table with what it then picks
     want = {"B1-MHA": "nccl", "B8": "nccl", "B1": "sm"}[

@@ -690,6 +690,13 @@ def _split(bp, op, cfg) -> _Split:
 #: at 131072 keys (torch's cuDNN SDPA 3073); a query group of 4 sharing a key head (its
 #: tl.dot, 128-key blocks) 2799 on 128 busy programs (flash SDPA 2833)
 SPLIT_PROGRAM_GBS = {"one": 21.5, "group": 21.9}
+#: the same on other GPUs, by a part of the device's name (`Work.program_gbs_on`). H200 (2x H200,
+#: 2026-11-28, c17cba3, W = 2, graph replays of the whole pattern, 65,536-131,072 keys a rank):
+#: a query group 33 GB/s a program at B = 8 (4.3 TB/s; at B = 1 26, where each item's fixed
+#: cost, its pipeline's fill and the split combine, weighs more), one key head per query head
+#: 20 at B = 1. The tensor-core group kernel follows the faster HBM; the one-head kernel, whose
+#: programs multiply on the CUDA cores, runs as on H100
+SPLIT_PROGRAM_GBS_ON = {"H200": {"one": 20.0, "group": 33.0}}
 
 
 def _wide_kv(site) -> bool:
@@ -990,7 +997,7 @@ class AttentionPartialTiles(_DecodeTiles):
     def work(self, site) -> Work:
         """The kernel's items on the persistent programs: as many programs work at once as
         the busiest one's items leave busy on average (items / its items), each streaming at
-        the rate measured for it (`SPLIT_PROGRAM_GBS`: below torch's SDPA over the same
+        the rate measured for it on the GPU (`SPLIT_PROGRAM_GBS`, `_ON`: below torch's SDPA over the same
         keys, so the model keeps the plan where the kernel has nothing to overlap); the
         splits' partials are written and read back once. With kv_len it still counts every
         key of every sequence (the lengths are known only on the device): a ragged batch
@@ -1002,8 +1009,10 @@ class AttentionPartialTiles(_DecodeTiles):
         if sp.splits > 1:
             bsz, heads, d1 = site.result.local_shape
             nbytes += 2.0 * bsz * heads * sp.splits * d1 * 4
-        rate = SPLIT_PROGRAM_GBS["one" if sp.group == 1 else "group"]
-        return Work(flops, nbytes, programs=busy, program_gbs=rate)
+        kind = "one" if sp.group == 1 else "group"
+        return Work(flops, nbytes, programs=busy, program_gbs=SPLIT_PROGRAM_GBS[kind],
+                    program_gbs_on=tuple((part, rates[kind])
+                                         for part, rates in SPLIT_PROGRAM_GBS_ON.items()))
 
 
 class LseCombineTiles(_DecodeTiles):

@@ -625,6 +625,15 @@ def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Esti
                           exposed, stall, after, fused, spreads)
 
 
+def program_rate(dev: DeviceSpec, work: Work) -> float | None:
+    """GB/s one of `work`'s programs streams at on `dev`: its rate measured on that GPU
+    (`Work.program_gbs_on`, by a part of the device's name), else `Work.program_gbs`."""
+    for part, gbs in work.program_gbs_on:
+        if part.lower() in dev.name.lower():
+            return gbs
+    return work.program_gbs
+
+
 def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
              program_gbs: float | None = None) -> float:
     """One compute op's kernel from its `Work`: its FLOPs at the tensor-core rate of the
@@ -657,7 +666,7 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         if spec(site.op.kind).category == "comm":
             continue
         work = lw.work(site) if lw is not None else None
-        ms = (_work_ms(dev, work, work.programs, work.program_gbs) if work is not None
+        ms = (_work_ms(dev, work, work.programs, program_rate(dev, work)) if work is not None
               else _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op)))
         comp += ms
         if work is not None:  # what cannot start before the last chunk has landed

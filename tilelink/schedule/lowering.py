@@ -182,6 +182,9 @@ class Work:
     # the kernels it launches one after another (a vendor call made of several torch ops
     # pays a launch for each)
     launches: int = 1
+    # `program_gbs` measured on other GPUs: (a part of the device's name, GB/s) pairs, the
+    # first matching the cost model's device taken (`cost.program_rate`)
+    program_gbs_on: tuple = ()
 
 
 # op kind -> fn(bp, op) -> Work: what the vendor library's call for a compute op does in the
