@@ -317,7 +317,12 @@ PARTIAL_DTYPE = "fp32"
                     "KV (a block table per sequence, its pages scattered in one pool) is "
                     "not taken: each split would load its page numbers and gather its key "
                     "blocks through them, and the shapes here (a contiguous [B, S, HKV, D] "
-                    "slice a rank) have no way to say the pool or the table."))
+                    "slice a rank) have no way to say the pool or the table. Where a rank's "
+                    "K and V reach 2^30 elements (262,144 keys of 32 heads at D = 128, or a "
+                    "batch of long caches) the kernel computes their offsets in 64 bits "
+                    "(`wide_operands`); every other tensor of a kernel stays under that bound "
+                    "a rank. Not yet run on a GPU past it, so the default takes the plan "
+                    "there (`--config comm=sm` names the kernel)."))
 def partial_shape(op, xs, attrs, world):
     q, k, v = xs[:3]
     sq, sk, sv = local_shape(q), local_shape(k), local_shape(v)
