@@ -410,3 +410,62 @@ def test_ep_moe_eager_compiled_and_captured_on_gpus(world):
     assert out["dropped E/W=2"] > 0  # the capacity dropped copies
     # per E/W: eager, compiled, 2 x 2 replays, padded, skew
     assert len([k for k in out if k.startswith("E/W=")]) == 2 * 8
+
+
+def _flash_decode_rank(rank: int, world: int) -> dict:
+    # torch.ops.tilelink.flash_decode on GPUs: bf16 caches split by position over the ranks,
+    # ragged lengths, eager against an fp32 reference, then captured after prepare and
+    # replayed with new lengths (read on the device)
+    import torch
+    import torch.distributed as dist
+
+    from tilelink.model import plans, prepare_flash_decode
+    from tilelink.runtime.timing import capture_call
+
+    plans.clear()
+    g = dist.group.WORLD.group_name
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev).manual_seed(5)
+    b, h, hkv, d, keys = 4, 32, 8, 128, 1000
+    q = torch.randn(b, h, d, generator=gen, device=dev).bfloat16()
+    K = torch.randn(b, keys * world, hkv, d, generator=gen, device=dev).bfloat16()
+    V = torch.randn(b, keys * world, hkv, d, generator=gen, device=dev).bfloat16()
+    k = K[:, rank * keys:(rank + 1) * keys].contiguous()
+    v = V[:, rank * keys:(rank + 1) * keys].contiguous()
+
+    def reference(lens):
+        want = torch.zeros(b, h, d, device=dev)
+        for i in range(b):
+            n = int(lens[i])
+            if n:
+                kk = K[i, :n].float().repeat_interleave(h // hkv, dim=1)
+                vv = V[i, :n].float().repeat_interleave(h // hkv, dim=1)
+                p = torch.softmax(torch.einsum("hd,nhd->hn", q[i].float(), kk) / d**0.5, -1)
+                want[i] = torch.einsum("hn,nhd->hd", p, vv)
+        return want
+
+    out = {}
+    prepare_flash_decode(heads=h, kv_heads=hkv, keys=keys, head_dim=d, batches=[b],
+                         dtype=torch.bfloat16, group_name=g, device=dev)
+    lens = torch.tensor([1, keys // 2, keys * world, 0], dtype=torch.int32, device=dev)
+    got = torch.ops.tilelink.flash_decode(q, k, v, lens, g)
+    out["eager"] = (got - reference(lens)).abs().max().item()
+    assert out["eager"] < 2e-2, out
+    static = lens.clone()
+    graph, replayed = capture_call(lambda: torch.ops.tilelink.flash_decode(q, k, v, static, g))
+    for step, new in enumerate(([keys * world - 3, 7, keys + 1, keys], [0, 0, 1, 2])):
+        static.copy_(torch.tensor(new, dtype=torch.int32, device=dev))
+        graph.replay()
+        out[f"replay {step}"] = (replayed - reference(static.cpu())).abs().max().item()
+        assert out[f"replay {step}"] < 2e-2, out
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_flash_decode_op_eager_and_captured_on_gpus(world):
+    if gpu_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    from tilelink.runtime.launcher import launch_world
+
+    out = launch_world(_flash_decode_rank, world)
+    assert set(out) == {"eager", "replay 0", "replay 1"}

@@ -422,3 +422,67 @@ def test_the_ops_have_no_python_autograd_wrapper():
         op = f"tilelink::{name}"
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(op, "Autograd")
+
+
+def _flash_decode_checks(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    plans.clear()
+    g = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(77)  # the same full caches on every rank
+    b, h, hkv, d, keys = 3, 4, 2, 16, 24  # keys: each rank's slice of every cache
+    q = torch.randn(b, h, d, generator=gen)
+    K = torch.randn(b, keys * world, hkv, d, generator=gen)
+    V = torch.randn(b, keys * world, hkv, d, generator=gen)
+    # one sequence ends in the first rank's keys, one spans them all, one is empty
+    lens = torch.tensor([keys // 2, keys * world, 0], dtype=torch.int32)
+    k = K[:, rank * keys:(rank + 1) * keys].contiguous()
+    v = V[:, rank * keys:(rank + 1) * keys].contiguous()
+    got = torch.ops.tilelink.flash_decode(q, k, v, lens, g)
+    assert got.shape == (b, h, d) and got.dtype == torch.float32
+    # the unsharded reference: each query head h over key head h // (H / HKV), its
+    # sequence's first kv_len keys; no key: zeros
+    want = torch.zeros(b, h, d)
+    for i in range(b):
+        n = int(lens[i])
+        if n == 0:
+            continue
+        kk = K[i, :n].repeat_interleave(h // hkv, dim=1)  # [n, H, D]
+        vv = V[i, :n].repeat_interleave(h // hkv, dim=1)
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kk) / d**0.5, dim=-1)
+        want[i] = torch.einsum("hn,nhd->hd", p, vv)
+    err = (got - want).abs().max().item()
+    assert err < 1e-4, err
+    # the same op again (the call key's entry), and traced by torch.compile without a break
+    again = torch.ops.tilelink.flash_decode(q, k, v, lens, g)
+    assert torch.equal(again, got)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: torch.ops.tilelink.flash_decode(*a, g),
+                             fullgraph=True, backend="aot_eager")
+    assert (compiled(q, k, v, lens) - got).abs().max().item() < 1e-5
+    # refusals, before any collective
+    errs = {
+        "heads": _raises(UsageError, "do not split into groups",
+                         lambda: torch.ops.tilelink.flash_decode(q[:, :3], k, v, lens, g)),
+        "lens": _raises(UsageError, "kv_len is torch.int64",
+                        lambda: torch.ops.tilelink.flash_decode(q, k, v, lens.long(), g)),
+        "shape": _raises(UsageError, r"k has shape \(3, 24, 2, 16\) but v \(3, 5",
+                         lambda: torch.ops.tilelink.flash_decode(q, k, v[:, :5], lens, g)),
+    }
+    # prepared batches are built before the call (the op of exactly that batch)
+    ops.prepare_flash_decode(heads=h, kv_heads=hkv, keys=keys, head_dim=d, batches=[2],
+                             dtype=torch.float32, group_name=g, device="cpu")
+    built = len(plans._OPS)
+    two = torch.ops.tilelink.flash_decode(q[:2], k[:2], v[:2], lens[:2], g)
+    assert len(plans._OPS) == built and (two - got[:2]).abs().max().item() < 1e-5
+    return {"err": err, "errs": errs}
+
+
+def test_flash_decode_op_matches_the_unsharded_attention_on_gloo():
+    # W = 2 on the CPU: the op runs the non-overlapped plan (each rank's partial over its
+    # slice, gathered, combined by log-sum-exp); lengths that end on one rank, span both,
+    # or are 0
+    res = cpu_world.run(_flash_decode_checks, 2, timeout=600)
+    for out in res:
+        assert out["err"] < 1e-4
+        assert "kv_len is torch.int64" in out["errs"]["lens"]

@@ -9,16 +9,18 @@ tensor-parallel layers (docs/model.md).
 
 `torch.ops.tilelink.ag_gemm / gemm_rs / gemm_ar` (tilelink.model.ops) take the arguments of
 torch's fused symmetric-memory ops, `torch.ops.tilelink.ep_moe` runs an expert-parallel MoE
-block's experts (`EPMoE`, tilelink.model.moe); on GPUs they run TileLink's compiled ops, on the CPU
+block's experts (`EPMoE`, tilelink.model.moe), `torch.ops.tilelink.flash_decode` decode attention over
+KV caches split by position over the ranks; on GPUs they run TileLink's compiled ops, on the CPU
 (a gloo world) the non-overlapped plan.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.tilelink.*)
 from .layers import TPMLP, ColumnParallelLinear, RowParallelLinear, prepare
 from .moe import MoE, EPMoE
-from .ops import prepare_ep_moe, prepare_op
+from .ops import prepare_ep_moe, prepare_flash_decode, prepare_op
 from .plans import config_override
 from .tune import tune
 
 __all__ = ["TPMLP", "ColumnParallelLinear", "EPMoE", "MoE", "RowParallelLinear",
-           "config_override", "prepare", "prepare_ep_moe", "prepare_op", "tune"]
+           "config_override", "prepare", "prepare_ep_moe", "prepare_flash_decode", "prepare_op",
+           "tune"]

@@ -4,6 +4,7 @@
     torch.ops.tilelink.gemm_rs(A, B, "sum", 0, group_name)
     torch.ops.tilelink.gemm_ar(A, B, "sum", group_name)
     torch.ops.tilelink.ep_moe(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name)
+    torch.ops.tilelink.flash_decode(q, k_slice, v_slice, kv_len, group_name)
 
 `ag_gemm` and `gemm_rs` take the arguments of torch's fused symmetric-memory ops
 (`torch.ops.symm_mem.fused_all_gather_matmul` and `fused_matmul_reduce_scatter`), so a
@@ -11,7 +12,9 @@ compiler pass that rewrites a graph to those can target these instead; `gemm_ar`
 row-parallel product summed on every rank (A @ B, then all-reduce). Each has a fake (meta)
 implementation, so `torch.compile(fullgraph=True)` traces a model calling them without a
 graph break, and a call does no host synchronisation of its own. `ep_moe` is an
-expert-parallel MoE block's experts (dispatch, SwiGLU experts, combine; docs/model.md).
+expert-parallel MoE block's experts (dispatch, SwiGLU experts, combine; docs/model.md);
+`flash_decode` is decode attention over a KV cache split by sequence position over the ranks
+(each rank's slice, the lengths read on the device).
 
 A call's checks run in full at the first call of its key (its inputs' shapes, dtypes and
 devices, its other arguments); later calls of the key re-check only what the key does not
@@ -495,6 +498,109 @@ def _ep_moe_fake(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_n
 
 
 _register("ep_moe", EP_SCHEMA, ep_moe, _ep_moe_fake)
+
+
+# ---- flash_decode -------------------------------------------------------------------------
+
+FD_SCHEMA = "(Tensor q, Tensor k, Tensor v, Tensor kv_len, str group_name) -> Tensor"
+
+
+def _check_fd(q, k, v, kv_len, group_name) -> int:
+    """Every check of a flash_decode call (the real and the fake implementation's); returns
+    the world size."""
+    op = "flash_decode"
+    _check_tensor(q, "q", op)
+    if q.dim() != 3:
+        raise UsageError(f"tilelink.flash_decode: q must be 3-D [batch, heads, head_dim] (one "
+                         f"query a sequence); got shape {tuple(q.shape)}")
+    b, h, d = q.shape
+    for name, t in (("k", k), ("v", v)):
+        _check_tensor(t, name, op)
+        if t.dim() != 4 or (t.shape[0], t.shape[3]) != (b, d):
+            raise UsageError(f"tilelink.flash_decode: {name} has shape {tuple(t.shape)}; with q "
+                             f"{tuple(q.shape)} it must be [{b}, keys, kv_heads, {d}] (this "
+                             "rank's slice of each sequence's cache)")
+        if t.dtype != q.dtype or t.device != q.device:
+            raise UsageError(f"tilelink.flash_decode: q is {q.dtype} on {q.device} but {name} "
+                             f"{t.dtype} on {t.device}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise UsageError(f"tilelink.flash_decode: k has shape {tuple(k.shape)} but v "
+                         f"{tuple(v.shape)}", hint="keys and values of the same cache slice")
+    hkv = k.shape[2]
+    if hkv < 1 or h % hkv:
+        raise UsageError(f"tilelink.flash_decode: {h} query heads do not split into groups of "
+                         f"{hkv} key heads", hint="the query heads must be a multiple of the "
+                         "key / value heads (grouped-query attention)")
+    if b == 0 or k.shape[1] == 0:
+        raise UsageError("tilelink.flash_decode: an empty batch or cache slice",
+                         hint="call with at least one sequence and one key a rank")
+    refused = refuse_tensor(kv_len, "kv_len")
+    if refused:
+        raise TileLinkError(f"tilelink.flash_decode: kv_len {refused[0]}", hint=refused[1])
+    if kv_len.dtype != torch.int32 or tuple(kv_len.shape) != (b,) or \
+            kv_len.device != q.device:
+        raise UsageError(f"tilelink.flash_decode: kv_len is {kv_len.dtype} "
+                         f"{tuple(kv_len.shape)} on {kv_len.device}; it must be int32 [{b}] "
+                         f"on {q.device}", hint="each sequence's length over all ranks' keys "
+                         "(.to(torch.int32))")
+    return world_size(group_name)
+
+
+def _fd_call(q, k, v, kv_len, group_name) -> _Call:
+    """The call entry of a flash_decode call (its first call of a key: every check, the
+    lookup of the op of exactly this batch: padding one would copy its caches)."""
+    ts = (q, k, v, kv_len)
+    plain = all(_plain(t) for t in ts)
+    key = plain and ("flash_decode", *((t.shape, t.dtype, t.device) for t in ts), group_name)
+    e = _entry(key, group_name) if plain else None
+    if e is not None:
+        return e
+    w = _check_fd(q, k, v, kv_len, group_name)
+    e = _Call()
+    b, h, d = q.shape
+    shape = plans.DecodeShape("flash_decode", group_name, h, k.shape[2], k.shape[1], d,
+                              q.dtype, q.device)
+    e.op, e.bucket = plans.lookup(shape, b, exact=True)
+    e.world, e.rows, e.flat, e.gathered = w, b, True, False
+    if key:
+        _remember(key, e, group_name)
+    return e
+
+
+def flash_decode(q, k, v, kv_len, group_name):
+    """Distributed flash-decode: one query a sequence (q [B, H, D], the same on every rank)
+    attends over its whole KV cache, of which this rank holds a slice (k, v [B, keys, HKV,
+    D]: the keys r * keys .. (r + 1) * keys - 1 of every sequence on rank r); kv_len [B] int32
+    is each sequence's length over all ranks' keys (read on the device: no host sync). Each
+    rank attends to its keys below the length, the ranks' partials are gathered and combined
+    by their log-sum-exps: [B, H, D] fp32, the same on every rank, through TileLink's
+    flash-decode pattern (H a multiple of HKV: grouped-query attention)."""
+    e = _fd_call(q, k, v, kv_len, group_name)
+    return e.op(_dense(q), _dense(k), _dense(v), _dense(kv_len))
+
+
+def _flash_decode_fake(q, k, v, kv_len, group_name):
+    _check_fd(q, k, v, kv_len, group_name)
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
+_register("flash_decode", FD_SCHEMA, flash_decode, _flash_decode_fake)
+
+
+def prepare_flash_decode(*, heads: int, kv_heads: int, keys: int, head_dim: int, batches,
+                         dtype: torch.dtype, group_name: str, device) -> None:
+    """Build (collectively) the flash_decode ops a model will call, one for each batch size
+    of `batches` (a call runs the op of its exact batch), before any CUDA-graph capture.
+    `keys`: this rank's slice of each sequence's cache (k.shape[1])."""
+    plans.check_dtype(dtype, "prepare(flash_decode)")
+    batches = [int(x) for x in batches]
+    if any(x <= 0 for x in batches) or heads % max(kv_heads, 1) or keys <= 0:
+        raise UsageError(f"prepare(flash_decode): batches {batches}, heads {heads} / "
+                         f"{kv_heads}, keys {keys}: every batch and the keys must be positive "
+                         "and the query heads a multiple of the key heads")
+    world_size(group_name)
+    plans.prepare_rows(plans.DecodeShape("flash_decode", group_name, heads, kv_heads, keys,
+                                         head_dim, dtype, plans.norm_device(device)), batches)
 
 
 # ---- preparing ----------------------------------------------------------------------------

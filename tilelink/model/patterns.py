@@ -1,7 +1,7 @@
 """The patterns behind the model ops, in the Python DSL (the dense ones the same as
-examples/ag_gemm.tl, gemm_rs.tl and gemm_ar.tl, kept here so an installed package needs no
-example files; the expert-parallel MoE ones extend examples/ep_moe_routed.tl to a SwiGLU
-expert and to several experts per rank).
+examples/ag_gemm.tl, gemm_rs.tl and gemm_ar.tl, flash-decode as flash_decode_varlen.tl,
+kept here so an installed package needs no example files; the expert-parallel MoE ones
+extend examples/ep_moe_routed.tl to a SwiGLU expert and to several experts per rank).
 
 Sizes are bound per call shape by `tilelink.model.plans`; the defaults only make each
 pattern valid on its own.
@@ -122,5 +122,22 @@ def ep_moe_grouped(T=64, TOPK=2, H=64, I=128, E=2, CAP=128, dtype="bf16"):  # no
     return out
 
 
+# ---- distributed flash-decode --------------------------------------------------------------
+
+@tk.pattern
+def flash_decode(B=5, H=8, HKV=2, S=512, D=64, dtype="bf16"):
+    # each rank holds keys r * S / W .. of every sequence's cache; kv_len: each sequence's
+    # length over all ranks' keys (0 .. S), read on the device
+    q = tk.input((B, H, D), dtype, placement="replicated")
+    k = tk.input((B, S / W, HKV, D), dtype)  # this rank's slice of the caches
+    v = tk.input((B, S / W, HKV, D), dtype)
+    kv_len = tk.input((B,), "int32", placement="replicated")
+    part = tk.attention_partial(q, k, v, kv_len)  # [B, H, D + 1]: output and log-sum-exp
+    parts = tk.all_gather(part, dim=0)
+    o = tk.lse_combine(parts)
+    return o
+
+
 PATTERNS = {"ag_gemm": ag_gemm, "ag_gemm_gathered": ag_gemm_gathered, "gemm_rs": gemm_rs,
-            "gemm_ar": gemm_ar, "ep_moe": ep_moe, "ep_moe_grouped": ep_moe_grouped}
+            "gemm_ar": gemm_ar, "ep_moe": ep_moe, "ep_moe_grouped": ep_moe_grouped,
+            "flash_decode": flash_decode}

@@ -96,6 +96,35 @@ class MoEShape:
                 f"rank, top-{self.topk}, capacity {cap}, {DTYPE_NAMES[self.dtype]}")
 
 
+@dataclass(frozen=True)
+class DecodeShape:
+    """What selects one distributed flash-decode op besides its rows (the batch B): the
+    pattern (`kind`), the group's name, the query and key / value heads, the keys this rank
+    holds of each sequence (its cache slice), the head size, the dtype and the device."""
+
+    kind: str
+    group_name: str
+    heads: int
+    kv_heads: int
+    keys: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def values(self, rows: int, world: int) -> dict:
+        """The pattern's sizes for a batch of `rows` sequences."""
+        return {"B": rows, "H": self.heads, "HKV": self.kv_heads, "S": self.keys * world,
+                "D": self.head_dim, "dtype": DTYPE_NAMES[self.dtype]}
+
+    def describe(self) -> str:
+        """The sizes besides the rows, for messages."""
+        return (f"{self.heads} / {self.kv_heads} heads, {self.keys} keys a rank, D = "
+                f"{self.head_dim}, {DTYPE_NAMES[self.dtype]}")
+
+
+#: what selects a compiled op besides its rows, for each kind of model op
+AnyShape = Shape | MoEShape | DecodeShape
+
 _OPS: dict[tuple, object] = {}  # (shape, rows, config override) -> op
 _ROWS: dict[tuple, list[int]] = {}  # (shape, override) -> prepared row counts, sorted
 _LOCK = threading.Lock()
@@ -233,7 +262,7 @@ def balancing() -> bool:
     return all(k == BALANCE_KNOB and v != "0" for k, v in OVERRIDE)
 
 
-def _override(shape: Shape | MoEShape, rows: int) -> tuple[tuple, bool]:
+def _override(shape: AnyShape, rows: int) -> tuple[tuple, bool]:
     """(the schedule overrides a call of `shape` at `rows` rows runs, whether they are the
     model's joint choice): the config_override's, else the recorded choice."""
     own = tuple(kv for kv in OVERRIDE if kv[0] != BALANCE_KNOB)
@@ -243,7 +272,7 @@ def _override(shape: Shape | MoEShape, rows: int) -> tuple[tuple, bool]:
     return choice, bool(choice)
 
 
-def record(shape: Shape | MoEShape, rows: int, override: tuple, note: str) -> None:
+def record(shape: AnyShape, rows: int, override: tuple, note: str) -> None:
     """Record the joint choice for `shape` at `rows` rows in the current scope (calls and
     `prepare_rows` run it from now on)."""
     with _LOCK:
@@ -261,7 +290,7 @@ def choices(every_scope: bool = False) -> list[dict]:
             for (s, r, sc), (o, note) in CHOICES.items() if every_scope or sc == OVERRIDE]
 
 
-def _build(shape: Shape | MoEShape, rows: int, override: tuple, chosen: bool = False):
+def _build(shape: AnyShape, rows: int, override: tuple, chosen: bool = False):
     """A new op for `shape` at `rows` rows with the schedule overrides `override` (collective
     on the group). `chosen`: they are the joint decision's, for eager calls alone."""
     group = resolve_group(shape.group_name)
@@ -281,7 +310,7 @@ def _build(shape: Shape | MoEShape, rows: int, override: tuple, chosen: bool = F
                             f"{shape.device.type}", hint="move the tensors with .to('cuda')")
 
 
-def prepare_rows(shape: Shape | MoEShape, rows) -> None:
+def prepare_rows(shape: AnyShape, rows) -> None:
     """Build (collectively, on every rank) the ops of `shape` at each row count of `rows`,
     and record them as buckets for smaller calls. Call before any CUDA-graph capture."""
     if _capturing():
@@ -297,7 +326,7 @@ def prepare_rows(shape: Shape | MoEShape, rows) -> None:
             forget_calls()
 
 
-def _get(shape: Shape | MoEShape, rows: int, build: bool):
+def _get(shape: AnyShape, rows: int, build: bool):
     override, chosen = _override(shape, rows)
     key = (shape, rows, override, chosen)
     op = _OPS.get(key)
@@ -306,17 +335,19 @@ def _get(shape: Shape | MoEShape, rows: int, build: bool):
     return op
 
 
-def lookup(shape: Shape | MoEShape, rows: int, step: int = 1):
+def lookup(shape: AnyShape, rows: int, step: int = 1,
+           exact: bool = False):
     """(op, rows it was built for) for a call of `rows` rows: the op of exactly these rows,
     else that of the smallest prepared bucket above them (rows padded to it; `step`: the
-    bucket's rows must be a multiple of it, W for a scatter), else a new op for these rows
-    (eager calls only: a capture finding nothing prepared raises)."""
+    bucket's rows must be a multiple of it, W for a scatter; `exact`: none, where padding a
+    call's rows would copy too much, a decode batch's KV caches), else a new op for these
+    rows (eager calls only: a capture finding nothing prepared raises)."""
     op = _get(shape, rows, build=False)
     if op is not None:
         return op, rows
     known = _ROWS.get((shape, OVERRIDE), ())
     i = bisect.bisect_left(known, rows)
-    for bucket in known[i:]:
+    for bucket in () if exact else known[i:]:
         if bucket % step == 0 and (op := _get(shape, bucket, build=False)) is not None:
             return op, bucket
     if _capturing():
