@@ -450,14 +450,16 @@ def _flash_decode_rank(rank: int, world: int) -> dict:
     lens = torch.tensor([1, keys // 2, keys * world, 0], dtype=torch.int32, device=dev)
     got = torch.ops.tilelink.flash_decode(q, k, v, lens, g)
     out["eager"] = (got - reference(lens)).abs().max().item()
-    assert out["eager"] < 2e-2, out
+    # (fp32 arithmetic on bf16 values: the kernel's bf16 products of P and V round at most
+    # ~2^-8 of each row's output, whose entries are below ~0.1 for these lengths)
+    assert out["eager"] < 2e-3, out
     static = lens.clone()
     graph, replayed = capture_call(lambda: torch.ops.tilelink.flash_decode(q, k, v, static, g))
     for step, new in enumerate(([keys * world - 3, 7, keys + 1, keys], [0, 0, 1, 2])):
         static.copy_(torch.tensor(new, dtype=torch.int32, device=dev))
         graph.replay()
         out[f"replay {step}"] = (replayed - reference(static.cpu())).abs().max().item()
-        assert out[f"replay {step}"] < 2e-2, out
+        assert out[f"replay {step}"] < 2e-3, out
     return out
 
 

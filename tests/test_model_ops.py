@@ -255,6 +255,15 @@ def test_a_capture_finding_nothing_prepared_says_to_prepare(monkeypatch):
     plans._ROWS[(shape, ())] = [16, 64]
     plans._OPS[(shape, 64, (), False)] = big = object()
     assert plans.lookup(shape, 32) == (big, 64)
+    # a decode batch is never padded (its caches would be copied): a larger prepared batch
+    # does not serve a capture, and the hint names the op's prepare
+    fd = plans.DecodeShape("flash_decode", "0", 32, 8, 4096, 128, torch.bfloat16,
+                           torch.device("cpu"))
+    plans._ROWS[(fd, ())] = [8]
+    plans._OPS[(fd, 8, (), False)] = object()
+    err = pytest.raises(TileLinkError, plans.lookup, fd, 4, exact=True).value
+    assert "nothing prepared for 4 rows (32 / 8 heads, 4096 keys a rank" in err.message
+    assert err.hint.startswith("call tilelink.model.prepare_flash_decode(...) with exactly")
     plans.clear()
 
 
@@ -418,7 +427,7 @@ def test_a_layer_weight_reaches_the_compiled_op_as_a_plain_tensor():
 def test_the_ops_have_no_python_autograd_wrapper():
     # torch.library.custom_op's autograd and backend wrappers cost ~45 us per call; the ops
     # are registered for every backend in one kernel (inputs requiring grad are refused)
-    for name in ("ag_gemm", "gemm_rs", "gemm_ar"):
+    for name in ("ag_gemm", "gemm_rs", "gemm_ar", "ep_moe", "flash_decode"):
         op = f"tilelink::{name}"
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(op, "Autograd")
@@ -469,12 +478,31 @@ def _flash_decode_checks(rank: int, world: int) -> dict:
         "shape": _raises(UsageError, r"k has shape \(3, 24, 2, 16\) but v \(3, 5",
                          lambda: torch.ops.tilelink.flash_decode(q, k, v[:, :5], lens, g)),
     }
-    # prepared batches are built before the call (the op of exactly that batch)
+    errs["prepare"] = _raises(UsageError, "every size must be positive",
+                              lambda: ops.prepare_flash_decode(
+                                  heads=h, kv_heads=0, keys=keys, head_dim=d, batches=[2],
+                                  dtype=torch.float32, group_name=g, device="cpu"))
+    # prepared batches are built before the call (the op of exactly that batch), and a
+    # smaller batch is not padded into a prepared one (that would copy its caches): its own
     ops.prepare_flash_decode(heads=h, kv_heads=hkv, keys=keys, head_dim=d, batches=[2],
                              dtype=torch.float32, group_name=g, device="cpu")
     built = len(plans._OPS)
     two = torch.ops.tilelink.flash_decode(q[:2], k[:2], v[:2], lens[:2], g)
     assert len(plans._OPS) == built and (two - got[:2]).abs().max().item() < 1e-5
+    one = torch.ops.tilelink.flash_decode(q[1:2], k[1:2], v[1:2], lens[1:2], g)
+    assert len(plans._OPS) == built + 1 and (one - got[1:2]).abs().max().item() < 1e-5
+    # bf16 caches: the output is fp32, as the fake says (shape, dtype, strides, device)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    bf = [t.bfloat16() for t in (q, k, v)]
+    real = torch.ops.tilelink.flash_decode(*bf, lens, g)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = torch.ops.tilelink.flash_decode(*(mode.from_tensor(t) for t in bf),
+                                               mode.from_tensor(lens), g)
+    assert (fake.shape, fake.dtype, fake.stride(), fake.device) == \
+        (real.shape, real.dtype, real.stride(), real.device) == \
+        ((b, h, d), torch.float32, (h * d, d, 1), torch.device("cpu"))
+    assert (real - want).abs().max().item() < 5e-2  # (bf16 caches: their rounding)
     return {"err": err, "errs": errs}
 
 
@@ -486,3 +514,5 @@ def test_flash_decode_op_matches_the_unsharded_attention_on_gloo():
     for out in res:
         assert out["err"] < 1e-4
         assert "kv_len is torch.int64" in out["errs"]["lens"]
+        assert "3 query heads do not split into groups of 2 key heads" in out["errs"]["heads"]
+        assert "heads 4 / 0, keys 24, head_dim 16" in out["errs"]["prepare"]

@@ -594,10 +594,11 @@ def prepare_flash_decode(*, heads: int, kv_heads: int, keys: int, head_dim: int,
     `keys`: this rank's slice of each sequence's cache (k.shape[1])."""
     plans.check_dtype(dtype, "prepare(flash_decode)")
     batches = [int(x) for x in batches]
-    if any(x <= 0 for x in batches) or heads % max(kv_heads, 1) or keys <= 0:
+    if any(x <= 0 for x in batches) or min(heads, kv_heads, keys, head_dim) <= 0 or \
+            heads % kv_heads:
         raise UsageError(f"prepare(flash_decode): batches {batches}, heads {heads} / "
-                         f"{kv_heads}, keys {keys}: every batch and the keys must be positive "
-                         "and the query heads a multiple of the key heads")
+                         f"{kv_heads}, keys {keys}, head_dim {head_dim}: every size must be "
+                         "positive and the query heads a multiple of the key heads")
     world_size(group_name)
     plans.prepare_rows(plans.DecodeShape("flash_decode", group_name, heads, kv_heads, keys,
                                          head_dim, dtype, plans.norm_device(device)), batches)

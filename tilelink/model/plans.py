@@ -357,7 +357,9 @@ def lookup(shape: AnyShape, rows: int, step: int = 1,
             f"group {shape.group_name!r}; prepared row counts: {have}) and a CUDA graph is "
             "being captured, where an op cannot be "
             "built (collectives, allocations)",
-            hint="call tilelink.model.prepare(model, tokens=[...]) (or the op's prepare) "
+            hint=(f"call tilelink.model.prepare_{shape.kind}(...) with exactly these rows "
+                  "before the capture (a call runs the op of its own rows)") if exact else
+            "call tilelink.model.prepare(model, tokens=[...]) (or the op's prepare) "
             "with these rows, or more, before the capture")
     return _get(shape, rows, build=True), rows
 
