@@ -230,6 +230,12 @@ def test_past_the_int32_bound_k_and_v_are_indexed_in_64_bits(monkeypatch, capsys
                                                     {"comm": "sm", "block_n": "16"}))
     assert main(_args(GQA, 2, sizes, {"kv_splits": "2"})) == 0
     assert "check: OK" in capsys.readouterr().out
+    # and with per-sequence lengths (the ragged loop's bounds beside the 64-bit offsets)
+    varlen = EXAMPLES / "flash_decode_varlen.tl"
+    assert "b64 * S" in render_triton(make_schedule(_bp(varlen, sizes, 2), get_target("interp"),
+                                                    {"comm": "sm", "block_n": "16"}))
+    assert main(_args(varlen, 2, sizes, {"kv_splits": "2"})) == 0
+    assert "check: OK" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
