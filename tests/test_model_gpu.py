@@ -39,6 +39,16 @@ def _bound(a, b, world):
     return sum_bound(a, b, world, torch.bfloat16) + U16 * (a.float().abs() @ b.float().abs())
 
 
+def _on_gpus(rank_fn, world: int) -> dict:
+    """What `rank_fn(rank, world)` returned, run on `world` GPUs (the test skipped where
+    there are fewer)."""
+    if gpu_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    from tilelink.runtime.launcher import launch_world
+
+    return launch_world(rank_fn, world)
+
+
 def _check(name, got, want, bound, out):
     r = ((got.float() - want.float()).abs() / bound).max().item()
     assert r <= 1, f"{name}: {r:.3g} x the error bound"
@@ -162,11 +172,7 @@ def _gpu_rank(rank: int, world: int) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_model_ops_compile_and_capture_on_gpus(world):
-    if gpu_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    from tilelink.runtime.launcher import launch_world
-
-    out = launch_world(_gpu_rank, world)
+    out = _on_gpus(_gpu_rank, world)
     assert out["built_by_calls"] == 0  # prepare built what the calls and captures ran
     assert "nothing prepared" in out["unprepared"] and "prepare" in out["unprepared"]
     assert len([k for k in out if k.startswith("mlp graph")]) == 6
@@ -304,11 +310,7 @@ def _compiled_ops_rank(rank: int, world: int) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_model_ops_alone_compiled_and_captured_on_gpus(world):
-    if gpu_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    from tilelink.runtime.launcher import launch_world
-
-    out = launch_world(_compiled_ops_rank, world)
+    out = _on_gpus(_compiled_ops_rank, world)
     assert out["built_by_calls"] == 0  # prepare built every op the captures and calls ran
     # 5 ops x 2 row counts x (compiled + 2 replays x 2 modes)
     checked = [k for k in out if k.startswith(("ag", "rs", "ar"))]
@@ -401,11 +403,7 @@ MOE_TOL = 3e-2  # bf16: the expert GEMMs' and the activation's roundings, the co
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ep_moe_eager_compiled_and_captured_on_gpus(world):
-    if gpu_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    from tilelink.runtime.launcher import launch_world
-
-    out = launch_world(_moe_gpu_rank, world)
+    out = _on_gpus(_moe_gpu_rank, world)
     assert out["built E/W=1"] == 0 and out["built E/W=2"] == 0  # prepare built them all
     assert out["dropped E/W=2"] > 0  # the capacity dropped copies
     # per E/W: eager, compiled, 2 x 2 replays, padded, skew
@@ -465,9 +463,5 @@ def _flash_decode_rank(rank: int, world: int) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_flash_decode_op_eager_and_captured_on_gpus(world):
-    if gpu_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs")
-    from tilelink.runtime.launcher import launch_world
-
-    out = launch_world(_flash_decode_rank, world)
+    out = _on_gpus(_flash_decode_rank, world)
     assert set(out) == {"eager", "replay 0", "replay 1"}

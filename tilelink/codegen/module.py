@@ -126,16 +126,13 @@ class ModuleBuilder:
         buffer, whose name no pattern tensor may have). One copy must stay under the kernels'
         int32 bound (`schedule.MAX_ELEMENTS`, as each tensor's per-rank part): a staging
         buffer of W partials is indexed as one (`s * (M * N) + ...`)."""
-        from ..schedule.schedule import MAX_ELEMENTS
+        from ..schedule.schedule import MAX_ELEMENTS, past_int32
 
-        n = 1
-        for d in shape:
-            n *= d
-        if n >= MAX_ELEMENTS:
+        if past_int32(shape):
             from ..errors import ConfigError
 
             raise ConfigError(
-                f"the kernel's symmetric buffer '{name}' holds {n} elements a copy "
+                f"the kernel's symmetric buffer '{name}' holds {numel(shape)} elements a copy "
                 f"({' x '.join(map(str, shape))}); the overlapped kernels index with int32 "
                 f"offsets and take fewer than {MAX_ELEMENTS} (2**30)", self.bp.pattern.loc,
                 hint="use --config comm=none (NCCL + cuBLAS) or split the problem")

@@ -45,10 +45,16 @@ REDUCE_OPS = ("sum", "avg")
 
 # ---- checks shared by the real and the fake implementations ------------------------------
 
-def _check_tensor(t, name: str, op: str) -> None:
+def _refuse(t, name: str, op: str) -> None:
+    """TileLinkError where `t` is no tensor an op takes (`refuse_tensor`: nested, sparse,
+    requires grad, ...)."""
     refused = refuse_tensor(t, name)
     if refused:
         raise TileLinkError(f"tilelink.{op}: {name} {refused[0]}", hint=refused[1])
+
+
+def _check_tensor(t, name: str, op: str) -> None:
+    _refuse(t, name, op)
     plans.check_dtype(t.dtype, f"tilelink.{op}: {name}")
 
 
@@ -375,9 +381,7 @@ def _check_ep(x, expert_ids, weights, w_gate, w_up, w_down, capacity, group_name
     if x.shape[:-1].numel() == 0:
         raise UsageError("tilelink.ep_moe: x has no tokens", hint="call the layer with at "
                          "least one token on every rank")
-    refused = refuse_tensor(expert_ids, "expert_ids")
-    if refused:
-        raise TileLinkError(f"tilelink.ep_moe: expert_ids {refused[0]}", hint=refused[1])
+    _refuse(expert_ids, "expert_ids", op)
     if expert_ids.dtype not in (torch.int32, torch.int64):
         raise UsageError(f"tilelink.ep_moe: expert_ids is {expert_ids.dtype}; it holds expert "
                          "numbers", hint="pass torch.topk's indices (int64) or int32")
@@ -534,9 +538,7 @@ def _check_fd(q, k, v, kv_len, group_name) -> int:
     if b == 0 or k.shape[1] == 0:
         raise UsageError("tilelink.flash_decode: an empty batch or cache slice",
                          hint="call with at least one sequence and one key a rank")
-    refused = refuse_tensor(kv_len, "kv_len")
-    if refused:
-        raise TileLinkError(f"tilelink.flash_decode: kv_len {refused[0]}", hint=refused[1])
+    _refuse(kv_len, "kv_len", op)
     if kv_len.dtype != torch.int32 or tuple(kv_len.shape) != (b,) or \
             kv_len.device != q.device:
         raise UsageError(f"tilelink.flash_decode: kv_len is {kv_len.dtype} "

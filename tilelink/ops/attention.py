@@ -706,12 +706,9 @@ SPLIT_PROGRAM_GBS_ON = {"H200": {"one": 20.0, "group": 33.0}}
 
 def _wide_kv(site) -> bool:
     """Whether this rank's K (and V, of its shape) reach the kernels' int32 bound."""
-    from ..schedule.schedule import MAX_ELEMENTS
+    from ..schedule.schedule import past_int32
 
-    n = 1
-    for d in site.tensor(site.op.args[1]).local_shape:
-        n *= d
-    return n >= MAX_ELEMENTS
+    return past_int32(site.tensor(site.op.args[1]).local_shape)
 
 
 class AttentionPartialTiles(_DecodeTiles):
@@ -1002,8 +999,9 @@ class AttentionPartialTiles(_DecodeTiles):
     def work(self, site) -> Work:
         """The kernel's items on the persistent programs: as many programs work at once as
         the busiest one's items leave busy on average (items / its items), each streaming at
-        the rate measured for it on the GPU (`SPLIT_PROGRAM_GBS`, `_ON`: below torch's SDPA over the same
-        keys, so the model keeps the plan where the kernel has nothing to overlap); the
+        the rate measured for it on the GPU (`SPLIT_PROGRAM_GBS`, `SPLIT_PROGRAM_GBS_ON`:
+        below torch's SDPA over the same keys, so the model keeps the plan where the kernel
+        has nothing to overlap); the
         splits' partials are written and read back once. With kv_len it still counts every
         key of every sequence (the lengths are known only on the device): a ragged batch
         runs faster than it says."""

@@ -16,6 +16,7 @@ the pattern's ops (`lowering.py`), each in its op family's module (`tilelink.ops
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError, NotSupportedError, TileLinkError
@@ -193,11 +194,16 @@ def default_space(target: Target) -> ConfigSpace:
                        warp_specialized=target.name == "cuda:90", target=target)
 
 
+def _op_sites(bp: BoundPattern, cfg: Config, target: Target):
+    """(site, lowering) of every op of `bp` under `cfg`."""
+    sites = op_sites(bp, cfg, target)
+    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
+
+
 def _comm_sites(bp: BoundPattern, cfg: Config, target: Target):
     """(site, lowering) of every collective of `bp` under `cfg`."""
-    sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops
-            if spec(op.kind).category == "comm"]
+    return [(site, lw) for site, lw in _op_sites(bp, cfg, target)
+            if spec(site.op.kind).category == "comm"]
 
 
 def _default_resource(bp: BoundPattern, base: Config, target: Target) -> str:
@@ -209,12 +215,6 @@ def _default_resource(bp: BoundPattern, base: Config, target: Target) -> str:
                      for site, lw in comms):
         return "copy_engine"
     return "sm"
-
-
-def _op_sites(bp: BoundPattern, cfg: Config, target: Target):
-    """(site, lowering) of every op of `bp` under `cfg`."""
-    sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
 
 
 def _never_default(bp: BoundPattern, cfg: Config, target: Target) -> bool:
@@ -695,7 +695,13 @@ def _drop_inherited(cfg: Config, overrides: dict[str, str], bp: BoundPattern,
 MAX_ELEMENTS = 2**30
 
 
-def _check_int32_offsets(bp: BoundPattern, sites: dict | None = None) -> None:
+def past_int32(shape) -> bool:
+    """Whether a buffer of `shape` (a tensor's per-rank part, or one copy of a staging buffer)
+    holds the kernels' int32 bound of elements or more."""
+    return math.prod(shape) >= MAX_ELEMENTS
+
+
+def _check_int32_offsets(bp: BoundPattern, sites: dict) -> None:
     """Refuse sizes whose element offsets would wrap the kernels' int32 arithmetic (a silent
     out-of-bounds access otherwise). A kernel indexes only its own rank's buffers, so the
     bound is on each tensor's per-rank part (`local_shape`: a shard, or the whole of a
@@ -705,10 +711,8 @@ def _check_int32_offsets(bp: BoundPattern, sites: dict | None = None) -> None:
     bounded. Cheap: `make_schedule` runs it before deriving the plan (which takes time in
     proportion to the tiles), located at the tensor's declaration."""
     for name, t in bp.tensors.items():
-        n = 1
-        for d in t.local_shape:
-            n *= d
-        if n >= MAX_ELEMENTS and not _indexed_wide(bp, name, sites):
+        if past_int32(t.local_shape) and not _indexed_wide(bp, name, sites):
+            n = math.prod(t.local_shape)
             sharded = tuple(t.local_shape) != tuple(t.shape)
             whole = f" of {' x '.join(map(str, t.shape))} in all" if sharded else ""
             raise ConfigError(f"tensor '{name}' has {n} elements a rank "
@@ -721,11 +725,11 @@ def _check_int32_offsets(bp: BoundPattern, sites: dict | None = None) -> None:
                                    + " or split the problem")
 
 
-def _indexed_wide(bp: BoundPattern, name: str, sites: dict | None) -> bool:
+def _indexed_wide(bp: BoundPattern, name: str, sites: dict) -> bool:
     """Whether every op reading or writing tensor `name` has a lowering (at `sites`) that
     indexes it with 64-bit offsets."""
     touching = [op for op in bp.ops if name in op.args or op.result == name]
-    if not sites or not touching:
+    if not touching:
         return False
     for op in touching:
         site = sites.get(op.result)
