@@ -442,22 +442,33 @@ def _flash_decode_rank(rank: int, world: int) -> dict:
                 want[i] = torch.einsum("hn,nhd->hd", p, vv)
         return want
 
+    def err(got, want):
+        # the largest error in units of bf16's tolerance (rtol 2^-7 beside atol 1e-3):
+        # rounding the exact output to bf16 alone reaches ~0.5 of it, the kernel's bf16
+        # products of P and V a little more; a short row's outputs are ~1-3 (a few keys'
+        # values) where a long row's are ~0.1, so one absolute bound is either loose there
+        # or fails on rounding here. Leaving out any one key of rows of 2..2,000 keys moves
+        # the output 2.6-2,500 units (these shapes, drawn on the CPU).
+        return ((got.float() - want).abs() / (1e-3 + 2**-7 * want.abs())).max().item()
+
     out = {}
     prepare_flash_decode(heads=h, kv_heads=hkv, keys=keys, head_dim=d, batches=[b],
                          dtype=torch.bfloat16, group_name=g, device=dev)
     lens = torch.tensor([1, keys // 2, keys * world, 0], dtype=torch.int32, device=dev)
     got = torch.ops.tilelink.flash_decode(q, k, v, lens, g)
-    out["eager"] = (got - reference(lens)).abs().max().item()
-    # (fp32 arithmetic on bf16 values: the kernel's bf16 products of P and V round at most
-    # ~2^-8 of each row's output, whose entries are below ~0.1 for these lengths)
-    assert out["eager"] < 2e-3, out
+    want = reference(lens)
+    out["eager"] = err(got, want)
+    assert out["eager"] < 1, out
+    # the bound would see a dropped key: the last key of each row left out is > 1 unit away
+    short = reference(lens - 1)
+    assert all(err(short[i], want[i]) > 1 for i in range(b) if lens[i] > 0), out
     static = lens.clone()
     graph, replayed = capture_call(lambda: torch.ops.tilelink.flash_decode(q, k, v, static, g))
     for step, new in enumerate(([keys * world - 3, 7, keys + 1, keys], [0, 0, 1, 2])):
         static.copy_(torch.tensor(new, dtype=torch.int32, device=dev))
         graph.replay()
-        out[f"replay {step}"] = (replayed - reference(static.cpu())).abs().max().item()
-        assert out[f"replay {step}"] < 2e-3, out
+        out[f"replay {step}"] = err(replayed, reference(static.cpu()))
+        assert out[f"replay {step}"] < 1, out
     return out
 
 
