@@ -186,10 +186,11 @@ NOT_YET_RUN: dict = {}
 # (some past CAP), back to back with delays and as CUDA-graph replays mixed with eager calls;
 # and the layer at T = 4,096 tokens, top-8, hidden 7168 (64 blocks a rank; CAP = 10,240
 # takes 1.25x the uniform share at W = 4, drops copies at W = 2, and keeps recv under the
-# kernels' 2**30 elements at W = 8)
+# kernels' 2**30 elements at W = 8). Passed at W = 2 on 4x H100 (2026-11-27, d1d9b5e) and at
+# W = 4 on 4x H200 (2026-11-28, 5105a86).
 EP_ROUTED = str(EXAMPLES / "ep_moe_routed.tl")
 EP_ROUTED_SIZES = {"T": "1000", "TOPK": "4", "H": "520", "CAP": "1000"}
-NOT_YET_RUN |= {
+CASES |= {
     "ep_routed_sm_100_delays": RunSpec(EP_ROUTED, EP_ROUTED_SIZES, {"comm": "sm"}, calls=100,
                                        delays=True, seed=80),
     "ep_routed_sm_graph_mixed": RunSpec(EP_ROUTED, EP_ROUTED_SIZES, {"comm": "sm"}, calls=20,
