@@ -439,14 +439,15 @@ class AllGatherCopyEngine(_Gather):
 
     def captured_overrides(self, site) -> dict | None:
         """Calls captured in a CUDA graph take the flag protocol (capturable=1) where it was
-        measured to beat NCCL + cuBLAS replayed: W = 2, >= 512 rows and >= 16 GFLOP per rank
-        of a GEMM these rows feed."""
+        measured to beat the library plans replayed: W = 2 with >= 512 rows a rank, W = 4
+        on H200 with >= 2,048, and >= 16 GFLOP per rank of a GEMM these rows feed."""
         gemm = _feeds_gemm_rows(site)
-        if gemm is None or site.bp.world != 2 or site.is_output:
+        least = _captured_min_rows(site)
+        if gemm is None or least is None or site.is_output:
             return None  # (measured for the gathered rows feeding the GEMM alone)
         a, b = (site.bp.tensors[x].local_shape for x in gemm.args)
         rows = site.tensor(site.op.args[0]).local_shape[0]
-        if rows < CAPTURED_MIN_ROWS or 2.0 * a[0] * a[1] * b[1] < CAPTURED_MIN_FLOPS:
+        if rows < least or 2.0 * a[0] * a[1] * b[1] < CAPTURED_MIN_FLOPS:
             return None
         return {"capturable": "1"}
 
@@ -518,9 +519,25 @@ class AllGatherCopyEngine(_Gather):
 #: 0.055 vs 0.064; 2048x4096x4096 0.069 vs 0.102. Where it does not: 512x8192x8192 0.086 vs
 #: 0.086 (256 rows per rank); 256x8192x8192 0.079 vs 0.066; 1024x1024x512 (0.5 GFLOP) 0.028 vs
 #: 0.018: with few rows per rank the peers' tiles wait for their rows in the one wave there is,
-#: and tiny GEMMs are launch-bound. Unmeasured elsewhere (W = 4 and 8): not taken there.
-CAPTURED_MIN_ROWS = 512
+#: and tiny GEMMs are launch-bound. At W = 4 (4x H200, replays, against torch async-TP
+#: replayed): 8192x8192x8192 0.405 vs 0.426, 8192x28672x8192 1.489 vs 1.581, 8192x49152x12288
+#: 3.712 vs 3.776 (2,048 rows per rank; the SM kernel 3.875 there); 2048x28672x8192 0.422 vs
+#: 0.384 (512 rows per rank): at W = 4 a rank's own rows are a quarter of the tiles'
+#: first wave, so it takes 2,048 rows. Unmeasured at W = 4 on other GPUs (on H100 the SM
+#: kernel replayed measured 1.428 / 3.654 ms on the first two), at W = 3 and >= 5: not taken
+#: there. (world size, the device it was measured on or None for any) -> rows a rank.
+CAPTURED_MIN_ROWS = {(2, None): 512, (4, "H200"): 2048}
 CAPTURED_MIN_FLOPS = 16e9
+
+
+def _captured_min_rows(site) -> int | None:
+    """The fewest rows a rank for which captured calls take the flag protocol at this world
+    size and device (`CAPTURED_MIN_ROWS`); None: not measured there."""
+    device = (site.target.device or "").upper()
+    for (world, gpu), rows in CAPTURED_MIN_ROWS.items():
+        if world == site.bp.world and (gpu is None or gpu in device):
+            return rows
+    return None
 
 
 def _pow2_at_most(x: int) -> int:

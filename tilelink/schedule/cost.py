@@ -165,6 +165,11 @@ class DeviceSpec:
 H200 = DeviceSpec(
     name="NVIDIA H200", num_sms=132, peak_tflops=790.0, hbm_gbs=4800.0, gemm_eff=0.9,
     ridge=80.0,
+    # torch async-TP's row chunks on H200 (2026-11-28, 4x H200, the never-slower matrix at
+    # W = 2: its GEMM-RS at K = 28672 2.935 / 0.701-0.762 ms at M = 8192 / 2048 against
+    # cuBLAS alone 2.876 / 0.686-0.695, its AG-GEMM 1.03x cuBLAS alone): ~0.95 of the whole
+    # GEMM's rate where the H100 fit 0.92 (at 0.92 the W = 2 replays took NCCL, 5-9% slower)
+    fused_gemm_eff=0.95,
     ce_gbs=((16 * MB, 315.0), (64 * MB, 352.0), (256 * MB, 362.0)),
     nccl_gbs=((16 * MB, 171.0), (64 * MB, 216.0), (256 * MB, 238.0)),
     sm_copy_gbs={

@@ -82,7 +82,12 @@ def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=T
     e = w.shape[0]
     flat = ids.reshape(-1).long()
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-    if flat.numel() and not capturing and (int(flat.min()) < 0 or int(flat.max()) >= e):
+    if flat.numel() and x.is_cuda and not exact:
+        # the plan on a GPU checks on the device: a host read of the range would make every
+        # call wait for the previous one (a device assert stops the process, naming this)
+        torch._assert_async(((flat >= 0) & (flat < e)).all(),
+                            f"grouped_gemm expert choices must lie in [0, {e})")
+    elif flat.numel() and not capturing and (int(flat.min()) < 0 or int(flat.max()) >= e):
         raise RuntimeCheckError(f"grouped_gemm expert choices must lie in [0, {e}) (E = {e} "
                                 f"experts); got {int(flat.min())} .. {int(flat.max())}",
                                 hint=f"pass ids with values 0 .. {e - 1}")
