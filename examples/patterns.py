@@ -293,6 +293,15 @@ def ep_dispatch_combine(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
 
 
 @tk.pattern
+def grouped_gemm(T=256, K=128, N=256, E=8, TOPK=2, dtype="bf16"):
+    x = tk.input((T, K), dtype)
+    w = tk.input((E, K, N), dtype)
+    ids = tk.input((T, TOPK), "int32")
+    y = tk.grouped_gemm(x, w, ids)
+    return y
+
+
+@tk.pattern
 def attention(S=512, H=8, HKV=8, D=64, dtype="bf16"):
     q = tk.input((S, H, D), dtype)
     k = tk.input((S, HKV, D), dtype)

@@ -16,7 +16,7 @@ TEXT_EXAMPLES = sorted(p.stem for p in EXAMPLES.glob("*.tl"))
 PLAN_ONLY = ("ep_moe",)
 # examples with no collective (a kernel's tile body alone, for `tilelink bench -W 1`): their
 # plans have no dependency
-NO_COLLECTIVE = ("attention",)
+NO_COLLECTIVE = ("attention", "grouped_gemm")
 # examples whose ops have lowerings that refuse this pattern (a grouped GEMM feeding a
 # collective): the non-overlapped plan runs them too -> what the refusal names
 REFUSED: dict[str, str] = {}
