@@ -188,6 +188,21 @@ def test_ag_moe_matches_reference_under_skewed_routings(world, topk):
     _run_moe(world, sizes, ["hot", "sparse", "one_source", "random"])
 
 
+# group_m > 1 walks several tiles' column blocks together (program t's tile and column
+# block come from the grouped order over the call's tile count, which the routing sets): each
+# (tile, column block) is still computed once, also where the last group is short
+@pytest.mark.parametrize("world,pattern", [(2, AG_MOE), (3, MOE_RS)])
+def test_grouped_tile_order_matches_reference_under_skewed_routings(world, pattern):
+    sizes = {"T": 20 * world, "K": 16 * world, "N": 48 * world, "E": 4, "TOPK": 2}
+    cfg = TILES | {"group_m": "4"}
+    src = render_triton(make_schedule(pattern, world, sizes, cfg, "interp"))
+    assert "group_tiles = tl.minimum(num_tiles - first, GROUP_M)" in src
+    one = TILES | {"group_m": "1"}  # (the default on GPUs; the emulated world's is 8)
+    assert "GROUP_M" not in render_triton(make_schedule(pattern, world, sizes, one, "interp"))
+    _run_moe(world, sizes, ["hot", "sparse", "all_one", "random"], cfg=cfg, seed=world,
+             pattern=pattern)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world,topk", [(2, 8), (4, 2)])
 def test_ag_moe_matches_reference_at_more_ranks_and_top_8(world, topk):

@@ -34,7 +34,11 @@ from .tl import ROWS_AXIS, grouped_work
               given=("x : [T, K] bf16", "w : [E, K, N] bf16", "ids : [T, TOPK] int32"),
               sizes="T = 64, K = 32, N = 48, E = 4, TOPK = 2",
               notes="The kernel sorts the rows by expert on the device every call (a "
-                    "prepare step) and gives each tile block_m rows of one expert; after an "
+                    "prepare step) and gives each tile block_m rows of one expert; its "
+                    "programs walk a tile's column blocks before the next tile's on GPUs "
+                    "(`group_m=1`), and `--config group_m=G` walks G tiles' column blocks "
+                    "together, so up to G tiles read each block of an expert's weights "
+                    "from L2 (not yet measured on a GPU); after an "
                     "all_gather a tile waits only on the chunks holding its tokens (`--emit "
                     "plan` shows this dynamic range). Followed by topk_sum and a "
                     "reduce_scatter of the token rows (MoE's second GEMM), the kernel combines "

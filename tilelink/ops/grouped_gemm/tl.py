@@ -83,7 +83,7 @@ class GroupedGemmTriton(Lowering):
 
     kind = "grouped_gemm"
     name = "grouped_gemm/triton"
-    knobs = ("num_programs", "block_m", "block_n", "block_k", "stages", "warps")
+    knobs = ("num_programs", "block_m", "block_n", "block_k", "stages", "warps", "group_m")
     names = {"rank": ("me", "me + 1"), ROWS_AXIS: ("token_lo", "token_hi"),
              "n": ("col_lo", "col_hi")}
 
@@ -113,6 +113,13 @@ class GroupedGemmTriton(Lowering):
                        "yet (the non-overlapped plan runs it)")
         return out
 
+    def defaults(self, site) -> dict:
+        """Tiles in table order, every column block of one tile before the next tile's
+        (group_m=1): the order measured so far. `--config group_m=G` walks G tiles' column
+        blocks together (the dense GEMM's grouped order: each block of an expert's weights
+        is read by up to G tiles at once, from L2), not yet measured on a GPU."""
+        return {"group_m": "1"}
+
     def steps(self, site) -> list[Step]:
         return [Step("tiles", site.op, self, "grouped GEMM tiles (block_m rows of one expert, "
                      "gathered through the routing order, scattered to t * topk + j)" + (
@@ -138,7 +145,8 @@ class GroupedGemmTriton(Lowering):
         s = sizes(mb.bp, site.op)
         cfg = mb.config
         for name, value in (("BM", cfg.block_m), ("BN", cfg.block_n), ("BK", cfg.block_k),
-                            ("STAGES", cfg.stages)):
+                            ("STAGES", cfg.stages)) + ((("GROUP_M", cfg.group_m),)
+                                                       if cfg.group_m > 1 else ()):
             mb.const(name, value, "GEMM tiles (the schedule's config)")
         t = tables(site.op)
         slots = max_tiles(s["C"], s["E"], cfg.block_m)
@@ -210,7 +218,8 @@ class GroupedGemmTriton(Lowering):
         for local in ("N", "K", "TOPK"):
             kb.const(local, f"{p}_{local}", s[local], f"grouped_gemm {op.result}: "
                      f"[T, K] x [E, K, N] -> [T * TOPK, N] on this rank")
-        for c in ("BM", "BN", "BK", "STAGES"):
+        grouped = mb.config.group_m > 1
+        for c in ("BM", "BN", "BK", "STAGES") + (("GROUP_M",) if grouped else ()):
             kb.const(c)
         kb.warps = mb.config.warps
         dtype = site.result.dtype
@@ -219,9 +228,15 @@ class GroupedGemmTriton(Lowering):
         tok = "tld.consume_token({}, tok)" if waits else "{}"
         cols = len(TILE_COLUMNS)
         k_loop = ("range(0, K, BK)" if interp else "tl.range(0, K, BK, num_stages=STAGES)")
-        body = [
-            "item = t // num_n",
-            "pid_n = t % num_n",
+        order = [
+            "# GROUP_M tiles' column blocks together: an expert's weights are read from L2",
+            "group = t // (GROUP_M * num_n)",
+            "first = group * GROUP_M",
+            "group_tiles = tl.minimum(num_tiles - first, GROUP_M)",
+            "item = first + (t % (GROUP_M * num_n)) % group_tiles",
+            "pid_n = (t % (GROUP_M * num_n)) // group_tiles",
+        ] if grouped else ["item = t // num_n", "pid_n = t % num_n"]
+        body = order + [
             f"expert = tl.load({tab['tiles']} + item * {cols}).to(tl.int64)",
             f"row0 = tl.load({tab['tiles']} + item * {cols} + 1)",
             f"rows = tl.load({tab['tiles']} + item * {cols} + 2)",
@@ -264,9 +279,11 @@ class GroupedGemmTriton(Lowering):
                 prologue += lw.prologue(kb, hs)
                 body += lw.epilogue(kb, hs, tile)
         first = f"pid - {step.first}" if step.first else "pid"
+        count = ([f"num_tiles = tl.load({tab['ntiles']})", "items = num_tiles * num_n"]
+                 if grouped else [f"items = tl.load({tab['ntiles']}) * num_n"])
         return prologue + ["num_n = (N + BN - 1) // BN",
                 "# the tiles this call's routing takes (surplus programs have none)",
-                f"items = tl.load({tab['ntiles']}) * num_n",
+                *count,
                 f"for t in range({first}, items, {step.count}):"] + ["    " + x if x else x
                                                                        for x in body]
 
