@@ -605,6 +605,19 @@ def test_the_default_is_within_5_percent_of_the_fastest_plan_measured_on_h200(ca
     _default_within(_bp(name, w, M=m, N=n, K=k), measured, 1.05, graph, "NVIDIA H200")
 
 
+def test_an_eager_fused_library_call_near_host_bound_does_not_win_a_tie():
+    # W = 2 GEMM-RS 2048 x 8192 x 28672 on H200, eager (2026-11-28): the copy engine 0.757 ms,
+    # async-TP 0.762, NCCL + cuBLAS 0.781. The model puts async-TP within the margin of the
+    # copy engine (0.743 against 0.726) with 0.56 ms of host: the kernel is taken
+    from tilelink.schedule.cost import runs_fused_library
+
+    bp, t = _bp("gemm_rs", 2, M=2048, N=8192, K=28672), _target("NVIDIA H200")
+    chosen, why = default_config(bp, t)
+    assert chosen.comm == "copy_engine", why
+    replayed, _ = default_config(bp, t, graph=True)  # (replays have no host work: async-TP)
+    assert replayed.comm == "none" and runs_fused_library(bp, replayed)
+
+
 @pytest.mark.parametrize("case", H100_MATRIX,
                          ids=lambda c: "-".join(map(str, c[:5])) + ("-graph" if c[5] else ""))
 def test_the_default_is_within_5_percent_of_the_fastest_plan_measured_on_h100(case):

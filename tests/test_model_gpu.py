@@ -434,7 +434,7 @@ def _flash_decode_rank(rank: int, world: int) -> dict:
     def reference(lens):
         want = torch.zeros(b, h, d, device=dev)
         for i in range(b):
-            n = int(lens[i])
+            n = max(int(lens[i]), 0)
             if n:
                 kk = K[i, :n].float().repeat_interleave(h // hkv, dim=1)
                 vv = V[i, :n].float().repeat_interleave(h // hkv, dim=1)
@@ -459,7 +459,7 @@ def _flash_decode_rank(rank: int, world: int) -> dict:
     want = reference(lens)
     out["eager"] = err(got, want)
     assert out["eager"] < 1, out
-    # the bound sees a dropped key: each row of up to a rank's keys without its last one
+    # the bound sees a dropped key: each sequence of up to a rank's keys without its last one
     short = reference(lens - 1)
     assert all(err(short[i], want[i]) > 1 for i in range(b) if 0 < lens[i] <= keys), out
     static = lens.clone()

@@ -188,19 +188,28 @@ def test_ag_moe_matches_reference_under_skewed_routings(world, topk):
     _run_moe(world, sizes, ["hot", "sparse", "one_source", "random"])
 
 
-# group_m > 1 walks several tiles' column blocks together (program t's tile and column
+# tile_group > 1 walks several tiles' column blocks together (program t's tile and column
 # block come from the grouped order over the call's tile count, which the routing sets): each
 # (tile, column block) is still computed once, also where the last group is short
 @pytest.mark.parametrize("world,pattern", [(2, AG_MOE), (3, MOE_RS)])
 def test_grouped_tile_order_matches_reference_under_skewed_routings(world, pattern):
     sizes = {"T": 20 * world, "K": 16 * world, "N": 48 * world, "E": 4, "TOPK": 2}
-    cfg = TILES | {"group_m": "4"}
+    cfg = TILES | {"tile_group": "4"}
     src = render_triton(make_schedule(pattern, world, sizes, cfg, "interp"))
-    assert "group_tiles = tl.minimum(num_tiles - first, GROUP_M)" in src
-    one = TILES | {"group_m": "1"}  # (the default on GPUs; the emulated world's is 8)
-    assert "GROUP_M" not in render_triton(make_schedule(pattern, world, sizes, one, "interp"))
+    assert "group_tiles = tl.minimum(num_tiles - first, TILE_GROUP)" in src
+    assert "TILE_GROUP" not in render_triton(make_schedule(pattern, world, sizes, TILES,
+                                                           "interp"))  # the default: 1
     _run_moe(world, sizes, ["hot", "sparse", "all_one", "random"], cfg=cfg, seed=world,
              pattern=pattern)
+
+
+def test_the_tuner_crosses_the_grouped_tile_order():
+    from tilelink.schedule import get_target
+    from tilelink.tune.space import candidates
+
+    bp = AG_MOE.bind({"T": 8192, "K": 4096, "N": 14336, "E": 8, "TOPK": 2}, 2)
+    orders = {c.value("tile_group") for c in candidates(bp, get_target("cuda:90"))}
+    assert orders == {1, 8}
 
 
 @pytest.mark.slow

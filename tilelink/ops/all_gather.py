@@ -523,21 +523,23 @@ class AllGatherCopyEngine(_Gather):
 #: replayed): 8192x8192x8192 0.405 vs 0.426, 8192x28672x8192 1.489 vs 1.581, 8192x49152x12288
 #: 3.712 vs 3.776 (2,048 rows per rank; the SM kernel 3.875 there); 2048x28672x8192 0.422 vs
 #: 0.384 (512 rows per rank): at W = 4 a rank's own rows are a quarter of the tiles'
-#: first wave, so it takes 2,048 rows. Unmeasured at W = 4 on other GPUs (on H100 the SM
-#: kernel replayed measured 1.428 / 3.654 ms on the first two), at W = 3 and >= 5: not taken
-#: there. (world size, the device it was measured on or None for any) -> rows a rank.
-CAPTURED_MIN_ROWS = {(2, None): 512, (4, "H200"): 2048}
+#: first wave, so it takes 2,048 rows. Unmeasured at W = 4 on other GPUs (on 4x H100 the SM
+#: kernel replayed measured 1.428 / 3.654 ms at 8192x28672x8192 / 8192x49152x12288), at W = 3
+#: and >= 5: not taken there. (world size, the cost model's device row or None for any) ->
+#: rows a rank; a device's own entry before the one for any device.
+CAPTURED_MIN_ROWS = {(2, None): 512, (4, "NVIDIA H200"): 2048}
 CAPTURED_MIN_FLOPS = 16e9
 
 
 def _captured_min_rows(site) -> int | None:
     """The fewest rows a rank for which captured calls take the flag protocol at this world
-    size and device (`CAPTURED_MIN_ROWS`); None: not measured there."""
-    device = (site.target.device or "").upper()
-    for (world, gpu), rows in CAPTURED_MIN_ROWS.items():
-        if world == site.bp.world and (gpu is None or gpu in device):
-            return rows
-    return None
+    size and device (`CAPTURED_MIN_ROWS`, the device as the cost model names its row); None:
+    not measured there."""
+    from ..schedule.cost import device_spec
+
+    device = device_spec(site.target.device).name
+    rows = {gpu: n for (world, gpu), n in CAPTURED_MIN_ROWS.items() if world == site.bp.world}
+    return rows.get(device, rows.get(None))
 
 
 def _pow2_at_most(x: int) -> int:

@@ -168,7 +168,8 @@ H200 = DeviceSpec(
     # torch async-TP's row chunks on H200 (2026-11-28, 4x H200, the never-slower matrix at
     # W = 2: its GEMM-RS at K = 28672 2.935 / 0.701-0.762 ms at M = 8192 / 2048 against
     # cuBLAS alone 2.876 / 0.686-0.695, its AG-GEMM 1.03x cuBLAS alone): ~0.95 of the whole
-    # GEMM's rate where the H100 fit 0.92 (at 0.92 the W = 2 replays took NCCL, 5-9% slower)
+    # GEMM's rate where the H100 fit 0.92 (at 0.92 the W = 2 replays took TileLink's NCCL
+    # plan, which measured 0.4-1% slower than async-TP at M = 8192 and 12% at M = 2048)
     fused_gemm_eff=0.95,
     ce_gbs=((16 * MB, 315.0), (64 * MB, 352.0), (256 * MB, 362.0)),
     nccl_gbs=((16 * MB, 171.0), (64 * MB, 216.0), (256 * MB, 238.0)),
@@ -513,6 +514,12 @@ def library_ms(dev: DeviceSpec, bp: BoundPattern, op, library_comm: str) -> floa
     nbytes = library_moved_bytes(bp, op, name)
     staged = library_staged_bytes(bp, op, library_comm)  # (its device-local copies)
     return lat_us * 1e-3 + nbytes / (gbs * 1e9) * 1e3 + staged / (dev.hbm_gbs * 1e9) * 1e3
+
+
+def runs_fused_library(bp: BoundPattern, cfg: Config) -> bool:
+    """Whether the non-overlapped plan `cfg` runs a collective as a fused pipelined library
+    call (torch async-TP), whose eager host time varies widely from run to run."""
+    return bool(_fused_ops(bp, cfg))
 
 
 def _fused_ops(bp: BoundPattern, cfg: Config) -> list:

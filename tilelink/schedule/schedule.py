@@ -495,7 +495,7 @@ def _decide(bp: BoundPattern, target: Target, overlapped: Config, graph: bool,
     non-overlapped plan where that one is not predicted to win by OVERLAP_MARGIN (with why,
     both estimates in it). For calls captured in a CUDA graph (`graph`) the overlapped
     candidates are ones that can be captured."""
-    from .cost import OVERLAP_MARGIN
+    from .cost import OVERLAP_MARGIN, runs_fused_library
 
     if target.backend == "interp":
         return overlapped, None
@@ -511,6 +511,13 @@ def _decide(bp: BoundPattern, target: Target, overlapped: Config, graph: bool,
         return overlapped, None
     over, (fb, fb_est), dev = cmp
     if over.total * (1 + OVERLAP_MARGIN) < fb_est.total:
+        return overlapped, None
+    if not graph and runs_fused_library(bp, fb) and over.total <= fb_est.total and \
+            fb_est.host >= HOST_BOUND_SHARE * fb_est.gpu and over.host < fb_est.host:
+        # within the margin, an eager fused library call whose host work is near its GPU
+        # time may be host-bound on a slower host (torch async-TP: 0.23-0.54 ms of host a
+        # call at W = 2 where the GPU needed 0.13-0.42, varying from run to run): the kernel
+        # predicted no slower, with less host work, is taken
         return overlapped, None
     mode = "CUDA-graph replays" if graph else "eager calls"
     why = (f"non-overlapped plan chosen (library_comm={fb.library_comm}): the cost model "

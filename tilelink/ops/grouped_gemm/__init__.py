@@ -35,10 +35,10 @@ from .tl import ROWS_AXIS, grouped_work
               sizes="T = 64, K = 32, N = 48, E = 4, TOPK = 2",
               notes="The kernel sorts the rows by expert on the device every call (a "
                     "prepare step) and gives each tile block_m rows of one expert; its "
-                    "programs walk a tile's column blocks before the next tile's on GPUs "
-                    "(`group_m=1`), and `--config group_m=G` walks G tiles' column blocks "
-                    "together, so up to G tiles read each block of an expert's weights "
-                    "from L2 (not yet measured on a GPU); after an "
+                    "programs walk a tile's column blocks before the next tile's, and "
+                    "`--config tile_group=G` walks G tiles' column blocks together, so up to "
+                    "G tiles read each block of their experts' weights from L2 (not yet "
+                    "measured on a GPU); after an "
                     "all_gather a tile waits only on the chunks holding its tokens (`--emit "
                     "plan` shows this dynamic range). Followed by topk_sum and a "
                     "reduce_scatter of the token rows (MoE's second GEMM), the kernel combines "
@@ -86,9 +86,12 @@ def _experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dtype, exact=T
     e = w.shape[0]
     flat = ids.reshape(-1).long()
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-    if flat.numel() and x.is_cuda and not exact:
-        # the plan on a GPU checks on the device: a host read of the range would make every
-        # call wait for the previous one (a device assert stops the process, naming this)
+    on_device = x.is_cuda and not exact and grouped_mm_applies(x, w)
+    if flat.numel() and on_device:
+        # torch._grouped_mm's plan reads nothing on the host: a host read of the range here
+        # made every call wait for the one before (8-27% of the chain's time on H200), so it
+        # is checked on the device. A choice out of range stops the process with CUDA's
+        # device-side assert (CUDA drops the message), as torch's own indexing does.
         torch._assert_async(((flat >= 0) & (flat < e)).all(),
                             f"grouped_gemm expert choices must lie in [0, {e})")
     elif flat.numel() and not capturing and (int(flat.min()) < 0 or int(flat.max()) >= e):

@@ -20,6 +20,7 @@ from ...codegen.module import TL_DTYPES, TileOut, ident
 from ...codegen.tiles import operand_waits
 from ...ir import spec
 from ...ir.tensor import DTYPE_BYTES
+from ...schedule.knobs import Knob, register_knob
 from ...schedule.lowering import Lowering, Prepare, Step, Work, register_lowering
 from ..gemm.tl import GemmTriton, dot_step
 from .routing import (TILE_COLUMNS, max_tiles, route_kernel_consts, route_kernel_names,
@@ -83,7 +84,7 @@ class GroupedGemmTriton(Lowering):
 
     kind = "grouped_gemm"
     name = "grouped_gemm/triton"
-    knobs = ("num_programs", "block_m", "block_n", "block_k", "stages", "warps", "group_m")
+    knobs = ("num_programs", "block_m", "block_n", "block_k", "stages", "warps", "tile_group")
     names = {"rank": ("me", "me + 1"), ROWS_AXIS: ("token_lo", "token_hi"),
              "n": ("col_lo", "col_hi")}
 
@@ -113,12 +114,9 @@ class GroupedGemmTriton(Lowering):
                        "yet (the non-overlapped plan runs it)")
         return out
 
-    def defaults(self, site) -> dict:
-        """Tiles in table order, every column block of one tile before the next tile's
-        (group_m=1): the order measured so far. `--config group_m=G` walks G tiles' column
-        blocks together (the dense GEMM's grouped order: each block of an expert's weights
-        is read by up to G tiles at once, from L2), not yet measured on a GPU."""
-        return {"group_m": "1"}
+    def tune_axes(self, site) -> list[dict]:
+        """The tile order: table order (tile_group=1) and 8 tiles' column blocks together."""
+        return [{}, {"tile_group": 8}]
 
     def steps(self, site) -> list[Step]:
         return [Step("tiles", site.op, self, "grouped GEMM tiles (block_m rows of one expert, "
@@ -145,8 +143,8 @@ class GroupedGemmTriton(Lowering):
         s = sizes(mb.bp, site.op)
         cfg = mb.config
         for name, value in (("BM", cfg.block_m), ("BN", cfg.block_n), ("BK", cfg.block_k),
-                            ("STAGES", cfg.stages)) + ((("GROUP_M", cfg.group_m),)
-                                                       if cfg.group_m > 1 else ()):
+                            ("STAGES", cfg.stages)) + ((("TILE_GROUP", cfg.value("tile_group")),)
+                                                       if cfg.value("tile_group") > 1 else ()):
             mb.const(name, value, "GEMM tiles (the schedule's config)")
         t = tables(site.op)
         slots = max_tiles(s["C"], s["E"], cfg.block_m)
@@ -218,8 +216,8 @@ class GroupedGemmTriton(Lowering):
         for local in ("N", "K", "TOPK"):
             kb.const(local, f"{p}_{local}", s[local], f"grouped_gemm {op.result}: "
                      f"[T, K] x [E, K, N] -> [T * TOPK, N] on this rank")
-        grouped = mb.config.group_m > 1
-        for c in ("BM", "BN", "BK", "STAGES") + (("GROUP_M",) if grouped else ()):
+        grouped = mb.config.value("tile_group") > 1
+        for c in ("BM", "BN", "BK", "STAGES") + (("TILE_GROUP",) if grouped else ()):
             kb.const(c)
         kb.warps = mb.config.warps
         dtype = site.result.dtype
@@ -229,12 +227,12 @@ class GroupedGemmTriton(Lowering):
         cols = len(TILE_COLUMNS)
         k_loop = ("range(0, K, BK)" if interp else "tl.range(0, K, BK, num_stages=STAGES)")
         order = [
-            "# GROUP_M tiles' column blocks together: an expert's weights are read from L2",
-            "group = t // (GROUP_M * num_n)",
-            "first = group * GROUP_M",
-            "group_tiles = tl.minimum(num_tiles - first, GROUP_M)",
-            "item = first + (t % (GROUP_M * num_n)) % group_tiles",
-            "pid_n = (t % (GROUP_M * num_n)) // group_tiles",
+            "# TILE_GROUP tiles' column blocks together: their experts' weights read from L2",
+            "group = t // (TILE_GROUP * num_n)",
+            "first = group * TILE_GROUP",
+            "group_tiles = tl.minimum(num_tiles - first, TILE_GROUP)",
+            "item = first + (t % (TILE_GROUP * num_n)) % group_tiles",
+            "pid_n = (t % (TILE_GROUP * num_n)) // group_tiles",
         ] if grouped else ["item = t // num_n", "pid_n = t % num_n"]
         body = order + [
             f"expert = tl.load({tab['tiles']} + item * {cols}).to(tl.int64)",
@@ -300,3 +298,11 @@ def grouped_work(bp, op) -> tuple[float, float]:
 
 
 register_lowering(GroupedGemmTriton())
+# the order of the grouped kernel's (tile, column block) items: 1, every column block of a
+# tile before the next tile's (the order measured on GPUs); G > 1, G tiles' column blocks
+# together (the dense GEMM's grouped order over the call's tile count: up to G tiles read
+# each block of their experts' weights from L2; not yet measured on a GPU)
+register_knob(Knob("tile_group", 1, "grouped_gemm's tile order: 1 walks a tile's column "
+                   "blocks before the next tile's, G walks G tiles' column blocks together "
+                   "(weights shared from L2)", "grouped_gemm", values=(1, 2, 4, 8), quiet=True,
+                   searched=True, search_values=(1, 8)))
