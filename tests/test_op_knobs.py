@@ -118,7 +118,7 @@ def test_the_op_families_declare_their_knobs():
     assert fams == {"gemm": "gemm", "reduce_after": "reduce_scatter",
                     "fuse_reduce": "reduce_scatter", "capturable": "all_gather",
                     "allreduce": "all_reduce", "kv_splits": "attention_partial",
-                    "tile_group": "grouped_gemm"}
+                    "tile_group": "grouped_gemm", "weights_tma": "grouped_gemm"}
     assert not set(OP_KNOBS) & set(GENERIC_KNOBS)
 
 
@@ -204,7 +204,8 @@ def test_the_config_text_keeps_its_order_and_its_quiet_knobs():
     assert str(Config()).endswith("flatten=0 reduce_after=0 fuse_reduce=0 gemm=triton")
     assert list(every.as_dict())[13:] == ["reduce_after", "fuse_reduce", "gemm", "capturable",
                                           "allreduce", "library_comm", "kv_splits",
-                                          "debug_reverse_roles", "profile", "tile_group"]
+                                          "debug_reverse_roles", "profile", "tile_group",
+                                          "weights_tma"]
 
 
 def test_configs_equal_by_value_whatever_way_a_knob_was_set():

@@ -203,13 +203,48 @@ def test_grouped_tile_order_matches_reference_under_skewed_routings(world, patte
              pattern=pattern)
 
 
-def test_the_tuner_crosses_the_grouped_tile_order():
+# weights_tma=1 loads the experts' weights through a TMA descriptor [E, K, N] (the tile's
+# expert its first index): a rank's K (40, 20) and N (120, 40) are not multiples of the
+# 16 x 16 tiles, so the descriptor's zero fill past K and N is what keeps the sums right
+@pytest.mark.parametrize("world,pattern,order", [(2, AG_MOE, "4"), (3, MOE_RS, "1")])
+def test_the_weights_through_tma_match_reference_under_skewed_routings(world, pattern, order):
+    sizes = {"T": 20 * world, "K": 40, "N": 120 * world, "E": 4, "TOPK": 2} \
+        if pattern is AG_MOE else {"T": 20 * world, "K": 20 * world, "N": 40, "E": 4, "TOPK": 2}
+    cfg = TILES | {"tile_group": order, "weights_tma": "1"}
+    src = render_triton(make_schedule(pattern, world, sizes, cfg, "interp"))
+    assert "w_desc.load([expert.to(tl.int32), k0, col0]).reshape(BK, BN)" in src
+    _run_moe(world, sizes, ["hot", "sparse", "all_one", "random"], cfg=cfg, seed=world + 7,
+             pattern=pattern)
+
+
+def test_the_weights_through_tma_compile_for_hopper_and_are_refused_elsewhere():
+    from tilelink.codegen.compile import compile_module
+    from tilelink.errors import ConfigError
+    from tilelink.schedule import get_target
+
+    gg = load_text(EXAMPLES / "grouped_gemm.tl")
+    sizes = {"T": 4096, "K": 1408, "N": 2048, "E": 64, "TOPK": 6}
+    s = make_schedule(gg, 1, sizes, {"weights_tma": "1", "tile_group": "8"}, "cuda:90")
+    ptx = compile_module(render_triton(s), get_target("cuda:90"),
+                         "grouped_gemm_kernel").asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
+    with pytest.raises(ConfigError, match="which cuda:80 does not have"):
+        make_schedule(gg, 1, sizes, {"weights_tma": "1"}, "cuda:80")
+    with pytest.raises(ConfigError, match="a multiple of 16 bytes"):
+        make_schedule(gg, 1, sizes | {"N": 2049}, {"weights_tma": "1"}, "cuda:90")
+
+
+def test_the_tuner_crosses_the_grouped_tile_order_and_the_weights_loads():
     from tilelink.schedule import get_target
     from tilelink.tune.space import candidates
 
     bp = AG_MOE.bind({"T": 8192, "K": 4096, "N": 14336, "E": 8, "TOPK": 2}, 2)
-    orders = {c.value("tile_group") for c in candidates(bp, get_target("cuda:90"))}
-    assert orders == {1, 8}
+    pairs = {(c.value("tile_group"), c.value("weights_tma"))
+             for c in candidates(bp, get_target("cuda:90")) if c.comm != "none"}
+    assert pairs == {(1, 0), (8, 0), (1, 1), (8, 1)}
+    pairs = {(c.value("tile_group"), c.value("weights_tma"))
+             for c in candidates(bp, get_target("cuda:80")) if c.comm != "none"}
+    assert pairs == {(1, 0), (8, 0)}  # (no TMA there)
 
 
 @pytest.mark.slow

@@ -84,7 +84,8 @@ class GroupedGemmTriton(Lowering):
 
     kind = "grouped_gemm"
     name = "grouped_gemm/triton"
-    knobs = ("num_programs", "block_m", "block_n", "block_k", "stages", "warps", "tile_group")
+    knobs = ("num_programs", "block_m", "block_n", "block_k", "stages", "warps", "tile_group",
+             "weights_tma")
     names = {"rank": ("me", "me + 1"), ROWS_AXIS: ("token_lo", "token_hi"),
              "n": ("col_lo", "col_hi")}
 
@@ -112,11 +113,23 @@ class GroupedGemmTriton(Lowering):
             out.append(f"{takers[0].kind} reads {site.op.result}, whose rows a tile scatters "
                        "(t * topk + j): no kernel feeds a collective from the grouped GEMM "
                        "yet (the non-overlapped plan runs it)")
+        if cfg.value("weights_tma"):
+            n = sizes(site.bp, site.op)["N"]
+            if not site.target.tma and site.target.backend != "interp":
+                out.append(f"weights_tma=1 loads the weights with TMA descriptors, which "
+                           f"{site.target.name} does not have (Hopper: cuda:90)")
+            elif n * DTYPE_BYTES.get(dtype, 2) % 16:
+                out.append(f"weights_tma=1 needs rows of {site.op.args[1]} a multiple of 16 "
+                           f"bytes (a TMA descriptor's stride); N = {n} of {dtype} is not")
         return out
 
     def tune_axes(self, site) -> list[dict]:
-        """The tile order: table order (tile_group=1) and 8 tiles' column blocks together."""
-        return [{}, {"tile_group": 8}]
+        """The tile order (table order, or 8 tiles' column blocks together), each with the
+        weights loaded through TMA descriptors too where the target has them."""
+        orders = [{}, {"tile_group": 8}]
+        if not site.target.tma:
+            return orders
+        return orders + [dict(o, weights_tma=1) for o in orders]
 
     def steps(self, site) -> list[Step]:
         return [Step("tiles", site.op, self, "grouped GEMM tiles (block_m rows of one expert, "
@@ -146,6 +159,8 @@ class GroupedGemmTriton(Lowering):
                             ("STAGES", cfg.stages)) + ((("TILE_GROUP", cfg.value("tile_group")),)
                                                        if cfg.value("tile_group") > 1 else ()):
             mb.const(name, value, "GEMM tiles (the schedule's config)")
+        if cfg.value("weights_tma") and mb.target.tma:
+            mb.flags["TMA"] = 1  # (device-side descriptors take scratch from Triton's allocator)
         t = tables(site.op)
         slots = max_tiles(s["C"], s["E"], cfg.block_m)
         mb.heap_tensor(t["order"], (s["C"],), "int32")
@@ -222,6 +237,7 @@ class GroupedGemmTriton(Lowering):
         kb.warps = mb.config.warps
         dtype = site.result.dtype
         interp = mb.target.backend == "interp"
+        tma = bool(mb.config.value("weights_tma"))
         waits, waited = operand_waits(kb, step, self.names, flat=bool(mb.config.flatten))
         tok = "tld.consume_token({}, tok)" if waits else "{}"
         cols = len(TILE_COLUMNS)
@@ -248,6 +264,17 @@ class GroupedGemmTriton(Lowering):
             "# the tile's result rows t * TOPK + j, in expert order; row t of x for each",
             f"dst = tl.load({tab['order']} + row0 + offs_r, mask=rmask, other=0).to(tl.int64)",
             f"src = {tok.format('dst // TOPK')}",
+        ] + ([
+            "col0 = " + ("tld.consume_token(col_lo, tok)" if op.args[1] in waited
+                         else "col_lo"),
+            "offs_n = col0 + tl.arange(0, BN)",
+            "acc = tl.zeros((BM, BN), dtype=tl.float32)",
+            f"for k0 in {k_loop}:",
+            "    offs_k = k0 + tl.arange(0, BK)",
+            f"    a_tile = tl.load({x.base} + src[:, None] * K + offs_k[None, :],",
+            "                     mask=rmask[:, None] & (offs_k[None, :] < K), other=0.0)",
+            "    b_tile = w_desc.load([expert.to(tl.int32), k0, col0]).reshape(BK, BN)",
+        ] if tma else [
             "offs_n = " + ("tld.consume_token(col_lo, tok)" if op.args[1] in waited
                            else "col_lo") + " + tl.arange(0, BN)",
             f"w_e = {w.base} + expert * (K * N)",
@@ -258,6 +285,7 @@ class GroupedGemmTriton(Lowering):
             "                     mask=rmask[:, None] & (offs_k[None, :] < K), other=0.0)",
             "    b_tile = tl.load(w_e + offs_k[:, None] * N + offs_n[None, :],",
             "                     mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), other=0.0)",
+        ]) + [
             "    " + dot_step(mb, dtype),
             f"tl.store({y.base} + dst[:, None] * N + offs_n[None, :], acc.to({TL_DTYPES[dtype]}),",
             "         mask=rmask[:, None] & (offs_n[None, :] < N))",
@@ -279,6 +307,15 @@ class GroupedGemmTriton(Lowering):
         first = f"pid - {step.first}" if step.first else "pid"
         count = ([f"num_tiles = tl.load({tab['ntiles']})", "items = num_tiles * num_n"]
                  if grouped else [f"items = tl.load({tab['ntiles']}) * num_n"])
+        if tma:
+            kb.const("E", f"{p}_E", s["E"], f"grouped_gemm {op.result}: E experts")
+            prologue += [
+                "# the experts' weights [E, K, N] through a TMA descriptor: a tile's expert is "
+                "its first index;",
+                "# columns past N and rows past K load as zeros",
+                f"w_desc = tl.make_tensor_descriptor({w.base}, shape=[E, K, N], "
+                "strides=[K * N, N, 1],",
+                "                                   block_shape=[1, BK, BN])"]
         return prologue + ["num_n = (N + BN - 1) // BN",
                 "# the tiles this call's routing takes (surplus programs have none)",
                 *count,
@@ -306,3 +343,8 @@ register_knob(Knob("tile_group", 1, "grouped_gemm's tile order: 1 walks a tile's
                    "blocks before the next tile's, G walks G tiles' column blocks together "
                    "(weights shared from L2)", "grouped_gemm", values=(1, 2, 4, 8), quiet=True,
                    searched=True, search_values=(1, 8)))
+# the weights through TMA descriptors (Hopper; the gathered rows of x cannot use them: a tile's
+# rows are scattered over x), rather than pointer loads; not yet measured on a GPU
+register_knob(Knob("weights_tma", 0, "grouped_gemm: 1 loads the experts' weights through TMA "
+                   "descriptors (Hopper), 0 through pointer loads", "grouped_gemm",
+                   values=(0, 1), quiet=True, searched=True, search_values=(0, 1)))
