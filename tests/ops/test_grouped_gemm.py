@@ -225,13 +225,41 @@ def test_the_weights_through_tma_compile_for_hopper_and_are_refused_elsewhere():
     gg = load_text(EXAMPLES / "grouped_gemm.tl")
     sizes = {"T": 4096, "K": 1408, "N": 2048, "E": 64, "TOPK": 6}
     s = make_schedule(gg, 1, sizes, {"weights_tma": "1", "tile_group": "8"}, "cuda:90")
-    ptx = compile_module(render_triton(s), get_target("cuda:90"),
-                         "grouped_gemm_kernel").asm["ptx"]
+    src = render_triton(s)
+    # (the module's flag: the runtime gives device-side descriptors Triton's allocator)
+    assert "\nTMA = 1\n" in src and "fence_proxy_async" not in src  # (nothing peer-written)
+    ptx = compile_module(src, get_target("cuda:90"), "grouped_gemm_kernel").asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
     with pytest.raises(ConfigError, match="which cuda:80 does not have"):
         make_schedule(gg, 1, sizes, {"weights_tma": "1"}, "cuda:80")
     with pytest.raises(ConfigError, match="a multiple of 16 bytes"):
         make_schedule(gg, 1, sizes | {"N": 2049}, {"weights_tma": "1"}, "cuda:90")
+
+
+def test_gathered_weights_are_fenced_before_their_tma_loads(tmp_path):
+    # weights an all_gather writes (peer SMs, through the generic proxy) and a tile reads
+    # through TMA (the async proxy): a proxy fence after the tile's waits, before its loads
+    from tilelink.codegen.compile import compile_module
+    from tilelink.schedule import get_target
+
+    path = tmp_path / "agw.tl"
+    path.write_text("pattern agw(T = 64, K = 32, N = 64, E = 4, TOPK = 2, dtype = bf16)\n"
+                    "    x : [T, K] dtype\n"
+                    "    w : [E, K, N] dtype shard(2)\n"
+                    "    ids : [T, TOPK] int32 replicated\n"
+                    "    w_full = all_gather(w, dim = 2)\n"
+                    "    y = grouped_gemm(x, w_full, ids)\n"
+                    "    return y\n")
+    bp = load_text(path)
+    s = make_schedule(bp, 2, None, {"comm": "sm", "weights_tma": "1"}, "cuda:90")
+    src = render_triton(s)
+    fence = src.index("tld.fence_proxy_async(True)")
+    assert src.index("col0 = tld.consume_token(col_lo, tok)") > fence
+    assert "fence.proxy.async.global" in compile_module(src, get_target("cuda:90"),
+                                                        "agw_kernel").asm["ptx"]
+    cfg = TILES | {"weights_tma": "1", "tile_group": "4"}
+    s, res = emulate(bp, 2, None, cfg, delays=True, seed=3)
+    assert check(s.bound, res).ok
 
 
 def test_the_tuner_crosses_the_grouped_tile_order_and_the_weights_loads():

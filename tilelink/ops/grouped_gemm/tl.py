@@ -265,6 +265,10 @@ class GroupedGemmTriton(Lowering):
             f"dst = tl.load({tab['order']} + row0 + offs_r, mask=rmask, other=0).to(tl.int64)",
             f"src = {tok.format('dst // TOPK')}",
         ] + ([
+            # weights written by other agents (peer SMs or the copy engine) through the generic
+            # proxy are read here through the async proxy (TMA): fence between the two
+            "tld.fence_proxy_async(True)",
+        ] if tma and w.peer_written and op.args[1] in waited else []) + ([
             "col0 = " + ("tld.consume_token(col_lo, tok)" if op.args[1] in waited
                          else "col_lo"),
             "offs_n = col0 + tl.arange(0, BN)",
