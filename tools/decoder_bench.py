@@ -449,6 +449,20 @@ def _agree(row: dict, index: int, rank: int, world: int, timeout: float,
               f"({type(e).__name__})", file=sys.stderr, flush=True)
         os._exit(4)
     errors = [json.loads(store.get(k)) for k in keys]
+    # rank 0 hosts the store: it waits until every rank has read this step's outcomes, so
+    # that it never ends the run (and the store) under a rank still reading them (a gloo
+    # run's rank 1 was reset by its peer there, 2026-11-28)
+    store.set(f"decoder_bench/{index}/read/{rank}", "1")
+    if rank == 0:
+        try:
+            store.wait([f"decoder_bench/{index}/read/{r}" for r in range(world)],
+                       datetime.timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001  (as above)
+            print(f"decoder_bench: rank 0: the ranks did not all read the outcomes of "
+                  f"{what} {row['variant']} {row['mode']} {row['phase']} {row['tokens']} "
+                  f"within {timeout:g} s; stopping ({type(e).__name__})", file=sys.stderr,
+                  flush=True)
+            os._exit(4)
     if row.get("error") is None and any(errors):
         first = next(r for r, e in enumerate(errors) if e)
         row = {k: row[k] for k in ("variant", "mode", "phase", "tokens")} | {
