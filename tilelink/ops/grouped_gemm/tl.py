@@ -250,6 +250,19 @@ class GroupedGemmTriton(Lowering):
             "item = first + (t % (TILE_GROUP * num_n)) % group_tiles",
             "pid_n = (t % (TILE_GROUP * num_n)) // group_tiles",
         ] if grouped else ["item = t // num_n", "pid_n = t % num_n"]
+        col = "tld.consume_token(col_lo, tok)" if op.args[1] in waited else "col_lo"
+        if tma:
+            # weights written by other agents (peer SMs or the copy engine) through the generic
+            # proxy are read here through the async proxy (TMA): fence between the two
+            setup = ["tld.fence_proxy_async(True)"] if w.peer_written and op.args[1] in waited \
+                else []
+            setup += [f"col0 = {col}", "offs_n = col0 + tl.arange(0, BN)"]
+            b_load = ["    b_tile = w_desc.load([expert.to(tl.int32), k0, col0]).reshape(BK, BN)"]
+        else:
+            setup = [f"offs_n = {col} + tl.arange(0, BN)", f"w_e = {w.base} + expert * (K * N)"]
+            b_load = ["    b_tile = tl.load(w_e + offs_k[:, None] * N + offs_n[None, :],",
+                      "                     mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), "
+                      "other=0.0)"]
         body = order + [
             f"expert = tl.load({tab['tiles']} + item * {cols}).to(tl.int64)",
             f"row0 = tl.load({tab['tiles']} + item * {cols} + 1)",
@@ -264,32 +277,13 @@ class GroupedGemmTriton(Lowering):
             "# the tile's result rows t * TOPK + j, in expert order; row t of x for each",
             f"dst = tl.load({tab['order']} + row0 + offs_r, mask=rmask, other=0).to(tl.int64)",
             f"src = {tok.format('dst // TOPK')}",
-        ] + ([
-            # weights written by other agents (peer SMs or the copy engine) through the generic
-            # proxy are read here through the async proxy (TMA): fence between the two
-            "tld.fence_proxy_async(True)",
-        ] if tma and w.peer_written and op.args[1] in waited else []) + ([
-            "col0 = " + ("tld.consume_token(col_lo, tok)" if op.args[1] in waited
-                         else "col_lo"),
-            "offs_n = col0 + tl.arange(0, BN)",
+        ] + setup + [
             "acc = tl.zeros((BM, BN), dtype=tl.float32)",
             f"for k0 in {k_loop}:",
             "    offs_k = k0 + tl.arange(0, BK)",
             f"    a_tile = tl.load({x.base} + src[:, None] * K + offs_k[None, :],",
             "                     mask=rmask[:, None] & (offs_k[None, :] < K), other=0.0)",
-            "    b_tile = w_desc.load([expert.to(tl.int32), k0, col0]).reshape(BK, BN)",
-        ] if tma else [
-            "offs_n = " + ("tld.consume_token(col_lo, tok)" if op.args[1] in waited
-                           else "col_lo") + " + tl.arange(0, BN)",
-            f"w_e = {w.base} + expert * (K * N)",
-            "acc = tl.zeros((BM, BN), dtype=tl.float32)",
-            f"for k0 in {k_loop}:",
-            "    offs_k = k0 + tl.arange(0, BK)",
-            f"    a_tile = tl.load({x.base} + src[:, None] * K + offs_k[None, :],",
-            "                     mask=rmask[:, None] & (offs_k[None, :] < K), other=0.0)",
-            "    b_tile = tl.load(w_e + offs_k[:, None] * N + offs_n[None, :],",
-            "                     mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), other=0.0)",
-        ]) + [
+        ] + b_load + [
             "    " + dot_step(mb, dtype),
             f"tl.store({y.base} + dst[:, None] * N + offs_n[None, :], acc.to({TL_DTYPES[dtype]}),",
             "         mask=rmask[:, None] & (offs_n[None, :] < N))",
