@@ -6,7 +6,9 @@ on one GPU: the tile body's bar of docs/perf.md.
         --configs "" "tile_group=8" "weights_tma=1" "tile_group=8 weights_tma=1"
 
 Each shape is T x K x N x E x TOPK: T tokens of K features, E experts of [K, N] weights, each
-token routed to TOPK experts (drawn uniformly, as the bench draws them). Three systems on the
+token routed to TOPK distinct experts: drawn uniformly (as the bench draws them), or with
+`--routing zipf` skewed (expert i drawn with weight 1 / (i + 1): at E = 8 the first expert
+takes ~2.5x its even share of rows, at E = 64 ~8.5x). Three systems on the
 same inputs, timed the same way (back-to-back calls, CUDA events, median of interleaved
 rounds):
 
@@ -41,13 +43,23 @@ DEFAULT_SHAPES = ["8192x4096x14336x8x2", "8192x2048x1408x60x4", "8192x1408x2048x
 PATTERN = Path(__file__).resolve().parent.parent / "examples" / "grouped_gemm.tl"
 
 
-def _measure_all(rank, world, shapes, configs, rounds, iters, warm_s) -> list[dict]:
+def _measure_all(rank, world, shapes, configs, rounds, iters, warm_s, routing) -> list[dict]:
     """One rank (W = 1, so compile_op has its process group): every shape x config."""
-    return [row for shape in shapes for row in _measure(shape, configs, rounds, iters, warm_s)]
+    return [row for shape in shapes
+            for row in _measure(shape, configs, rounds, iters, warm_s, routing)]
 
 
-def _measure(shape: str, configs: list[str], rounds: int, iters: int, warm_s: float
-             ) -> list[dict]:
+def _zipf_ids(t: int, e: int, topk: int, like):
+    """[t, topk] distinct experts per token, expert i drawn with weight 1 / (i + 1)."""
+    import torch
+
+    gen = torch.Generator(device=like.device).manual_seed(1)
+    weights = 1.0 / torch.arange(1, e + 1, device=like.device, dtype=torch.float32)
+    return torch.multinomial(weights.expand(t, e), topk, generator=gen).to(like.dtype)
+
+
+def _measure(shape: str, configs: list[str], rounds: int, iters: int, warm_s: float,
+             routing: str = "uniform") -> list[dict]:
     import torch
 
     from tilelink.bench import baselines
@@ -60,10 +72,12 @@ def _measure(shape: str, configs: list[str], rounds: int, iters: int, warm_s: fl
     flop = 2.0 * t * topk * k * n
     rows = []
     for text in configs:
-        row = {"shape": shape, "config": text or "(default)"}
+        row = {"shape": shape, "config": text or "(default)", "routing": routing}
         try:
             op = compile_op(bp, config=dict(kv.split("=") for kv in f"comm=sm {text}".split()))
             ins = op.make_inputs(0)
+            if routing == "zipf":
+                ins["ids"] = _zipf_ids(t, e, topk, ins["ids"])
             chain = baselines.build(bp, ins)["gemm"].fn  # sort, gather, _grouped_mm, scatter
             want = baselines.as_tuple(chain())[-1]
             got = baselines.as_tuple(op(**ins))[0]
@@ -99,6 +113,8 @@ def main() -> int:
     p.add_argument("--configs", nargs="+", default=[""],
                    help='TileLink configs to try, e.g. "tile_group=8 weights_tma=1" ("" = '
                         "the default; comm=sm is implied)")
+    p.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
+                   help="the experts' draw: uniform, or skewed (weight 1 / (i + 1))")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warm", type=float, default=0.0, metavar="SECONDS",
@@ -109,9 +125,9 @@ def main() -> int:
     from tilelink.runtime.launcher import launch_world
 
     print(f"measuring {len(args.shapes)} shape(s) x {len(args.configs)} config(s) on one GPU, "
-          f"{args.rounds} rounds each", flush=True)
+          f"{args.routing} routing, {args.rounds} rounds each", flush=True)
     rows = launch_world(_measure_all, 1, args.shapes, args.configs, args.rounds, args.iters,
-                        args.warm)
+                        args.warm, args.routing)
     print(f"{'T x K x N x E x TOPK':>22} {'config':>28} {'TileLink ms':>11} {'chain ms':>9} "
           f"{'bare ms':>8} {'x chain':>8} {'x bare':>7} {'TL TFLOP/s':>10}  max err")
     for r in rows:

@@ -640,10 +640,22 @@ def _pair_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec, g, c) -> Esti
 def program_rate(dev: DeviceSpec, work: Work) -> float | None:
     """GB/s one of `work`'s programs streams at on `dev`: its rate measured on that GPU
     (`Work.program_gbs_on`, by a part of the device's name), else `Work.program_gbs`."""
-    for part, gbs in work.program_gbs_on:
+    return _on_device(dev, work.program_gbs_on, work.program_gbs)
+
+
+def work_efficiency(dev: DeviceSpec, work: Work) -> float:
+    """The share of `dev`'s GEMM rate `work`'s FLOPs run at: measured on that GPU
+    (`Work.efficiency_on`, by a part of the device's name), else `Work.efficiency`."""
+    return _on_device(dev, work.efficiency_on, work.efficiency)
+
+
+def _on_device(dev: DeviceSpec, measured: tuple, otherwise):
+    """The value of the first (part of a device name, value) pair naming `dev`, else
+    `otherwise`."""
+    for part, value in measured:
         if part.lower() in dev.name.lower():
-            return gbs
-    return work.program_gbs
+            return value
+    return otherwise
 
 
 def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
@@ -652,8 +664,8 @@ def _work_ms(dev: DeviceSpec, work: Work, programs: int | None = None,
     programs it has, its bytes at HBM bandwidth or what its programs stream, whichever is
     less, plus a launch. `programs` None: a vendor kernel that fills the GPU."""
     share = 1.0 if programs is None else min(1.0, programs / dev.num_sms)
-    flops_ms = work.flops / (dev.peak_tflops * 1e12 * dev.gemm_eff * work.efficiency
-                             * share) * 1e3
+    flops_ms = work.flops / (dev.peak_tflops * 1e12 * dev.gemm_eff
+                             * work_efficiency(dev, work) * share) * 1e3
     bw = dev.hbm_gbs
     if programs is not None:
         bw = min(bw, min(programs, dev.num_sms) * (program_gbs or dev.local_cta_gbs))

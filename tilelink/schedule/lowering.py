@@ -185,6 +185,8 @@ class Work:
     # `program_gbs` measured on other GPUs: (a part of the device's name, GB/s) pairs, the
     # first matching the cost model's device taken (`cost.program_rate`)
     program_gbs_on: tuple = ()
+    # `efficiency` measured on other GPUs, likewise: (a part of the device's name, share)
+    efficiency_on: tuple = ()
 
 
 # op kind -> fn(bp, op) -> Work: what the vendor library's call for a compute op does in the

@@ -61,10 +61,16 @@ def route_kernels(site) -> tuple[str, str]:
 ROUTE_STEP_US = 1.4
 
 
-#: the grouped kernel's share of the GEMM rate, measured on 2x H100 (2026-11-27): ~520
-#: TFLOP/s at E = 8 (2048 rows per expert, K = 4096, N / W = 7168) and ~0.26 ms of kernel for
-#: 142 GFLOP at E = 64 (what was left of 2.41 ms after the routing steps)
+#: the grouped kernel's share of the GEMM rate (the device row's peak x gemm_eff): fitted on
+#: 2x H100 (2026-11-27) before tile_group=8 and the weights through TMA were its defaults:
+#: ~520 TFLOP/s at E = 8 (2048 rows per expert, K = 4096, N / W = 7168) and ~0.26 ms of kernel
+#: for 142 GFLOP at E = 64 (what was left of 2.41 ms after the routing steps). The H100 with
+#: today's defaults is not measured.
 GROUPED_EFFICIENCY = 0.67
+#: ... and measured on other GPUs, with today's defaults: 0.83-0.90 on one H200 (2026-11-28,
+#: 8192 tokens, the routing step included: 643 TFLOP/s at Mixtral's experts, 590-636 at
+#: E = 60-64, whole column blocks counted; the old defaults there: 0.77-0.85)
+GROUPED_EFFICIENCY_ON = (("H200", 0.85),)
 
 
 def route_us(site) -> float:
@@ -72,6 +78,22 @@ def route_us(site) -> float:
     copies, one over the tile slots) at ROUTE_STEP_US each."""
     s = sizes(site.bp, site.op)
     return ROUTE_STEP_US * route_steps(s["C"], s["E"], s["TOPK"], site.config.block_m)
+
+
+def weights_loads(site) -> tuple[bool, str]:
+    """(whether grouped_gemm `site` loads the experts' weights through a TMA descriptor, why
+    not where weights_tma=1 asks for it and it does not): descriptors need Hopper (cuda:90;
+    Triton's interpreter runs them too) and rows of the weights a multiple of 16 bytes."""
+    if not site.config.value("weights_tma"):
+        return False, ""
+    target = site.target
+    if not target.tma and target.backend != "interp":
+        return False, f"{target.name} has no TMA (Hopper: cuda:90)"
+    n, dtype = sizes(site.bp, site.op)["N"], site.result.dtype
+    if n * DTYPE_BYTES.get(dtype, 2) % 16:
+        return False, (f"rows of {site.op.args[1]} are not a multiple of 16 bytes (a TMA "
+                       f"descriptor's stride): N = {n} of {dtype}")
+    return True, ""
 
 
 def _gathered(site) -> bool:
@@ -113,23 +135,15 @@ class GroupedGemmTriton(Lowering):
             out.append(f"{takers[0].kind} reads {site.op.result}, whose rows a tile scatters "
                        "(t * topk + j): no kernel feeds a collective from the grouped GEMM "
                        "yet (the non-overlapped plan runs it)")
-        if cfg.value("weights_tma"):
-            n = sizes(site.bp, site.op)["N"]
-            if not site.target.tma and site.target.backend != "interp":
-                out.append(f"weights_tma=1 loads the weights with TMA descriptors, which "
-                           f"{site.target.name} does not have (Hopper: cuda:90)")
-            elif n * DTYPE_BYTES.get(dtype, 2) % 16:
-                out.append(f"weights_tma=1 needs rows of {site.op.args[1]} a multiple of 16 "
-                           f"bytes (a TMA descriptor's stride); N = {n} of {dtype} is not")
         return out
 
     def tune_axes(self, site) -> list[dict]:
         """The tile order (table order, or 8 tiles' column blocks together), each with the
-        weights loaded through TMA descriptors too where the target has them."""
-        orders = [{}, {"tile_group": 8}]
+        weights through pointer loads and, where the target has them, TMA descriptors."""
+        orders = [{"tile_group": 1}, {"tile_group": 8}]
         if not site.target.tma:
-            return orders
-        return orders + [dict(o, weights_tma=1) for o in orders]
+            return orders  # (weights_tma=1 loads through pointers there: nothing to cross)
+        return [dict(o, weights_tma=t) for t in (0, 1) for o in orders]
 
     def steps(self, site) -> list[Step]:
         return [Step("tiles", site.op, self, "grouped GEMM tiles (block_m rows of one expert, "
@@ -147,7 +161,12 @@ class GroupedGemmTriton(Lowering):
                        "first row, rows, token range)", calls=2, device_us=route_us(site))
 
     def notes(self, site) -> list[str]:
-        return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
+        out = [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
+        tma, why = weights_loads(site)
+        if site.config.value("weights_tma") and not tma:
+            out.append(f"{site.op.result}: the experts' weights through pointer loads, not "
+                       f"TMA (weights_tma=1): {why}")
+        return out
 
     def result_home(self, site):
         return None  # written by this rank only
@@ -159,7 +178,7 @@ class GroupedGemmTriton(Lowering):
                             ("STAGES", cfg.stages)) + ((("TILE_GROUP", cfg.value("tile_group")),)
                                                        if cfg.value("tile_group") > 1 else ()):
             mb.const(name, value, "GEMM tiles (the schedule's config)")
-        if cfg.value("weights_tma") and mb.target.tma:
+        if weights_loads(site)[0] and mb.target.tma:
             mb.flags["TMA"] = 1  # (device-side descriptors take scratch from Triton's allocator)
         t = tables(site.op)
         slots = max_tiles(s["C"], s["E"], cfg.block_m)
@@ -218,7 +237,8 @@ class GroupedGemmTriton(Lowering):
         blocks = -(-s["N"] // cfg.block_n)
         flops, hbm = grouped_work(site.bp, site.op)
         return Work(flops * blocks * cfg.block_n / s["N"], hbm,
-                    programs=-(-s["C"] // cfg.block_m) * blocks, efficiency=GROUPED_EFFICIENCY)
+                    programs=-(-s["C"] // cfg.block_m) * blocks, efficiency=GROUPED_EFFICIENCY,
+                    efficiency_on=GROUPED_EFFICIENCY_ON)
 
     def render_step(self, step, kb) -> list[str]:
         mb, op = kb.mb, step.op
@@ -237,7 +257,7 @@ class GroupedGemmTriton(Lowering):
         kb.warps = mb.config.warps
         dtype = site.result.dtype
         interp = mb.target.backend == "interp"
-        tma = bool(mb.config.value("weights_tma"))
+        tma = weights_loads(site)[0]
         waits, waited = operand_waits(kb, step, self.names, flat=bool(mb.config.flatten))
         tok = "tld.consume_token({}, tok)" if waits else "{}"
         cols = len(TILE_COLUMNS)
@@ -334,15 +354,19 @@ def grouped_work(bp, op) -> tuple[float, float]:
 
 register_lowering(GroupedGemmTriton())
 # the order of the grouped kernel's (tile, column block) items: 1, every column block of a
-# tile before the next tile's (the order measured on GPUs); G > 1, G tiles' column blocks
-# together (the dense GEMM's grouped order over the call's tile count: up to G tiles read
-# each block of their experts' weights from L2; not yet measured on a GPU)
-register_knob(Knob("tile_group", 1, "grouped_gemm's tile order: 1 walks a tile's column "
+# tile before the next tile's; G > 1, G tiles' column blocks together (the dense GEMM's
+# grouped order over the call's tile count: up to G tiles read each block of their experts'
+# weights from L2). With the weights through TMA, 8 was 3-14% faster than 1 on one H200 at
+# four MoE shapes (2026-11-28, tools/grouped_alone.py, docs/perf.md)
+register_knob(Knob("tile_group", 8, "grouped_gemm's tile order: 1 walks a tile's column "
                    "blocks before the next tile's, G walks G tiles' column blocks together "
                    "(weights shared from L2)", "grouped_gemm", values=(1, 2, 4, 8), quiet=True,
                    searched=True, search_values=(1, 8)))
-# the weights through TMA descriptors (Hopper; the gathered rows of x cannot use them: a tile's
-# rows are scattered over x), rather than pointer loads; not yet measured on a GPU
-register_knob(Knob("weights_tma", 0, "grouped_gemm: 1 loads the experts' weights through TMA "
-                   "descriptors (Hopper), 0 through pointer loads", "grouped_gemm",
+# the weights through TMA descriptors where the target has them (Hopper; the gathered rows of
+# x cannot use them: a tile's rows are scattered over x), rather than pointer loads: with
+# tile_group=8, 3-7% faster on one H200 at the same four shapes (`weights_loads` says where
+# 1 falls back to pointer loads)
+register_knob(Knob("weights_tma", 1, "grouped_gemm: 1 loads the experts' weights through TMA "
+                   "descriptors where the target has them (Hopper; pointer loads elsewhere), "
+                   "0 always through pointer loads", "grouped_gemm",
                    values=(0, 1), quiet=True, searched=True, search_values=(0, 1)))
