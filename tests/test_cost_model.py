@@ -736,15 +736,16 @@ def test_ag_moe_takes_the_plan_measured_faster(sizes, w, graph, measured):
         assert 0.7 < estimate(bp, cfg, dev, graph).total / ms < 1.3, (plan, ms)
 
 
-# AG-MoE on 4x H200 (2026-11-28, 1476066, bench, eager, one lease; W = 2 on GPUs 0-1): the
-# gather on the copy engine against SMs and NCCL + torch._grouped_mm
+# AG-MoE on 2x H200 (2026-11-28, 259c016, bench --rounds 5, eager): the gather on the copy
+# engine against SMs (16 of the kernel's 132 programs push) and NCCL + torch._grouped_mm, with
+# the grouped kernel's defaults of that commit (tile_group=8, the weights through TMA). (W = 4,
+# measured on 4x H200 with the kernel before them, 1476066: 0.911 / 0.985 / 1.425 ms at
+# Mixtral's layer, the same order.)
 MOE_H200 = [
     (dict(T=8192, K=4096, N=14336, E=8, TOPK=2), 2,
-     {"copy_engine": 1.571, "sm": 1.797, "nccl": 2.383}),
+     {"copy_engine": 1.472, "sm": 1.733, "nccl": 2.265}),
     (dict(T=8192, K=2048, N=1408, E=64, TOPK=6), 2,
-     {"copy_engine": 0.367, "sm": 0.394, "nccl": 0.872}),
-    (dict(T=8192, K=4096, N=14336, E=8, TOPK=2), 4,
-     {"copy_engine": 0.911, "sm": 0.985, "nccl": 1.425}),
+     {"copy_engine": 0.364, "sm": 0.405, "nccl": 0.735}),
 ]
 
 
@@ -756,13 +757,12 @@ def test_ag_moe_eager_takes_the_copy_engine_measured_faster_on_h200(sizes, w, me
     dev = device_spec(t.device)
     chosen, why = default_config(bp, t)
     assert _plan(chosen) == min(measured, key=measured.get), why
-    for plan in ("sm", "nccl"):
-        cfg = _config(bp, t, "comm=sm" if plan == "sm" else NCCL)
+    for plan in measured:  # the model within 30% of each, in the measured order
+        cfg = _config(bp, t, NCCL if plan == "nccl" else f"comm={plan}")
         assert 0.7 < estimate(bp, cfg, dev).total / measured[plan] < 1.3, plan
-    # the model charges the copy engine's gather as SMs' (it ties them, and the preferred
-    # resource, the copy engine, wins the tie): it does not credit the 7-13% measured
-    ce = estimate(bp, _config(bp, t, "comm=copy_engine"), dev).total
-    assert ce >= measured["copy_engine"]
+    est = {p: estimate(bp, _config(bp, t, NCCL if p == "nccl" else f"comm={p}"), dev).total
+           for p in measured}
+    assert sorted(est, key=est.get) == sorted(measured, key=measured.get), est
 
 
 # the model's grouped-GEMM efficiency follows rows per expert only; at E = 64, W = 4 (N / W =

@@ -686,12 +686,20 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in comm_ops)
         return Estimate(comp + comm, comp, comm, comm)
     comp = waiting = 0.0
-    for site, lw in op_lowerings(bp, cfg):
+    lowered = op_lowerings(bp, cfg)
+    # the programs a kernel has for compute tiles: what the collectives' roles sharing it
+    # (pushes, receives on SMs) leave of its grid, comm_programs each
+    roles = sum(1 for site, lw in lowered if lw is not None and lw.shares_kernel(site))
+    free = max(1, min(cfg.num_programs, dev.num_sms) - roles * cfg.comm_programs)
+    for site, lw in lowered:
         if spec(site.op.kind).category == "comm":
             continue
         work = lw.work(site) if lw is not None else None
-        ms = (_work_ms(dev, work, work.programs, program_rate(dev, work)) if work is not None
-              else _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op)))
+        if work is not None:
+            programs = min(work.programs or free, free) if roles else work.programs
+            ms = _work_ms(dev, work, programs, program_rate(dev, work))
+        else:
+            ms = _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op))
         comp += ms
         if work is not None:  # what cannot start before the last chunk has landed
             waiting += ms * (1.0 - work.ready_share)

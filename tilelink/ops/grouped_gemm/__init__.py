@@ -171,15 +171,20 @@ def _vendor_work(bp, op):
     flops, hbm = grouped_work(bp, op)
     x = bp.tensors[op.args[0]]
     rows = bp.tensors[op.result].local_shape[0]
+    per_expert = rows / bp.tensors[op.args[1]].local_shape[0]
     return Work(flops, hbm + 2.0 * rows * x.local_shape[1] * 2,
-                efficiency=vendor_grouped_efficiency(rows / bp.tensors[op.args[1]].local_shape[0]))
+                efficiency=vendor_grouped_efficiency(per_expert),
+                efficiency_on=(("H200", vendor_grouped_efficiency(per_expert, "H200")),))
 
 
-def vendor_grouped_efficiency(rows_per_expert: float) -> float:
-    """torch._grouped_mm's share of the GEMM rate, from its rows per expert: fitted on 2x H100
-    (2026-11-27, N / W = 7168 and 704): 444 TFLOP/s at 2048 rows per expert (E = 8), 176 at
-    768 (E = 64); fewer rows per expert, smaller GEMMs."""
-    return 0.57 * min(1.0, rows_per_expert / 2048.0)
+def vendor_grouped_efficiency(rows_per_expert: float, device: str = "H100") -> float:
+    """torch._grouped_mm's share of the GEMM rate (the device row's peak x gemm_eff), from
+    its rows per expert (fewer rows, smaller GEMMs). H100, fitted on 2x H100 (2026-11-27,
+    N / W = 7168 and 704): 444 TFLOP/s at 2048 rows per expert (E = 8), 176 at 768 (E = 64).
+    H200, fitted on 2x H200 (2026-11-28, 259c016, the sort, gather and scatter around it
+    included, N / W = 7168 and 704): 0.66 at 2048 rows, ~0.31-0.36 at 768."""
+    share = min(1.0, rows_per_expert / 2048.0)
+    return 0.66 * share ** 0.7 if device == "H200" else 0.57 * share
 
 
 register_vendor_work("grouped_gemm", _vendor_work)
