@@ -43,10 +43,11 @@ DEFAULT_SHAPES = ["8192x4096x14336x8x2", "8192x2048x1408x60x4", "8192x1408x2048x
 PATTERN = Path(__file__).resolve().parent.parent / "examples" / "grouped_gemm.tl"
 
 
-def _measure_all(rank, world, shapes, configs, rounds, iters, warm_s, routing) -> list[dict]:
+def _measure_all(rank, world, shapes, configs, rounds, iters, warm_s, routing, kernels
+                 ) -> list[dict]:
     """One rank (W = 1, so compile_op has its process group): every shape x config."""
     return [row for shape in shapes
-            for row in _measure(shape, configs, rounds, iters, warm_s, routing)]
+            for row in _measure(shape, configs, rounds, iters, warm_s, routing, kernels)]
 
 
 def _zipf_ids(t: int, e: int, topk: int, like):
@@ -58,8 +59,29 @@ def _zipf_ids(t: int, e: int, topk: int, like):
     return torch.multinomial(weights.expand(t, e), topk, generator=gen).to(like.dtype)
 
 
+def _kernel_us(fn, iters: int) -> dict[str, float]:
+    """GPU microseconds a call of `fn` spends in each kernel (torch.profiler, `iters` calls),
+    by kernel name: the routing step's kernels apart from the grouped kernel."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        # (self time: a kernel's own; the torch op launching it has none of its own)
+        total = getattr(e, "self_device_time_total", 0)
+        if total and e.count:
+            out[e.key[:60]] = out.get(e.key[:60], 0.0) + total / iters
+    return out
+
+
 def _measure(shape: str, configs: list[str], rounds: int, iters: int, warm_s: float,
-             routing: str = "uniform") -> list[dict]:
+             routing: str = "uniform", kernels: bool = False) -> list[dict]:
     import torch
 
     from tilelink.bench import baselines
@@ -99,6 +121,9 @@ def _measure(shape: str, configs: list[str], rounds: int, iters: int, warm_s: fl
             for s, ts in times.items():
                 row[f"{s}_ms"] = statistics.median(ts)
                 row[f"{s}_tflops"] = flop / row[f"{s}_ms"] / 1e9
+            if kernels:  # where TileLink's call spends its GPU time, and bare's
+                row["tilelink_kernels_us"] = _kernel_us(systems["tilelink"], iters)
+                row["bare_kernels_us"] = _kernel_us(systems["bare"], iters)
         except Exception as exc:  # keep going; report it
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
@@ -115,6 +140,9 @@ def main() -> int:
                         "the default; comm=sm is implied)")
     p.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
                    help="the experts' draw: uniform, or skewed (weight 1 / (i + 1))")
+    p.add_argument("--kernels", action="store_true",
+                   help="also profile each call's kernels (torch.profiler): the routing "
+                        "step's GPU time apart from the grouped kernel's")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warm", type=float, default=0.0, metavar="SECONDS",
@@ -127,7 +155,7 @@ def main() -> int:
     print(f"measuring {len(args.shapes)} shape(s) x {len(args.configs)} config(s) on one GPU, "
           f"{args.routing} routing, {args.rounds} rounds each", flush=True)
     rows = launch_world(_measure_all, 1, args.shapes, args.configs, args.rounds, args.iters,
-                        args.warm, args.routing)
+                        args.warm, args.routing, args.kernels)
     print(f"{'T x K x N x E x TOPK':>22} {'config':>28} {'TileLink ms':>11} {'chain ms':>9} "
           f"{'bare ms':>8} {'x chain':>8} {'x bare':>7} {'TL TFLOP/s':>10}  max err")
     for r in rows:
@@ -138,6 +166,9 @@ def main() -> int:
         print(f"{r['shape']:>22} {r['config']:>28} {tl:11.3f} {ch:9.3f} {bare:8.3f} "
               f"{ch / tl:7.2f}x {bare / tl:6.2f}x {r['tilelink_tflops']:10.0f}  "
               f"{r['max_abs_err']:.3g}")
+        for who in ("tilelink", "bare"):
+            for name, us in sorted(r.get(f"{who}_kernels_us", {}).items(), key=lambda kv: -kv[1]):
+                print(f"{'':>24} {who} kernel {name}: {us:.1f} us a call")
     if args.json:
         import torch
 
