@@ -765,6 +765,26 @@ def test_ag_moe_eager_takes_the_copy_engine_measured_faster_on_h200(sizes, w, me
     assert sorted(est, key=est.get) == sorted(measured, key=measured.get), est
 
 
+# causal SP attention (GQA 32 / 8, D = 128) at W = 2 in CUDA-graph replays on 2x H200
+# (2026-11-28, bff268b, bench --graph --rounds 3): the SM kernel, whose two gathers' pushes
+# take 32 of its 132 programs, against the non-overlapped plan (NCCL all-gathers + SDPA).
+# Before the model charged those programs, it took the kernel (predicted 21.6 ms at S = 32768).
+SP_CAUSAL_GRAPH_H200 = [(8192, {"sm": 1.833, "nccl": 1.553}),
+                        (32768, {"sm": 27.975, "nccl": 20.817})]
+
+
+@pytest.mark.parametrize("s,measured", SP_CAUSAL_GRAPH_H200,
+                         ids=[f"S{c[0]}" for c in SP_CAUSAL_GRAPH_H200])
+def test_causal_sp_replays_take_the_plan_measured_faster_on_h200(s, measured):
+    bp = _bp("sp_attention_causal", 2, S=s, H=32, HKV=8, D=128)
+    t = _target("NVIDIA H200")
+    chosen, why = default_config(bp, t, graph=True)
+    assert _plan(chosen) == "nccl", why
+    dev = device_spec(t.device)
+    sm = estimate(bp, _config(bp, t, "comm=sm"), dev, True).total
+    assert 0.8 < sm / measured["sm"] < 1.2, sm  # (the plan it puts 3-16% slow)
+
+
 # the model's grouped-GEMM efficiency follows rows per expert only; at E = 64, W = 4 (N / W =
 # 352) torch._grouped_mm ran 98 TFLOP/s, below what that predicts (0.557 ms against 0.836),
 # and TileLink's grouped kernel 0.357 ms where the model, with its tiles' empty columns
