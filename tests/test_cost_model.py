@@ -910,3 +910,17 @@ def test_ep_dispatch_combine_takes_the_kernel_measured_faster(sizes, w, measured
         dev = device_spec(t.device)
         est = estimate(bp, _config(bp, t, NCCL), dev).total
         assert est == pytest.approx(measured["nccl"], rel=0.25), est
+
+
+def test_compute_tiles_are_charged_the_roles_of_their_own_kernel_only():
+    # AG-MoE on SMs: the gather's push shares the grouped kernel (16 of 132 programs);
+    # flash-decode on SMs: the partials' kernel runs alone (every program), the gather of
+    # the partials pushes beside the combine in the next kernel
+    from tilelink.schedule.cost import _compute_programs
+
+    t = _target("NVIDIA H200")
+    moe = _bp("ag_moe", 2, T=8192, K=2048, N=1408, E=64, TOPK=6)
+    assert _compute_programs(moe, _config(moe, t, "comm=sm")) == {"y": 116}
+    assert _compute_programs(moe, _config(moe, t, "comm=copy_engine")) == {"y": 132}
+    fd = _bp("flash_decode", 2, B=32, H=32, S=131072, D=128)
+    assert _compute_programs(fd, _config(fd, t, "comm=sm")) == {"part": 132, "o": 116}

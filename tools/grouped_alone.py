@@ -3,7 +3,7 @@ on one GPU: the tile body's bar of docs/perf.md.
 
     python tools/grouped_alone.py                                  # four MoE shapes, the default
     python tools/grouped_alone.py --shapes 8192x4096x14336x8x2 \\
-        --configs "" "tile_group=8" "weights_tma=1" "tile_group=8 weights_tma=1"
+        --configs "" "tile_group=1" "weights_tma=0" "tile_group=1 weights_tma=0"
 
 Each shape is T x K x N x E x TOPK: T tokens of K features, E experts of [K, N] weights, each
 token routed to TOPK distinct experts: drawn uniformly (as the bench draws them), or with

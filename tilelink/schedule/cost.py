@@ -686,17 +686,19 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in comm_ops)
         return Estimate(comp + comm, comp, comm, comm)
     comp = waiting = 0.0
-    lowered = op_lowerings(bp, cfg)
-    # the programs a kernel has for compute tiles: what the collectives' roles sharing it
-    # (pushes, receives on SMs) leave of its grid, comm_programs each
-    roles = sum(1 for site, lw in lowered if lw is not None and lw.shares_kernel(site))
-    free = max(1, min(cfg.num_programs, dev.num_sms) - roles * cfg.comm_programs)
-    for site, lw in lowered:
+    placed = _compute_programs(bp, cfg)
+    grid = min(cfg.num_programs, dev.num_sms)
+    for site, lw in op_lowerings(bp, cfg):
         if spec(site.op.kind).category == "comm":
             continue
         work = lw.work(site) if lw is not None else None
         if work is not None:
-            programs = min(work.programs or free, free) if roles else work.programs
+            # its tiles get the programs the composer leaves them beside the collectives'
+            # roles in their kernel (a push on SMs takes comm_programs)
+            have = placed.get(site.op.result)
+            programs = work.programs
+            if have is not None and (work.programs is not None or have < grid):
+                programs = max(1, min(work.programs or have, have, grid))
             ms = _work_ms(dev, work, programs, program_rate(dev, work))
         else:
             ms = _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op))
@@ -715,6 +717,25 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     comm = nbytes / (bw * 1e9) * 1e3 + len(comm_ops) * dev.signal_us * 1e-3
     total = max(comp, comm + waiting) + len(comm_ops) * dev.signal_us * 1e-3
     return Estimate(total, comp, comm, total - comp)
+
+
+def _compute_programs(bp: BoundPattern, cfg: Config) -> dict[str, int]:
+    """op result -> the programs of its tiles (or receive) step in the kernels `compose`
+    lays out for `cfg`: the grid less the other roles of its kernel. Empty where the config
+    does not compose (the caller then keeps each op's own count)."""
+    from ..errors import ConfigError
+    from .compose import compose
+
+    try:
+        comp = compose(bp, cfg, None)
+    except (ConfigError, NotSupportedError):
+        return {}
+    out: dict[str, int] = {}
+    for roles in comp.kernels:
+        for step in roles:
+            if step.kind in ("tiles", "receive") and spec(step.op.kind).category != "comm":
+                out[step.op.result] = max(out.get(step.op.result, 0), step.count)
+    return out
 
 
 def _comm_before_compute(bp: BoundPattern) -> bool:

@@ -82,18 +82,25 @@ def route_us(site) -> float:
 
 def weights_loads(site) -> tuple[bool, str]:
     """(whether grouped_gemm `site` loads the experts' weights through a TMA descriptor, why
-    not where weights_tma=1 asks for it and it does not): descriptors need Hopper (cuda:90;
-    Triton's interpreter runs them too) and rows of the weights a multiple of 16 bytes."""
+    not where weights_tma=1 asks for it and it does not: `_no_tma`)."""
     if not site.config.value("weights_tma"):
         return False, ""
+    why = _no_tma(site)
+    return not why, why
+
+
+def _no_tma(site) -> str:
+    """Why a TMA descriptor cannot load `site`'s weights ("": it can): descriptors need
+    Hopper (cuda:90; Triton's interpreter runs them too) and rows of the weights a multiple
+    of 16 bytes."""
     target = site.target
     if not target.tma and target.backend != "interp":
-        return False, f"{target.name} has no TMA (Hopper: cuda:90)"
+        return f"{target.name} has no TMA (Hopper: cuda:90)"
     n, dtype = sizes(site.bp, site.op)["N"], site.result.dtype
     if n * DTYPE_BYTES.get(dtype, 2) % 16:
-        return False, (f"rows of {site.op.args[1]} are not a multiple of 16 bytes (a TMA "
-                       f"descriptor's stride): N = {n} of {dtype}")
-    return True, ""
+        return (f"rows of {site.op.args[1]} are not a multiple of 16 bytes (a TMA "
+                f"descriptor's stride): N = {n} of {dtype}")
+    return ""
 
 
 def _gathered(site) -> bool:
@@ -141,7 +148,7 @@ class GroupedGemmTriton(Lowering):
         """The tile order (table order, or 8 tiles' column blocks together), each with the
         weights through pointer loads and, where the target has them, TMA descriptors."""
         orders = [{"tile_group": 1}, {"tile_group": 8}]
-        if not site.target.tma:
+        if not site.target.tma or _no_tma(site):
             return orders  # (weights_tma=1 loads through pointers there: nothing to cross)
         return [dict(o, weights_tma=t) for t in (0, 1) for o in orders]
 
