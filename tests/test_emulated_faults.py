@@ -51,9 +51,12 @@ def _with_launch_prefix(source: str, code: str) -> str:
 ])
 def test_a_dead_rank_is_reported_at_once_with_its_exit_cause(how, cause, hint):
     source, ins = _source_and_inputs()
+    # rank 1 dies once rank 0 has had time to reach its wait on rank 1's rows (on a loaded
+    # machine rank 0 could otherwise be stopped before it waited, and report nothing)
     bad = _with_launch_prefix(source, f"""
-        import os, signal
+        import os, signal, time
         if rt.rank == 1:
+            time.sleep(2.0)
             {how}
     """)
     start = time.monotonic()
