@@ -917,10 +917,15 @@ def test_compute_tiles_are_charged_the_roles_of_their_own_kernel_only():
     # flash-decode on SMs: the partials' kernel runs alone (every program), the gather of
     # the partials pushes beside the combine in the next kernel
     from tilelink.schedule.cost import _compute_programs
+    from tilelink.schedule.lowering import op_sites
+
+    def programs(bp, text):
+        cfg = _config(bp, t, text)
+        return _compute_programs(bp, cfg, op_sites(bp, cfg, None))
 
     t = _target("NVIDIA H200")
     moe = _bp("ag_moe", 2, T=8192, K=2048, N=1408, E=64, TOPK=6)
-    assert _compute_programs(moe, _config(moe, t, "comm=sm")) == {"y": 116}
-    assert _compute_programs(moe, _config(moe, t, "comm=copy_engine")) == {"y": 132}
+    assert programs(moe, "comm=sm") == {"y": 116}
+    assert programs(moe, "comm=copy_engine") == {"y": 132}
     fd = _bp("flash_decode", 2, B=32, H=32, S=131072, D=128)
-    assert _compute_programs(fd, _config(fd, t, "comm=sm")) == {"part": 132, "o": 116}
+    assert programs(fd, "comm=sm") == {"part": 132, "o": 116}

@@ -79,7 +79,7 @@ from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
 from .config import Config
 from .lowering import (VENDOR_WORK, Work, library_moved_bytes, library_staged_bytes,
-                       library_timing, op_sites, pipelined, takes_library)
+                       library_timing, op_lowerings, op_sites, pipelined, takes_library)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
 #: the overlapped default must beat the non-overlapped plan's estimate by this share to be
@@ -444,12 +444,6 @@ def is_fallback(cfg: Config) -> bool:
     return cfg.comm == FALLBACK
 
 
-def op_lowerings(bp: BoundPattern, cfg: Config, target=None):
-    """(site, lowering) of every op under `cfg` (lowering None: none for this config)."""
-    sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
-
-
 def uses_comm_programs(cfg: Config, bp: BoundPattern, target=None) -> bool:
     """Whether `cfg` runs a role next to a compute op's tiles in one kernel (a push, a
     reduction), sized by comm_programs."""
@@ -686,10 +680,13 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         comm = sum(library_ms(dev, bp, op, cfg.library_comm) for op in comm_ops)
         return Estimate(comp + comm, comp, comm, comm)
     comp = waiting = 0.0
-    placed = _compute_programs(bp, cfg)
+    sites = op_sites(bp, cfg, None)
+    placed = _compute_programs(bp, cfg, sites)
     grid = min(cfg.num_programs, dev.num_sms)
-    for site, lw in op_lowerings(bp, cfg):
-        if spec(site.op.kind).category == "comm":
+    for op in bp.ops:
+        site = sites[op.result]
+        lw = site.lowering
+        if spec(op.kind).category == "comm":
             continue
         work = lw.work(site) if lw is not None else None
         if work is not None:
@@ -719,15 +716,16 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     return Estimate(total, comp, comm, total - comp)
 
 
-def _compute_programs(bp: BoundPattern, cfg: Config) -> dict[str, int]:
+def _compute_programs(bp: BoundPattern, cfg: Config, sites: dict) -> dict[str, int]:
     """op result -> the programs of its tiles (or receive) step in the kernels `compose`
-    lays out for `cfg`: the grid less the other roles of its kernel. Empty where the config
-    does not compose (the caller then keeps each op's own count)."""
+    lays out for `cfg` (`sites`: the ops' sites under it): the grid less the other roles of
+    its kernel. Empty where the config does not compose (the caller then keeps each op's own
+    count)."""
     from ..errors import ConfigError
     from .compose import compose
 
     try:
-        comp = compose(bp, cfg, None)
+        comp = compose(bp, cfg, None, sites)
     except (ConfigError, NotSupportedError):
         return {}
     out: dict[str, int] = {}

@@ -289,6 +289,13 @@ def op_sites(bp: BoundPattern, config: Config, target: Target) -> dict[str, OpSi
     return sites
 
 
+def op_lowerings(bp: BoundPattern, config: Config, target: Target = None) -> list:
+    """(site, lowering) of every op under `config`, in the pattern's order (lowering None:
+    none for this config)."""
+    sites = op_sites(bp, config, target)
+    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
+
+
 @dataclass(frozen=True)
 class Prepare:
     """A lowering's prepare step (`Lowering.prepare`): `what` it does, in one line;

@@ -25,7 +25,7 @@ from ..plan import Plan, TileSizes, build_plan
 from .compose import Composition, compose
 from .config import COMM_RESOURCES, Config, default_value
 from .knobs import feature_knobs, plan_knobs
-from .lowering import LOWERINGS, library_capturable, library_comms, op_sites
+from .lowering import LOWERINGS, library_capturable, library_comms, op_lowerings, op_sites
 from .space import ConfigSpace
 from .targets import Target
 
@@ -194,15 +194,9 @@ def default_space(target: Target) -> ConfigSpace:
                        warp_specialized=target.name == "cuda:90", target=target)
 
 
-def _op_sites(bp: BoundPattern, cfg: Config, target: Target):
-    """(site, lowering) of every op of `bp` under `cfg`."""
-    sites = op_sites(bp, cfg, target)
-    return [(sites[op.result], sites[op.result].lowering) for op in bp.ops]
-
-
 def _comm_sites(bp: BoundPattern, cfg: Config, target: Target):
     """(site, lowering) of every collective of `bp` under `cfg`."""
-    return [(site, lw) for site, lw in _op_sites(bp, cfg, target)
+    return [(site, lw) for site, lw in op_lowerings(bp, cfg, target)
             if spec(site.op.kind).category == "comm"]
 
 
@@ -224,13 +218,13 @@ def _never_default(bp: BoundPattern, cfg: Config, target: Target) -> bool:
     if target.backend == "interp" or cfg.comm == "none":
         return False
     return any(lw is not None and not lw.default_ok(site)
-               for site, lw in _op_sites(bp, cfg, target))
+               for site, lw in op_lowerings(bp, cfg, target))
 
 
 def unmeasured_note(bp: BoundPattern, cfg: Config, target: Target) -> str:
     """Why the non-overlapped plan is the default where an op's lowering under `cfg` is one
     the default never takes (`Lowering.default_ok`)."""
-    kinds = sorted({site.op.kind for site, lw in _op_sites(bp, cfg, target)
+    kinds = sorted({site.op.kind for site, lw in op_lowerings(bp, cfg, target)
                     if lw is not None and not lw.default_ok(site)})
     return (f"{', '.join(kinds)} on comm={cfg.comm} is not the default yet (not measured "
             "on GPUs against the library plan at these sizes): running the non-overlapped "

@@ -169,8 +169,8 @@ class GroupedGemmTriton(Lowering):
 
     def notes(self, site) -> list[str]:
         out = [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
-        tma, why = weights_loads(site)
-        if site.config.value("weights_tma") and not tma:
+        why = weights_loads(site)[1]  # (said only where weights_tma=1 cannot be honoured)
+        if why:
             out.append(f"{site.op.result}: the experts' weights through pointer loads, not "
                        f"TMA (weights_tma=1): {why}")
         return out
@@ -363,7 +363,7 @@ register_lowering(GroupedGemmTriton())
 # the order of the grouped kernel's (tile, column block) items: 1, every column block of a
 # tile before the next tile's; G > 1, G tiles' column blocks together (the dense GEMM's
 # grouped order over the call's tile count: up to G tiles read each block of their experts'
-# weights from L2). With the weights through TMA, 8 was 3-14% faster than 1 on one H200 at
+# weights from L2). With the weights through TMA, 8 was 2-12% faster than 1 on one H200 at
 # four MoE shapes (2026-11-28, tools/grouped_alone.py, docs/perf.md)
 register_knob(Knob("tile_group", 8, "grouped_gemm's tile order: 1 walks a tile's column "
                    "blocks before the next tile's, G walks G tiles' column blocks together "
