@@ -208,7 +208,7 @@ def ref(op, ctx, args):
     plans = send_plans(ctx.bp, op, splits)
     outs = []
     for d in range(ctx.world):
-        out = torch.zeros((ctx.world * cap,) + tuple(xs[0].shape[1:]), dtype=xs[0].dtype)
+        out = xs[0].new_zeros((ctx.world * cap,) + tuple(xs[0].shape[1:]))
         for s in range(ctx.world):
             rows = _received(xs[s], plans[s], d, cap, ctx.attrs["slots"])
             out[s * cap:s * cap + rows.shape[0]] = rows
