@@ -16,7 +16,7 @@ ops (a second, independent implementation the tests hold the kernels to). Both f
 
 An expert with no rows has no tile; a tile never mixes experts. Copies whose expert is out of
 range belong to no expert and no tile (their result rows are not written; the references
-refuse such ids). The counting kernel refuses them too: its last program writes one
+refuse such ids). The placing kernel refuses them too: its program 0 writes one
 diagnostic record (`tld.refuse`: the check's site, E, how many copies were out of range) and
 raises the abort flag, so the kernel after it gives up its waits at once (a combine whose
 chunks would never complete, a reduction waiting on them) and the host raises a
@@ -95,31 +95,44 @@ def reference_tables(ids: torch.Tensor, experts: int, block_m: int) -> dict:
 
 
 #: most programs the routing kernels run on (each takes a contiguous chunk of the copies)
-ROUTE_PROGRAMS = 128
+ROUTE_PROGRAMS = 512
 
 
 def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int,
                         site: int = 0) -> dict:
     """The constexpr arguments of the routing kernels for these sizes: P programs of CH
     copies each (CB a step), the histogram's row stride HS (EP experts, then the
-    out-of-range count), PQ histogram rows read at a time, and the wait site SITE its
-    refusal of out-of-range copies reports."""
+    out-of-range count), PQ histogram rows read at a time, SP tile slots a program writes
+    (TB a step), and the wait site SITE its refusal of out-of-range copies reports.
+
+    P is the program count that keeps the critical path shortest: a placing program reads
+    every program's histogram row (P / PQ steps) and walks its chunk (CH / CB steps, which
+    the counting kernel walks too)."""
     ep = 1 << max(0, experts - 1).bit_length()  # experts, padded to a power of two
     # copies a step: its [CB, EP] comparisons stay at 4K elements (16 .. 512 copies)
     cb = max(16, min(512, 4096 // ep))
-    steps = max(1, -(-copies // (cb * ROUTE_PROGRAMS)))  # steps a program takes
-    ch = cb * steps
-    return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m,
-                SLOTS=max_tiles(copies, experts, block_m), CB=cb, TB=cb, CH=ch,
-                P=max(1, -(-copies // ch)), HS=ep + 1, PQ=max(1, 4096 // ep), SITE=site)
+    pq = max(1, 4096 // ep)
+    chunks = -(-copies // cb)  # steps of CB copies in all
+
+    def path(programs: int) -> int:
+        return 2 * -(-chunks // programs) + -(-programs // pq)
+
+    programs = min((p for p in range(1, min(chunks, ROUTE_PROGRAMS) + 1)),
+                   key=lambda p: (path(p), p))
+    ch = cb * -(-chunks // programs)
+    p = max(1, -(-copies // ch))
+    slots = max_tiles(copies, experts, block_m)
+    sp = -(-slots // p)
+    tb = max(16, min(1 << max(0, sp - 1).bit_length(), max(16, 4096 // ep)))
+    return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m, SLOTS=slots, CB=cb,
+                TB=tb, CH=ch, P=p, HS=ep + 1, PQ=pq, SP=sp, SITE=site)
 
 
 def route_steps(copies: int, experts: int, topk: int, block_m: int) -> int:
     """Loop steps on the routing kernels' critical path (what their GPU time grows with): a
-    program's chunk twice, the histogram twice, the last program's pass over the tile
-    slots in each kernel."""
+    program's chunk twice, the histogram once, a program's share of the tile slots."""
     k = route_kernel_consts(copies, experts, topk, block_m)
-    return 2 * (-(-k["CH"] // k["CB"]) + -(-k["P"] // k["PQ"]) + -(-k["SLOTS"] // k["TB"]))
+    return 2 * -(-k["CH"] // k["CB"]) + -(-k["P"] // k["PQ"]) + -(-k["SP"] // k["TB"])
 
 
 def route_kernel_names(base: str) -> tuple[str, str]:
@@ -134,36 +147,35 @@ def route_kernel_source(base: str) -> list[str]:
     CH copies (copy c = t * topk + j of route_ids, [T, topk] read flat):
 
     - counting: per expert (and out of range) the copies of its chunk, into its row of
-      route_hist [P, HS]; the program that counts last (`route_sync[0]`) sums the rows into
-      the per-expert tables and writes each tile's expert, first position and rows, and
+      route_hist [P, HS];
+    - placing: every program sums the histogram (each expert's count, first position and
+      tiles), places its chunk's copies in `order` after the copies of their expert in
+      earlier chunks (a stable sort: chunks are in copy order), and writes the token range
+      of the tiles its copies open and close (a tile's first and last row are copies of
+      some chunk); program p writes tile slots [p * SP, (p + 1) * SP) (expert, first
+      position, rows); program 0 writes the per-expert tables and the tile count, and
       refuses copies out of range (`tld.refuse` at wait site SITE: a diagnostic record and
-      the abort flag, `abort_ptr` / `diag_ptr` of rank `me`);
-    - placing: each program places its chunk's copies in `order` after the copies of its
-      expert in earlier chunks (a stable sort: chunks are in copy order); the program that
-      finishes last (`route_sync[1]`) writes each tile's token range from the order.
+      the abort flag, `abort_ptr` / `diag_ptr` of rank `me`).
 
-    No program waits for another (the last to count does what needs every count), so the
-    kernels run in any order of programs, the interpreter's one at a time included. The
-    counters are zero between calls (the last program resets its own)."""
+    No program waits for another and none needs another's result within a kernel, so the
+    programs run in any order (the interpreter's one at a time included) and the only
+    serial work is each program's own loops."""
     count, place = route_kernel_names(base)
     consts = ("C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,\n"
               "        BM: tl.constexpr, SLOTS: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr,\n"
               "        CH: tl.constexpr, P: tl.constexpr, HS: tl.constexpr, PQ: tl.constexpr,\n"
-              "        SITE: tl.constexpr")
+              "        SP: tl.constexpr, SITE: tl.constexpr")
     return (_COUNT.replace("{name}", count) + "\n\n" + _PLACE.replace("{name}", place)
             ).replace("{consts}", consts).splitlines()
 
 
 _COUNT = '''@triton.jit
-def {name}(route_ids_ptr, route_hist_ptr, route_counts_ptr, route_tiles_ptr,
-        route_ntiles_ptr, route_sync_ptr, abort_ptr, diag_ptr, me,
+def {name}(route_ids_ptr, route_hist_ptr,
         {consts}):
-    """Routing, first kernel: this program's chunk of copies counted per expert; the last
-    program to count writes the per-expert tables and the tiles' experts and rows, and
-    refuses expert numbers out of range (see tilelink.ops.grouped_gemm.routing)."""
+    """Routing, first kernel: this program's chunk of copies counted per expert, and those
+    of no expert (see tilelink.ops.grouped_gemm.routing)."""
     p = tl.program_id(0)
     e_offs = tl.arange(0, EP)
-    emask = e_offs < E
     steps = tl.arange(0, CB)
     cnt = tl.zeros((EP,), dtype=tl.int32)
     bad = tl.sum(tl.zeros((CB,), dtype=tl.int32), 0)
@@ -176,59 +188,16 @@ def {name}(route_ids_ptr, route_hist_ptr, route_counts_ptr, route_tiles_ptr,
         bad += tl.sum((inside & ~ok).to(tl.int32), 0)
     tl.store(route_hist_ptr + p * HS + e_offs, cnt)
     tl.store(route_hist_ptr + p * HS + EP, bad)
-    tl.debug_barrier()  # every thread's stores of this row before the count
-    done = tl.atomic_add(route_sync_ptr, 1, sem="acq_rel", scope="gpu")
-    if done == P - 1:  # the last program: every row is stored
-        tl.atomic_xchg(route_sync_ptr, 0, sem="relaxed", scope="gpu")
-        q_offs = tl.arange(0, PQ)
-        cnt = tl.zeros((EP,), dtype=tl.int32)
-        bad = tl.sum(tl.zeros((PQ,), dtype=tl.int32), 0)  # copies out of range, all chunks
-        for q0 in range(0, P, PQ):  # (.cg: rows other programs wrote, from L2)
-            q = q0 + q_offs
-            cnt += tl.sum(tl.load(route_hist_ptr + q[:, None] * HS + e_offs[None, :],
-                                  mask=q[:, None] < P, other=0, cache_modifier=".cg"), axis=0)
-            bad += tl.sum(tl.load(route_hist_ptr + q * HS + EP, mask=q < P, other=0,
-                                  cache_modifier=".cg"), 0)
-        cnt = tl.where(emask, cnt, 0)
-        if bad > 0:  # copies of no expert: their rows would never be computed
-            tld.refuse(abort_ptr, diag_ptr, SITE, 0, E, bad, me)
-        first = tl.cumsum(cnt, 0) - cnt
-        per = (cnt + BM - 1) // BM
-        tile_end = tl.cumsum(per, 0)
-        tl.store(route_counts_ptr + e_offs, cnt, mask=emask)
-        tl.store(route_counts_ptr + E + e_offs, per * BM, mask=emask)
-        tl.store(route_counts_ptr + 2 * E + e_offs, first, mask=emask)
-        total = tl.sum(per, 0)
-        t_offs = tl.arange(0, TB)
-        for t0 in range(0, SLOTS, TB):
-            i = t0 + t_offs
-            # the tile's expert: how many experts' tiles end at or before it
-            e = tl.sum(((tile_end[None, :] <= i[:, None]) & emask[None, :]).to(tl.int32),
-                       axis=1)
-            sel = e_offs[None, :] == tl.minimum(e, E - 1)[:, None]
-            e_end = tl.sum(tl.where(sel, tile_end[None, :], 0), axis=1)
-            e_per = tl.sum(tl.where(sel, per[None, :], 0), axis=1)
-            e_cnt = tl.sum(tl.where(sel, cnt[None, :], 0), axis=1)
-            e_first = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
-            j = i - (e_end - e_per)
-            live = i < total
-            slot = i < SLOTS
-            tl.store(route_tiles_ptr + i * 5, tl.where(live, e, 0), mask=slot)
-            tl.store(route_tiles_ptr + i * 5 + 1, tl.where(live, e_first + j * BM, 0),
-                     mask=slot)
-            tl.store(route_tiles_ptr + i * 5 + 2,
-                     tl.where(live, tl.minimum(tl.maximum(e_cnt - j * BM, 0), BM), 0),
-                     mask=slot)
-        tl.store(route_ntiles_ptr, total)
 '''
 
 _PLACE = '''@triton.jit
-def {name}(route_ids_ptr, route_hist_ptr, route_order_ptr, route_tiles_ptr,
-        route_ntiles_ptr, route_sync_ptr,
+def {name}(route_ids_ptr, route_hist_ptr, route_order_ptr, route_counts_ptr,
+        route_tiles_ptr, route_ntiles_ptr, abort_ptr, diag_ptr, me,
         {consts}):
     """Routing, second kernel: this program's copies placed in the order after the copies
-    of their expert in earlier chunks; the last program to finish writes each tile's token
-    range (see tilelink.ops.grouped_gemm.routing)."""
+    of their expert in earlier chunks, the token range of the tiles they open and close,
+    its share of the tile slots; program 0 the per-expert tables (see
+    tilelink.ops.grouped_gemm.routing)."""
     p = tl.program_id(0)
     e_offs = tl.arange(0, EP)
     emask = e_offs < E
@@ -238,15 +207,21 @@ def {name}(route_ids_ptr, route_hist_ptr, route_order_ptr, route_tiles_ptr,
     cnt = tl.zeros((EP,), dtype=tl.int32)
     seen = tl.zeros((EP,), dtype=tl.int32)
     bad_before = tl.sum(tl.zeros((PQ,), dtype=tl.int32), 0)
+    bad_all = tl.sum(tl.zeros((PQ,), dtype=tl.int32), 0)
     for q0 in range(0, P, PQ):
         q = q0 + q_offs
         rows = tl.load(route_hist_ptr + q[:, None] * HS + e_offs[None, :],
                        mask=q[:, None] < P, other=0)
         cnt += tl.sum(rows, axis=0)
         seen += tl.sum(tl.where(q[:, None] < p, rows, 0), axis=0)
-        bad_before += tl.sum(tl.load(route_hist_ptr + q * HS + EP, mask=q < p, other=0), 0)
+        bad = tl.load(route_hist_ptr + q * HS + EP, mask=q < P, other=0)
+        bad_before += tl.sum(tl.where(q < p, bad, 0), 0)
+        bad_all += tl.sum(bad, 0)
     cnt = tl.where(emask, cnt, 0)
-    seen += tl.cumsum(cnt, 0) - cnt  # (each expert's first position)
+    first = tl.cumsum(cnt, 0) - cnt  # each expert's first position in the order
+    per = (cnt + BM - 1) // BM  # its tiles
+    tile_end = tl.cumsum(per, 0)
+    seen += first
     bad_next = tl.sum(cnt, 0) + bad_before  # out-of-range copies go after every expert's
     for c0 in range(0, CH, CB):
         offs = p * CH + c0 + steps
@@ -260,24 +235,45 @@ def {name}(route_ids_ptr, route_hist_ptr, route_order_ptr, route_tiles_ptr,
         bad = (inside & ~ok).to(tl.int32)
         pos = tl.where(ok, base + before, bad_next + tl.cumsum(bad, 0) - bad)
         tl.store(route_order_ptr + pos, offs, mask=inside)
+        # the copy's row within its expert, and its tile: a tile's first row gives its
+        # first token, its last row (the tile full, or the expert's last) its last
+        e_first = tl.sum(tl.where(hit, first[None, :], 0), axis=1)
+        e_tile0 = tl.sum(tl.where(hit, (tile_end - per)[None, :], 0), axis=1)
+        e_cnt = tl.sum(tl.where(hit, cnt[None, :], 0), axis=1)
+        r = pos - e_first
+        tile = e_tile0 + r // BM
+        tl.store(route_tiles_ptr + tile * 5 + 3, offs // TOPK, mask=ok & (r % BM == 0))
+        tl.store(route_tiles_ptr + tile * 5 + 4, offs // TOPK + 1,
+                 mask=ok & ((r % BM == BM - 1) | (r == e_cnt - 1)))
         seen += tl.sum(hit.to(tl.int32), axis=0)
         bad_next += tl.sum(bad, 0)
-    tl.debug_barrier()  # every thread's stores of the order before the count
-    done = tl.atomic_add(route_sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if done == P - 1:  # the last program: the whole order is stored
-        tl.atomic_xchg(route_sync_ptr + 1, 0, sem="relaxed", scope="gpu")
-        total = tl.load(route_ntiles_ptr)
-        t_offs = tl.arange(0, TB)
-        for t0 in range(0, SLOTS, TB):
-            i = t0 + t_offs
-            live = i < total
-            slot = i < SLOTS
-            row0 = tl.load(route_tiles_ptr + i * 5 + 1, mask=slot, other=0)
-            rows = tl.load(route_tiles_ptr + i * 5 + 2, mask=slot, other=0)
-            head = tl.minimum(row0, C - 1)
-            last = tl.minimum(tl.maximum(row0 + rows - 1, 0), C - 1)
-            lo = tl.load(route_order_ptr + head, mask=live, other=0, cache_modifier=".cg")
-            hi = tl.load(route_order_ptr + last, mask=live, other=0, cache_modifier=".cg")
-            tl.store(route_tiles_ptr + i * 5 + 3, tl.where(live, lo // TOPK, 0), mask=slot)
-            tl.store(route_tiles_ptr + i * 5 + 4, tl.where(live, hi // TOPK + 1, 0), mask=slot)
+    # this program's tile slots: expert, first position, rows (a slot past the last tile
+    # all zero; a live tile's token range is its copies' programs' to write)
+    total = tl.sum(per, 0)
+    t_offs = tl.arange(0, TB)
+    for t0 in range(0, SP, TB):
+        i = p * SP + t0 + t_offs
+        slot = (i < SLOTS) & (t0 + t_offs < SP)
+        # the tile's expert: how many experts' tiles end at or before it
+        e = tl.sum(((tile_end[None, :] <= i[:, None]) & emask[None, :]).to(tl.int32), axis=1)
+        sel = e_offs[None, :] == tl.minimum(e, E - 1)[:, None]
+        e_end = tl.sum(tl.where(sel, tile_end[None, :], 0), axis=1)
+        e_per = tl.sum(tl.where(sel, per[None, :], 0), axis=1)
+        e_cnt = tl.sum(tl.where(sel, cnt[None, :], 0), axis=1)
+        e_first = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
+        j = i - (e_end - e_per)
+        live = i < total
+        tl.store(route_tiles_ptr + i * 5, tl.where(live, e, 0), mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 1, tl.where(live, e_first + j * BM, 0), mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 2,
+                 tl.where(live, tl.minimum(tl.maximum(e_cnt - j * BM, 0), BM), 0), mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 3, tl.zeros_like(i), mask=slot & ~live)
+        tl.store(route_tiles_ptr + i * 5 + 4, tl.zeros_like(i), mask=slot & ~live)
+    if p == 0:
+        tl.store(route_counts_ptr + e_offs, cnt, mask=emask)
+        tl.store(route_counts_ptr + E + e_offs, per * BM, mask=emask)
+        tl.store(route_counts_ptr + 2 * E + e_offs, first, mask=emask)
+        tl.store(route_ntiles_ptr, total)
+        if bad_all > 0:  # copies of no expert: their rows would never be computed
+            tld.refuse(abort_ptr, diag_ptr, SITE, 0, E, bad_all, me)
 '''

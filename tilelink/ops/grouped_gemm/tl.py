@@ -41,13 +41,13 @@ def sizes(bp, op) -> dict:
 
 def tables(op) -> dict[str, str]:
     """The heap buffers the prepare step fills for `op` (role -> buffer name); "hist" (each
-    routing program's counts) and "sync" (its two last-program counters) are its own."""
+    routing program's counts) is its own."""
     return {r: f"{op.result}_route_{r}" for r in ("order", "counts", "tiles", "ntiles")}
 
 
 def scratch(op) -> dict[str, str]:
-    """The routing kernels' own buffers for `op`: per-program counts and two counters."""
-    return {r: f"{op.result}_route_{r}" for r in ("hist", "sync")}
+    """The routing kernels' own buffer for `op`: per-program counts."""
+    return {"hist": f"{op.result}_route_hist"}
 
 
 def route_kernels(site) -> tuple[str, str]:
@@ -199,7 +199,6 @@ class GroupedGemmTriton(Lowering):
         consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m, refused)
         own = scratch(site.op)
         mb.heap_tensor(own["hist"], (consts["P"], consts["HS"]), "int32")
-        mb.signal(own["sync"], 2, init="zero")
         # the prepare step's kernels, after the composed ones, compiled as they are
         count, place = route_kernels(site)
         ids = mb.bp.tensors[site.op.args[2]]
@@ -213,8 +212,7 @@ class GroupedGemmTriton(Lowering):
             f"SIGNATURE.update(route_ids_ptr={'*i64' if ids.dtype == 'int64' else '*i32'!r}, "
             "route_order_ptr='*i32', route_counts_ptr='*i32',",
             "                 route_tiles_ptr='*i32', route_ntiles_ptr='*i32', "
-            "route_hist_ptr='*i32',",
-            "                 route_sync_ptr='*i32')"]
+            "route_hist_ptr='*i32')"]
 
     def render_prepare(self, kb, site) -> list[str]:
         mb = kb.mb
@@ -222,13 +220,13 @@ class GroupedGemmTriton(Lowering):
         grid = route_kernel_consts(s["C"], s["E"], s["TOPK"], mb.config.block_m)["P"]
         t, own = tables(site.op), scratch(site.op)
         ref = {**{r: mb.host_ref(b) for r, b in t.items()}, "hist": mb.host_ref(own["hist"]),
-               "sync": f"sym[{own['sync']!r}]", "ids": mb.host_ref(site.op.args[2]),
+               "ids": mb.host_ref(site.op.args[2]),
                "abort": "rt.abort", "diag": "rt.diag", "me": "rt.rank"}
         count, place = route_kernels(site)
         out = []
-        for name, args in ((count, ("ids", "hist", "counts", "tiles", "ntiles", "sync", "abort",
-                                    "diag", "me")),
-                           (place, ("ids", "hist", "order", "tiles", "ntiles", "sync"))):
+        for name, args in ((count, ("ids", "hist")),
+                           (place, ("ids", "hist", "order", "counts", "tiles", "ntiles",
+                                    "abort", "diag", "me"))):
             out += [f"    rt.launch_kernel({name}, ({grid},), "
                     f"({', '.join(ref[a] for a in args)},), dict(",
                     f"        **KERNEL_CONSTS[{name!r}], num_warps=4, **tld.launch_options()))"]
