@@ -71,7 +71,7 @@ def _kernel_cases():
         counts = torch.full((3, experts), -1, dtype=torch.int32)
         tiles = torch.full((k["SLOTS"], 5), -1, dtype=torch.int32)
         ntiles = torch.full((1,), -1, dtype=torch.int32)
-        hist = torch.full((k["P"], k["HS"]), -1, dtype=torch.int32)
+        hist = torch.full((k["P"], k["ROW"]), -1, dtype=torch.int32)
         abort = torch.zeros(1, dtype=torch.int32)
         diag = torch.zeros(DIAG_WORDS, dtype=torch.int32)
         want = reference_tables(ids, experts, block_m)

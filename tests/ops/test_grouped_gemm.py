@@ -118,11 +118,11 @@ def test_the_plan_waits_on_the_gathered_chunks_of_a_run_time_token_range():
 def test_the_kernel_loads_the_range_and_waits_only_on_it():
     s = make_schedule(AG_MOE, 2, {"T": 64}, TILES, "interp")
     src = render_triton(s)
-    # the prepare step: its two kernels, on programs of 512 choices each (one here),
+    # the prepare step: its two kernels, on programs of 64 choices each (two here),
     # launched before the pattern's kernel
-    count = ("rt.launch_kernel(ag_moe_route_y_count_kernel, (1,), (inputs['ids'], "
+    count = ("rt.launch_kernel(ag_moe_route_y_count_kernel, (2,), (inputs['ids'], "
              "sym['y_route_hist'],)")
-    place = ("rt.launch_kernel(ag_moe_route_y_place_kernel, (1,), (inputs['ids'], "
+    place = ("rt.launch_kernel(ag_moe_route_y_place_kernel, (2,), (inputs['ids'], "
              "sym['y_route_hist'], sym['y_route_order'], sym['y_route_counts']")
     assert count in src and place in src
     assert src.index(count) < src.index(place) < src.index("rt.launch_kernel(ag_moe_kernel,")

@@ -109,8 +109,9 @@ def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int,
     every program's histogram row (P / PQ steps) and walks its chunk (CH / CB steps, which
     the counting kernel walks too)."""
     ep = 1 << max(0, experts - 1).bit_length()  # experts, padded to a power of two
-    # copies a step: its [CB, EP] comparisons stay at 4K elements (16 .. 512 copies)
-    cb = max(16, min(512, 4096 // ep))
+    # copies a step: the counting kernel's [CB, EP] and the placing kernel's [CB, CB]
+    # comparisons stay at 4K elements (16 .. 64 copies)
+    cb = max(16, min(64, 4096 // ep))
     pq = max(1, 4096 // ep)
     chunks = -(-copies // cb)  # steps of CB copies in all
 
@@ -125,7 +126,7 @@ def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int,
     sp = -(-slots // p)
     tb = max(16, min(1 << max(0, sp - 1).bit_length(), max(16, 4096 // ep)))
     return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m, SLOTS=slots, CB=cb,
-                TB=tb, CH=ch, P=p, HS=ep + 1, PQ=pq, SP=sp, SITE=site)
+                TB=tb, CH=ch, P=p, HS=ep + 1, ROW=5 * (ep + 1), PQ=pq, SP=sp, SITE=site)
 
 
 def route_steps(copies: int, experts: int, topk: int, block_m: int) -> int:
@@ -164,7 +165,7 @@ def route_kernel_source(base: str) -> list[str]:
     consts = ("C: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,\n"
               "        BM: tl.constexpr, SLOTS: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr,\n"
               "        CH: tl.constexpr, P: tl.constexpr, HS: tl.constexpr, PQ: tl.constexpr,\n"
-              "        SP: tl.constexpr, SITE: tl.constexpr")
+              "        SP: tl.constexpr, ROW: tl.constexpr, SITE: tl.constexpr")
     return (_COUNT.replace("{name}", count) + "\n\n" + _PLACE.replace("{name}", place)
             ).replace("{consts}", consts).splitlines()
 
@@ -173,7 +174,8 @@ _COUNT = '''@triton.jit
 def {name}(route_ids_ptr, route_hist_ptr,
         {consts}):
     """Routing, first kernel: this program's chunk of copies counted per expert, and those
-    of no expert (see tilelink.ops.grouped_gemm.routing)."""
+    of no expert, into the first HS words of its row of route_hist (see
+    tilelink.ops.grouped_gemm.routing)."""
     p = tl.program_id(0)
     e_offs = tl.arange(0, EP)
     steps = tl.arange(0, CB)
@@ -186,8 +188,8 @@ def {name}(route_ids_ptr, route_hist_ptr,
         ok = inside & (v >= 0) & (v < E)
         cnt += tl.sum(((v[:, None] == e_offs[None, :]) & ok[:, None]).to(tl.int32), axis=0)
         bad += tl.sum((inside & ~ok).to(tl.int32), 0)
-    tl.store(route_hist_ptr + p * HS + e_offs, cnt)
-    tl.store(route_hist_ptr + p * HS + EP, bad)
+    tl.store(route_hist_ptr + p * ROW + e_offs, cnt)
+    tl.store(route_hist_ptr + p * ROW + EP, bad)
 '''
 
 _PLACE = '''@triton.jit
@@ -210,61 +212,67 @@ def {name}(route_ids_ptr, route_hist_ptr, route_order_ptr, route_counts_ptr,
     bad_all = tl.sum(tl.zeros((PQ,), dtype=tl.int32), 0)
     for q0 in range(0, P, PQ):
         q = q0 + q_offs
-        rows = tl.load(route_hist_ptr + q[:, None] * HS + e_offs[None, :],
+        rows = tl.load(route_hist_ptr + q[:, None] * ROW + e_offs[None, :],
                        mask=q[:, None] < P, other=0)
         cnt += tl.sum(rows, axis=0)
         seen += tl.sum(tl.where(q[:, None] < p, rows, 0), axis=0)
-        bad = tl.load(route_hist_ptr + q * HS + EP, mask=q < P, other=0)
+        bad = tl.load(route_hist_ptr + q * ROW + EP, mask=q < P, other=0)
         bad_before += tl.sum(tl.where(q < p, bad, 0), 0)
         bad_all += tl.sum(bad, 0)
     cnt = tl.where(emask, cnt, 0)
     first = tl.cumsum(cnt, 0) - cnt  # each expert's first position in the order
     per = (cnt + BM - 1) // BM  # its tiles
     tile_end = tl.cumsum(per, 0)
-    seen += first
-    bad_next = tl.sum(cnt, 0) + bad_before  # out-of-range copies go after every expert's
+    total = tl.sum(per, 0)
+    # per expert, in this program's own words of its row (read back by expert number, not
+    # gathered from registers): first position, first tile, rows, and the next position
+    # a copy of it takes; word EP of the cursor is for copies of no expert, placed after
+    # every expert's
+    own = route_hist_ptr + p * ROW
+    tl.store(own + HS + e_offs, first)
+    tl.store(own + 2 * HS + e_offs, tile_end - per)
+    tl.store(own + 3 * HS + e_offs, cnt)
+    tl.store(own + 4 * HS + e_offs, first + seen)
+    tl.store(own + 4 * HS + EP, tl.sum(cnt, 0) + bad_before)
+    tl.debug_barrier()  # (this program's stores before its threads read them)
     for c0 in range(0, CH, CB):
         offs = p * CH + c0 + steps
         inside = (offs < C) & (c0 + steps < CH)
         v = tl.load(route_ids_ptr + offs, mask=inside, other=-1)
         ok = inside & (v >= 0) & (v < E)
-        hit = (v[:, None] == e_offs[None, :]) & ok[:, None]
-        # copies of its expert before it in this step: a running count per expert
-        before = tl.sum(tl.where(hit, tl.cumsum(hit.to(tl.int32), 0) - 1, 0), axis=1)
-        base = tl.sum(tl.where(hit, seen[None, :], 0), axis=1)
-        bad = (inside & ~ok).to(tl.int32)
-        pos = tl.where(ok, base + before, bad_next + tl.cumsum(bad, 0) - bad)
+        key = tl.where(ok, v, EP)  # (copies of no expert share the key EP)
+        # copies of the same key before it and after it in this step
+        same = (key[:, None] == key[None, :]) & inside[None, :]
+        before = tl.sum((same & (steps[None, :] < steps[:, None])).to(tl.int32), axis=1)
+        after = tl.sum((same & (steps[None, :] > steps[:, None])).to(tl.int32), axis=1)
+        pos = tl.load(own + 4 * HS + key, mask=inside, other=0) + before
         tl.store(route_order_ptr + pos, offs, mask=inside)
         # the copy's row within its expert, and its tile: a tile's first row gives its
         # first token, its last row (the tile full, or the expert's last) its last
-        e_first = tl.sum(tl.where(hit, first[None, :], 0), axis=1)
-        e_tile0 = tl.sum(tl.where(hit, (tile_end - per)[None, :], 0), axis=1)
-        e_cnt = tl.sum(tl.where(hit, cnt[None, :], 0), axis=1)
-        r = pos - e_first
-        tile = e_tile0 + r // BM
+        r = pos - tl.load(own + HS + key, mask=ok, other=0)
+        tile = tl.load(own + 2 * HS + key, mask=ok, other=0) + r // BM
+        e_cnt = tl.load(own + 3 * HS + key, mask=ok, other=0)
         tl.store(route_tiles_ptr + tile * 5 + 3, offs // TOPK, mask=ok & (r % BM == 0))
         tl.store(route_tiles_ptr + tile * 5 + 4, offs // TOPK + 1,
                  mask=ok & ((r % BM == BM - 1) | (r == e_cnt - 1)))
-        seen += tl.sum(hit.to(tl.int32), axis=0)
-        bad_next += tl.sum(bad, 0)
+        tl.debug_barrier()  # every thread read the cursors before the last copies move them
+        tl.store(own + 4 * HS + key, pos + 1, mask=inside & (after == 0))
+        tl.debug_barrier()
     # this program's tile slots: expert, first position, rows (a slot past the last tile
     # all zero; a live tile's token range is its copies' programs' to write)
-    total = tl.sum(per, 0)
     t_offs = tl.arange(0, TB)
     for t0 in range(0, SP, TB):
         i = p * SP + t0 + t_offs
         slot = (i < SLOTS) & (t0 + t_offs < SP)
+        live = i < total
         # the tile's expert: how many experts' tiles end at or before it
         e = tl.sum(((tile_end[None, :] <= i[:, None]) & emask[None, :]).to(tl.int32), axis=1)
-        sel = e_offs[None, :] == tl.minimum(e, E - 1)[:, None]
-        e_end = tl.sum(tl.where(sel, tile_end[None, :], 0), axis=1)
-        e_per = tl.sum(tl.where(sel, per[None, :], 0), axis=1)
-        e_cnt = tl.sum(tl.where(sel, cnt[None, :], 0), axis=1)
-        e_first = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
-        j = i - (e_end - e_per)
-        live = i < total
-        tl.store(route_tiles_ptr + i * 5, tl.where(live, e, 0), mask=slot)
-        tl.store(route_tiles_ptr + i * 5 + 1, tl.where(live, e_first + j * BM, 0), mask=slot)
+        e = tl.where(live, e, 0)
+        j = i - tl.load(own + 2 * HS + e)
+        e_cnt = tl.load(own + 3 * HS + e)
+        tl.store(route_tiles_ptr + i * 5, e, mask=slot)
+        tl.store(route_tiles_ptr + i * 5 + 1,
+                 tl.where(live, tl.load(own + HS + e) + j * BM, 0), mask=slot)
         tl.store(route_tiles_ptr + i * 5 + 2,
                  tl.where(live, tl.minimum(tl.maximum(e_cnt - j * BM, 0), BM), 0), mask=slot)
         tl.store(route_tiles_ptr + i * 5 + 3, tl.zeros_like(i), mask=slot & ~live)

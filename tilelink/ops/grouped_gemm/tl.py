@@ -46,7 +46,8 @@ def tables(op) -> dict[str, str]:
 
 
 def scratch(op) -> dict[str, str]:
-    """The routing kernels' own buffer for `op`: per-program counts."""
+    """The routing kernels' own buffer for `op`: a row per program (its chunk's counts, then
+    the placing program's per-expert words)."""
     return {"hist": f"{op.result}_route_hist"}
 
 
@@ -198,7 +199,7 @@ class GroupedGemmTriton(Lowering):
                           f"{site.op.args[2]} outside 0 .. {s['E'] - 1}")
         consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m, refused)
         own = scratch(site.op)
-        mb.heap_tensor(own["hist"], (consts["P"], consts["HS"]), "int32")
+        mb.heap_tensor(own["hist"], (consts["P"], consts["ROW"]), "int32")
         # the prepare step's kernels, after the composed ones, compiled as they are
         count, place = route_kernels(site)
         ids = mb.bp.tensors[site.op.args[2]]
