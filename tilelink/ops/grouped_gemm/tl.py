@@ -56,10 +56,10 @@ def route_kernels(site) -> tuple[str, str]:
     return route_kernel_names(f"{site.bp.name}_route_{site.op.result}")
 
 
-#: GPU time of one step of a routing kernel's loops (CB copies or TB tiles, one program),
-#: fitted on 2x H100 (2026-11-27): AG-MoE with E = 64, top-6, 8192 tokens, K = 2048, N = 1408
-#: on SMs took 2.41 ms a call with one routing program, ~1,550 steps of it (64 copies a step)
-ROUTE_STEP_US = 1.4
+#: GPU time of one step on the routing kernels' critical path (`route_steps`), fitted on one
+#: H200 (2026-11-28, torch.profiler): both kernels 7.5 / 17.3 / 20.0 us for 4 / 9 / 11 steps
+#: at 8192 tokens routed to 2 of 8, 4 of 60 and 6 of 64 experts
+ROUTE_STEP_US = 1.9
 
 
 #: the grouped kernel's share of the GEMM rate (the device row's peak x gemm_eff): fitted on
