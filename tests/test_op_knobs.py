@@ -301,3 +301,26 @@ def test_the_tuner_crosses_an_op_knob_only_as_its_declaration_says(monkeypatch):
                                             r"allreduce's declaration \(all_reduce\) does not "
                                             "search"):
         space.candidates(bp, CUDA)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.tl")))
+def test_a_schedule_lists_warps_exactly_where_the_kernels_follow_it(example):
+    # `--emit schedule`'s config line, the module header and `tilelink tune`'s space are the
+    # knobs the lowerings read: a knob that changes the generated kernels must be among them
+    # (EP dispatch + combine launched its kernels with the config's warps and listed none)
+    from tilelink.codegen import render_triton
+
+    bp = load_pattern(EXAMPLES / example).bind({}, 2)
+    compared = 0
+    for comm in ("sm", "copy_engine"):
+        try:
+            s4, s8 = (make_schedule(bp, CUDA, {"comm": comm, "warps": w}, allow_fallback=False)
+                      for w in ("4", "8"))
+        except TileLinkError:
+            continue  # (no lowering on that resource)
+        if s4.composition is None:
+            continue
+        compared += 1
+        assert (render_triton(s4) != render_triton(s8)) == ("warps" in s4.knobs), comm
+    if example == "ep_dispatch_combine.tl":
+        assert compared == 1

@@ -181,7 +181,7 @@ class TopkCombineSM(Lowering):
 
     kind = "topk_combine"
     name = "topk_combine/sm"
-    knobs = ("block_m", "block_n")
+    knobs = ("block_m", "block_n", "warps")
     names = {"rank": ("me", "me + 1"), "m": ("row_lo", "row_hi"),
              LANDED_AXIS: ("rv_lo", "rv_hi"), "n": ("col_lo", "col_hi")}
 
@@ -377,6 +377,7 @@ class LandingPositionsTriton(HistPrepared, Lowering):
 
     kind = "landing_positions"
     name = "landing_positions/triton"
+    knobs = ("warps",)  # (its kernels launch with the config's warps)
 
     def _sizes(self, site) -> dict:
         t, k = site.result.local_shape

@@ -206,6 +206,7 @@ class GroupByDestTriton(HistPrepared, Lowering):
 
     kind = "group_by_dest"
     name = "group_by_dest/triton"
+    knobs = ("warps",)  # (its kernels launch with the config's warps)
 
     def reasons(self, site) -> list[str]:
         return dest_from_collective(site, site.op.args[-1])
@@ -293,6 +294,7 @@ class DestCountsTriton(Lowering):
 
     kind = "dest_counts"
     name = "dest_counts/triton"
+    knobs = ("warps",)  # (its kernels launch with the config's warps)
 
     def reasons(self, site) -> list[str]:
         return dest_from_collective(site, site.op.args[-1])

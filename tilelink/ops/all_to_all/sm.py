@@ -58,7 +58,7 @@ class AllToAllSM(Lowering):
     resource = "sm"
     name = "all_to_all/sm"
     sends_delivered_rows = True  # each item waits on the chunks of the rows it sends on
-    knobs = ("comm", "comm_programs", "comm_block_m")
+    knobs = ("comm", "comm_programs", "comm_block_m", "warps")
 
     # ---- the schedule --------------------------------------------------------------------
 
