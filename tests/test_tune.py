@@ -322,6 +322,35 @@ def test_fallback_is_always_measured():
     assert [space.is_fallback(c) for c in measured] == [True, True]
 
 
+def test_the_untuned_default_is_always_measured():
+    # the config a call takes untuned is measured whatever the model's rank of it (and
+    # joins the candidates where the space has no equal): what the tuner caches is never
+    # one slower than it in the same run. (2026-11-28, 2x H200: MoE-RS tuned at DeepSeek's
+    # experts measured five other configs and cached one 1.4x slower than the default.)
+    bp = bound(AG, M=8192, N=8192, K=8192)
+    t = get_target("cuda:90")
+    cands = [c for c in space.candidates(bp, t) if not space.is_fallback(c)]
+    ranked = cost.rank(bp, cands, H200)
+    last = ranked[-1][0]
+    assert plan_order(ranked, 1, (last,)) == [len(ranked) - 1]
+    assert plan_order(ranked, 2, (last,)) == [0, len(ranked) - 1]
+    measured = []
+    tune(bp, t, lambda c: measured.append(c) or 1e-3, budget=1, candidates=cands[:3],
+         device="NVIDIA H200", rounds=0, always=(last,))
+    assert measured == [last]
+
+
+def test_the_grouped_gemm_tiles_its_rows_n_and_k():
+    # the tuner clamps block sizes to the tiled extents: a grouped GEMM's are its routed
+    # rows, N and K (it is no matmul op: with the first compute op's result shape alone, K
+    # was 1 and every block_k became 16)
+    bp = load_pattern(EXAMPLES / "moe_rs.tl").bind(
+        {"T": "8192", "K": "1408", "N": "2048", "E": "64", "TOPK": "6"}, 2)
+    assert cost.extents(bp)["k"] == 1408 // 2 and cost.extents(bp)["m"] == 8192 * 6  # (K split)
+    assert {c.block_k for c in space.candidates(bp, get_target("cuda:90"))
+            if not space.is_fallback(c)} == {64}
+
+
 # ---------------------------------------------------------------- the command
 
 
@@ -357,8 +386,14 @@ def test_emulated_budget_limits_the_run(capsys, cache_root):
     rc = main(["tune", AG, "-D", "M=64", "-D", "N=64", "-D", "K=32", "-W", "2", "--emulate",
                "--budget", "2", "--config", "comm=sm"])
     out = capsys.readouterr().out
-    # comm=sm: 2 programs x 2 chunks x 2 orders, plus the non-overlapped fallback
-    total = 8 + ("none" in COMM_RESOURCES)
+    # comm=sm: 2 programs x 2 chunks x 2 orders, plus the non-overlapped fallback, plus
+    # the untuned default (comm=sm pinned) where the space has no equal of it
+    from tilelink.cli.tune import _untuned
+
+    bp, interp = bound(AG, M=64, N=64, K=32), get_target("interp")
+    cands = space.pin(space.candidates(bp, interp), {"comm": "sm"}, bp, interp)
+    extra = [c for c in _untuned(bp, interp, {"comm": "sm"}) if c not in cands]
+    total = 8 + ("none" in COMM_RESOURCES) + len(extra)
     assert rc == 0 and f"checked 2 of {total} configs" in out
     assert not cache_root.exists()  # emulated times are not meaningful: nothing cached
 
@@ -461,7 +496,11 @@ def test_gpu_flow_with_fakes_stores_then_reuses_the_winner(monkeypatch, capsys, 
     argv = ["tune", AG, "-D", "M=8192", "-D", "N=8192", "-D", "K=8192", "-W", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    n = len(space.candidates(bound(AG, M=8192, N=8192, K=8192), get_target("cuda:90")))
+    from tilelink.cli.tune import _untuned
+
+    bp, cuda = bound(AG, M=8192, N=8192, K=8192), get_target("cuda:90")
+    cands = space.candidates(bp, cuda, cuda.num_sms)
+    n = len(cands) + len([c for c in _untuned(bp, cuda, {}) if c not in cands])
     # every config of the budget once, then the leaders again (median of 3)
     assert len(set(calls)) == default_budget(n) and f"measured {len(set(calls))} of {n}" in out
     assert "vs floor" in out and "vs NCCL+cuBLAS" in out and "cached in" in out

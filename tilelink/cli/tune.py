@@ -154,6 +154,21 @@ def _refuse_debug_knobs(pins: dict) -> None:
 # ---------------------------------------------------------------- emulated world
 
 
+def _untuned(bp, target, pins: dict, graph: bool = False) -> tuple:
+    """The config a call of `bp` takes untuned (`default_config`, the pins applied): the
+    search always measures it, so what it caches is never slower than it in the same run;
+    () where the pins leave it invalid."""
+    from ..errors import TileLinkError
+    from ..schedule.schedule import default_config
+    from ..tune.space import pin
+
+    try:
+        cfg, _ = default_config(bp, target, graph=graph)
+        return tuple(pin([cfg], pins, bp, target))
+    except TileLinkError:
+        return ()
+
+
 def _tune_emulated(args, bp, pins: dict) -> int:
     from ..bench.report import Progress
     from ..schedule import get_target
@@ -164,6 +179,8 @@ def _tune_emulated(args, bp, pins: dict) -> int:
 
     target = get_target("interp")
     cands = pin(candidates(bp, target), pins, bp, target)
+    untuned = _untuned(bp, target, pins)
+    cands += [c for c in untuned if c not in cands]
     limited = args.budget is not None or args.time is not None
     n = min(args.budget, len(cands)) if args.budget else len(cands)
     print(f"tilelink tune: no GPU in use: running {n} of {len(cands)} configs of the emulated "
@@ -172,7 +189,7 @@ def _tune_emulated(args, bp, pins: dict) -> int:
     bar = Progress(n, "tilelink tune")
     res = tune(bp, target, EmulatedMeasure(bp, timeout=args.timeout), budget=args.budget,
                time_limit=args.time, exhaustive=args.exhaustive or not limited, progress=_progress(bar, bp, meaningful=False),
-               candidates=cands, device="interp")
+               candidates=cands, device="interp", always=untuned)
     bar.close()
     print(f"{bp.name}: {bp.sizes_str()}; W = {bp.world}; emulated world (Triton interpreter)")
     print(_table(res, bp, None, args.top or len(cands), meaningful=False))
@@ -282,13 +299,17 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
                               + " ".join(f"{k}={v}" for k, v in opts["pins"].items()),
                               hint="copy-engine configs need their lowerings' flag protocol "
                               "(AG-GEMM's only); pin fewer knobs")
+    untuned = tuple(c for c in _untuned(bp, target, opts["pins"], graph)
+                    if not graph or capturable(c, bp, target))
+    cands += [c for c in untuned if c not in cands]
     measure = GpuMeasure(bp, warmup=opts["warmup"], iters=opts["iters"], graph=graph)
     total = len(cands) if opts["exhaustive"] else min(opts["budget"] or default_budget(
         len(cands)), len(cands))
     bar = Progress(total, "tilelink tune") if rank == 0 else None
     res = tune(bp, target, measure, budget=opts["budget"], time_limit=opts["time"],
                exhaustive=opts["exhaustive"], progress=_progress(bar, bp, meaningful=True),
-               candidates=cands, device=device, sync=measure.agree, graph=graph)
+               candidates=cands, device=device, sync=measure.agree, graph=graph,
+               always=untuned)
     if bar is not None:
         bar.update(0, "baselines (NCCL+cuBLAS, cuBLAS, comm alone)")
     try:

@@ -78,8 +78,9 @@ from ..errors import NotSupportedError
 from ..ir import BoundPattern, spec
 from ..ir.tensor import DTYPE_BYTES
 from .config import Config
-from .lowering import (VENDOR_WORK, Work, library_moved_bytes, library_staged_bytes,
-                       library_timing, op_lowerings, op_sites, pipelined, takes_library)
+from .lowering import (TILE_EXTENTS, VENDOR_WORK, Work, library_moved_bytes,
+                       library_staged_bytes, library_timing, op_lowerings, op_sites, pipelined,
+                       takes_library)
 
 FALLBACK = "none"  # comm resource meaning "no overlap: the collectives, then the computation"
 #: the overlapped default must beat the non-overlapped plan's estimate by this share to be
@@ -379,6 +380,8 @@ def extents(bp: BoundPattern, gemm=None, comm=None) -> dict[str, int]:
                                     bp.pattern.loc)
         shape = bp.tensors[comp.result].local_shape
         m, n, k = shape[0], (shape[1] if len(shape) > 1 else 1), 1
+        if comp.kind in TILE_EXTENTS:
+            m, n, k = TILE_EXTENTS[comp.kind](bp, comp)
     rows, cols = m, n
     comm = comm or next((op for op in bp.ops if spec(op.kind).category == "comm"), None)
     if comm is not None:

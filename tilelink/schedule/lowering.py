@@ -200,6 +200,17 @@ def register_vendor_work(kind: str, fn: Callable) -> None:
     VENDOR_WORK[kind] = fn
 
 
+# op kind -> fn(bp, op) -> (m, n, k): the rows, columns and reduction length a compute op
+# tiles where it is no matmul (`OpSpec.matmul`), e.g. a grouped GEMM's routed rows, N and K
+TILE_EXTENTS: dict[str, Callable] = {}
+
+
+def register_tile_extents(kind: str, fn: Callable) -> None:
+    """Register `fn(bp, op) -> (m, n, k)` for compute op `kind`: what its tiles cover, which
+    the tuner clamps block sizes to (`cost.extents`; an op family module calls this)."""
+    TILE_EXTENTS[kind] = fn
+
+
 def shrink_to_fit(cfg, steps, need: Callable, limit: int, keep=()) -> dict:
     """The knob values, taken from `steps` ((knob, value) pairs, in order) until `need(cfg)`
     is at most `limit` (a tile's shared memory against the target's), that a lowering's

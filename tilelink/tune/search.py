@@ -103,15 +103,18 @@ def default_budget(n: int) -> int:
     return max(1, n // 4)
 
 
-def plan_order(ranked: list[tuple[Config, float]], budget: int) -> list[int]:
+def plan_order(ranked: list[tuple[Config, float]], budget: int,
+               always: tuple[Config, ...] = ()) -> list[int]:
     """Indices (model order) to measure: the first `budget`, every non-overlapped candidate
-    (NCCL and each library collective: the bar the overlap must beat) always included, each
-    taking the place of the model's last overlapped pick."""
+    (NCCL and each library collective: the bar the overlap must beat) and every config of
+    `always` (the default a call takes untuned) always included, each taking the place of
+    the model's last other pick."""
     chosen = list(range(min(budget, len(ranked))))
-    for fb in (i for i, (c, _) in enumerate(ranked) if is_fallback(c)):
+    for fb in (i for i, (c, _) in enumerate(ranked) if is_fallback(c) or c in always):
         if fb in chosen:
             continue
-        over = [i for i in chosen if not is_fallback(ranked[i][0])]
+        over = [i for i in chosen if not is_fallback(ranked[i][0])
+                and ranked[i][0] not in always]
         if over and len(chosen) >= budget:
             chosen.remove(over[-1])
         chosen.append(fb)
@@ -123,14 +126,16 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
          progress: Callable[[int, int, Trial, Trial | None], None] | None = None,
          candidates: list[Config] | None = None, device: DeviceSpec | str | None = None,
          num_sms: int | None = None, sync: Callable[[bool], bool] | None = None,
-         confirm: int = CONFIRM, rounds: int = CONFIRM_ROUNDS, graph: bool = False
-         ) -> TuneResult:
+         confirm: int = CONFIRM, rounds: int = CONFIRM_ROUNDS, graph: bool = False,
+         always: tuple[Config, ...] = ()) -> TuneResult:
     """Rank the space of `bound` on `target` by the model and measure the best-ranked.
 
     `measure(config) -> seconds` (raises on failure: recorded with the reason, not fatal).
     `progress(done, total, trial, best_so_far)` is called after each measurement.
     `device` is a DeviceSpec or a device name for the model's constants; `graph`: rank for
-    CUDA-graph replays (no host time per call).
+    CUDA-graph replays (no host time per call). `always`: configs measured whatever their
+    rank (joining the candidates where missing): the default a call takes untuned, so the
+    winner the tuner caches is never one slower than it in the same run.
     Where times are meaningful (`measure.meaningful`, true by default), the `confirm`
     fastest configs, and the fastest of the model's first quarter, are timed `rounds` more
     times, interleaved, and keep the median: one batch each is within run-to-run noise
@@ -138,6 +143,7 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
     """
     start = time.monotonic()
     configs = candidates if candidates is not None else space_candidates(bound, target, num_sms)
+    configs = list(configs) + [c for c in dict.fromkeys(always) if c not in configs]
     dev = device if isinstance(device, DeviceSpec) else device_spec(device)
     scored = sorted(((estimate(bound, c, dev, graph).total, i, c)
                      for i, c in enumerate(configs)),
@@ -149,7 +155,7 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
     elif budget is None:
         budget = default_budget(n)
     budget = max(1, min(int(budget), n))
-    order = plan_order([(t.config, t.model_ms) for t in trials], budget)
+    order = plan_order([(t.config, t.model_ms) for t in trials], budget, tuple(always))
     stopped = None
     best: Trial | None = None
     for done, idx in enumerate(order):

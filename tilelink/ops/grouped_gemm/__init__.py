@@ -13,7 +13,7 @@ from ...bench.providers import flops
 from ...runtime.bounds import rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_range, reference
-from ...schedule.lowering import register_vendor_work
+from ...schedule.lowering import register_tile_extents, register_vendor_work
 from ..gemm import products
 from . import topk_sum  # noqa: F401  (the MoE combine: registered with its family)
 from .tl import ROWS_AXIS, grouped_work
@@ -188,3 +188,14 @@ def vendor_grouped_efficiency(rows_per_expert: float, device: str = "H100") -> f
 
 
 register_vendor_work("grouped_gemm", _vendor_work)
+
+
+def _tile_extents(bp, op) -> tuple[int, int, int]:
+    """A tile's extents: the routed rows (T * TOPK), N and K of one rank."""
+    from .tl import sizes
+
+    s = sizes(bp, op)
+    return s["C"], s["N"], s["K"]
+
+
+register_tile_extents("grouped_gemm", _tile_extents)
