@@ -338,6 +338,15 @@ def test_the_untuned_default_is_always_measured():
     tune(bp, t, lambda c: measured.append(c) or 1e-3, budget=1, candidates=cands[:3],
          device="NVIDIA H200", rounds=0, always=(last,))
     assert measured == [last]
+    # ... first, so a time limit cannot end the search before it
+    measured.clear()
+    tune(bp, t, lambda c: measured.append(c) or 1e-3, budget=3, candidates=cands,
+         device="NVIDIA H200", rounds=0, always=(last,), time_limit=1e-9)
+    assert measured == [last]
+    # the default as the CLI passes it is the space's own candidate (no duplicate row)
+    from tilelink.cli.tune import _untuned
+
+    assert _untuned(bp, t, {})[0] in space.candidates(bp, t)
 
 
 def test_the_grouped_gemm_tiles_its_rows_n_and_k():

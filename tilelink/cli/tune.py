@@ -160,11 +160,13 @@ def _untuned(bp, target, pins: dict, graph: bool = False) -> tuple:
     () where the pins leave it invalid."""
     from ..errors import TileLinkError
     from ..schedule.schedule import default_config
-    from ..tune.space import pin
+    from ..tune.space import canonical, is_fallback, pin
 
     try:
         cfg, _ = default_config(bp, target, graph=graph)
-        return tuple(pin([cfg], pins, bp, target))
+        if is_fallback(cfg):
+            return ()  # (the non-overlapped plans are always measured)
+        return tuple(canonical(c, bp, target) for c in pin([cfg], pins, bp, target))
     except TileLinkError:
         return ()
 

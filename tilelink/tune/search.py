@@ -156,6 +156,8 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
         budget = default_budget(n)
     budget = max(1, min(int(budget), n))
     order = plan_order([(t.config, t.model_ms) for t in trials], budget, tuple(always))
+    # the untuned default first: a time limit cannot end the search before it is measured
+    order.sort(key=lambda i: trials[i].config not in always)
     stopped = None
     best: Trial | None = None
     for done, idx in enumerate(order):

@@ -286,6 +286,13 @@ def _candidates(bp: BoundPattern, target: Target, num_sms: int | None) -> list[C
     return list(out)
 
 
+def canonical(cfg: Config, bp: BoundPattern, target: Target) -> Config:
+    """`cfg` as the space holds it: knobs its lowerings do not read at one fixed value,
+    blocks clamped to what they tile (so a config from elsewhere, e.g. the default, compares
+    equal to the candidate that runs the same kernels)."""
+    return _canonical(cfg, bp, extents(bp), target)
+
+
 def pin(configs: list[Config], values: dict[str, str], bp: BoundPattern,
         target: Target) -> list[Config]:
     """The space with some knobs fixed (`--config KEY=VALUE`): each candidate gets the values,

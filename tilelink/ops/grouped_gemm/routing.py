@@ -147,8 +147,8 @@ def route_kernel_source(base: str) -> list[str]:
     the other on a grid of P programs (`route_kernel_consts`), each program on its chunk of
     CH copies (copy c = t * topk + j of route_ids, [T, topk] read flat):
 
-    - counting: per expert (and out of range) the copies of its chunk, into its row of
-      route_hist [P, HS];
+    - counting: per expert (and out of range) the copies of its chunk, into the first HS
+      words of its row of route_hist [P, ROW];
     - placing: every program sums the histogram (each expert's count, first position and
       tiles), places its chunk's copies in `order` after the copies of their expert in
       earlier chunks (a stable sort: chunks are in copy order), and writes the token range

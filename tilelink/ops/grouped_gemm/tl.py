@@ -194,7 +194,7 @@ class GroupedGemmTriton(Lowering):
         mb.heap_tensor(t["counts"], (3, s["E"]), "int32")
         mb.heap_tensor(t["tiles"], (slots, len(TILE_COLUMNS)), "int32")
         mb.heap_tensor(t["ntiles"], (1,), "int32")
-        # the counting kernel's refusal of expert numbers out of range names this site
+        # the placing kernel's refusal of expert numbers out of range names this site
         refused = mb.site(f"routing of {site.op.result}: expert choices in "
                           f"{site.op.args[2]} outside 0 .. {s['E'] - 1}")
         consts = route_kernel_consts(s["C"], s["E"], s["TOPK"], cfg.block_m, refused)
