@@ -14,7 +14,7 @@ from tilelink.schedule import COMM_RESOURCES, Config, get_target
 from tilelink.schedule.schedule import default_space
 from tilelink.schedule import cost
 from tilelink.tune import cache, space
-from tilelink.tune.search import default_budget, plan_order, tune
+from tilelink.tune.search import default_budget, joined, plan_order, tune
 
 from .conftest import EXAMPLES
 
@@ -372,9 +372,8 @@ def test_emulated_dry_run_checks_every_config(path, capsys):
     from tilelink.cli.tune import _untuned
 
     bp, interp = bound(path, M=64, N=64, K=32), get_target("interp")
-    cands = space.candidates(bp, interp)
     # (the untuned default joins where the space has no equal of it)
-    n = len(cands) + len([c for c in _untuned(bp, interp, {}) if c not in cands])
+    n = len(joined(space.candidates(bp, interp), _untuned(bp, interp, {})))
     assert rc == 0, out + err
     assert f"checked {n} of {n} configs" in out and "all match the torch reference" in out
     assert out.count("n/a (emulated)") >= n and "FAILED" not in out
@@ -405,8 +404,8 @@ def test_emulated_budget_limits_the_run(capsys, cache_root):
 
     bp, interp = bound(AG, M=64, N=64, K=32), get_target("interp")
     cands = space.pin(space.candidates(bp, interp), {"comm": "sm"}, bp, interp)
-    extra = [c for c in _untuned(bp, interp, {"comm": "sm"}) if c not in cands]
-    total = 8 + ("none" in COMM_RESOURCES) + len(extra)
+    extra = len(joined(cands, _untuned(bp, interp, {"comm": "sm"}))) - len(cands)
+    total = 8 + ("none" in COMM_RESOURCES) + extra
     assert rc == 0 and f"checked 2 of {total} configs" in out
     assert not cache_root.exists()  # emulated times are not meaningful: nothing cached
 
@@ -512,8 +511,7 @@ def test_gpu_flow_with_fakes_stores_then_reuses_the_winner(monkeypatch, capsys, 
     from tilelink.cli.tune import _untuned
 
     bp, cuda = bound(AG, M=8192, N=8192, K=8192), get_target("cuda:90")
-    cands = space.candidates(bp, cuda, cuda.num_sms)
-    n = len(cands) + len([c for c in _untuned(bp, cuda, {}) if c not in cands])
+    n = len(joined(space.candidates(bp, cuda, cuda.num_sms), _untuned(bp, cuda, {})))
     # every config of the budget once, then the leaders again (median of 3)
     assert len(set(calls)) == default_budget(n) and f"measured {len(set(calls))} of {n}" in out
     assert "vs floor" in out and "vs NCCL+cuBLAS" in out and "cached in" in out

@@ -155,18 +155,20 @@ def _refuse_debug_knobs(pins: dict) -> None:
 
 
 def _untuned(bp, target, pins: dict, graph: bool = False) -> tuple:
-    """The config a call of `bp` takes untuned (`default_config`, the pins applied): the
-    search always measures it, so what it caches is never slower than it in the same run;
-    () where the pins leave it invalid."""
+    """The config a call of `bp` takes untuned (`default_config`, the pins applied; with
+    `graph`, the one replays take, if it can be captured): the search always measures it,
+    so what it caches is never slower than it in the same run; () where the pins leave it
+    invalid."""
     from ..errors import TileLinkError
     from ..schedule.schedule import default_config
-    from ..tune.space import canonical, is_fallback, pin
+    from ..tune.space import canonical, capturable, is_fallback, pin
 
     try:
         cfg, _ = default_config(bp, target, graph=graph)
         if is_fallback(cfg):
             return ()  # (the non-overlapped plans are always measured)
-        return tuple(canonical(c, bp, target) for c in pin([cfg], pins, bp, target))
+        configs = [canonical(c, bp, target) for c in pin([cfg], pins, bp, target)]
+        return tuple(c for c in configs if not graph or capturable(c, bp, target))
     except TileLinkError:
         return ()
 
@@ -175,14 +177,14 @@ def _tune_emulated(args, bp, pins: dict) -> int:
     from ..bench.report import Progress
     from ..schedule import get_target
     from ..tune.measure import EmulatedMeasure
-    from ..tune.search import tune
+    from ..tune.search import joined, tune
     from ..tune.space import candidates, pin
     from .main import _processes
 
     target = get_target("interp")
     cands = pin(candidates(bp, target), pins, bp, target)
     untuned = _untuned(bp, target, pins)
-    cands += [c for c in untuned if c not in cands]
+    cands = joined(cands, untuned)
     limited = args.budget is not None or args.time is not None
     n = min(args.budget, len(cands)) if args.budget else len(cands)
     print(f"tilelink tune: no GPU in use: running {n} of {len(cands)} configs of the emulated "
@@ -286,7 +288,7 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
     from ..frontend import load_pattern
     from ..schedule.cost import device_spec
     from ..tune.measure import GpuMeasure, baselines, gpu_device
-    from ..tune.search import default_budget, tune
+    from ..tune.search import default_budget, joined, tune
     from ..errors import ConfigError
     from ..tune.space import candidates, capturable, pin
 
@@ -301,9 +303,8 @@ def _gpu_rank(rank: int, world: int, pattern: str, values: dict, opts: dict) -> 
                               + " ".join(f"{k}={v}" for k, v in opts["pins"].items()),
                               hint="copy-engine configs need their lowerings' flag protocol "
                               "(AG-GEMM's only); pin fewer knobs")
-    untuned = tuple(c for c in _untuned(bp, target, opts["pins"], graph)
-                    if not graph or capturable(c, bp, target))
-    cands += [c for c in untuned if c not in cands]
+    untuned = _untuned(bp, target, opts["pins"], graph)
+    cands = joined(cands, untuned)
     measure = GpuMeasure(bp, warmup=opts["warmup"], iters=opts["iters"], graph=graph)
     total = len(cands) if opts["exhaustive"] else min(opts["budget"] or default_budget(
         len(cands)), len(cands))

@@ -103,6 +103,12 @@ def default_budget(n: int) -> int:
     return max(1, n // 4)
 
 
+def joined(configs: list[Config], always: tuple[Config, ...]) -> list[Config]:
+    """`configs` with each config of `always` they lack appended: the candidates a search
+    that always measures `always` ranks."""
+    return list(configs) + [c for c in dict.fromkeys(always) if c not in configs]
+
+
 def plan_order(ranked: list[tuple[Config, float]], budget: int,
                always: tuple[Config, ...] = ()) -> list[int]:
     """Indices (model order) to measure: the first `budget`, every non-overlapped candidate
@@ -143,7 +149,7 @@ def tune(bound: BoundPattern, target: Target, measure: Callable[[Config], float]
     """
     start = time.monotonic()
     configs = candidates if candidates is not None else space_candidates(bound, target, num_sms)
-    configs = list(configs) + [c for c in dict.fromkeys(always) if c not in configs]
+    configs = joined(configs, always)
     dev = device if isinstance(device, DeviceSpec) else device_spec(device)
     scored = sorted(((estimate(bound, c, dev, graph).total, i, c)
                      for i, c in enumerate(configs)),

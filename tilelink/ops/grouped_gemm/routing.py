@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from ...plan.tiling import pow2_ceil
+
 #: columns of a row of the tile table
 TILE_COLUMNS = ("expert", "first", "rows", "token_lo", "token_hi")
 
@@ -108,7 +110,7 @@ def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int,
     P is the program count that keeps the critical path shortest: a placing program reads
     every program's histogram row (P / PQ steps) and walks its chunk (CH / CB steps, which
     the counting kernel walks too)."""
-    ep = 1 << max(0, experts - 1).bit_length()  # experts, padded to a power of two
+    ep = pow2_ceil(experts)  # experts, padded to a power of two
     # copies a step: the counting kernel's [CB, EP] and the placing kernel's [CB, CB]
     # comparisons stay at 4K elements (16 .. 64 copies)
     cb = max(16, min(64, 4096 // ep))
@@ -118,13 +120,12 @@ def route_kernel_consts(copies: int, experts: int, topk: int, block_m: int,
     def path(programs: int) -> int:
         return 2 * -(-chunks // programs) + -(-programs // pq)
 
-    programs = min((p for p in range(1, min(chunks, ROUTE_PROGRAMS) + 1)),
-                   key=lambda p: (path(p), p))
+    programs = min(range(1, min(chunks, ROUTE_PROGRAMS) + 1), key=lambda p: (path(p), p))
     ch = cb * -(-chunks // programs)
     p = max(1, -(-copies // ch))
     slots = max_tiles(copies, experts, block_m)
     sp = -(-slots // p)
-    tb = max(16, min(1 << max(0, sp - 1).bit_length(), max(16, 4096 // ep)))
+    tb = max(16, min(pow2_ceil(sp), 4096 // ep))
     return dict(C=copies, E=experts, EP=ep, TOPK=topk, BM=block_m, SLOTS=slots, CB=cb,
                 TB=tb, CH=ch, P=p, HS=ep + 1, ROW=5 * (ep + 1), PQ=pq, SP=sp, SITE=site)
 
