@@ -25,12 +25,13 @@ import json
 from ..errors import NotSupportedError
 from ..ir import spec
 from ..lang.core import DIAG_WORDS  # noqa: F401  (documentation: diag_ptr's size)
+from ..schedule.lowering import rows_gathered
 from . import profile, protocol
 from .escape import comment_text, doc_text
 from .kernel import KernelBuilder
 from .names import Names, check_module
 # (the shared vocabulary, imported from here by the ops' lowerings)
-from .views import (SIG_DTYPES, TL_DTYPES, Alias, TileOut, View, ident,  # noqa: F401
+from .views import (SIG_DTYPES, TL_DTYPES, Alias, RowsOf, TileOut, View, ident,  # noqa: F401
                     indent, numel, wrap_items)
 
 #: test faults a module can be rendered with: what each injects
@@ -63,6 +64,8 @@ class ModuleBuilder:
             k: (tuple(t.local_shape), t.dtype) for k, t in self.bp.tensors.items()}
         self.peer_written: set[str] = set()
         self.aliases: dict[str, tuple[str, str, str, int]] = {}  # tensor -> alias (see Alias)
+        # tensor -> (its index buffer, the tensor whose rows it picks): see RowsOf
+        self.row_index: dict[str, tuple[str, str]] = {}
         self.sites: dict[int, str] = {protocol.SITE_RELEASE: "a writer waits for the "
                                       "destination rank to release its buffer"}
         self.site_deps: dict[int, int] = {}
@@ -220,7 +223,13 @@ class ModuleBuilder:
         return f"sym[{tensor!r}]" + ("[epoch & 1]" if nbuf > 1 else "")
 
     def view(self, tensor: str, kb: KernelBuilder) -> View:
-        """`tensor` as kernel `kb` addresses it (declares its pointer argument)."""
+        """`tensor` as kernel `kb` addresses it (declares its pointer argument; a tensor
+        written as an index of rows: the index's and the source's)."""
+        shape, dtype = self.meta[tensor]
+        if tensor in self.row_index:
+            index, src = self.row_index[tensor]
+            rows = RowsOf(self.view(index, kb).base, self.view(src, kb).base)
+            return View(tensor, rows.source, shape, dtype, rows_of=rows)
         shape, dtype = self.meta[tensor]
         kind, nbuf = self.homes[tensor]
         sig = f"*{SIG_DTYPES[dtype]}"
@@ -297,7 +306,11 @@ class ModuleBuilder:
             site = self.site_of(op.result)
             t = bp.tensors[op.result]
             home = self.lowering(op.result).result_home(site)
-            if home is None:  # written locally by this rank: the output, or scratch
+            src = rows_gathered(site)
+            if src is not None:  # written as an index of src's rows: no memory for the rows
+                index = self.heap_tensor(f"{op.result}_index", (t.local_shape[0],), "int32")
+                self.row_index[op.result] = (index, src)
+            elif home is None:  # written locally by this rank: the output, or scratch
                 if site.is_output:
                     self.homes[op.result] = ("output", 1)
                 elif self._needs_home(op):

@@ -34,6 +34,16 @@ class Alias:
 
 
 @dataclass(frozen=True)
+class RowsOf:
+    """A tensor written as an index of another tensor's rows (`Lowering.gathered_rows`): its
+    row r is row `index[r]` (int32) of the tensor at `source`, whose rows hold as many
+    elements as the view's. No memory holds the rows themselves."""
+
+    index: str  # pointer of the int32 index, one entry a row
+    source: str  # pointer of the source tensor's row 0
+
+
+@dataclass(frozen=True)
 class View:
     """How a kernel addresses a tensor: contiguous, row-major, from `base`."""
 
@@ -43,6 +53,7 @@ class View:
     dtype: str
     peer_written: bool = False  # other agents write it (a proxy fence before TMA reads)
     alias: Alias | None = None
+    rows_of: RowsOf | None = None  # written as an index of another tensor's rows
 
     def strides(self) -> tuple[int, ...]:
         out, n = [], 1

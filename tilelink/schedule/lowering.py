@@ -286,6 +286,22 @@ class OpSite:
                                                              if loc else "")
 
 
+def rows_gathered(site: OpSite) -> str | None:
+    """The operand whose rows `site`'s result picks, where the result is written as an index
+    of them (its lowering offers `gathered_rows`, every consumer's `reads_gathered_rows`, and
+    the pattern does not return it); None where the result is written out. The module
+    builder and the op's cost both ask it, so the kernel and the model agree."""
+    lw = site.lowering
+    src = lw.gathered_rows(site) if lw is not None else None
+    if src is None or site.is_output or not site.consumers:
+        return None
+    for c in site.consumers:
+        clw = site.site_of(c.result).lowering
+        if clw is None or not clw.reads_gathered_rows:
+            return None
+    return src
+
+
 def op_sites(bp: BoundPattern, config: Config, target: Target) -> dict[str, OpSite]:
     """Every op's site under `config` (op result -> site): its producer, consumers and
     whether it is returned. The sites share the table, so each answers `site_of` from it."""
@@ -529,6 +545,18 @@ class Lowering:
         scratch buffer where a later kernel reads it, or no memory at all where every
         consumer takes its tiles in the epilogue)."""
         return None
+
+    def gathered_rows(self, site: OpSite) -> str | None:
+        """Where its result's rows are rows of one operand, picked per row: that operand's
+        name, if the lowering can write each row's index into it instead of copying the
+        row (`View.rows_of`); the module builder asks for it where every consumer
+        `reads_gathered_rows` and the result is not returned (`rows_gathered`). None (the
+        default): its result is written out."""
+        return None
+
+    #: its steps read an operand that another op writes as an index of rows
+    #: (`gathered_rows`) through the operand's `View.rows_of`, gathering the rows themselves
+    reads_gathered_rows: bool = False
 
     def declare(self, mb, site: OpSite) -> None:
         """Declare what its roles need at module level on `mb` (a `ModuleBuilder`): constants,

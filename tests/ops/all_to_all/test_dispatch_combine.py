@@ -236,3 +236,36 @@ def test_the_kernels_compile_for_every_gpu_target(target, world, sizes):
     assert sum("push" in n for n in names) == 1
     for name in names:
         compile_module(source, get_target(target), name)
+
+
+def test_the_copies_are_an_index_where_every_reader_gathers_their_rows():
+    """On SMs the push gathers each copy's row from x, so group_by_dest writes only the token
+    each grouped copy holds (no [T * k, H] buffer); where the pattern also returns the
+    copies they are written out, and both run right."""
+    from tilelink.codegen import render_triton
+    from tilelink.frontend.text import parse_text
+    from tilelink.schedule import get_target, make_schedule
+
+    def module(pattern, config):
+        s = make_schedule(pattern.bind(SIZES, 2), get_target("cuda:90"), config)
+        return s, render_triton(s)
+
+    s, src = module(load_pattern(str(EXAMPLE)), {"comm": "sm"})
+    assert "'copies_index': ([80], 'int32')" in src and "'copies': (" not in src
+    assert "written as the index of the x row each copy holds" in s.render()
+
+    text = EXAMPLE.read_text().replace("    return out\n", "    return out, copies\n")
+    returned = parse_text(text, str(EXAMPLE))
+    s, src = module(returned, {"comm": "sm"})
+    assert "'copies': ([80, 24], 'bf16')" in src and "copies_index" not in src
+    assert "written as the index" not in s.render()
+    bp = returned.bind(SIZES, 2)
+    gen = torch.Generator().manual_seed(3)
+    calls = [{"x": [torch.randn(40, 24, generator=gen).to(torch.bfloat16) for _ in range(2)],
+              "dest": [torch.randint(0, 2, (40, 2), generator=gen, dtype=torch.int32)
+                       for _ in range(2)],
+              "wts": [torch.rand(40, 2, generator=gen).to(torch.bfloat16) for _ in range(2)]}]
+    s, res = emulate(bp, world_size=2, config=SM, inputs=calls, timeout=600, progress=False)
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+    assert res.outputs[0]["copies"][0].abs().sum() > 0

@@ -38,7 +38,7 @@ from ...plan.tiling import DimRule, TileGrid
 from ...runtime.bounds import Sums, rounding
 from ...runtime.dist_reference import dist_reference
 from ...runtime.reference import int_draw, reference
-from ...schedule.lowering import (Lowering, Step, Work, register_lowering,
+from ...schedule.lowering import (Lowering, Step, Work, register_lowering, rows_gathered,
                                   register_vendor_work)
 from ..all_gather import copies
 from .buckets import (HistPrepared, block_consts, count_lines, declare_consts, declare_hist,
@@ -215,9 +215,24 @@ class GroupByDestTriton(HistPrepared, Lowering):
         return -(-_sizes(site)["C"] // GB_COPIES)
 
     def steps(self, site) -> list[Step]:
+        what = ("each copy's token written where the copy goes (its readers gather the rows)"
+                if rows_gathered(site) else "its rows copied to their rank's group")
         return [Step("tiles", site.op, self, f"items of {GB_COPIES} copies: the copies before "
                      "each per rank (the histogram's blocks before it, then its own block's), "
-                     "then its rows copied to their rank's group")]
+                     f"then {what}")]
+
+    def gathered_rows(self, site) -> str | None:
+        """Copy (t, j) is x's row t: where every reader gathers rows (an SM all_to_all's
+        push), the kernel writes the token of each grouped copy, not its row (at 4096 tokens,
+        top-8, hidden 7168: 128 KiB instead of 470 MB written and read back)."""
+        return site.op.args[0]
+
+    def notes(self, site) -> list[str]:
+        out = super().notes(site)
+        if rows_gathered(site):
+            out.append(f"{site.op.result}: written as the index of the {site.op.args[0]} row "
+                       "each copy holds; its readers gather the rows themselves")
+        return out
 
     def _hist_dest(self, site) -> str:
         return site.op.args[1]
@@ -231,8 +246,10 @@ class GroupByDestTriton(HistPrepared, Lowering):
         s = _sizes(site, GB_COPIES)
         items = self._items(site)
         dest_b = DTYPE_BYTES.get(site.tensor(site.op.args[1]).dtype, 4)
-        return Work(0.0, group_bytes(site.bp, site.op) + dest_b * s["C"]
-                    + items * 4.0 * s["NB"] * s["WP"], programs=items)
+        # (written as an index: 4 bytes a copy instead of its row read and written)
+        moved = 4.0 * s["C"] if rows_gathered(site) else group_bytes(site.bp, site.op)
+        return Work(0.0, moved + dest_b * s["C"] + items * 4.0 * s["NB"] * s["WP"],
+                    programs=items)
 
     def render_step(self, step, kb) -> list[str]:
         mb, op = kb.mb, step.op
@@ -248,10 +265,12 @@ class GroupByDestTriton(HistPrepared, Lowering):
                        "row in blocks of BH")
         kb.const(f"{p}_GB", value=GB_COPIES)
         kb.const(f"{p}_K", value=s["K"])
-        kb.const(f"{p}_INNER", value=inner)
-        kb.const(f"{p}_BH", value=min(128, pow2_ceil(inner)))
-        x, dest, out, hist = (kb.view(n).base for n in (x_name, dest_name, op.result,
-                                                        hist_name(op.result)))
+        x, dest, hist = (kb.view(n).base for n in (x_name, dest_name, hist_name(op.result)))
+        rows_of = kb.view(op.result).rows_of
+        out = rows_of.index if rows_of else kb.view(op.result).base
+        if not rows_of:
+            kb.const(f"{p}_INNER", value=inner)
+            kb.const(f"{p}_BH", value=min(128, pow2_ceil(inner)))
         c = {n: f"{p}_{n}" for n in ("C", "K", "GB", "SB", "INNER", "BH")}
         index = [f"{p}_lo = t * {c['GB']}", f"{p}_blk = {p}_lo // {c['SB']}"]
         body = [f"{p}_w = tl.arange(0, {p}_WP)",
@@ -278,6 +297,14 @@ class GroupByDestTriton(HistPrepared, Lowering):
             f"{p}_to += tl.sum((({p}_key[None, :] == {p}_key[:, None]) & ({p}_i[None, :] < "
             f"{p}_i[:, None])).to(tl.int32), axis=1)",
             f"{p}_src = ({p}_offs // {c['K']}).to(tl.int64)",
+        ]
+        if rows_of:
+            body += [
+                f"# the token of each copy where the copy goes: {op.result}'s readers gather "
+                f"its rows from {x_name}",
+                f"tl.store({out} + {p}_to, {p}_src.to(tl.int32), mask={p}_in)"]
+            return item_loop(step, str(self._items(mb.site_of(op.result))), index, [], body)
+        body += [
             f"for {p}_h0 in range(0, {c['INNER']}, {c['BH']}):",
             f"    {p}_cols = {p}_h0 + tl.arange(0, {c['BH']})",
             f"    {p}_m = {p}_in[:, None] & ({p}_cols < {c['INNER']})[None, :]",

@@ -63,6 +63,7 @@ class AllToAllSM(Lowering):
     resource = "sm"
     name = "all_to_all/sm"
     sends_delivered_rows = True  # each item waits on the chunks of the rows it sends on
+    reads_gathered_rows = True  # x written as an index of rows: the push gathers them
     knobs = ("comm", "comm_programs", "comm_block_m", "warps")
 
     # ---- the schedule --------------------------------------------------------------------
@@ -175,7 +176,8 @@ class AllToAllSM(Lowering):
             kb.const(f"{p}_{k}")
         kb.const("COPY_BLOCK")
         dst_buf = kb.view(r).base
-        x = kb.view(x_name).base
+        rows_of = kb.view(x_name).rows_of
+        x = rows_of.index if rows_of else kb.view(x_name).base
         source_waits = self._source_waits(step, kb)
         if source_waits:
             x = f"tld.consume_token({x}, tok)"  # (its rows are read after the waits)
@@ -214,10 +216,11 @@ class AllToAllSM(Lowering):
             "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
         ] + ["    " + y for y in wait_released("dst")] + [
             f"    at = {dst_buf} + (me * {p}_CAP + lo) * {p}_INNER",
+        ] + (self._gather_put(kb, site, x, rows_of.source) if rows_of else [
             f"    tld.put(at, {x} + (start + lo) * {p}_INNER, rows * {p}_INNER, dst, me, "
             "heap_bases,", "            COPY_BLOCK)",
+            "    remote = tld.symm_at(at, dst, me, heap_bases)"]) + [
             "    # zeros over this rank's old rows past this call's count",
-            "    remote = tld.symm_at(at, dst, me, heap_bases)",
             f"    for i in range(rows * {p}_INNER, dirty * {p}_INNER, COPY_BLOCK):",
             "        offs = i + tl.arange(0, COPY_BLOCK)",
             f"        tl.store(remote + offs, tl.zeros((COPY_BLOCK,), {_TL[site.result.dtype]}),",
@@ -231,6 +234,29 @@ class AllToAllSM(Lowering):
             f"        tl.store({ptr['sent']} + (epoch & 3) * WORLD + dst, n)",
         ]
         return lines
+
+    def _gather_put(self, kb, site, index: str, source: str) -> list[str]:
+        """The item's rows where x is written as an index of another tensor's rows
+        (`View.rows_of`): GR rows a step, each read from the source row its index entry
+        names, in blocks of GC elements (GR * GC = COPY_BLOCK), stored contiguously into
+        the destination's slot."""
+        p, x_name = ident(site.op.result), site.op.args[0]
+        gc = min(pow2_ceil(self._consts(site)["INNER"]), 1024, COPY_BLOCK)
+        kb.const(f"{p}_GC", value=gc)
+        kb.const(f"{p}_GR", value=COPY_BLOCK // gc)
+        return [
+            f"    # {x_name} is written as an index of rows: each row from where its entry says",
+            "    remote = tld.symm_at(at, dst, me, heap_bases)",
+            f"    for r0 in range(0, rows, {p}_GR):",
+            f"        rr = r0 + tl.arange(0, {p}_GR)",
+            "        rm = rr < rows",
+            f"        src = tl.load({index} + start + lo + rr, mask=rm, other=0).to(tl.int64)",
+            f"        for c0 in range(0, {p}_INNER, {p}_GC):",
+            f"            cc = c0 + tl.arange(0, {p}_GC)",
+            f"            m = rm[:, None] & (cc < {p}_INNER)[None, :]",
+            f"            v = tl.load({source} + src[:, None] * {p}_INNER + cc[None, :], mask=m)",
+            f"            tl.store(remote + rr[:, None] * {p}_INNER + cc[None, :], v, mask=m)",
+        ]
 
     def _source_waits(self, step, kb) -> list[str]:
         """An item's waits on the rows of x it sends, [start + lo, start + lo + rows), where a
