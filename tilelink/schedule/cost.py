@@ -684,7 +684,8 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
         return Estimate(comp + comm, comp, comm, comm)
     comp = waiting = 0.0
     sites = op_sites(bp, cfg, None)
-    placed = _compute_programs(bp, cfg, sites)
+    kernels = _kernels(bp, cfg, sites)
+    placed = _compute_programs(kernels)
     grid = min(cfg.num_programs, dev.num_sms)
     for op in bp.ops:
         site = sites[op.result]
@@ -712,27 +713,41 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     if cfg.comm == "copy_engine":
         bw = interpolate(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", bp.world - 1)
     else:
-        bw = sm_copy_gbs(dev, max(1, cfg.comm_programs), max(nbytes, 1.0)) * \
-            share(dev, "sm", bp.world - 1)
+        # the pushes of one kernel run at once: their programs together move the bytes
+        # (an EP layer's dispatch and its push back: 2 x comm_programs; 4x H200, 4096 tokens,
+        # top-8: 1.54 ms at W = 2 where one role's 16 programs would take 3.0)
+        bw = sm_copy_gbs(dev, max(1, _pushing_programs(kernels) or cfg.comm_programs),
+                         max(nbytes, 1.0)) * share(dev, "sm", bp.world - 1)
     comm = nbytes / (bw * 1e9) * 1e3 + len(comm_ops) * dev.signal_us * 1e-3
     total = max(comp, comm + waiting) + len(comm_ops) * dev.signal_us * 1e-3
     return Estimate(total, comp, comm, total - comp)
 
 
-def _compute_programs(bp: BoundPattern, cfg: Config, sites: dict) -> dict[str, int]:
-    """op result -> the programs of its tiles (or receive) step in the kernels `compose`
-    lays out for `cfg` (`sites`: the ops' sites under it): the grid less the other roles of
-    its kernel. Empty where the config does not compose (the caller then keeps each op's own
-    count)."""
+def _kernels(bp: BoundPattern, cfg: Config, sites: dict) -> list | None:
+    """The kernels `compose` lays out for `cfg` (`sites`: the ops' sites under it), each a
+    list of its roles; None where the config does not compose."""
     from ..errors import ConfigError
     from .compose import compose
 
     try:
-        comp = compose(bp, cfg, None, sites)
+        return compose(bp, cfg, None, sites).kernels
     except (ConfigError, NotSupportedError):
-        return {}
+        return None
+
+
+def _pushing_programs(kernels: list | None) -> int:
+    """The most programs one kernel's collective roles have at once (their pushes run side
+    by side); 0 where the config does not compose or no kernel has such a role."""
+    return max((sum(step.count for step in roles if spec(step.op.kind).category == "comm")
+                for roles in kernels or ()), default=0)
+
+
+def _compute_programs(kernels: list | None) -> dict[str, int]:
+    """op result -> the programs of its tiles (or receive) step in `kernels` (`_kernels`):
+    the grid less the other roles of its kernel. Empty where the config does not compose
+    (the caller then keeps each op's own count)."""
     out: dict[str, int] = {}
-    for roles in comp.kernels:
+    for roles in kernels or ():
         for step in roles:
             if step.kind in ("tiles", "receive") and spec(step.op.kind).category != "comm":
                 out[step.op.result] = max(out.get(step.op.result, 0), step.count)
