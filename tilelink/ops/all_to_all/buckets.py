@@ -172,20 +172,47 @@ class HistPrepared:
         """The histogram's sizes (`block_consts`)."""
         raise NotImplementedError
 
-    def prepare(self, site) -> Prepare:
+    def hist_of(self, site) -> str:
+        """The op result whose histogram `site`'s op reads: the first op of the pattern
+        (this one included) with such a prepare step counting the same destinations in the
+        same blocks. An EP layer's grouping and its landing positions count the same dest:
+        one prepare step fills the histogram both read (its kernel comes first, and nothing
+        writes the histogram before the next call's prepare step)."""
+        key = (self._hist_dest(site), _block_key(self._hist_sizes(site)))
+        for op in site.bp.ops:
+            other = site.site_of(op.result)
+            lw = other.lowering
+            if isinstance(lw, HistPrepared) and (lw._hist_dest(other), _block_key(
+                    lw._hist_sizes(other))) == key:
+                return op.result
+        return site.op.result
+
+    def prepare(self, site) -> Prepare | None:
+        if self.hist_of(site) != site.op.result:
+            return None
         s = self._hist_sizes(site)
         return Prepare(f"the copies of {self._hist_dest(site)} counted per rank in blocks "
                        f"({hist_kernel(site.bp.name, site.op.result)}, {s['NB']} "
                        f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
 
     def notes(self, site) -> list[str]:
+        owner = self.hist_of(site)
+        if owner != site.op.result:
+            return [f"{site.op.result}: reads the histogram of {self._hist_dest(site)} that "
+                    f"the prepare step of {owner} fills (the same copies in the same blocks)"]
         return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
 
     def declare(self, mb, site) -> None:
-        declare_hist(mb, site, self._hist_dest(site), self._hist_sizes(site), prepare=True)
+        if self.hist_of(site) == site.op.result:
+            declare_hist(mb, site, self._hist_dest(site), self._hist_sizes(site), prepare=True)
 
     def render_prepare(self, kb, site) -> list[str]:
         return render_hist_launch(kb, site, self._hist_dest(site), self._hist_sizes(site))
+
+
+def _block_key(consts: dict) -> tuple:
+    """What makes two histograms the same buffer: copies, buckets, block size, blocks."""
+    return tuple(consts[k] for k in ("C", "WP", "SB", "NB"))
 
 
 def hist_bytes(consts: dict, dest_dtype: str) -> float:

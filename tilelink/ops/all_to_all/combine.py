@@ -410,8 +410,8 @@ class LandingPositionsTriton(HistPrepared, Lowering):
                        "(a power of two > W), SB copies a block (an item), NB blocks, HQ "
                        "histogram rows a step; CAP rows a slot")
         kb.const(f"{p}_CAP", value=mb.bp.op_attrs(op)["capacity"])
-        dest, pos, hist = (kb.view(n).base for n in (op.args[0], op.result,
-                                                     hist_name(op.result)))
+        dest, pos, hist = (kb.view(n).base for n in (
+            op.args[0], op.result, hist_name(self.hist_of(mb.site_of(op.result)))))
         c = {x: f"{p}_{x}" for x in ("C", "CAP", "SB")}
         body = [f"{p}_w = tl.arange(0, {p}_WP)"] + prefix_lines(p, hist, "t", total=False) + [
             f"{p}_offs = t * {c['SB']} + tl.arange(0, {c['SB']})",

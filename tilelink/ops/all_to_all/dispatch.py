@@ -265,7 +265,8 @@ class GroupByDestTriton(HistPrepared, Lowering):
                        "row in blocks of BH")
         kb.const(f"{p}_GB", value=GB_COPIES)
         kb.const(f"{p}_K", value=s["K"])
-        x, dest, hist = (kb.view(n).base for n in (x_name, dest_name, hist_name(op.result)))
+        hist_of = hist_name(self.hist_of(mb.site_of(op.result)))
+        x, dest, hist = (kb.view(n).base for n in (x_name, dest_name, hist_of))
         rows_of = kb.view(op.result).rows_of
         out = rows_of.index if rows_of else kb.view(op.result).base
         if not rows_of:
