@@ -936,6 +936,7 @@ def test_the_pushes_of_one_kernel_move_the_bytes_together():
     their 2 x 16 programs move the bytes at once; the model then meets the time measured on
     2x H200 (4a95433, 4096 tokens a rank, top-8, hidden 7168: 1.542 ms; one role's 16
     programs alone would put it near 3.0). A gather's single push keeps comm_programs."""
+    # (each kernel's bytes go at its own roles' rate: `_sm_moving_ms`)
     from tilelink.schedule.cost import _kernels, _pushing_programs
     from tilelink.schedule.lowering import op_sites
 
@@ -951,5 +952,9 @@ def test_the_pushes_of_one_kernel_move_the_bytes_together():
     assert pushing(ep, "comm=sm comm_programs=8") == 16
     moe = _bp("ag_moe", 2, T=8192, K=2048, N=1408, E=64, TOPK=6)
     assert pushing(moe, "comm=sm") == 16
+    # Ulysses: three pushes side by side in its first kernel; the second's copy_out copies
+    # within the GPU and moves nothing between ranks
+    uly = _bp("sp_ulysses", 2, S=32768, H=32, D=128)
+    assert pushing(uly, "comm=sm") == 48
     model = estimate(ep, _config(ep, t, "comm=sm"), dev).total
     assert abs(model / 1.542 - 1.0) < 0.10, model

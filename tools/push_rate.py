@@ -13,6 +13,9 @@ back-to-back calls; GB/s = the bytes a rank sends its peers over that time):
   push makes it), destinations one after the other, own slot first (the lowering's order);
 - `own+peers chunk-major Pn`: the same items, chunk j of every destination before chunk
   j + 1 (the programs running at once mix the own slot's copy with the peers' pushes);
+- `own+peers rotated Pn`: chunk-major with each round of the programs shifted by one
+  destination (with n a multiple of W, plain chunk-major gives each program one destination
+  for good; the lowering's order);
 - `copy engine`: one side stream per peer copying the same bytes (`cudaMemcpyAsync` through
   the peer mapping).
 
@@ -39,7 +42,7 @@ from tilelink.lang import nvidia as tld  # noqa: E402
 @triton.jit
 def _push(src, dst, sig, heap_bases, me, n_peer, epoch, WORLD: tl.constexpr,
           CHUNK: tl.constexpr, BLOCK: tl.constexpr, OWN: tl.constexpr,
-          CHUNK_MAJOR: tl.constexpr):
+          CHUNK_MAJOR: tl.constexpr, ROTATE: tl.constexpr):
     # src [WORLD, n_peer]: row block d goes to rank d; dst [WORLD, n_peer] (symmetric):
     # slot s holds what rank s sent. Items (destination step, chunk); step 0 is this rank.
     nch = tl.cdiv(n_peer, CHUNK)
@@ -47,7 +50,10 @@ def _push(src, dst, sig, heap_bases, me, n_peer, epoch, WORLD: tl.constexpr,
     steps = WORLD - FIRST
     for item in range(tl.program_id(0), steps * nch, tl.num_programs(0)):
         if CHUNK_MAJOR:
-            step = item % steps + FIRST
+            if ROTATE:
+                step = (item + item // tl.num_programs(0)) % steps + FIRST
+            else:
+                step = item % steps + FIRST
             j = item // steps
         else:
             step = item // nch + FIRST
@@ -82,12 +88,12 @@ def _rank(rank: int, world: int, rows: int, hidden: int, chunk_rows: int, rounds
     sent = (world - 1) * n_peer * 2  # bytes to peers a call
     epoch = [0]
 
-    def run(p, own, chunk_major):
+    def run(p, own, chunk_major, rotate=False):
         def call():
             epoch[0] += 1
             _push[(p,)](src, dst, sig, heap.heap_bases, rank, n_peer, epoch[0], WORLD=world,
                         CHUNK=chunk, BLOCK=8192, OWN=own, CHUNK_MAJOR=chunk_major,
-                        num_warps=8)
+                        ROTATE=rotate, num_warps=8)
         return call
 
     cases = {}
@@ -96,6 +102,7 @@ def _rank(rank: int, world: int, rows: int, hidden: int, chunk_rows: int, rounds
     for p in programs[:2]:
         cases[f"own+peers dest-major P{p}"] = run(p, True, False)
         cases[f"own+peers chunk-major P{p}"] = run(p, True, True)
+        cases[f"own+peers rotated P{p}"] = run(p, True, True, p % world == 0)
     streams = [torch.cuda.Stream() for _ in range(world - 1)]
     peers = [(rank + i) % world for i in range(1, world)]
     remote = {q: heap.peers[q]["dst"][rank] for q in peers}

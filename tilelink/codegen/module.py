@@ -229,8 +229,10 @@ class ModuleBuilder:
         if tensor in self.row_index:
             index, src = self.row_index[tensor]
             rows = RowsOf(self.view(index, kb).base, self.view(src, kb).base)
-            return View(tensor, rows.source, shape, dtype, rows_of=rows)
-        shape, dtype = self.meta[tensor]
+            # no memory holds its rows: a reader addressing them from `base` would fail to
+            # compile, naming why, rather than read another tensor's memory
+            return View(tensor, f"{tensor}_rows_are_an_index_read_View_rows_of", shape, dtype,
+                        rows_of=rows)
         kind, nbuf = self.homes[tensor]
         sig = f"*{SIG_DTYPES[dtype]}"
         if kind == "input":

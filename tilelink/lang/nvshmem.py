@@ -17,7 +17,9 @@ process. Waits stay acquire loads of *local* signal words, and :func:`symm_at` (
 
 What is intra-node only today, even with this flavour: the runtime's heap maps every peer
 (`SymmetricHeap` takes each rank's pointer), GEMM-RS stores register tiles straight into a peer
-in its epilogue, the copy engine copies between mapped buffers, and AG's source rows (the
+in its epilogue, the SM all_to_all's push stores the rows it gathers through an index (EP
+dispatch from `group_by_dest`) through `symm_at`, the copy engine copies between mapped
+buffers, and AG's source rows (the
 user's input) are not registered with NVSHMEM (``nvshmemx_buffer_register``), which a network
 transport would need. PEs are global ranks: the runtime refuses process groups whose rank r
 is not global rank r.

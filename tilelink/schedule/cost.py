@@ -712,13 +712,10 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     nbytes = moved_bytes(bp, cfg)
     if cfg.comm == "copy_engine":
         bw = interpolate(dev.ce_gbs, max(nbytes, 1.0)) * share(dev, "ce", bp.world - 1)
+        comm = nbytes / (bw * 1e9) * 1e3
     else:
-        # the pushes of one kernel run at once: their programs together move the bytes
-        # (an EP layer's dispatch and its push back: 2 x comm_programs; 4x H200, 4096 tokens,
-        # top-8: 1.54 ms at W = 2 where one role's 16 programs would take 3.0)
-        bw = sm_copy_gbs(dev, max(1, _pushing_programs(kernels) or cfg.comm_programs),
-                         max(nbytes, 1.0)) * share(dev, "sm", bp.world - 1)
-    comm = nbytes / (bw * 1e9) * 1e3 + len(comm_ops) * dev.signal_us * 1e-3
+        comm = _sm_moving_ms(dev, bp, cfg, sites, kernels, nbytes)
+    comm += len(comm_ops) * dev.signal_us * 1e-3
     total = max(comp, comm + waiting) + len(comm_ops) * dev.signal_us * 1e-3
     return Estimate(total, comp, comm, total - comp)
 
@@ -735,11 +732,47 @@ def _kernels(bp: BoundPattern, cfg: Config, sites: dict) -> list | None:
         return None
 
 
+#: the steps of a collective that move its bytes between ranks (a copy_out copies within
+#: the GPU)
+MOVING_STEPS = ("push", "reduce")
+
+
+def _movers(roles) -> list:
+    """The steps of one kernel's roles that move a collective's bytes between ranks."""
+    return [st for st in roles if spec(st.op.kind).category == "comm" and st.kind in MOVING_STEPS]
+
+
 def _pushing_programs(kernels: list | None) -> int:
-    """The most programs one kernel's collective roles have at once (their pushes run side
-    by side); 0 where the config does not compose or no kernel has such a role."""
-    return max((sum(step.count for step in roles if spec(step.op.kind).category == "comm")
-                for roles in kernels or ()), default=0)
+    """The most programs the roles moving collectives' bytes have at once in one kernel (its
+    pushes run side by side); 0 where the config does not compose or no kernel has such a
+    role."""
+    return max((sum(st.count for st in _movers(roles)) for roles in kernels or ()), default=0)
+
+
+def _sm_moving_ms(dev: DeviceSpec, bp: BoundPattern, cfg: Config, sites: dict,
+                  kernels: list | None, nbytes: float) -> float:
+    """ms SM roles take to move `nbytes` (the collectives' bytes, `moved_bytes`): per
+    kernel, the bytes of the collectives whose pushes (or reductions) it runs, at the rate of
+    those roles' programs together (an EP layer's dispatch and its push back: 2 x
+    comm_programs; 2x H200, 4096 tokens top-8: 1.54 ms at W = 2 where one role's 16
+    programs would take 3.0); what no kernel's role moves at comm_programs' rate."""
+    peers = share(dev, "sm", bp.world - 1)
+    done: set[str] = set()
+    ms = 0.0
+    for roles in kernels or ():
+        movers = [st for st in _movers(roles) if st.op.result not in done]
+        ops = {st.op.result for st in movers}
+        if not ops:
+            continue
+        part = sum(sites[r].lowering.moved_bytes(sites[r]) for r in ops)
+        programs = sum(st.count for st in movers)
+        ms += part / (sm_copy_gbs(dev, max(1, programs), max(part, 1.0)) * peers * 1e9) * 1e3
+        done |= ops
+        nbytes -= part
+    if nbytes > 0:
+        ms += nbytes / (sm_copy_gbs(dev, max(1, cfg.comm_programs), nbytes) * peers
+                        * 1e9) * 1e3
+    return ms
 
 
 def _compute_programs(kernels: list | None) -> dict[str, int]:

@@ -296,8 +296,9 @@ def rows_gathered(site: OpSite) -> str | None:
     if src is None or site.is_output or not site.consumers:
         return None
     for c in site.consumers:
-        clw = site.site_of(c.result).lowering
-        if clw is None or not clw.reads_gathered_rows:
+        csite = site.site_of(c.result)
+        clw = csite.lowering
+        if clw is None or not clw.reads_gathered_rows(csite, site.op.result):
             return None
     return src
 
@@ -554,9 +555,11 @@ class Lowering:
         default): its result is written out."""
         return None
 
-    #: its steps read an operand that another op writes as an index of rows
-    #: (`gathered_rows`) through the operand's `View.rows_of`, gathering the rows themselves
-    reads_gathered_rows: bool = False
+    def reads_gathered_rows(self, site: OpSite, operand: str) -> bool:
+        """Whether its steps read `operand`, where another op writes it as an index of rows
+        (`gathered_rows`), through the operand's `View.rows_of`, gathering the rows
+        themselves. False by default (they read the operand's memory)."""
+        return False
 
     def declare(self, mb, site: OpSite) -> None:
         """Declare what its roles need at module level on `mb` (a `ModuleBuilder`): constants,

@@ -203,7 +203,18 @@ def sent_then_gathered(T=32, H=16, CAP=16, dtype="bf16"):
     return tk.all_gather(recv, dim=0)
 
 
+@tk.pattern
+def gathered_then_grouped(T=32, H=16, CAP=64, dtype="bf16"):
+    x = tk.input((T, H), dtype, shard=0)
+    dest = tk.input((T, 2), "int32")  # (a route for every gathered token)
+    x_full = tk.all_gather(x, dim=0)
+    return tk.all_to_all(tk.group_by_dest(x_full, dest), tk.dest_counts(dest), capacity=CAP)
+
+
 @pytest.mark.parametrize("pattern,says", [
+    (gathered_then_grouped, "x_full comes from a collective (all_gather) whose rows peers "
+                            "deliver during the call, but group_by_dest reads them without "
+                            "waiting"),
     (gathered_then_sent, "x_full comes from a collective (all_gather) whose rows peers "
                          "deliver while the push would read them (the push waits per chunk "
                          "only on an all_to_all's rows"),
@@ -270,3 +281,17 @@ def test_the_copies_are_an_index_where_every_reader_gathers_their_rows():
     report = check(s.bound, res)
     assert report.ok, "\n".join(report.lines)
     assert res.outputs[0]["copies"][0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("world", [2])  # (comm_programs: a power of two, 8 programs here)
+def test_push_programs_take_every_destination_in_turn(world):
+    """With a push role's programs a multiple of W, each round of them shifts by one
+    destination (plain chunk-major items would pin every program to one destination, and
+    those of the own slot would idle once it is copied); the order still sends every chunk
+    to every rank once: checked over skewed routings with delays."""
+    from tilelink.codegen import render_triton
+
+    # (the interpreter's grid holds 8 programs: two push roles of W, the combine's beside)
+    config = dict(SM, comm_programs=str(world), num_programs=str(2 * world + 2))
+    s = _run(world, SIZES, 40 + world, config)
+    assert f"step = (item + item // {world}) % WORLD" in render_triton(s)

@@ -172,7 +172,7 @@ class HistPrepared:
         """The histogram's sizes (`block_consts`)."""
         raise NotImplementedError
 
-    def hist_of(self, site) -> str:
+    def _hist_owner(self, site) -> str:
         """The op result whose histogram `site`'s op reads: the first op of the pattern
         (this one included) with such a prepare step counting the same destinations in the
         same blocks. An EP layer's grouping and its landing positions count the same dest:
@@ -188,7 +188,7 @@ class HistPrepared:
         return site.op.result
 
     def prepare(self, site) -> Prepare | None:
-        if self.hist_of(site) != site.op.result:
+        if self._hist_owner(site) != site.op.result:
             return None
         s = self._hist_sizes(site)
         return Prepare(f"the copies of {self._hist_dest(site)} counted per rank in blocks "
@@ -196,14 +196,14 @@ class HistPrepared:
                        f"program{'s' if s['NB'] > 1 else ''} of {s['SB']} copies)")
 
     def notes(self, site) -> list[str]:
-        owner = self.hist_of(site)
+        owner = self._hist_owner(site)
         if owner != site.op.result:
             return [f"{site.op.result}: reads the histogram of {self._hist_dest(site)} that "
                     f"the prepare step of {owner} fills (the same copies in the same blocks)"]
         return [f"{site.op.result}: prepare step before its kernel: {self.prepare(site).what}"]
 
     def declare(self, mb, site) -> None:
-        if self.hist_of(site) == site.op.result:
+        if self._hist_owner(site) == site.op.result:
             declare_hist(mb, site, self._hist_dest(site), self._hist_sizes(site), prepare=True)
 
     def render_prepare(self, kb, site) -> list[str]:

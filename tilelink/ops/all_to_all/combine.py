@@ -254,7 +254,7 @@ class TopkCombineSM(Lowering):
             "other=-1)",
             f"landed = pmask & (at >= 0) & (at < {c['R']})",
             "tok = epoch * 0",
-            "# each source's slot, this rank's own first (it lands first): wait on the chunks",
+            "# each source's slot, this rank's own first (its chunks land first): wait on the chunks",
             "# holding this tile's rows there, [rv_lo, rv_hi)",
             "for rv_i in range(0, WORLD):",
             "    rv_src = (me + rv_i) % WORLD",
@@ -411,7 +411,7 @@ class LandingPositionsTriton(HistPrepared, Lowering):
                        "histogram rows a step; CAP rows a slot")
         kb.const(f"{p}_CAP", value=mb.bp.op_attrs(op)["capacity"])
         dest, pos, hist = (kb.view(n).base for n in (
-            op.args[0], op.result, hist_name(self.hist_of(mb.site_of(op.result)))))
+            op.args[0], op.result, hist_name(self._hist_owner(mb.site_of(op.result)))))
         c = {x: f"{p}_{x}" for x in ("C", "CAP", "SB")}
         body = [f"{p}_w = tl.arange(0, {p}_WP)"] + prefix_lines(p, hist, "t", total=False) + [
             f"{p}_offs = t * {c['SB']} + tl.arange(0, {c['SB']})",

@@ -20,7 +20,10 @@ Kernels (`buckets`: the copies cut into blocks of SB, counted per rank once a ca
 block's counts per rank) and then items of GB_COPIES copies, one program an item: each sums
 the histogram's rows (every rank's total, and its copies in the blocks before the item's),
 counts the copies of its own block before it, then copies its rows to where they go:
-O(C / SB + SB) per item, not the O(C) of a scan over dest. `dest_counts/triton` takes a
+O(C / SB + SB) per item, not the O(C) of a scan over dest. Where every reader of the copies
+gathers rows itself (an SM all_to_all's push), the items write each copy's token there
+instead of its row (`gathered_rows`): the push reads the rows from x, and no [T * k, ...]
+buffer is written or read back. `dest_counts/triton` takes a
 block an item, writes its row of counts, and the last block counted (an atomic counter, so
 no program waits) sums the rows.
 """
@@ -31,6 +34,7 @@ import torch
 
 from ...codegen.module import ident, indent
 from ...codegen.tiles import item_loop
+from ...ir import spec
 from ...ir.ops import Inferred, OpDoc, fail, local_shape, register, result_placement
 from ...ir.tensor import DTYPE_BYTES, INT_DTYPES
 from ...plan.regions import access, own, rank_axis, region_rule
@@ -74,7 +78,9 @@ def _dest_shape(op, dest, arg: int):
               notes="Computed on the device (no host sync): a kernel counts the copies per "
                     "rank in blocks, then items of "
                     f"{GB_COPIES} copies each find where their copies go from the blocks' "
-                    "counts before them and copy their rows."))
+                    "counts before them and copy their rows; where every reader gathers rows "
+                    "itself (all_to_all on SMs), they write each copy's token instead and "
+                    "the push reads the rows from x."))
 def group_shape(op, xs, attrs, world):
     x, dest = xs
     _dest_shape(op, dest, 1)
@@ -209,7 +215,17 @@ class GroupByDestTriton(HistPrepared, Lowering):
     knobs = ("warps",)  # (its kernels launch with the config's warps)
 
     def reasons(self, site) -> list[str]:
-        return dest_from_collective(site, site.op.args[-1])
+        out = dest_from_collective(site, site.op.args[-1])
+        x = site.op.args[0]
+        src = next((o for o in site.bp.ops if o.result == x), None)
+        if src is not None and spec(src.kind).category == "comm":
+            # (its kernel, and the push gathering rows through its index, read x without
+            # waiting for the chunks peers deliver)
+            out.append(f"{x} comes from a collective ({src.kind}) whose rows peers deliver "
+                       "during the call, but group_by_dest reads them without waiting: group "
+                       "this rank's own tokens (a pattern input or a compute op's result), or "
+                       "use comm=none")
+        return out
 
     def _items(self, site) -> int:
         return -(-_sizes(site)["C"] // GB_COPIES)
@@ -261,11 +277,12 @@ class GroupByDestTriton(HistPrepared, Lowering):
             inner *= d
         declare_consts(kb, p, s, f"group_by_dest {op.result}: C copies, WP rank buckets (a "
                        "power of two > W), SB copies a block of the histogram, NB blocks, HQ "
-                       "histogram rows a step; GB copies an item, K a token, INNER elements a "
-                       "row in blocks of BH")
+                       "histogram rows a step; GB copies an item, K a token" + (
+                           "" if kb.view(op.result).rows_of else
+                           ", INNER elements a row in blocks of BH"))
         kb.const(f"{p}_GB", value=GB_COPIES)
         kb.const(f"{p}_K", value=s["K"])
-        hist_of = hist_name(self.hist_of(mb.site_of(op.result)))
+        hist_of = hist_name(self._hist_owner(mb.site_of(op.result)))
         x, dest, hist = (kb.view(n).base for n in (x_name, dest_name, hist_of))
         rows_of = kb.view(op.result).rows_of
         out = rows_of.index if rows_of else kb.view(op.result).base

@@ -63,7 +63,6 @@ class AllToAllSM(Lowering):
     resource = "sm"
     name = "all_to_all/sm"
     sends_delivered_rows = True  # each item waits on the chunks of the rows it sends on
-    reads_gathered_rows = True  # x written as an index of rows: the push gathers them
     knobs = ("comm", "comm_programs", "comm_block_m", "warps")
 
     # ---- the schedule --------------------------------------------------------------------
@@ -94,6 +93,10 @@ class AllToAllSM(Lowering):
                        "not wait for the rows peers deliver (read it with a compute op or "
                        "an all_to_all, or use comm=none)")
         return out
+
+    def reads_gathered_rows(self, site, operand: str) -> bool:
+        """x written as an index of rows: the push gathers each row through it."""
+        return operand == site.op.args[0] and operand not in site.op.args[1:]
 
     def steps(self, site) -> list[Step]:
         out = [Step("push", site.op, self, "read the counts, push each rank's rows into its "
@@ -198,11 +201,22 @@ class AllToAllSM(Lowering):
                  else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
                 f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), "
                 f"{p}_CAP),", f"                   tl.maximum({p}_T - start, 0))"]
+        if step.count % site.bp.world == 0:
+            # (a program's items are `count` apart: with count a multiple of W, item % W
+            # would give each program one destination for good, and the programs of the own
+            # slot would sit idle once it is copied)
+            order = ["    # chunk j to every rank before chunk j + 1 (the own slot's copy within "
+                     "the GPU", "    # beside the pushes to peers), own slot first, then me - 1, "
+                     "me - 2, ...; each round", "    # of the programs shifted by one rank, so "
+                     "every program takes every destination in turn",
+                     f"    step = (item + item // {step.count}) % WORLD"]
+        else:
+            order = ["    # chunk j to every rank before chunk j + 1 (the own slot's copy within "
+                     "the GPU", "    # beside the pushes to peers); own slot first, then me - 1, "
+                     "me - 2, ...", "    step = item % WORLD"]
         lines = head + [
             f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
-            "    # chunk j to every rank before chunk j + 1 (the own slot's copy within the GPU",
-            "    # beside the pushes to peers); own slot first, then me - 1, me - 2, ...",
-            "    step = item % WORLD",
+        ] + order + [
             "    j = item // WORLD",
             "    dst = (me + WORLD - step) % WORLD",
         ] + counts + [
@@ -366,7 +380,8 @@ class AllToAllSM(Lowering):
                             memo=memo).splitlines()
 
     def rows_ready_first(self, kb, site) -> str | None:
-        """This rank's own slot is written first (a local copy)."""
+        """This rank's own slot: each chunk of it is written before that chunk goes to any
+        peer (a copy within the GPU), so its first chunk lands first."""
         return f"me * {ident(site.op.result)}_CAP"
 
     def rows_empty(self, kb, site, lo: str, hi: str) -> str | None:
