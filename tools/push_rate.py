@@ -15,7 +15,7 @@ back-to-back calls; GB/s = the bytes a rank sends its peers over that time):
   j + 1 (the programs running at once mix the own slot's copy with the peers' pushes);
 - `own+peers rotated Pn`: chunk-major with each round of the programs shifted by one
   destination (with n a multiple of W, plain chunk-major gives each program one destination
-  for good; the lowering's order);
+  for good);
 - `copy engine`: one side stream per peer copying the same bytes (`cudaMemcpyAsync` through
   the peer mapping).
 

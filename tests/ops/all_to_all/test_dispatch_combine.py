@@ -282,16 +282,3 @@ def test_the_copies_are_an_index_where_every_reader_gathers_their_rows():
     assert report.ok, "\n".join(report.lines)
     assert res.outputs[0]["copies"][0].abs().sum() > 0
 
-
-@pytest.mark.parametrize("world", [2])  # (comm_programs: a power of two, 8 programs here)
-def test_push_programs_take_every_destination_in_turn(world):
-    """With a push role's programs a multiple of W, each round of them shifts by one
-    destination (plain chunk-major items would pin every program to one destination, and
-    those of the own slot would idle once it is copied); the order still sends every chunk
-    to every rank once: checked over skewed routings with delays."""
-    from tilelink.codegen import render_triton
-
-    # (the interpreter's grid holds 8 programs: two push roles of W, the combine's beside)
-    config = dict(SM, comm_programs=str(world), num_programs=str(2 * world + 2))
-    s = _run(world, SIZES, 40 + world, config)
-    assert f"step = (item + item // {world}) % WORLD" in render_triton(s)

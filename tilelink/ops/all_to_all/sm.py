@@ -201,22 +201,11 @@ class AllToAllSM(Lowering):
                  else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
                 f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), "
                 f"{p}_CAP),", f"                   tl.maximum({p}_T - start, 0))"]
-        if step.count % site.bp.world == 0:
-            # (a program's items are `count` apart: with count a multiple of W, item % W
-            # would give each program one destination for good, and the programs of the own
-            # slot would sit idle once it is copied)
-            order = ["    # chunk j to every rank before chunk j + 1 (the own slot's copy within "
-                     "the GPU", "    # beside the pushes to peers), own slot first, then me - 1, "
-                     "me - 2, ...; each round", "    # of the programs shifted by one rank, so "
-                     "every program takes every destination in turn",
-                     f"    step = (item + item // {step.count}) % WORLD"]
-        else:
-            order = ["    # chunk j to every rank before chunk j + 1 (the own slot's copy within "
-                     "the GPU", "    # beside the pushes to peers); own slot first, then me - 1, "
-                     "me - 2, ...", "    step = item % WORLD"]
         lines = head + [
             f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
-        ] + order + [
+            "    # chunk j to every rank before chunk j + 1 (the own slot's copy within the GPU",
+            "    # beside the pushes to peers); own slot first, then me - 1, me - 2, ...",
+            "    step = item % WORLD",
             "    j = item // WORLD",
             "    dst = (me + WORLD - step) % WORLD",
         ] + counts + [
