@@ -195,6 +195,10 @@ CASES |= {
                                        delays=True, seed=80),
     "ep_routed_sm_graph_mixed": RunSpec(EP_ROUTED, EP_ROUTED_SIZES, {"comm": "sm"}, calls=20,
                                         graph=True, mixed=True),
+    # (1,000 calls back to back, a routing drawn for every call: the grouping's index and
+    # the push gathering rows through it reused call after call)
+    "ep_routed_sm_1000": RunSpec(EP_ROUTED, EP_ROUTED_SIZES, {"comm": "sm"}, calls=1000,
+                                 seed=81),
     "ep_routed_sm_t4096": RunSpec(EP_ROUTED, {"T": "4096", "TOPK": "8", "H": "7168",
                                               "CAP": "10240"}, {"comm": "sm"}, calls=5),
 }
