@@ -935,26 +935,31 @@ def test_the_pushes_of_one_kernel_move_the_bytes_together():
     """EP dispatch + combine on SMs: the dispatch's push and the push back share a kernel, so
     their 2 x 16 programs move the bytes at once; the model then meets the time measured on
     2x H200 (4a95433, 4096 tokens a rank, top-8, hidden 7168: 1.542 ms; one role's 16
-    programs alone would put it near 3.0). A gather's single push keeps comm_programs."""
-    # (each kernel's bytes go at its own roles' rate: `_sm_moving_ms`)
-    from tilelink.schedule.cost import _kernels, _pushing_programs
+    programs alone would put it near 3.0). Each kernel's bytes go at its own roles' rate:
+    Ulysses pushes q, k and v side by side in its first kernel (3 x 16 programs) and o in
+    its second, whose copy_out copies within the GPU and moves nothing between ranks."""
+    from tilelink.schedule.cost import _kernels, _sm_moving_ms, moved_bytes, share, sm_copy_gbs
     from tilelink.schedule.lowering import op_sites
 
     t = _target("NVIDIA H200")
     dev = device_spec(t.device)
 
-    def pushing(bp, text):
+    def moving_ms(bp, text):
         cfg = _config(bp, t, text)
-        return _pushing_programs(_kernels(bp, cfg, op_sites(bp, cfg, None)))
+        sites = op_sites(bp, cfg, None)
+        return _sm_moving_ms(dev, bp, cfg, sites, _kernels(bp, cfg, sites),
+                             moved_bytes(bp, cfg))
+
+    def at(programs, nbytes, w=2):
+        return nbytes / (sm_copy_gbs(dev, programs, nbytes) * share(dev, "sm", w - 1) * 1e9) * 1e3
 
     ep = _bp("ep_dispatch_combine", 2, T=4096, TOPK=8, H=7168, CAP=20480)
-    assert pushing(ep, "comm=sm") == 32
-    assert pushing(ep, "comm=sm comm_programs=8") == 16
-    moe = _bp("ag_moe", 2, T=8192, K=2048, N=1408, E=64, TOPK=6)
-    assert pushing(moe, "comm=sm") == 16
-    # Ulysses: three pushes side by side in its first kernel; the second's copy_out copies
-    # within the GPU and moves nothing between ranks
+    for text, programs in (("comm=sm", 32), ("comm=sm comm_programs=8", 16)):
+        nbytes = moved_bytes(ep, _config(ep, t, text))
+        assert moving_ms(ep, text) == pytest.approx(at(programs, nbytes))
     uly = _bp("sp_ulysses", 2, S=32768, H=32, D=128)
-    assert pushing(uly, "comm=sm") == 48
+    nbytes = moved_bytes(uly, _config(uly, t, "comm=sm"))
+    assert moving_ms(uly, "comm=sm") == pytest.approx(at(48, 0.75 * nbytes)
+                                                      + at(16, 0.25 * nbytes))
     model = estimate(ep, _config(ep, t, "comm=sm"), dev).total
     assert abs(model / 1.542 - 1.0) < 0.10, model

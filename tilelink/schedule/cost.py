@@ -732,21 +732,16 @@ def _kernels(bp: BoundPattern, cfg: Config, sites: dict) -> list | None:
         return None
 
 
-#: the steps of a collective that move its bytes between ranks (a copy_out copies within
-#: the GPU)
+#: the steps of a collective its bytes are charged to: a push moves them; a reduce role
+#: stands for the pushes of its producer's epilogue (reduce_scatter and all_reduce on SMs,
+#: whose tile programs store the partials), which the model does not rate apart; a copy_out
+#: copies within the GPU
 MOVING_STEPS = ("push", "reduce")
 
 
 def _movers(roles) -> list:
     """The steps of one kernel's roles that move a collective's bytes between ranks."""
     return [st for st in roles if spec(st.op.kind).category == "comm" and st.kind in MOVING_STEPS]
-
-
-def _pushing_programs(kernels: list | None) -> int:
-    """The most programs the roles moving collectives' bytes have at once in one kernel (its
-    pushes run side by side); 0 where the config does not compose or no kernel has such a
-    role."""
-    return max((sum(st.count for st in _movers(roles)) for roles in kernels or ()), default=0)
 
 
 def _sm_moving_ms(dev: DeviceSpec, bp: BoundPattern, cfg: Config, sites: dict,

@@ -281,4 +281,3 @@ def test_the_copies_are_an_index_where_every_reader_gathers_their_rows():
     report = check(s.bound, res)
     assert report.ok, "\n".join(report.lines)
     assert res.outputs[0]["copies"][0].abs().sum() > 0
-

@@ -187,6 +187,20 @@ class HistPrepared:
                 return op.result
         return site.op.result
 
+    def _hist_in(self, kb, site) -> str:
+        """The histogram buffer `site`'s op reads in kernel `kb` (its own, or the one
+        `_hist_owner` names, whose kernel and prepare step must come before `kb`)."""
+        owner = self._hist_owner(site)
+        if owner != site.op.result:
+            before = [k.index for k in kb.mb.kernels
+                      if any(role.op.result == owner for role in k.roles)]
+            if not before or before[0] >= kb.index:
+                raise AssertionError(
+                    f"{site.op.result} reads the histogram the prepare step of {owner} fills, "
+                    f"but {owner}'s kernel does not come before kernel {kb.index}: it would "
+                    "read the last call's histogram (see HistPrepared._hist_owner)")
+        return hist_name(owner)
+
     def prepare(self, site) -> Prepare | None:
         if self._hist_owner(site) != site.op.result:
             return None

@@ -40,7 +40,7 @@ from ...runtime.reference import int_draw, reference
 from ...schedule.lowering import (Lowering, Step, Work, register_lowering,
                                   register_vendor_work)
 from .buckets import (HistPrepared, block_consts, declare_consts, dest_from_collective,
-                      hist_name, prefix_lines)
+                      prefix_lines)
 
 #: the run-time axis of the rows of y a tile reads (the region rule's and the kernel's name)
 LANDED_AXIS = "landed_rows"
@@ -254,8 +254,8 @@ class TopkCombineSM(Lowering):
             "other=-1)",
             f"landed = pmask & (at >= 0) & (at < {c['R']})",
             "tok = epoch * 0",
-            "# each source's slot, this rank's own first (its chunks land first): wait on the chunks",
-            "# holding this tile's rows there, [rv_lo, rv_hi)",
+            "# each source's slot, this rank's own first (its chunks land first): wait on the",
+            "# chunks holding this tile's rows there, [rv_lo, rv_hi)",
             "for rv_i in range(0, WORLD):",
             "    rv_src = (me + rv_i) % WORLD",
             f"    rv_in = landed & (at // ({c['R']} // WORLD) == rv_src)",
@@ -411,7 +411,7 @@ class LandingPositionsTriton(HistPrepared, Lowering):
                        "histogram rows a step; CAP rows a slot")
         kb.const(f"{p}_CAP", value=mb.bp.op_attrs(op)["capacity"])
         dest, pos, hist = (kb.view(n).base for n in (
-            op.args[0], op.result, hist_name(self._hist_owner(mb.site_of(op.result)))))
+            op.args[0], op.result, self._hist_in(kb, mb.site_of(op.result))))
         c = {x: f"{p}_{x}" for x in ("C", "CAP", "SB")}
         body = [f"{p}_w = tl.arange(0, {p}_WP)"] + prefix_lines(p, hist, "t", total=False) + [
             f"{p}_offs = t * {c['SB']} + tl.arange(0, {c['SB']})",

@@ -282,8 +282,8 @@ class GroupByDestTriton(HistPrepared, Lowering):
                            ", INNER elements a row in blocks of BH"))
         kb.const(f"{p}_GB", value=GB_COPIES)
         kb.const(f"{p}_K", value=s["K"])
-        hist_of = hist_name(self._hist_owner(mb.site_of(op.result)))
-        x, dest, hist = (kb.view(n).base for n in (x_name, dest_name, hist_of))
+        x, dest, hist = (kb.view(n).base for n in (
+            x_name, dest_name, self._hist_in(kb, mb.site_of(op.result))))
         rows_of = kb.view(op.result).rows_of
         out = rows_of.index if rows_of else kb.view(op.result).base
         if not rows_of:
