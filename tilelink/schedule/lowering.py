@@ -548,11 +548,11 @@ class Lowering:
         return None
 
     def gathered_rows(self, site: OpSite) -> str | None:
-        """Where its result's rows are rows of one operand, picked per row: that operand's
-        name, if the lowering can write each row's index into it instead of copying the
-        row (`View.rows_of`); the module builder asks for it where every consumer
-        `reads_gathered_rows` and the result is not returned (`rows_gathered`). None (the
-        default): its result is written out."""
+        """Where each row of its result is a row of one operand (picked per row) and the
+        lowering can write, for each result row, the index of that operand's row instead of
+        copying it (`View.rows_of`): the operand's name. The module builder takes that form
+        where every consumer `reads_gathered_rows` and the result is not returned
+        (`rows_gathered`). None (the default): its result is written out."""
         return None
 
     def reads_gathered_rows(self, site: OpSite, operand: str) -> bool:
