@@ -93,16 +93,15 @@ def test_option_value_types_and_tritons_debug_knob_take_tritons_path(monkeypatch
     assert len(k.slow) == 4 and fl.direct_launches == 1
 
 
-def test_options_match_with_their_value_types_in_any_order():
-    # the types remembered at the first launch are compared position by position (a dict
-    # built the same way each call); another order falls back to comparing them by name
+
+def test_options_match_only_with_their_value_types():
+    # 1, True and 1.0 compare equal in Python but are different constexprs to Triton
     from tilelink.runtime.fast_launch import _same_options
 
     first = {"BM": 128, "EVEN": True, "num_warps": 8}
-    types = tuple(map(type, first.values()))
-    assert _same_options(first, dict(first), types)
-    assert _same_options(first, {"num_warps": 8, "EVEN": True, "BM": 128}, types)
-    assert not _same_options(first, {"BM": 128, "EVEN": 1, "num_warps": 8}, types)
-    assert not _same_options(first, {"num_warps": 8, "EVEN": 1, "BM": 128}, types)
-    assert not _same_options(first, {"BM": 128.0, "EVEN": True, "num_warps": 8}, types)
-    assert not _same_options(first, {"BM": 64, "EVEN": True, "num_warps": 8}, types)
+    assert _same_options(first, dict(first))
+    assert _same_options(first, {"num_warps": 8, "EVEN": True, "BM": 128})
+    assert not _same_options(first, {"BM": 128, "EVEN": 1, "num_warps": 8})
+    assert not _same_options(first, {"BM": 128.0, "EVEN": True, "num_warps": 8})
+    assert not _same_options(first, {"BM": 64, "EVEN": True, "num_warps": 8})
+    assert not _same_options({"X": 1, "Y": True}, {"Y": 1, "X": True})

@@ -52,16 +52,13 @@ def _no_launch_hooks(runtime) -> bool:
     return True
 
 
-def _same_options(a: dict, b: dict, a_types: tuple | None = None) -> bool:
+def _same_options(a: dict, b: dict) -> bool:
     """Equal options, value types included (1, True and 1.0 compare equal in Python but are
-    different constexprs to Triton). `a_types`: a's value types in its order, if known (b's
-    compared positionally first: a dict built the same way each call has the same order)."""
+    different constexprs to Triton)."""
     if a is b:
         return True
     if a != b:
         return False
-    if a_types is not None and tuple(map(type, b.values())) == a_types:
-        return True
     return all(type(v) is type(b[k]) for k, v in a.items())
 
 
@@ -82,8 +79,8 @@ class FastLauncher:
         mode = (knobs.runtime.debug, knobs.compilation.instrumentation_mode)
         entry = None if key is None else self._cache.get((kernel, grid, key))
         if entry is not None and _no_launch_hooks(knobs.runtime):
-            compiled, opts, tail, was, types = entry
-            if was == mode and _same_options(opts, options, types):
+            compiled, opts, tail, was = entry
+            if was == mode and _same_options(opts, options):
                 compiled.run(grid[0], grid[1] if len(grid) > 1 else 1,
                              grid[2] if len(grid) > 2 else 1, stream, compiled.function,
                              compiled.packed_metadata, None, None, None, *args, *tail)
@@ -93,5 +90,4 @@ class FastLauncher:
         names = list(getattr(kernel, "arg_names", ()))[len(args):]
         if key is not None and compiled is not None and all(n in options for n in names):
             self._cache[(kernel, grid, key)] = (compiled, dict(options),
-                                                tuple(options[n] for n in names), mode,
-                                                tuple(map(type, options.values())))
+                                                tuple(options[n] for n in names), mode)
