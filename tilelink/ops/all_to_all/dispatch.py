@@ -216,8 +216,7 @@ class GroupByDestTriton(HistPrepared, Lowering):
 
     def reasons(self, site) -> list[str]:
         out = dest_from_collective(site, site.op.args[-1])
-        x = site.op.args[0]
-        src = next((o for o in site.bp.ops if o.result == x), None)
+        x, src = site.op.args[0], site.producer  # (the site's producer makes x)
         if src is not None and spec(src.kind).category == "comm":
             # (its kernel, and the push gathering rows through its index, read x without
             # waiting for the chunks peers deliver)
