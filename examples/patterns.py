@@ -293,6 +293,20 @@ def ep_dispatch_combine(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
 
 
 @tk.pattern
+def ep_dispatch_combine_fp8(T=64, TOPK=2, H=256, CAP=128, dtype="bf16"):
+    x = tk.input((T, H), dtype)
+    dest = tk.input((T, TOPK), "int32")
+    wts = tk.input((T, TOPK), dtype)
+    copies = tk.group_by_dest(x, dest)
+    splits = tk.dest_counts(dest)
+    recv = tk.all_to_all(copies, splits, capacity=CAP, fp8=1)
+    back = tk.all_to_all(recv, splits, capacity=CAP, slots=1, back=1, fp8=1)
+    pos = tk.landing_positions(dest, capacity=CAP)
+    out = tk.topk_combine(back, pos, wts)
+    return out
+
+
+@tk.pattern
 def grouped_gemm(T=256, K=128, N=256, E=8, TOPK=2, dtype="bf16"):
     x = tk.input((T, K), dtype)
     w = tk.input((E, K, N), dtype)

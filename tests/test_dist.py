@@ -202,6 +202,20 @@ CASES |= {
     "ep_routed_sm_t4096": RunSpec(EP_ROUTED, {"T": "4096", "TOPK": "8", "H": "7168",
                                               "CAP": "10240"}, {"comm": "sm"}, calls=5),
 }
+# EP dispatch + combine with the rows sent as fp8 (examples/ep_dispatch_combine_fp8.tl): the
+# staging slots, the receive steps writing each landed chunk and the readers waiting on their
+# local signals, under the routings drawn every call (some past CAP), with delays, as CUDA-graph
+# replays mixed with eager calls, 1,000 calls back to back, and at the layer's size.
+EP_FP8 = str(EXAMPLES / "ep_dispatch_combine_fp8.tl")
+NOT_YET_RUN |= {
+    "ep_fp8_sm_100_delays": RunSpec(EP_FP8, EP_ROUTED_SIZES, {"comm": "sm"}, calls=100,
+                                    delays=True, seed=82),
+    "ep_fp8_sm_graph_mixed": RunSpec(EP_FP8, EP_ROUTED_SIZES, {"comm": "sm"}, calls=20,
+                                     graph=True, mixed=True),
+    "ep_fp8_sm_1000": RunSpec(EP_FP8, EP_ROUTED_SIZES, {"comm": "sm"}, calls=1000, seed=83),
+    "ep_fp8_sm_t4096": RunSpec(EP_FP8, {"T": "4096", "TOPK": "8", "H": "7168",
+                                        "CAP": "10240"}, {"comm": "sm"}, calls=5),
+}
 # AG-MoE: the grouped GEMM's kernel after an all_gather of the token shards; every call draws
 # new expert choices (0 .. 3 of 8: four experts stay empty), so the device-side routing
 # tables change under back-to-back calls. T and N divide by 2, 3, 4 and 8; K = 1000 and

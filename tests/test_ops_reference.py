@@ -82,7 +82,7 @@ def test_an_op_without_lowerings_says_it_runs_as_the_plan_only(capsys, monkeypat
 def test_ops_name_prints_that_op_alone(capsys):
     assert main(["ops", "all_to_all"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("all_to_all(x, splits, capacity, slots = 0, back = 0)")
+    assert out.startswith("all_to_all(x, splits, capacity, slots = 0, back = 0, fp8 = 0)")
     assert "[W * capacity, ...]" in out and "gemm(a, b)" not in out
     assert "recv = tk.all_to_all(tokens, splits, capacity=CAP)" in out
 

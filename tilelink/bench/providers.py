@@ -34,11 +34,22 @@ class Transfer:
     counts, what it really moves given the values of the pattern's integer tensors (`ints`:
     name -> one CPU tensor per rank, those computable from the integer inputs alone). None
     where a value it needs is not in `ints`; no `routed` (None): the collective moves the
-    same every call, `received` says it."""
+    same every call, `received` says it. `element_bytes(bp, op)`: the bytes one element of
+    the operand costs on the wire (None: its dtype's size; less where the collective
+    compresses the rows, as an all_to_all with fp8 = 1 does)."""
 
     sends: Callable
     received: Callable
     routed: Callable | None = None
+    element_bytes: Callable | None = None
+
+    def wire_bytes(self, bp, op) -> float:
+        """Bytes one element of `op`'s operand costs on the wire (`element_bytes`)."""
+        from ..ir.tensor import DTYPE_BYTES
+
+        if self.element_bytes is not None:
+            return self.element_bytes(bp, op)
+        return float(DTYPE_BYTES[bp.tensors[op.args[0]].dtype])
 
 
 TRANSFERS: dict[str, Transfer] = {}
@@ -49,11 +60,12 @@ TRANSFERS: dict[str, Transfer] = {}
 FLOPS: dict[str, Callable] = {}
 
 
-def transfer(kind: str, received: Callable, routed: Callable | None = None):
+def transfer(kind: str, received: Callable, routed: Callable | None = None,
+             element_bytes: Callable | None = None):
     """Decorator: register the sends of collective `kind` (see `Transfer`)."""
 
     def wrap(sends: Callable) -> Callable:
-        TRANSFERS[kind] = Transfer(sends, received, routed)
+        TRANSFERS[kind] = Transfer(sends, received, routed, element_bytes)
         return sends
 
     return wrap

@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..ir.tensor import DTYPE_BYTES
 
 SYSTEMS = ("tilelink", "nccl_cublas", "async_tp", "symm_one_shot", "symm_two_shot", "nccl_counts",
            "gemm", "nccl_comm", "ce_comm")
@@ -146,8 +145,8 @@ def comm_bytes_per_rank(bp) -> int:
     total = 0
     for op in bp.ops:
         if op.kind in TRANSFERS:
-            total += (TRANSFERS[op.kind].received(bp, op)
-                      * DTYPE_BYTES[bp.tensors[op.args[0]].dtype])
+            t = TRANSFERS[op.kind]
+            total += int(t.received(bp, op) * t.wire_bytes(bp, op))
     return total
 
 
@@ -160,13 +159,15 @@ def routed_bytes(bp, ints) -> list[list[int]] | None:
     w = bp.world
     total = [[0] * w for _ in range(w)]
     routed = False
+    from .providers import TRANSFERS
+
     for op, elements in _routed(bp, ints):
         if elements is None:
             return None
-        size = DTYPE_BYTES[bp.tensors[op.args[0]].dtype]
+        size = TRANSFERS[op.kind].wire_bytes(bp, op)
         for s in range(w):
             for d in range(w):
-                total[s][d] += int(elements[s][d]) * size
+                total[s][d] += int(int(elements[s][d]) * size)
         routed = True
     return total if routed else None
 

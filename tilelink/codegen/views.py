@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TL_DTYPES = {"bf16": "tl.bfloat16", "fp16": "tl.float16", "fp32": "tl.float32"}
-SIG_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int32": "i32", "int64": "i64"}
+SIG_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int32": "i32", "int64": "i64",
+              "uint8": "u8"}
 
 
 def indent(lines: list[str], n: int = 1) -> list[str]:

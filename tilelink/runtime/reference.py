@@ -21,7 +21,8 @@ from ..ir import BoundPattern
 from .bounds import Bound, Verdict, judge, output_bound  # noqa: F401  (the checks' names)
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-                "int32": torch.int32, "int64": torch.int64}
+                "int32": torch.int32, "int64": torch.int64,
+                "uint8": torch.uint8}  # (uint8: lowerings' own buffers only, fp8 payload bytes)
 
 @dataclass(frozen=True)
 class RefContext:

@@ -17,9 +17,10 @@ another on the caller's stream) and gives each a range of program ids:
 - a copy of a peer-written result into the pattern's output goes last;
 - a receive step (device work on the receiving rank reading the rows a collective landed,
   `Step.receives`) goes where the steps delivering those rows are: a push still waiting for
-  its first compute consumer (this op) starts a kernel with it, else the receive joins the
-  kernel already holding that collective's steps; within the kernel it follows the last
-  role it reads from;
+  its first compute consumer (this op) starts a kernel with it; a collective's receive of
+  its own result goes wherever its push goes; else the receive joins the kernel already
+  holding that collective's steps; within the kernel it follows the last role it reads
+  from (a push sending on what a collective's receive step wrote follows that step);
 - a compute op whose lowering takes its producer's tiles in the epilogue (a combine of the
   producer's rows) has no tiles of its own: it runs in the producer's kernel, and a
   reduction of its result goes after the producer's tiles.
@@ -77,11 +78,26 @@ def compose(bp: BoundPattern, config, target,
     """Lower every op and place the steps into kernels (see the module docstring). `config`
     is a validated one (`space.ConfigSpace.validate`, which also returns `sites`, the ops'
     sites under it, with their lowerings chosen: nothing is asked twice)."""
+    comp = _place(bp, config, target, sites)
+    _lay_out(comp, config)
+    return comp
+
+
+def widest_kernel(bp: BoundPattern, config, target) -> int:
+    """The most roles one of the pattern's kernels has under `config` (each needs a program
+    at least: what `num_programs` must exceed)."""
+    return max((len(k) for k in _place(bp, config, target).kernels), default=0)
+
+
+def _place(bp: BoundPattern, config, target,
+           sites: dict[str, OpSite] | None = None) -> Composition:
+    """The steps of every op's lowering placed into kernels, not yet laid out."""
     sites = sites if sites is not None else op_sites(bp, config, target)
     lowerings = choose_lowerings(bp, sites)
     kernels: list[list[Step]] = []
     tiles_kernel: dict[str, int] = {}  # op result -> kernel of its tiles step
     pending: dict[str, list[Step]] = {}  # consumer op result -> pushes before its tiles
+    pushed: dict[str, list[Step]] = {}  # collective result -> the list its push went to
     last: list[Step] = []
     for op in bp.ops:
         site = sites[op.result]
@@ -107,11 +123,14 @@ def compose(bp: BoundPattern, config, target,
                         "without waiting for them", onward.loc,
                         f"compute on {op.result} first, or use comm=none")
                 if consumer is not None:
-                    pending.setdefault(consumer.result, []).extend(pushes)
+                    into = pending.setdefault(consumer.result, [])
                 elif onward is not None:  # a collective's push sends the rows on: with it
-                    pending.setdefault(onward.result, []).extend(pushes)
+                    into = pending.setdefault(onward.result, [])
                 else:  # the result is only returned: a kernel of its own
-                    kernels.append(pushes)
+                    into = []
+                    kernels.append(into)
+                into.extend(pushes)
+                pushed[op.result] = into
             elif step.kind == "reduce":
                 k = tiles_kernel.get(site.producer.result) if site.producer else None
                 if k is None:
@@ -129,6 +148,9 @@ def compose(bp: BoundPattern, config, target,
                     kernels[k].append(step)
             elif step.kind == "copy_out":
                 last.append(step)
+            elif (step.kind == "receive" and step.receives == op.result
+                  and op.result in pushed):
+                pushed[op.result].append(step)  # (its own result: where its push went)
             elif step.kind == "receive":
                 _place_receive(kernels, pending.pop(op.result, None), step)
             else:
@@ -145,9 +167,7 @@ def compose(bp: BoundPattern, config, target,
         if not kernels:
             kernels.append([])
         kernels[-1].extend(last)
-    comp = Composition(sites, lowerings, [k for k in kernels if k])
-    _lay_out(comp, config)
-    return comp
+    return Composition(sites, lowerings, [k for k in kernels if k])
 
 
 def _place_receive(kernels: list[list[Step]], pushes: list[Step] | None, step: Step) -> None:
@@ -184,10 +204,10 @@ def _lay_out(comp: Composition, config) -> None:
         roles[:] = _in_order(roles)
         if config.debug_reverse_roles:
             roles.reverse()  # DEBUG: consumers before producers (emulated world only)
-        # the rest of the programs go to the kernel's compute: its tiles, else a receive
-        # step, else its last role
+        # the rest of the programs go to the kernel's compute: its tiles, else its last
+        # receive step (the op reading what the others land), else its last role
         takes_rest = next((s for s in roles if s.kind == "tiles"), None) or next(
-            (s for s in roles if s.kind == "receive"), roles[-1])
+            (s for s in reversed(roles) if s.kind == "receive"), roles[-1])
         counts = []
         for s in roles:
             if s.host:
@@ -220,8 +240,11 @@ def _lay_out(comp: Composition, config) -> None:
 
 def _reads(consumer: Step, producer: Step) -> bool:
     """Whether `consumer` waits for data `producer` makes within one call of the kernel."""
-    if consumer.kind == "push" and producer.kind != "push":
-        return False  # its source is ready when the kernel starts (or a push delivers it)
+    if consumer.kind == "push" and producer.kind != "push" and not (
+            producer.kind == "receive" and spec(producer.op.kind).category == "comm"):
+        # its source is ready when the kernel starts, or a collective delivers it (a push,
+        # or the receive step writing what the collective's push staged)
+        return False
     if producer.kind == "copy_out":
         return False  # it fills the pattern's output; the other roles read the heap copy
     if producer.op is consumer.op:
@@ -236,4 +259,5 @@ def lowering_names(comp: Composition) -> dict[str, str]:
     return {k: lw.name for k, lw in comp.lowerings.items()}
 
 
-__all__ = ["LOWERINGS", "Composition", "compose", "op_sites", "choose_lowerings"]
+__all__ = ["LOWERINGS", "Composition", "compose", "op_sites", "choose_lowerings",
+           "widest_kernel"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
-from .compose import Composition, compose
+from .compose import Composition, compose, widest_kernel
 from .config import COMM_RESOURCES, Config, default_value
 from .knobs import feature_knobs, plan_knobs
 from .lowering import LOWERINGS, library_capturable, library_comms, op_lowerings, op_sites
@@ -257,7 +257,12 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         # no kernel can be generated for the pattern, so the plan that runs it is the default
         return replace(base, comm="none"), no_lowering_note(missing)
     if target.backend == "interp":  # tiny tiles, SM communication: every code path in seconds
-        return _or_fallback(base, space.reasons(base, bp), allow_fallback)
+        bad = space.reasons(base, bp)
+        if not bad and not missing:
+            base = _programs_for_roles(bp, base, target)
+        return _or_fallback(base, bad, allow_fallback)
+    if not missing and not space.reasons(replace(base, comm="sm"), bp):
+        base = _programs_for_roles(bp, base, target)
     if resource is not None:
         resources = [resource]
     else:
@@ -284,6 +289,22 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         if first is None:
             first, first_bad = merged, bad
     return _or_fallback(first, first_bad, allow_fallback)
+
+
+def _programs_for_roles(bp: BoundPattern, base: Config, target: Target) -> Config:
+    """`base` with enough programs for the roles of the pattern's widest kernel on SMs (each
+    role but one takes `comm_programs`, the one taking the rest what is left): in the
+    interpreter (one program a role there) more programs; on a GPU, whose programs are its
+    SMs (fewer of them in the one-GPU world, which splits a GPU between its ranks), fewer
+    `comm_programs`, until the rest is at least as many."""
+    sm = replace(base, comm="sm")
+    roles = widest_kernel(bp, sm, target)
+    if target.backend == "interp":
+        return replace(base, num_programs=max(base.num_programs, roles))
+    comm = base.comm_programs
+    while comm > 1 and (roles - 1) * comm + comm > base.num_programs:
+        comm //= 2
+    return replace(base, comm_programs=comm)
 
 
 def _other_resources(bp: BoundPattern, target: Target, space, base: Config,

@@ -26,16 +26,19 @@ class Target:
     # runtime sets the device it runs on; compiling without one assumes the part named here
     # (for Hopper the H200, whose row rests on the most measurements)
     device: str = ""
+    # fp8 e4m3 conversions in hardware (Triton's tl.float8e4nv: sm_89 and later); elsewhere
+    # kernels round to fp8 in integer arithmetic (`tld.fp8_bits`, exact and slower)
+    fp8: bool = False
 
 
 TARGETS = {
     "cuda:90": Target("cuda:90", "cuda", 90, 32, 132, "nvidia", False, True, 232_448,
-                      "NVIDIA H200"),
+                      "NVIDIA H200", fp8=True),
     "cuda:80": Target("cuda:80", "cuda", 80, 32, 108, "nvidia", False, smem_bytes=166_912,
                       device="NVIDIA A100"),
     # the same GPUs with NVSHMEM's device library linked (runtime backend "nvshmem")
     "cuda:90+nvshmem": Target("cuda:90+nvshmem", "cuda", 90, 32, 132, "nvshmem", False, True,
-                              232_448, "NVIDIA H200"),
+                              232_448, "NVIDIA H200", fp8=True),
     "cuda:80+nvshmem": Target("cuda:80+nvshmem", "cuda", 80, 32, 108, "nvshmem", False,
                               smem_bytes=166_912, device="NVIDIA A100"),
     "hip:gfx942": Target("hip:gfx942", "hip", "gfx942", 64, 304, "amd", False,

@@ -28,6 +28,15 @@ x's rows land during the call: an item waits, before its put, on the chunks of x
 the rows it sends, [start + lo, start + lo + rows) (the plan's dynamic-range dependency,
 rendered by x's lowering as for a compute tile; no wait where it sends no row), and the
 composer runs both pushes in one kernel, the producer's first.
+
+With fp8 = 1 the push sends each row as fp8 e4m3 bytes with one fp32 scale (a pass over the
+row for its largest magnitude, then the bytes: `tld.fp8_bits`) into a staging slot of the
+destination instead of its result, and a receive step on the destination turns each landed
+chunk into result rows (`tld.fp8_value` times the row's scale) and notifies that chunk on a
+local signal, which is what the result's consumers wait on. The result is then written by
+its own rank only, so the zeros past a count are its receive step's: it keeps how many rows
+of each source the last call left (the result is a single buffer, or the pattern's output,
+written whole) and clears the rest of those.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ from . import SENT_AXIS
 
 #: elements one program copies per step of a push (as all_gather's pushes)
 COPY_BLOCK = 8192
+#: elements a step of fp8's quantizing push and of its receive step takes (`_row_block`)
+FP8_BLOCK = 16384
 #: the kernel variables of a push item's rows of x (the region rule's run-time axis)
 NAMES = {SENT_AXIS: ("sent_lo", "sent_hi")}
 
@@ -99,6 +110,14 @@ class AllToAllSM(Lowering):
         return operand == site.op.args[0] and operand not in site.op.args[1:]
 
     def steps(self, site) -> list[Step]:
+        if site.attrs["fp8"]:
+            r = site.op.result
+            return [Step("push", site.op, self, "read the counts, push each rank's rows as fp8 "
+                         "with a scale per row into its staging slot for this rank, then the "
+                         "count and each chunk's slot"),
+                    Step("receive", site.op, self, f"wait for each chunk of {r} from each "
+                         f"rank, write its rows (fp8 times their scale; zeros past the count) "
+                         f"into {r}, notify the chunk to this rank's readers", receives=r)]
         out = [Step("push", site.op, self, "read the counts, push each rank's rows into its "
                     "slot for this rank (zeros where this rank's last rows there went past "
                     "this call's count), then the count and each chunk's slot")]
@@ -109,6 +128,11 @@ class AllToAllSM(Lowering):
 
     def notes(self, site) -> list[str]:
         c = self._consts(site)
+        if site.attrs["fp8"]:
+            return [f"{site.op.result}: {c['CHUNKS']} chunk(s) of up to {c['CB']} rows per "
+                    f"source slot of {c['CAP']} rows, sent as fp8 with a scale per row into a "
+                    "staging slot; the receive step writes the rows, and zeros past a "
+                    "source's count where the last call's rows reach past it"]
         return [f"{site.op.result}: {c['CHUNKS']} chunk(s) of up to {c['CB']} rows per source "
                 f"slot of {c['CAP']} rows; rows past a source's count are zeros (cleared by "
                 "the sender where its rows of two calls ago reach past them)"]
@@ -123,7 +147,8 @@ class AllToAllSM(Lowering):
     # ---- codegen -------------------------------------------------------------------------
 
     def result_home(self, site):
-        return ("heap", 2)
+        # (with fp8 the peers write a staging buffer, and this rank's receive step the result)
+        return None if site.attrs["fp8"] else ("heap", 2)
 
     def _consts(self, site) -> dict:
         x = site.tensor(site.op.args[0])
@@ -136,8 +161,20 @@ class AllToAllSM(Lowering):
                 "CHUNKS": -(-cap // cb), "WP": pow2_ceil(site.bp.world)}
 
     def _names(self, site) -> dict[str, str]:
+        """The signal and word arrays of `site`'s kernel: the chunks' signals and the slots'
+        counts (peers write both); the rows written into each destination's slot by the last
+        calls (`sent`), or with fp8 the chunks' local signals (`ready`: the receive step's
+        notifications) and the rows of each source the receive step wrote (`got`)."""
         r = site.op.result
+        if site.attrs["fp8"]:
+            return {"sig": f"sig_{r}", "count": f"{r}_count", "ready": f"sig_{r}_ready",
+                    "got": f"{r}_got"}
         return {"sig": f"sig_{r}", "count": f"{r}_count", "sent": f"{r}_sent"}
+
+    def _stage_names(self, site) -> tuple[str, str]:
+        """With fp8: the staging buffers peers push into (the rows' bytes, their scales)."""
+        r = site.op.result
+        return f"{r}_q", f"{r}_scale"
 
     def declare(self, mb, site) -> None:
         r = site.op.result
@@ -155,12 +192,29 @@ class AllToAllSM(Lowering):
         mb.signal(n["sig"], grid.size, "epoch")
         # [buffer parity, source]: valid rows of that source's slot (peers write it)
         mb.signal(n["count"], 2 * w, init="zero")
+        if site.attrs["fp8"]:
+            self._declare_fp8(mb, site, c)
+            return
         # [call % 4, destination]: rows this rank wrote into that destination's slot (local)
         mb.signal(n["sent"], 4 * w, init="zero")
         mb.peer_written.add(r)
         # the slots start zeroed: what the senders' clearing of their own old rows assumes
         mb.init_lines.append(f"    symmetric[{r!r}].zero_()  # rows past the counts read as "
                              "zeros from the first call on")
+
+    def _declare_fp8(self, mb, site, c) -> None:
+        """fp8's staging slots (double-buffered by epoch parity, as the result is without
+        fp8), the chunks' local signals and the receive step's record of its rows."""
+        r, n, w = site.op.result, self._names(site), site.bp.world
+        q, scale = self._stage_names(site)
+        mb.heap_tensor(q, (w * c["CAP"], c["INNER"]), "uint8", 2, peer_written=True)
+        mb.heap_tensor(scale, (w * c["CAP"],), "fp32", 2, peer_written=True)
+        mb.signal(n["ready"], mb.plan.grids[r].size, "epoch")
+        # [call parity, source]: rows of that source's slot the receive step wrote (local)
+        mb.signal(n["got"], 2 * w, init="zero")
+        if mb.homes.get(r, ("",))[0] == "heap":  # (a scratch result kept between calls)
+            mb.init_lines.append(f"    symmetric[{r!r}].zero_()  # rows past the counts read "
+                                 "as zeros from the first call on")
 
     def _params(self, kb, site):
         n = self._names(site)
@@ -169,6 +223,8 @@ class AllToAllSM(Lowering):
     def render_step(self, step, kb) -> list[str]:
         if step.kind == "copy_out":
             return self._copy_out(step, kb)
+        if step.kind == "receive":
+            return self._dequantize(step, kb)
         return self._push(step, kb)
 
     def _push(self, step, kb) -> list[str]:
@@ -201,6 +257,8 @@ class AllToAllSM(Lowering):
                  else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
                 f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), "
                 f"{p}_CAP),", f"                   tl.maximum({p}_T - start, 0))"]
+        if site.attrs["fp8"]:
+            return head + self._fp8_push(step, kb, site, counts, source_waits, x, rows_of)
         lines = head + [
             f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
             "    # chunk j to every rank before chunk j + 1 (the own slot's copy within the GPU",
@@ -238,15 +296,171 @@ class AllToAllSM(Lowering):
         ]
         return lines
 
+    def _row_block(self, kb, site) -> tuple[str, str, bool]:
+        """(GR, GC, whole): the names of the rows and elements a step of a row-wise copy
+        takes, and whether GC holds a whole row. A plain copy takes COPY_BLOCK elements a
+        step, GC up to a row's, at most 1024. With fp8 a step takes FP8_BLOCK elements, whole
+        rows where they fit, so a row's scale and bytes come from one load of it (a step's
+        latency, not its bytes, bounds a program's rate: 8 x 1024 two-byte elements a step
+        moved ~20 GB/s a program, 2026-11-28, H200)."""
+        p = ident(site.op.result)
+        block, widest = (FP8_BLOCK, FP8_BLOCK) if site.attrs["fp8"] else (COPY_BLOCK, 1024)
+        inner = self._consts(site)["INNER"]
+        gc = min(pow2_ceil(inner), widest, block)
+        kb.const(f"{p}_GC", value=gc)
+        kb.const(f"{p}_GR", value=block // gc)
+        return f"{p}_GR", f"{p}_GC", gc >= inner
+
+    def _fp8_push(self, step, kb, site, counts, source_waits, x, rows_of) -> list[str]:
+        """fp8 = 1: each item's rows as fp8 bytes and a scale per row, into the destination's
+        staging slot for this rank; then the slot's count and the chunk's signal."""
+        mb = kb.mb
+        r, p = site.op.result, ident(site.op.result)
+        ptr = self._params(kb, site)
+        q, scale = (kb.view(b).base for b in self._stage_names(site))
+        gr, gc, whole = self._row_block(kb, site)
+        slot = slot_expr(mb.plan.grids[r], {"chunk": f"me * {p}_CHUNKS + j"})
+        if rows_of:
+            source = rows_of.source
+            src = (f"tl.load({x} + start + lo + rr, mask=rm, other=0).to(tl.int64)  "
+                   f"# ({site.op.args[0]} is written as an index of rows of {source})")
+        else:
+            source, src = x, "(start + lo + rr).to(tl.int64)"
+        load = [
+            f"cc = c0 + tl.arange(0, {gc})",
+            f"m = rm[:, None] & (cc < {p}_INNER)[None, :]",
+            f"v = tl.load({source} + src[:, None] * {p}_INNER + cc[None, :], mask=m,",
+            "            other=0.0).to(tl.float32)"]
+        scale_of = [
+            "# the scale maps the row's largest magnitude to fp8's largest, 448 (a correctly",
+            "# rounded division: the non-overlapped plan's torch divides so)",
+            "inv = tl.where(amax > 0, tl.div_rn(tl.zeros_like(amax) + 448.0, "
+            "tl.maximum(amax, 1e-30)), 0.0)"]
+        put = [f"tl.store(remote + rr[:, None] * {p}_INNER + cc[None, :],",
+               f"         {self._to_fp8(kb, 'v * inv[:, None]')}, mask=m)"]
+        if whole:  # a row in one step: its scale and bytes from one load
+            rows = ([f"cc = tl.arange(0, {gc})"] + load[1:]
+                    + ["amax = tl.max(tl.abs(v), axis=1)"] + scale_of + put)
+        else:
+            rows = (["# rows wider than a step: a pass for the largest magnitude, then the bytes",
+                     f"amax = tl.zeros(({gr},), tl.float32)",
+                     f"for c0 in range(0, {p}_INNER, {gc}):"]
+                    + ["    " + y for y in load]
+                    + ["    amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))"] + scale_of
+                    + [f"for c0 in range(0, {p}_INNER, {gc}):"]
+                    + ["    " + y for y in load + put])
+        return [
+            f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
+            "    # chunk j to every rank before chunk j + 1; own slot first, then me - 1, ...",
+            "    step = item % WORLD",
+            "    j = item // WORLD",
+            "    dst = (me + WORLD - step) % WORLD",
+        ] + counts + [
+            f"    lo = j * {p}_CB",
+            f"    rows = tl.minimum(tl.maximum(n - lo, 0), tl.minimum({p}_CB, {p}_CAP - lo))",
+        ] + ["    " + y for y in source_waits] + [
+            "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
+        ] + ["    " + y for y in wait_released("dst")] + [
+            f"    remote = tld.symm_at({q} + (me * {p}_CAP + lo) * {p}_INNER, dst, me, "
+            "heap_bases)",
+            f"    remote_scale = tld.symm_at({scale} + me * {p}_CAP + lo, dst, me, heap_bases)",
+            f"    for r0 in range(0, rows, {gr}):",
+            f"        rr = r0 + tl.arange(0, {gr})",
+            "        rm = rr < rows",
+            f"        src = {src}",
+        ] + ["        " + y for y in rows] + [
+            "        tl.store(remote_scale + rr, tl.div_rn(amax, tl.zeros_like(amax) + 448.0), "
+            "mask=rm)",
+            "    # the slot's count (every chunk's program writes the same), then the chunk's "
+            "signal,", "    # whose release makes the bytes, the scales and the count visible",
+            f"    tl.store(tld.symm_at({ptr['count']} + buf * WORLD + me, dst, me, heap_bases), n)",
+            "    " + mb.notify_data(f"tld.notify_peer({ptr['sig']} + {slot}, epoch, dst, me, "
+                                    "heap_bases)"),
+        ]
+
+    @staticmethod
+    def _to_fp8(kb, values: str) -> str:
+        """`values` (fp32, |x| <= 448) as fp8 e4m3 bytes (uint8), rounded to nearest even: the
+        hardware's conversion where the target has one (the integer arithmetic of
+        `tld.fp8_bits` takes ~2.4x the time of a plain copy's push on 16 programs of an
+        H200, 2026-11-28), else that."""
+        if kb.mb.target.fp8:
+            return f"({values}).to(tl.float8e4nv).to(tl.uint8, bitcast=True)"
+        return f"tld.fp8_bits({values}).to(tl.uint8)"
+
+    @staticmethod
+    def _from_fp8(kb, data: str) -> str:
+        """fp8 e4m3 bytes `data` (uint8) as fp32 values (exact), as `_to_fp8` converts."""
+        if kb.mb.target.fp8:
+            return f"{data}.to(tl.float8e4nv, bitcast=True).to(tl.float32)"
+        return f"tld.fp8_value({data})"
+
+    def _dequantize(self, step, kb) -> list[str]:
+        """fp8 = 1's receive step: per landed chunk (own slot first, then the ranks in the
+        order their pushes reach this one), its rows as the result's dtype (the bytes times
+        their row's scale), zeros over the rows past the count that the last call wrote
+        (every row of an output, which is new each call), then the chunk's local signal."""
+        mb, site = kb.mb, kb.mb.site_of(step.op.result)
+        r, p = step.op.result, ident(step.op.result)
+        for k in ("CAP", "INNER", "CB", "CHUNKS"):
+            kb.const(f"{p}_{k}")
+        ptr = self._params(kb, site)
+        q, scale = (kb.view(b).base for b in self._stage_names(site))
+        out = kb.view(r).base
+        gr, gc, _ = self._row_block(kb, site)
+        slot = slot_expr(mb.plan.grids[r], {"chunk": f"src * {p}_CHUNKS + j"})
+        sid = mb.site_for(("all_to_all receive", r), f"{step.name} waits for a chunk of {r} "
+                          f"(all_to_all at {_loc(step.op.loc)}, fp8) to write its rows",
+                          None, (kb.index, step.name))
+        mb.describe_lines += [
+            f"    if site == {sid}:",
+            f"        src, j = divmod(slot, {p}_CHUNKS)",
+            f"        return (f\"{self._names(site)['sig']}[{{slot}}] = chunk {{j}} of {r} "
+            f"from rank {{src}}\")"]
+        old = (f"{p}_CAP  # (the output is new each call: every row written)" if site.is_output
+               else f"tl.load({ptr['got']} + ((epoch + 1) & 1) * WORLD + src)")
+        return [
+            f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
+            "    # chunk j of every source before chunk j + 1: own slot first, then me + 1, ...",
+            "    # (the order the sources' pushes reach this rank)",
+            "    j = item // WORLD",
+            "    src = (me + item % WORLD) % WORLD",
+            f"    tok = tld.wait({ptr['sig']} + {slot}, epoch, spin_limit, abort_ptr, diag_ptr, "
+            f"{sid}, {slot}, me)",
+            f"    n = tl.load(tld.consume_token({ptr['count']} + buf * WORLD + src, tok))",
+            f"    lo = j * {p}_CB",
+            f"    span = tl.minimum({p}_CB, {p}_CAP - lo)",
+            "    rows = tl.minimum(tl.maximum(n - lo, 0), span)",
+            f"    # rows of this source the last call wrote: zeros over those past this count",
+            f"    old = {old}",
+            "    dirty = tl.minimum(tl.maximum(tl.maximum(n, old) - lo, 0), span)",
+            f"    at = (src * {p}_CAP + lo) * {p}_INNER",
+            f"    got = tld.consume_token({q} + at, tok)",
+            f"    got_scale = tld.consume_token({scale} + src * {p}_CAP + lo, tok)",
+            f"    for r0 in range(0, dirty, {gr}):",
+            f"        rr = r0 + tl.arange(0, {gr})",
+            "        live = rr < rows",
+            "        sc = tl.load(got_scale + rr, mask=live, other=0.0)",
+            f"        for c0 in range(0, {p}_INNER, {gc}):",
+            f"            cc = c0 + tl.arange(0, {gc})",
+            f"            m = (rr < dirty)[:, None] & (cc < {p}_INNER)[None, :]",
+            f"            b = tl.load(got + rr[:, None] * {p}_INNER + cc[None, :],",
+            "                        mask=m & live[:, None], other=0)",
+            f"            tl.store({out} + at + rr[:, None] * {p}_INNER + cc[None, :],",
+            f"                     ({self._from_fp8(kb, 'b')} * sc[:, None]).to("
+            f"{_TL[site.result.dtype]}), mask=m)",
+            "    " + mb.notify_data(f"tld.notify({ptr['ready']} + {slot}, epoch)"),
+            "    if j == 0:",
+            f"        tl.store({ptr['got']} + (epoch & 1) * WORLD + src, n)",
+        ]
+
     def _gather_put(self, kb, site, index: str, source: str) -> list[str]:
         """The item's rows where x is written as an index of another tensor's rows
         (`View.rows_of`): GR rows a step, each read from the source row its index entry
         names, in blocks of GC elements (GR * GC = COPY_BLOCK), stored contiguously into
         the destination's slot."""
         p, x_name = ident(site.op.result), site.op.args[0]
-        gc = min(pow2_ceil(self._consts(site)["INNER"]), 1024, COPY_BLOCK)
-        kb.const(f"{p}_GC", value=gc)
-        kb.const(f"{p}_GR", value=COPY_BLOCK // gc)
+        self._row_block(kb, site)
         return [
             f"    # {x_name} is written as an index of rows: each row from where its entry says",
             "    remote = tld.symm_at(at, dst, me, heap_bases)",
@@ -352,7 +566,8 @@ class AllToAllSM(Lowering):
                      memo=None) -> list[str]:
         """The consumer tile's waits on the chunks it reads (the plan's closed form)."""
         mb = kb.mb
-        sig = self._params(kb, site)["sig"]
+        # (with fp8, on the receive step's local signal: the chunk's rows are written)
+        sig = self._params(kb, site)["ready" if site.attrs["fp8"] else "sig"]
         cons = dep.consumer.op
         cop = next(o for o in mb.bp.ops if o.result == cons)
         if spec(cop.kind).category == "comm":  # (a push sending the rows on)
