@@ -75,7 +75,17 @@ def _roundtrip_bytes(bytes_ptr, out_ptr):
     tl.store(out_ptr + offs, core.fp8_value(tl.load(bytes_ptr + offs)))
 
 
-_CASES = {"roundtrip": _case_roundtrip}
+def _case_nan():
+    import torch
+
+    x = torch.tensor([float("nan"), -float("nan"), 1.0, 0.0])
+    q = torch.empty(4, dtype=torch.uint8)
+    back = torch.empty(4)
+    _roundtrip[(1,)](x, q, back, 4, BLOCK=4)
+    return {"bytes": q.tolist(), "nan": [bool(v) for v in torch.isnan(back)]}
+
+
+_CASES = {"roundtrip": _case_roundtrip, "nan": _case_nan}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +98,12 @@ def test_the_encoding_rounds_like_torch_and_the_decoding_is_exact(interp_results
     assert r["n"] > 60000 and r["nonzero"] > 50000  # (the values really span the range)
     assert r["byte_mismatches"] == 0 and r["value_mismatches"] == 0
     assert r["finite_bytes"] == 254 and r["decode_mismatches"] == 0
+
+
+def test_nan_stays_nan(interp_results):
+    r = get(interp_results, "nan")
+    assert r["bytes"][0] == 0x7F and r["bytes"][1] == 0xFF and r["bytes"][2:] == [0x38, 0]
+    assert r["nan"] == [True, True, False, False]
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "cuda:80", "hip:gfx942"])

@@ -67,14 +67,19 @@ def declare(mb) -> None:
 
 def role_table(mb) -> list[str]:
     """Module lines describing every role the rows name (PROFILE_ROLES: role index ->
-    kernel, name, step kind, op, first program, programs, instrumented)."""
+    kernel, name, step kind, op, first program, programs, instrumented, and whether it
+    computes: a compute op's tiles or receive step, not a collective's own receive step,
+    which writes the rows it landed)."""
+    from ..ir import spec
+
     lines = ["# profile=1: the roles that profile rows name (their `role` field indexes this)",
              "PROFILE_ROLES = ["]
     for i, st in enumerate(_steps(mb)):
         kb = mb.kernels[st.kernel]
+        computes = st.kind in ("tiles", "receive") and spec(st.op.kind).category != "comm"
         lines.append(f"    dict(kernel={kb.name!r}, name={st.name!r}, kind={st.kind!r}, "
                      f"op={st.op.result!r}, first={st.first}, count={st.count}, "
-                     f"instrumented={bool(kb.profiled and st.count)}),")
+                     f"instrumented={bool(kb.profiled and st.count)}, computes={computes}),")
     return lines + ["]"]
 
 

@@ -61,7 +61,7 @@ PROFILE_LAYOUT = ("epoch", "role", "program", "item", "kind", "site", "t_start",
 __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
     "DIAG_WORDS", "REASON_ABORTED", "REASON_REFUSED", "REASON_TIMEOUT",
-    "FP8_MAX", "add_token_zero", "fp8_bits", "fp8_value", "launch_options", "notify", "notify_add", "notify_peer", "num_ranks",
+    "add_token_zero", "fp8_bits", "fp8_value", "launch_options", "notify", "notify_add", "notify_peer", "num_ranks",
     "pull_tile", "push_tile", "put", "put_signal", "rank", "refuse", "symm_at", "wait",
     "wait_flat",
     "PROFILE_FIELDS", "PROFILE_HEADER", "PROFILE_LAYOUT", "profile_event",
@@ -443,15 +443,11 @@ def profile_event(prof_ptr, rows, epoch, role, program, item, kind, site, t_star
         tl.store(base + 7, tl.cast(t_end, tl.int64))
 
 
-#: the largest finite value of fp8 e4m3 (OCP `float8_e4m3fn`): a row scaled by its absolute
-#: maximum / FP8_MAX fits without saturating
-FP8_MAX: tl.constexpr = 448.0
-
-
 @triton.jit
 def fp8_bits(v):
-    """The fp8 e4m3 (``float8_e4m3fn``) byte of ``v`` (fp32, |v| <= FP8_MAX), rounded to
-    nearest even as the GPUs' conversion rounds, as an int32 0..255.
+    """The fp8 e4m3 (``float8_e4m3fn``) byte of ``v`` (fp32, |v| <= 448, its largest finite
+    value; NaN gives NaN's byte), rounded to nearest even as the GPUs' conversion rounds, as
+    an int32 0..255.
 
     Integer arithmetic on the fp32 pattern, so it runs alike on every target (cuda:80 has no
     e4m3 type) and in the interpreter (whose Triton 3.6 conversion halves a value whose
@@ -465,15 +461,18 @@ def fp8_bits(v):
     up = mag + 0x7FFFF + ((mag >> 20) & 1)
     normal = (((up >> 23) - 120) << 3) | ((up >> 20) & 7)
     tiny = ((tl.abs(v) + 24576.0) - 24576.0) * 512.0
-    return sign | tl.where(mag < 0x3C800000, tiny.to(tl.int32), normal)
+    byte = tl.where(mag < 0x3C800000, tiny.to(tl.int32), normal)
+    return sign | tl.where(mag > 0x7F800000, 0x7F, byte)
 
 
 @triton.jit
 def fp8_value(b):
-    """The fp32 value of fp8 e4m3 byte ``b`` (any int holding 0..255): exact."""
+    """The fp32 value of fp8 e4m3 byte ``b`` (any int holding 0..255): exact (NaN's bytes,
+    0x7F and 0xFF, give NaN)."""
     b = b.to(tl.int32) & 0xFF
     e = (b >> 3) & 15
     m = b & 7
     normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
     mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    mag = tl.where((b & 0x7F) == 0x7F, float("nan"), mag)
     return tl.where(b >= 128, -mag, mag)

@@ -35,11 +35,17 @@ class Role:
     first: int
     count: int
     instrumented: bool
+    # a compute op's tiles or receive step (the module says; None in results written before
+    # it did: a receive step then counts as compute)
+    computes: bool | None = None
 
     @property
     def compute(self) -> bool:
         """A compute op's work: its tile loop, or its receive step computing on the rows a
-        collective landed (every other role moves or reduces data)."""
+        collective landed (every other role moves or reduces data, a collective's own
+        receive step included)."""
+        if self.computes is not None:
+            return self.computes
         return self.kind in ("tiles", "receive")
 
 

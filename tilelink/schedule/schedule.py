@@ -261,7 +261,7 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
         if not bad and not missing:
             base = _programs_for_roles(bp, base, target)
         return _or_fallback(base, bad, allow_fallback)
-    if not missing and not space.reasons(replace(base, comm="sm"), bp):
+    if not missing:
         base = _programs_for_roles(bp, base, target)
     if resource is not None:
         resources = [resource]
@@ -293,16 +293,19 @@ def default_config(bp: BoundPattern, target: Target, allow_fallback: bool = True
 
 def _programs_for_roles(bp: BoundPattern, base: Config, target: Target) -> Config:
     """`base` with enough programs for the roles of the pattern's widest kernel on SMs (each
-    role but one takes `comm_programs`, the one taking the rest what is left): in the
-    interpreter (one program a role there) more programs; on a GPU, whose programs are its
-    SMs (fewer of them in the one-GPU world, which splits a GPU between its ranks), fewer
-    `comm_programs`, until the rest is at least as many."""
-    sm = replace(base, comm="sm")
-    roles = widest_kernel(bp, sm, target)
+    role but one takes `comm_programs`, the one taking the rest what is left, one at least):
+    in the interpreter (one program a role there) more programs; on a GPU, whose programs
+    are its SMs (fewer of them in the one-GPU world, which splits a GPU between its ranks),
+    fewer `comm_programs` where the roles would not fit, else `base` as it is. A pattern
+    whose ops cannot all be lowered on SMs keeps `base` (its default is decided without)."""
+    try:
+        roles = widest_kernel(bp, replace(base, comm="sm"), target)
+    except (TileLinkError, ValueError):
+        return base
     if target.backend == "interp":
         return replace(base, num_programs=max(base.num_programs, roles))
     comm = base.comm_programs
-    while comm > 1 and (roles - 1) * comm + comm > base.num_programs:
+    while comm > 1 and (roles - 1) * comm + 1 > base.num_programs:
         comm //= 2
     return replace(base, comm_programs=comm)
 

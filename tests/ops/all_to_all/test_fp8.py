@@ -16,7 +16,7 @@ import torch
 from tilelink.errors import TileLinkError
 from tilelink.frontend import load_pattern
 from tilelink.frontend.text import parse_text
-from tilelink.ops.all_to_all import dequantize_rows, quantize_rows, wire_bytes
+from tilelink.ops.all_to_all import dequantize_rows, quantize_rows, sent_rows, wire_bytes
 from tilelink.runtime import check, emulate
 
 from ...conftest import EXAMPLES
@@ -113,6 +113,71 @@ def test_a_gemm_reading_the_fp8_rows_waits_per_chunk_on_the_receive_step():
                          progress=False)
         report = check(s.bound, res)
         assert report.ok, "\n".join(report.lines)
+
+
+# the dispatch alone, its rows read by a GEMM, or returned: counts drawn every call, so a
+# slot's rows past this call's count are ones the last call wrote, and must read as zeros
+DISPATCH = """pattern dispatch_fp8(T = 40, H = 24, CAP = 24, dtype = bf16)
+    tokens : [T, H] dtype
+    splits : [W] int32
+{decl}    recv = all_to_all(tokens, splits, capacity = CAP, fp8 = 1)
+{tail}"""
+
+
+def test_rows_past_a_shrunk_count_read_as_zeros_to_a_gemm():
+    pattern = parse_text(DISPATCH.format(decl="    w : [H, H] dtype\n",
+                                         tail="    h = gemm(recv, w)\n    return h\n"),
+                         "dispatch_fp8.tl")
+    s, res = emulate(pattern.bind({}, 3), world_size=3, config=SM, calls=6, delays=True,
+                     timeout=600, progress=False)
+    report = check(s.bound, res)
+    assert report.ok, "\n".join(report.lines)
+
+
+def test_a_returned_result_is_every_row_rounded_once_and_zeros_past_the_counts():
+    pattern = parse_text(DISPATCH.format(decl="", tail="    return recv\n"), "dispatch_fp8.tl")
+    world, cap = 3, 24
+    gen = torch.Generator().manual_seed(11)
+    calls = []
+    for counts in ([24, 10, 6], [3, 0, 30], [0, 0, 0], [40, 0, 0]):  # (past CAP; none; all)
+        calls.append({"tokens": [torch.randn(40, 24, generator=gen).to(torch.bfloat16)
+                                 for _ in range(world)],
+                      "splits": [torch.tensor(counts, dtype=torch.int32)] * world})
+    s, res = emulate(pattern.bind({}, world), world_size=world, config=SM, inputs=calls,
+                     delays=True, timeout=600, progress=False)
+    for i, ins in enumerate(calls):
+        for d in range(world):
+            want = torch.zeros(world * cap, 24, dtype=torch.bfloat16)
+            for src in range(world):
+                start, n = sent_rows(40, ins["splits"][src].tolist(), d, cap)
+                rows = ins["tokens"][src][start:start + n]
+                want[src * cap:src * cap + n] = dequantize_rows(*quantize_rows(rows), rows.dtype)
+            assert torch.equal(res.outputs[i]["recv"][d], want), (i, d)
+
+
+def test_quantizing_no_rows_and_rows_of_zeros():
+    q, scales = quantize_rows(torch.zeros(0, 32, dtype=torch.bfloat16))
+    assert q.shape == (0, 32) and scales.shape == (0,)
+    assert dequantize_rows(q, scales, torch.bfloat16).shape == (0, 32)
+    q, scales = quantize_rows(torch.zeros(3, 5, 4))
+    assert not q.any() and not dequantize_rows(q, scales, torch.float32).any()
+
+
+def test_a_tma_read_of_the_written_rows_is_fenced():
+    """The receive step's plain stores and a GEMM's TMA loads of them are different proxies:
+    the GEMM fences after its waits, as for rows peers write."""
+    from tilelink.codegen import render_triton
+    from tilelink.schedule import get_target, make_schedule
+
+    text = (EXAMPLES / "ep_moe.tl").read_text().replace(
+        "capacity = CAP)        # dispatch", "capacity = CAP, fp8 = 1)        # dispatch")
+    assert "fp8 = 1" in text
+    s = make_schedule(parse_text(text, "ep_moe_fp8.tl").bind({}, 2), get_target("cuda:90"),
+                      {"comm": "sm"})
+    src = render_triton(s)
+    at = src.index("tld.wait(sig_recv_ready_ptr")
+    assert "tile_desc.load" in src[at:] or "_desc.load" in src[at:]
+    assert "tld.fence_proxy_async" in src[at:src.index("_desc.load", at)]
 
 
 def test_the_receive_step_writes_each_chunk_and_its_readers_wait_on_it():

@@ -304,21 +304,22 @@ def moved(bp, op, plan) -> Sums:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(bytes, scales): x's rows (dim 0) as fp8 e4m3 bytes (uint8, x's shape) and one fp32
-    scale per row, its largest magnitude / 448 (0 for a row of zeros), as the kernel
-    quantizes them (the value times 448 / largest, rounded to nearest even)."""
-    f = x.float().reshape(x.shape[0], -1)
+    scale per row, its largest magnitude (at least 1e-30) / 448, as the kernel quantizes
+    them (the value times 448 / largest, rounded to nearest even); x may have no rows."""
+    f = x.float().flatten(1) if x.dim() > 1 else x.float()[:, None]
     amax = f.abs().amax(dim=1) if f.shape[1] else f.new_zeros(f.shape[0])
+    amax = amax.clamp_min(1e-30)  # (a row of zeros: any scale, its bytes are 0)
     # (tensor by tensor: torch divides a number by a tensor through the reciprocal, rounding
     # twice, where the kernel's division rounds once)
     full = torch.full_like(amax, 448.0)
-    inv = torch.where(amax > 0, full / amax.clamp_min(1e-30), torch.zeros_like(amax))
-    q = (f * inv[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    q = (f * (full / amax)[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
     return q.reshape(x.shape), amax / full
 
 
 def dequantize_rows(q: torch.Tensor, scales: torch.Tensor, dtype) -> torch.Tensor:
     """`quantize_rows` undone: each row's fp8 values times its scale, rounded to `dtype`."""
-    f = q.reshape(q.shape[0], -1).view(torch.float8_e4m3fn).float() * scales[:, None]
+    flat = q.flatten(1) if q.dim() > 1 else q[:, None]
+    f = flat.view(torch.float8_e4m3fn).float() * scales[:, None]
     return f.to(dtype).reshape(q.shape)
 
 

@@ -212,6 +212,9 @@ class AllToAllSM(Lowering):
         mb.signal(n["ready"], mb.plan.grids[r].size, "epoch")
         # [call parity, source]: rows of that source's slot the receive step wrote (local)
         mb.signal(n["got"], 2 * w, init="zero")
+        # other programs write the result during the kernel: TMA reads of it need the proxy
+        # fence its view then asks for
+        mb.peer_written.add(r)
         if mb.homes.get(r, ("",))[0] == "heap":  # (a scratch result kept between calls)
             mb.init_lines.append(f"    symmetric[{r!r}].zero_()  # rows past the counts read "
                                  "as zeros from the first call on")
@@ -332,10 +335,10 @@ class AllToAllSM(Lowering):
             f"v = tl.load({source} + src[:, None] * {p}_INNER + cc[None, :], mask=m,",
             "            other=0.0).to(tl.float32)"]
         scale_of = [
-            "# the scale maps the row's largest magnitude to fp8's largest, 448 (a correctly",
-            "# rounded division: the non-overlapped plan's torch divides so)",
-            "inv = tl.where(amax > 0, tl.div_rn(tl.zeros_like(amax) + 448.0, "
-            "tl.maximum(amax, 1e-30)), 0.0)"]
+            "# the scale maps the row's largest magnitude to fp8 e4m3's largest, 448 (a",
+            "# correctly rounded division, as the non-overlapped plan's torch divides)",
+            "amax = tl.maximum(amax, 1e-30)  # (a row of zeros: any scale, its bytes are 0)",
+            "inv = tl.div_rn(tl.zeros_like(amax) + 448.0, amax)"]
         put = [f"tl.store(remote + rr[:, None] * {p}_INNER + cc[None, :],",
                f"         {self._to_fp8(kb, 'v * inv[:, None]')}, mask=m)"]
         if whole:  # a row in one step: its scale and bytes from one load
