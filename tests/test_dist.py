@@ -205,7 +205,9 @@ CASES |= {
 # EP dispatch + combine with the rows sent as fp8 (examples/ep_dispatch_combine_fp8.tl): the
 # staging slots, the receive steps writing each landed chunk and the readers waiting on their
 # local signals, under the routings drawn every call (some past CAP), with delays, as CUDA-graph
-# replays mixed with eager calls, 1,000 calls back to back, and at the layer's size.
+# replays mixed with eager calls, 1,000 calls back to back, and at the layer's size. Passed at
+# W = 2 and 4 on 4x H200 (2026-11-28) on de98db5's kernels; c9257e8 changed a row's scale for
+# rows of zeros and fenced TMA readers, not yet run on GPUs: they stay here until they are.
 EP_FP8 = str(EXAMPLES / "ep_dispatch_combine_fp8.tl")
 NOT_YET_RUN |= {
     "ep_fp8_sm_100_delays": RunSpec(EP_FP8, EP_ROUTED_SIZES, {"comm": "sm"}, calls=100,
