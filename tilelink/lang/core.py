@@ -61,9 +61,9 @@ PROFILE_LAYOUT = ("epoch", "role", "program", "item", "kind", "site", "t_start",
 __all__ = [
     "ABORT_POLL_INTERVAL", "DIAG_CAPACITY", "DIAG_FIELDS", "DIAG_HEADER", "DIAG_LAYOUT",
     "DIAG_WORDS", "REASON_ABORTED", "REASON_REFUSED", "REASON_TIMEOUT",
-    "add_token_zero", "fp8_bits", "fp8_value", "launch_options", "notify", "notify_add", "notify_peer", "num_ranks",
-    "pull_tile", "push_tile", "put", "put_signal", "rank", "refuse", "symm_at", "wait",
-    "wait_flat",
+    "add_token_zero", "fp8_bits", "fp8_value", "launch_options", "notify", "notify_add",
+    "notify_peer", "num_ranks", "pull_tile", "push_tile", "put", "put_signal", "rank", "refuse",
+    "symm_at", "wait", "wait_flat",
     "PROFILE_FIELDS", "PROFILE_HEADER", "PROFILE_LAYOUT", "profile_event",
 ]
 
