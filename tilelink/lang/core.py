@@ -460,7 +460,8 @@ def fp8_bits(v):
     mag = bits & 0x7FFFFFFF
     up = mag + 0x7FFFF + ((mag >> 20) & 1)
     normal = (((up >> 23) - 120) << 3) | ((up >> 20) & 7)
-    tiny = ((tl.abs(v) + 24576.0) - 24576.0) * 512.0
+    # (only the lanes below 2**-6 take this path: others, NaN among them, add a zero)
+    tiny = ((tl.where(mag < 0x3C800000, tl.abs(v), 0.0) + 24576.0) - 24576.0) * 512.0
     byte = tl.where(mag < 0x3C800000, tiny.to(tl.int32), normal)
     return sign | tl.where(mag > 0x7F800000, 0x7F, byte)
 

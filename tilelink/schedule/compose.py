@@ -84,9 +84,10 @@ def compose(bp: BoundPattern, config, target,
 
 
 def widest_kernel(bp: BoundPattern, config, target) -> int:
-    """The most roles one of the pattern's kernels has under `config` (each needs a program
-    at least: what `num_programs` must exceed)."""
-    return max((len(k) for k in _place(bp, config, target).kernels), default=0)
+    """The most roles one of the pattern's kernels has under `config` that take programs
+    (each needs one at least; a host role, a library call, takes none)."""
+    return max((sum(not s.host for s in k) for k in _place(bp, config, target).kernels),
+               default=0)
 
 
 def _place(bp: BoundPattern, config, target,

@@ -296,16 +296,20 @@ def _programs_for_roles(bp: BoundPattern, base: Config, target: Target) -> Confi
     role but one takes `comm_programs`, the one taking the rest what is left, one at least):
     in the interpreter (one program a role there) more programs; on a GPU, whose programs
     are its SMs (fewer of them in the one-GPU world, which splits a GPU between its ranks),
-    fewer `comm_programs` where the roles would not fit, else `base` as it is. A pattern
-    whose ops cannot all be lowered on SMs keeps `base` (its default is decided without)."""
+    where the roles would leave none, fewer `comm_programs`, until the rest has as many;
+    else `base` as it is. The roles are counted under `base` on SMs, before the lowerings'
+    own defaults. A pattern whose ops cannot all be lowered on SMs keeps `base` (its default
+    is decided without them)."""
     try:
         roles = widest_kernel(bp, replace(base, comm="sm"), target)
-    except (TileLinkError, ValueError):
+    except (NotSupportedError, ConfigError):
         return base
     if target.backend == "interp":
         return replace(base, num_programs=max(base.num_programs, roles))
     comm = base.comm_programs
-    while comm > 1 and (roles - 1) * comm + 1 > base.num_programs:
+    if (roles - 1) * comm + 1 <= base.num_programs:
+        return base
+    while comm > 1 and roles * comm > base.num_programs:
         comm //= 2
     return replace(base, comm_programs=comm)
 

@@ -163,6 +163,27 @@ def test_quantizing_no_rows_and_rows_of_zeros():
     assert not q.any() and not dequantize_rows(q, scales, torch.float32).any()
 
 
+def test_a_nan_spoils_only_its_own_value():
+    """The kernel's max skips a NaN, and so does the model: only that value arrives NaN."""
+    x = torch.tensor([[1.0, float("nan"), 2.0, 0.5], [3.0, 1.0, 0.0, -4.0]])
+    back = dequantize_rows(*quantize_rows(x), torch.float32)
+    assert torch.isnan(back).tolist() == [[False, True, False, False], [False] * 4]
+    assert back[0, 2] == 2.0 and back[1, 3] == -4.0
+
+
+def test_profiles_count_the_receive_step_of_a_collective_as_communication():
+    from tilelink.codegen import render_triton
+    from tilelink.profile.events import roles_of
+    from tilelink.codegen.compile import load_module
+    from tilelink.schedule import get_target, make_schedule
+
+    s = make_schedule(load_pattern(str(EXAMPLE)).bind(SIZES, 2), get_target("cuda:90"),
+                      {"comm": "sm", "profile": "1"})
+    roles = {r.name: r.compute for r in roles_of(load_module(render_triton(s)))}
+    assert roles["receive recv"] is False and roles["receive back"] is False
+    assert roles["receive out"] is True and roles["push recv"] is False
+
+
 def test_a_tma_read_of_the_written_rows_is_fenced():
     """The receive step's plain stores and a GEMM's TMA loads of them are different proxies:
     the GEMM fences after its waits, as for rows peers write."""

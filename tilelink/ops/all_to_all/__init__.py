@@ -307,7 +307,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale per row, its largest magnitude (at least 1e-30) / 448, as the kernel quantizes
     them (the value times 448 / largest, rounded to nearest even); x may have no rows."""
     f = x.float().flatten(1) if x.dim() > 1 else x.float()[:, None]
-    amax = f.abs().amax(dim=1) if f.shape[1] else f.new_zeros(f.shape[0])
+    # (a NaN does not count towards the largest, as the kernel's max skips it: only that
+    # value is NaN on arrival)
+    mag = torch.where(f.isnan(), torch.zeros((), device=f.device), f.abs())
+    amax = mag.amax(dim=1) if f.shape[1] else f.new_zeros(f.shape[0])
     amax = amax.clamp_min(1e-30)  # (a row of zeros: any scale, its bytes are 0)
     # (tensor by tensor: torch divides a number by a tensor through the reciprocal, rounding
     # twice, where the kernel's division rounds once)
