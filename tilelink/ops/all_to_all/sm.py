@@ -412,14 +412,8 @@ class AllToAllSM(Lowering):
         out = kb.view(r).base
         gr, gc, _ = self._row_block(kb, site)
         slot = slot_expr(mb.plan.grids[r], {"chunk": f"src * {p}_CHUNKS + j"})
-        sid = mb.site_for(("all_to_all receive", r), f"{step.name} waits for a chunk of {r} "
-                          f"(all_to_all at {_loc(step.op.loc)}, fp8) to write its rows",
-                          None, (kb.index, step.name))
-        mb.describe_lines += [
-            f"    if site == {sid}:",
-            f"        src, j = divmod(slot, {p}_CHUNKS)",
-            f"        return (f\"{self._names(site)['sig']}[{{slot}}] = chunk {{j}} of {r} "
-            f"from rank {{src}}\")"]
+        sid = self._chunk_site(kb, step, site, "receive", f"{step.name} waits for a chunk of "
+                               f"{r} (all_to_all at {_loc(step.op.loc)}, fp8) to write its rows")
         old = (f"{p}_CAP  # (the output is new each call: every row written)" if site.is_output
                else f"tl.load({ptr['got']} + ((epoch + 1) & 1) * WORLD + src)")
         return [
@@ -434,7 +428,7 @@ class AllToAllSM(Lowering):
             f"    lo = j * {p}_CB",
             f"    span = tl.minimum({p}_CB, {p}_CAP - lo)",
             "    rows = tl.minimum(tl.maximum(n - lo, 0), span)",
-            f"    # rows of this source the last call wrote: zeros over those past this count",
+            "    # rows of this source the last call wrote: zeros over those past this count",
             f"    old = {old}",
             "    dirty = tl.minimum(tl.maximum(tl.maximum(n, old) - lo, 0), span)",
             f"    at = (src * {p}_CAP + lo) * {p}_INNER",
@@ -526,12 +520,24 @@ class AllToAllSM(Lowering):
             f"    n = tl.load(tld.consume_token({ptr['count']} + buf * WORLD + dst, tok))",
         ]
 
+    def _chunk_site(self, kb, step, site, kind: str, words: str) -> int:
+        """The wait site of a role of this rank waiting on the chunks peers push (slot: source
+        * CHUNKS + chunk), and how a stuck wait there is described."""
+        mb, r, p = kb.mb, step.op.result, ident(step.op.result)
+        sid = mb.site_for((f"all_to_all {kind}", r), words, None, (kb.index, step.name))
+        mb.describe_lines += [
+            f"    if site == {sid}:",
+            f"        src, j = divmod(slot, {p}_CHUNKS)",
+            f"        return (f\"{self._names(site)['sig']}[{{slot}}] = chunk {{j}} of {r} from "
+            f"rank {{src}}\")"]
+        return sid
+
     def _copy_out(self, step, kb) -> list[str]:
         """Every chunk, once it arrived, from the heap into the pattern's output (zeros past
         the counts included: the slots hold them)."""
         from ...codegen.module import SIG_DTYPES
 
-        mb, site = kb.mb, kb.mb.site_of(step.op.result)
+        site = kb.mb.site_of(step.op.result)
         r = step.op.result
         p = ident(r)
         src = kb.view(r).base
@@ -540,14 +546,8 @@ class AllToAllSM(Lowering):
         for k in ("CAP", "INNER", "CB", "CHUNKS"):
             kb.const(f"{p}_{k}")
         kb.const("COPY_BLOCK")
-        sid = mb.site_for(("all_to_all copy_out", r), f"{step.name} waits for a chunk of {r} "
-                          f"(all_to_all at {_loc(step.op.loc)}) to copy it to the output",
-                          None, (kb.index, step.name))
-        mb.describe_lines += [
-            f"    if site == {sid}:",
-            f"        src, j = divmod(slot, {p}_CHUNKS)",
-            f"        return (f\"{self._names(site)['sig']}[{{slot}}] = chunk {{j}} of {r} from "
-            f"rank {{src}}\")"]
+        sid = self._chunk_site(kb, step, site, "copy_out", f"{step.name} waits for a chunk of "
+                               f"{r} (all_to_all at {_loc(step.op.loc)}) to copy it to the output")
         return [
             f"for c in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
             f"    tok = tld.wait({ptr['sig']} + c, epoch, spin_limit, abort_ptr, diag_ptr, "
