@@ -229,15 +229,19 @@ def test_a_push_of_rows_another_kind_of_collective_delivers_is_still_refused(pat
     assert says in str(e.value)
 
 
+@pytest.mark.parametrize("example", [EXAMPLE, EXAMPLES / "ep_dispatch_combine_fp8.tl"],
+                         ids=["bf16", "fp8"])
 @pytest.mark.parametrize("target,world,sizes", [
     ("cuda:90", 2, {}), ("cuda:80", 4, {"T": "500", "TOPK": "8", "H": "520", "CAP": "768"}),
     ("hip:gfx942", 3, {"T": "300", "H": "256", "CAP": "200"})])
-def test_the_kernels_compile_for_every_gpu_target(target, world, sizes):
+def test_the_kernels_compile_for_every_gpu_target(target, world, sizes, example):
+    # (with fp8 = 1 too: the push quantizing, the receive steps decoding, in hardware on
+    # cuda:90 and in integer arithmetic on the others)
     from tilelink.codegen import render_triton
     from tilelink.codegen.compile import compile_module, kernel_names, load_module
     from tilelink.schedule import get_target, make_schedule
 
-    s = make_schedule(load_pattern(str(EXAMPLE)).bind(sizes, world), get_target(target),
+    s = make_schedule(load_pattern(str(example)).bind(sizes, world), get_target(target),
                       {"comm": "sm"})
     source = render_triton(s)
     names = kernel_names(load_module(source))

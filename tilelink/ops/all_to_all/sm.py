@@ -236,8 +236,10 @@ class AllToAllSM(Lowering):
         p = ident(r)
         for k in ("CAP", "INNER", "T", "CB", "CHUNKS", "WP"):
             kb.const(f"{p}_{k}")
-        kb.const("COPY_BLOCK")
-        dst_buf = kb.view(r).base
+        fp8 = site.attrs["fp8"]
+        if not fp8:  # (the result itself, copied into in steps of COPY_BLOCK elements)
+            kb.const("COPY_BLOCK")
+            dst_buf = kb.view(r).base
         rows_of = kb.view(x_name).rows_of
         x = rows_of.index if rows_of else kb.view(x_name).base
         source_waits = self._source_waits(step, kb)
@@ -260,44 +262,50 @@ class AllToAllSM(Lowering):
                  else "    start = tl.sum(tl.where(offs_w < dst, want, 0))"),
                 f"    n = tl.minimum(tl.minimum(tl.sum(tl.where(offs_w == dst, want, 0)), "
                 f"{p}_CAP),", f"                   tl.maximum({p}_T - start, 0))"]
-        if site.attrs["fp8"]:
-            return head + self._fp8_push(step, kb, site, counts, source_waits, x, rows_of)
-        lines = head + [
+        # (with fp8 the staging slot is written whole up to the count, and the receive step
+        # clears the result's old rows: no record of this rank's rows, no zeros sent)
+        old = [] if fp8 else [
+            "    # rows this rank wrote there two calls ago (the last call using this buffer)",
+            f"    old = tl.load({ptr['sent']} + ((epoch + 2) & 3) * WORLD + dst)"]
+        dirty = [] if fp8 else [
+            "    dirty = tl.minimum(tl.maximum(tl.maximum(n, old) - lo, 0), span)"]
+        if fp8:
+            put = self._fp8_put(kb, site, x, rows_of)
+        else:
+            put = [f"    at = {dst_buf} + (me * {p}_CAP + lo) * {p}_INNER"] + (
+                self._gather_put(kb, site, x, rows_of.source) if rows_of else [
+                    f"    tld.put(at, {x} + (start + lo) * {p}_INNER, rows * {p}_INNER, dst, "
+                    "me, heap_bases,", "            COPY_BLOCK)",
+                    "    remote = tld.symm_at(at, dst, me, heap_bases)"]) + [
+                "    # zeros over this rank's old rows past this call's count",
+                f"    for i in range(rows * {p}_INNER, dirty * {p}_INNER, COPY_BLOCK):",
+                "        offs = i + tl.arange(0, COPY_BLOCK)",
+                f"        tl.store(remote + offs, tl.zeros((COPY_BLOCK,), "
+                f"{_TL[site.result.dtype]}),",
+                f"                 mask=offs < dirty * {p}_INNER)"]
+        sent = [] if fp8 else [
+            "    if j == 0:",
+            f"        tl.store({ptr['sent']} + (epoch & 3) * WORLD + dst, n)"]
+        return head + [
             f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
             "    # chunk j to every rank before chunk j + 1 (the own slot's copy within the GPU",
             "    # beside the pushes to peers); own slot first, then me - 1, me - 2, ...",
             "    step = item % WORLD",
             "    j = item // WORLD",
             "    dst = (me + WORLD - step) % WORLD",
-        ] + counts + [
-            "    # rows this rank wrote there two calls ago (the last call using this buffer)",
-            f"    old = tl.load({ptr['sent']} + ((epoch + 2) & 3) * WORLD + dst)",
+        ] + counts + old + [
             f"    lo = j * {p}_CB",
             f"    span = tl.minimum({p}_CB, {p}_CAP - lo)",
             "    rows = tl.minimum(tl.maximum(n - lo, 0), span)",
-            "    dirty = tl.minimum(tl.maximum(tl.maximum(n, old) - lo, 0), span)",
-        ] + ["    " + y for y in source_waits] + [
+        ] + dirty + ["    " + y for y in source_waits] + [
             "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
-        ] + ["    " + y for y in wait_released("dst")] + [
-            f"    at = {dst_buf} + (me * {p}_CAP + lo) * {p}_INNER",
-        ] + (self._gather_put(kb, site, x, rows_of.source) if rows_of else [
-            f"    tld.put(at, {x} + (start + lo) * {p}_INNER, rows * {p}_INNER, dst, me, "
-            "heap_bases,", "            COPY_BLOCK)",
-            "    remote = tld.symm_at(at, dst, me, heap_bases)"]) + [
-            "    # zeros over this rank's old rows past this call's count",
-            f"    for i in range(rows * {p}_INNER, dirty * {p}_INNER, COPY_BLOCK):",
-            "        offs = i + tl.arange(0, COPY_BLOCK)",
-            f"        tl.store(remote + offs, tl.zeros((COPY_BLOCK,), {_TL[site.result.dtype]}),",
-            f"                 mask=offs < dirty * {p}_INNER)",
+        ] + ["    " + y for y in wait_released("dst")] + put + [
             "    # the slot's count (every chunk's program writes the same), then the chunk's "
             "signal,", "    # whose release makes the rows and the count visible",
             f"    tl.store(tld.symm_at({ptr['count']} + buf * WORLD + me, dst, me, heap_bases), n)",
             "    " + mb.notify_data(f"tld.notify_peer({ptr['sig']} + {slot}, epoch, dst, me, "
                                     "heap_bases)"),
-            "    if j == 0:",
-            f"        tl.store({ptr['sent']} + (epoch & 3) * WORLD + dst, n)",
-        ]
-        return lines
+        ] + sent
 
     def _row_block(self, kb, site) -> tuple[str, str, bool]:
         """(GR, GC, whole): the names of the rows and elements a step of a row-wise copy
@@ -314,15 +322,13 @@ class AllToAllSM(Lowering):
         kb.const(f"{p}_GR", value=block // gc)
         return f"{p}_GR", f"{p}_GC", gc >= inner
 
-    def _fp8_push(self, step, kb, site, counts, source_waits, x, rows_of) -> list[str]:
-        """fp8 = 1: each item's rows as fp8 bytes and a scale per row, into the destination's
-        staging slot for this rank; then the slot's count and the chunk's signal."""
-        mb = kb.mb
-        r, p = site.op.result, ident(site.op.result)
-        ptr = self._params(kb, site)
+    def _fp8_put(self, kb, site, x: str, rows_of) -> list[str]:
+        """fp8 = 1: an item's rows as fp8 bytes and a scale per row, into the destination's
+        staging slot for this rank (x's rows through its index where `rows_of` says x is
+        written as one)."""
+        p = ident(site.op.result)
         q, scale = (kb.view(b).base for b in self._stage_names(site))
         gr, gc, whole = self._row_block(kb, site)
-        slot = slot_expr(mb.plan.grids[r], {"chunk": f"me * {p}_CHUNKS + j"})
         if rows_of:
             source = rows_of.source
             src = (f"tl.load({x} + start + lo + rr, mask=rm, other=0).to(tl.int64)  "
@@ -353,17 +359,6 @@ class AllToAllSM(Lowering):
                     + [f"for c0 in range(0, {p}_INNER, {gc}):"]
                     + ["    " + y for y in load + put])
         return [
-            f"for item in range({first(step)}, WORLD * {p}_CHUNKS, {step.count}):",
-            "    # chunk j to every rank before chunk j + 1; own slot first, then me - 1, ...",
-            "    step = item % WORLD",
-            "    j = item // WORLD",
-            "    dst = (me + WORLD - step) % WORLD",
-        ] + counts + [
-            f"    lo = j * {p}_CB",
-            f"    rows = tl.minimum(tl.maximum(n - lo, 0), tl.minimum({p}_CB, {p}_CAP - lo))",
-        ] + ["    " + y for y in source_waits] + [
-            "    # write-after-read: dst must have finished reading this buffer (call epoch - 2)",
-        ] + ["    " + y for y in wait_released("dst")] + [
             f"    remote = tld.symm_at({q} + (me * {p}_CAP + lo) * {p}_INNER, dst, me, "
             "heap_bases)",
             f"    remote_scale = tld.symm_at({scale} + me * {p}_CAP + lo, dst, me, heap_bases)",
@@ -373,13 +368,7 @@ class AllToAllSM(Lowering):
             f"        src = {src}",
         ] + ["        " + y for y in rows] + [
             "        tl.store(remote_scale + rr, tl.div_rn(amax, tl.zeros_like(amax) + 448.0), "
-            "mask=rm)",
-            "    # the slot's count (every chunk's program writes the same), then the chunk's "
-            "signal,", "    # whose release makes the bytes, the scales and the count visible",
-            f"    tl.store(tld.symm_at({ptr['count']} + buf * WORLD + me, dst, me, heap_bases), n)",
-            "    " + mb.notify_data(f"tld.notify_peer({ptr['sig']} + {slot}, epoch, dst, me, "
-                                    "heap_bases)"),
-        ]
+            "mask=rm)"]
 
     @staticmethod
     def _to_fp8(kb, values: str) -> str:
