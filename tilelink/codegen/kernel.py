@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+from ..schedule.compose import kernel_programs
 from . import profile, protocol
 from .escape import comment_text, doc_text
 from .views import View, ident, indent, wrap_items
@@ -31,7 +32,7 @@ class KernelBuilder:
         self.name = f"{name}_kernel" if index == 0 else f"{name}_{_kernel_word(roles)}_kernel"
         if any(k.name == self.name for k in mb.kernels[:index]):
             self.name = f"{name}_k{index}_kernel"
-        self.programs = sum(r.count for r in roles)
+        self.programs = kernel_programs(roles)
         self.params: dict[str, str] = {k: _FIXED_SIG[k] for k in _FIXED}
         for k in _FIXED:
             mb.arguments.setdefault(k, (_FIXED_SIG[k], _FIXED_HOST[k]))
@@ -121,21 +122,30 @@ class KernelBuilder:
         self.const("WORLD", "WORLD")
         self.const("NUM_PROGRAMS", self.programs_const, self.programs,
                    "programs of each kernel (its persistent grid)")
-        pids = self.roles
-        chain = []
-        for i, (role, code) in enumerate(zip(pids, codes)):
+        # one branch per range of program ids; a joined tile loop runs in its lead's branch,
+        # after it
+        branches: list[tuple] = []
+        for role, code in zip(self.roles, codes):
+            after = f", after {role.after.name}" if role.after is not None else ""
             head = textwrap.wrap(comment_text(
-                f"# ---- {role.name} (programs {role.first}..{role.last}): {role.what} ----"),
-                92, subsequent_indent="# ")
-            if len(pids) == 1:
+                f"# ---- {role.name} (programs {role.first}..{role.last}{after}): "
+                f"{role.what} ----"), 92, subsequent_indent="# ")
+            if branches and role.after is not None and any(role.after is r for r in branches[-1][0]):
+                branches[-1][0].append(role)
+                branches[-1][1].extend(head + code)
+            else:
+                branches.append(([role], head + code))
+        chain = []
+        for i, ([role, *_], lines) in enumerate(branches):
+            if len(branches) == 1:
                 test = "if pid >= 0:  # every program"
             elif i == 0:
                 test = f"if pid < {role.last + 1}:"
-            elif i == len(pids) - 1:
+            elif i == len(branches) - 1:
                 test = "else:"
             else:
                 test = f"elif pid < {role.last + 1}:"
-            chain += [test] + indent(head + code)
+            chain += [test] + indent(lines)
         pre = ["pid = tl.program_id(0)"]
         if self.mb.config.debug_reverse_roles:
             pre = ["# DEBUG (debug_reverse_roles=1): consumer roles run on the LOWEST program",

@@ -7,7 +7,10 @@ another on the caller's stream) and gives each a range of program ids:
 - a compute op's tile loop ("tiles") starts a kernel. A compute op that reads what another
   compute op wrote gets it through stream order: the previous kernel has ended. (Per-tile
   waits between two tile loops of one persistent kernel would need every program resident
-  at once and would break the program-order rule below.)
+  at once and would break the program-order rule below.) Where its lowering and those of
+  the loops in the kernel right before it all `joins_kernel` (small bookkeeping loops whose
+  launch costs more than their work), the loop joins the latest such kernel that nothing it
+  reads is written in or after: every program runs the loops one after another;
 - a push of data that is ready when its kernel starts goes into the kernel of the first op
   consuming its result, before that op's tiles; a push whose result only a collective
   reads (an all_to_all sending the rows on) goes where that collective's push goes, before
@@ -29,7 +32,8 @@ Within a kernel, roles are laid out in that order, so a role only ever waits on 
 lower program ids of its rank (producers first): the program-order rule that keeps a
 persistent kernel deadlock-free on a GPU and lets the interpreter run a rank's programs one
 after another. Non-tile roles get `comm_programs` programs each; the tiles get the rest (in
-a kernel without tiles, a receive step, else the last role).
+a kernel without tiles, a receive step, else the last role); a joined tile loop takes the
+programs of the loop it follows.
 """
 
 from __future__ import annotations
@@ -86,8 +90,14 @@ def compose(bp: BoundPattern, config, target,
 def widest_kernel(bp: BoundPattern, config, target) -> int:
     """The most roles one of the pattern's kernels has under `config` that take programs
     (each needs one at least; a host role, a library call, takes none)."""
-    return max((sum(not s.host for s in k) for k in _place(bp, config, target).kernels),
-               default=0)
+    return max((sum(not s.host and s.after is None for s in k)
+                for k in _place(bp, config, target).kernels), default=0)
+
+
+def kernel_programs(roles: list[Step]) -> int:
+    """The grid of a kernel of laid-out `roles`: one past its highest program id (joined tile
+    loops share their programs)."""
+    return max((s.first + s.count for s in roles), default=0)
 
 
 def _place(bp: BoundPattern, config, target,
@@ -104,8 +114,15 @@ def _place(bp: BoundPattern, config, target,
         site = sites[op.result]
         for step in lowerings[op.result].steps(site):
             if step.kind == "tiles":
-                kernels.append(pending.pop(op.result, []) + [step])
-                tiles_kernel[op.result] = len(kernels) - 1
+                pushes = pending.pop(op.result, [])
+                into = None if pushes else _joins(kernels, step, site)
+                if into is not None:
+                    step.after = kernels[into][-1]
+                    kernels[into].append(step)
+                    tiles_kernel[op.result] = into
+                else:
+                    kernels.append(pushes + [step])
+                    tiles_kernel[op.result] = len(kernels) - 1
             elif step.kind == "push":
                 # (with the pushes of the rows it sends on, where another collective's push
                 # delivers them: they go where this one goes)
@@ -171,6 +188,27 @@ def _place(bp: BoundPattern, config, target,
     return Composition(sites, lowerings, [k for k in kernels if k])
 
 
+def _joins(kernels: list[list[Step]], step: Step, site: OpSite) -> int | None:
+    """The kernel that tiles step `step` of `site` joins (running after its last tile loop, on
+    its programs), or None: the latest kernel holding only tile loops whose lowerings
+    `joins_kernel` as `step`'s does, with no kernel from it on writing what `step` reads (its
+    operands), and none after it filling what `step` reads besides them (`reads_after`: a
+    histogram another op's prepare step fills, which runs before that op's kernel)."""
+    if not step.lowering.joins_kernel(site):
+        return None
+    operands, fillers = set(site.op.args), set(step.lowering.reads_after(site))
+    for k in range(len(kernels) - 1, -1, -1):
+        written = {s.op.result for s in kernels[k]}
+        if written & operands:
+            return None
+        if all(s.kind == "tiles" and not (s.own_kernel or s.host)
+               and s.lowering.joins_kernel(site.site_of(s.op.result)) for s in kernels[k]):
+            return k
+        if written & fillers:
+            return None
+    return None
+
+
 def _place_receive(kernels: list[list[Step]], pushes: list[Step] | None, step: Step) -> None:
     """Put receive step `step` where its data lands: with the pushes waiting for its op
     (`pushes`: a kernel of their own), else into the last kernel holding a step of the
@@ -204,16 +242,25 @@ def _lay_out(comp: Composition, config) -> None:
     for index, roles in enumerate(comp.kernels):
         roles[:] = _in_order(roles)
         if config.debug_reverse_roles:
-            roles.reverse()  # DEBUG: consumers before producers (emulated world only)
+            # DEBUG: consumers before producers (emulated world only); a joined tile loop
+            # stays after the loop it follows
+            groups: list[list[Step]] = []
+            for s in roles:
+                if s.after is not None and groups:
+                    groups[-1].append(s)
+                else:
+                    groups.append([s])
+            roles[:] = [s for g in reversed(groups) for s in g]
         # the rest of the programs go to the kernel's compute: its tiles, else its last
         # receive step (the op reading what the others land), else its last role
         takes_rest = next((s for s in roles if s.kind == "tiles"), None) or next(
             (s for s in reversed(roles) if s.kind == "receive"), roles[-1])
+        ranged = [s for s in roles if s.after is None]  # (joined loops take their lead's)
         counts = []
-        for s in roles:
+        for s in ranged:
             if s.host:
                 counts.append(0)  # a library call: no program of the kernel
-            elif len(roles) == 1:
+            elif len(ranged) == 1:
                 counts.append(config.num_programs)
             elif s is takes_rest:
                 counts.append(None)  # the rest
@@ -223,15 +270,21 @@ def _lay_out(comp: Composition, config) -> None:
         if rest < 1 and None in counts:
             raise ConfigError(
                 f"comm_programs={config.comm_programs} leaves no program for the "
-                f"{next(s for s, c in zip(roles, counts) if c is None).op.kind} tiles of kernel "
-                f"{index} (num_programs={config.num_programs}, {len(roles) - 1} other role(s) "
-                f"of {config.comm_programs} programs each)",
+                f"{next(s for s, c in zip(ranged, counts) if c is None).op.kind} tiles of "
+                f"kernel {index} (num_programs={config.num_programs}, {len(ranged) - 1} other "
+                f"role(s) of {config.comm_programs} programs each)",
                 hint="use fewer comm_programs or more num_programs")
         first = 0
-        names = {}
-        for s, c in zip(roles, counts):
+        for s, c in zip(ranged, counts):
             s.kernel, s.first, s.count = index, first, rest if c is None else c
             first += s.count
+        names = {}
+        for s in roles:
+            if s.after is not None:
+                lead = s.after
+                while lead.after is not None:
+                    lead = lead.after
+                s.kernel, s.first, s.count = index, lead.first, lead.count
             base = "compute" if s.kind == "tiles" else f"{s.kind} {s.op.result}"
             s.name = base if base not in names else f"{base} {s.op.result}"
             names[s.name] = s
@@ -261,4 +314,4 @@ def lowering_names(comp: Composition) -> dict[str, str]:
 
 
 __all__ = ["LOWERINGS", "Composition", "compose", "op_sites", "choose_lowerings",
-           "widest_kernel"]
+           "widest_kernel", "kernel_programs"]

@@ -528,8 +528,8 @@ def _fused_ops(bp: BoundPattern, cfg: Config) -> list:
 
 def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
     """The host's time for one eager call: the non-overlapped plan's library calls, or the
-    overlapped plan's kernels (one per compute op's tile loop and per reduction of its own),
-    vendor-library steps and copy-engine program."""
+    overlapped plan's kernels (one per compute op's tile loop that did not join another's
+    kernel, and per reduction of its own), vendor-library steps and copy-engine program."""
     if is_fallback(cfg):
         us = 0.0
         fused = _fused_ops(bp, cfg)
@@ -545,13 +545,17 @@ def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
                 us += dev.host_nccl_us
         return us * 1e-3
     us = 0.0
-    for site, lw in op_lowerings(bp, cfg):
+    sites = op_sites(bp, cfg, None)
+    joined = _joined(_kernels(bp, cfg, sites))
+    for op in bp.ops:
+        site = sites[op.result]
+        lw = site.lowering
         if lw is None:
             continue
         for st in lw.steps(site):
             if st.host:
                 us += dev.host_call_us
-            elif st.kind == "tiles" or st.own_kernel:
+            elif (st.kind == "tiles" and op.result not in joined) or st.own_kernel:
                 us += dev.host_kernel_us
         prep = lw.prepare(site)
         if prep is not None:  # its torch ops, each a host call
@@ -686,6 +690,7 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
     sites = op_sites(bp, cfg, None)
     kernels = _kernels(bp, cfg, sites)
     placed = _compute_programs(kernels)
+    joined = _joined(kernels)
     grid = min(cfg.num_programs, dev.num_sms)
     for op in bp.ops:
         site = sites[op.result]
@@ -703,6 +708,8 @@ def _work_estimate(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> Estimate:
             ms = _work_ms(dev, work, programs, program_rate(dev, work))
         else:
             ms = _work_ms(dev, VENDOR_WORK[site.op.kind](bp, site.op))
+        if op.result in joined:  # (its loop runs in another's kernel: no launch of its own)
+            ms -= dev.launch_us * 1e-3
         comp += ms
         if work is not None:  # what cannot start before the last chunk has landed
             waiting += ms * (1.0 - work.ready_share)
@@ -768,6 +775,12 @@ def _sm_moving_ms(dev: DeviceSpec, bp: BoundPattern, cfg: Config, sites: dict,
         ms += nbytes / (sm_copy_gbs(dev, max(1, cfg.comm_programs), nbytes) * peers
                         * 1e9) * 1e3
     return ms
+
+
+def _joined(kernels: list | None) -> set[str]:
+    """The ops whose tile loop joined another op's kernel in `kernels` (`_kernels`;
+    `Lowering.joins_kernel`): they launch no kernel of their own."""
+    return {st.op.result for roles in kernels or () for st in roles if st.after is not None}
 
 
 def _compute_programs(kernels: list | None) -> dict[str, int]:

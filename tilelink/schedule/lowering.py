@@ -374,6 +374,9 @@ class Step:
     extra: dict = field(default_factory=dict)
     # a "receive" step: the collective result (a tensor name) whose landed rows it reads
     receives: str = ""
+    # a "tiles" step that joined the kernel of another op's tile loop (composer, where both
+    # lowerings `joins_kernel`): it runs on that step's programs, after it
+    after: Step | None = field(default=None, repr=False, compare=False)
 
     @property
     def last(self) -> int:
@@ -434,6 +437,22 @@ class Lowering:
         """Whether a step of this lowering runs next to another op's tiles in one kernel
         (so `comm_programs` programs are taken from them)."""
         return any(s.kind != "tiles" and not s.own_kernel for s in self.steps(site))
+
+    def joins_kernel(self, site: OpSite) -> bool:
+        """Whether this op's tile loop may join the kernel right before it, where that kernel
+        holds only tile loops that join too and none of them writes what this op reads:
+        every program of the kernel then runs the loops one after another, and the call
+        launches one kernel fewer. For loops whose launch costs more than their work (a
+        routing step's bookkeeping over a few thousand indices); False by default, so a
+        GEMM keeps its kernel, its tile sizes and its warps."""
+        return False
+
+    def reads_after(self, site: OpSite) -> tuple[str, ...]:
+        """Results of other ops whose steps fill buffers this lowering reads besides its
+        operands (a histogram another op's prepare step fills before that op's kernel):
+        a tile loop joining an earlier kernel (`joins_kernel`) goes no earlier than theirs.
+        None by default."""
+        return ()
 
     def default_ok(self, site: OpSite) -> bool:
         """Whether the default config may choose this lowering's resource for `site` (False:

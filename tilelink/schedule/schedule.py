@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, NotSupportedError, TileLinkError
 from ..ir import BoundPattern, spec
 from ..plan import Plan, TileSizes, build_plan
-from .compose import Composition, compose, widest_kernel
+from .compose import Composition, compose, kernel_programs, widest_kernel
 from .config import COMM_RESOURCES, Config, default_value
 from .knobs import feature_knobs, plan_knobs
 from .lowering import LOWERINGS, library_capturable, library_comms, op_lowerings, op_sites
@@ -42,6 +42,7 @@ class Role:
     # directly or through the copy engine (which waits on them): they must have lower ids
     waits_on: tuple[str, ...] = ()
     kernel: int = 0  # which kernel of the call (launched in order on the caller's stream)
+    after: str = ""  # a joined tile loop: the role it runs after, on the same programs
 
     @property
     def last(self) -> int:
@@ -136,11 +137,12 @@ class Schedule:
             lines.append("kernels, launched in this order on the caller's stream; roles "
                          "(program ids):")
             for i, roles in enumerate(self.composition.kernels):
-                programs = sum(r.count for r in roles)
+                programs = kernel_programs(roles)
                 lines.append(f"  kernel {i}: {programs} programs" if programs else
                              f"  kernel {i}: none, host calls only")
                 for r in (x for x in self.roles if x.kernel == i):
                     waits = f"; waits on {', '.join(r.waits_on)}" if r.waits_on else ""
+                    waits += f"; after {r.after}, on its programs" if r.after else ""
                     span = f"{r.first}..{r.last}  ({r.count})" if r.count else "host"
                     lines.append(f"    {r.name:<9} {span} {r.what}{waits}")
         bad = self.program_order_violations()
@@ -820,8 +822,8 @@ def make_schedule(bp: BoundPattern, target: Target, overrides: dict[str, str] | 
         return Schedule(bp, target, cfg, tiles, (), None, tuple(notes))
     plan = build_plan(bp, tiles)
     comp = compose(bp, cfg, target, sites)  # (the lowerings `validate` chose and asked)
-    roles = tuple(Role(st.name, st.first, st.count, st.what, st.waits_on, st.kernel)
-                  for st in comp.steps())
+    roles = tuple(Role(st.name, st.first, st.count, st.what, st.waits_on, st.kernel,
+                       st.after.name if st.after is not None else "") for st in comp.steps())
     for op in bp.ops:
         notes += comp.lowerings[op.result].notes(comp.sites[op.result])
     bad = program_order_violations(roles)

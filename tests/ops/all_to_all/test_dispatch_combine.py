@@ -245,11 +245,16 @@ def test_the_kernels_compile_for_every_gpu_target(target, world, sizes, example)
                       {"comm": "sm"})
     source = render_triton(s)
     names = kernel_names(load_module(source))
-    # grouping (its histogram, then its items), counts, positions (its blocks, on the
-    # grouping's histogram), and one kernel of the dispatch's push, the return push and the
-    # combine
-    assert len(names) == 5 and sum(n.endswith("_rank_hist_kernel") for n in names) == 1
+    # the grouping's histogram; one kernel of the grouping, the counts and the positions
+    # (on the grouping's histogram), each loop on every program after the one before; one
+    # of the dispatch's push, the return push and the combine
+    assert len(names) == 3 and sum(n.endswith("_rank_hist_kernel") for n in names) == 1
     assert sum("push" in n for n in names) == 1
+    roles = [(r.kernel, r.name, r.first, r.count, r.after) for r in s.roles]
+    grid = s.config.num_programs
+    assert roles[:3] == [(0, "compute", 0, grid, ""), (0, "compute splits", 0, grid, "compute"),
+                         (0, "compute pos", 0, grid, "compute splits")]
+    assert {r.kernel for r in s.roles[3:]} == {1}
     for name in names:
         compile_module(source, get_target(target), name)
 

@@ -693,9 +693,12 @@ def test_the_routed_kernels_compile_for_every_gpu_target(target, world, sizes):
                       {"comm": "sm"})
     source = render_triton(s)
     names = kernel_names(load_module(source))
-    # grouping (its histogram, then its items), counts, dispatch + GEMM, positions (its
-    # blocks, on the grouping's histogram: the same copies in the same blocks), combine
-    assert len(names) == 6 and sum(n.endswith("_rank_hist_kernel") for n in names) == 1
+    # the grouping's histogram; grouping, counts and positions in one kernel (positions on
+    # the grouping's histogram: the same copies in the same blocks; they read only dest, so
+    # they join the routing kernel ahead of the GEMM); dispatch + GEMM; combine
+    assert len(names) == 4 and sum(n.endswith("_rank_hist_kernel") for n in names) == 1
+    assert [r.name for r in s.roles if r.kernel == 0] == ["compute", "compute splits",
+                                                          "compute pos"]
     for name in names:
         compile_module(source, get_target(target), name)
 

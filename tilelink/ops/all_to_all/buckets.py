@@ -194,12 +194,19 @@ class HistPrepared:
         if owner != site.op.result:
             before = [k.index for k in kb.mb.kernels
                       if any(role.op.result == owner for role in k.roles)]
-            if not before or before[0] >= kb.index:
+            # (the prepare step runs before the kernel holding its op: that kernel or an
+            # earlier one)
+            if not before or before[0] > kb.index:
                 raise AssertionError(
                     f"{site.op.result} reads the histogram the prepare step of {owner} fills, "
-                    f"but {owner}'s kernel does not come before kernel {kb.index}: it would "
-                    "read the last call's histogram (see HistPrepared._hist_owner)")
+                    f"but {owner}'s kernel comes after kernel {kb.index}: it would read the "
+                    "last call's histogram (see HistPrepared._hist_owner)")
         return hist_name(owner)
+
+    def reads_after(self, site) -> tuple[str, ...]:
+        """The op whose prepare step fills the histogram it reads, where not its own."""
+        owner = self._hist_owner(site)
+        return (owner,) if owner != site.op.result else ()
 
     def prepare(self, site) -> Prepare | None:
         if self._hist_owner(site) != site.op.result:

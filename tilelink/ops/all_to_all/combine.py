@@ -379,6 +379,10 @@ class LandingPositionsTriton(HistPrepared, Lowering):
     name = "landing_positions/triton"
     knobs = ("warps",)  # (its kernels launch with the config's warps)
 
+    def joins_kernel(self, site) -> bool:
+        """A pass over the routing's indices: its launch costs more than its work."""
+        return True
+
     def _sizes(self, site) -> dict:
         t, k = site.result.local_shape
         return block_consts(t * k, site.bp.world)

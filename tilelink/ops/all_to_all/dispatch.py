@@ -214,6 +214,10 @@ class GroupByDestTriton(HistPrepared, Lowering):
     name = "group_by_dest/triton"
     knobs = ("warps",)  # (its kernels launch with the config's warps)
 
+    def joins_kernel(self, site) -> bool:
+        """A pass over the routing's indices: its launch costs more than its work."""
+        return True
+
     def reasons(self, site) -> list[str]:
         out = dest_from_collective(site, site.op.args[-1])
         x, src = site.op.args[0], site.producer  # (the site's producer makes x)
@@ -339,6 +343,10 @@ class DestCountsTriton(Lowering):
     kind = "dest_counts"
     name = "dest_counts/triton"
     knobs = ("warps",)  # (its kernels launch with the config's warps)
+
+    def joins_kernel(self, site) -> bool:
+        """A pass over the routing's indices: its launch costs more than its work."""
+        return True
 
     def reasons(self, site) -> list[str]:
         return dest_from_collective(site, site.op.args[-1])
