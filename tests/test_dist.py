@@ -206,10 +206,10 @@ CASES |= {
 # staging slots, the receive steps writing each landed chunk and the readers waiting on their
 # local signals, under the routings drawn every call (some past CAP), with delays, as CUDA-graph
 # replays mixed with eager calls, 1,000 calls back to back, and at the layer's size. Passed at
-# W = 2 and 4 on 4x H200 (2026-11-28) on de98db5's kernels; c9257e8 changed a row's scale for
-# rows of zeros and fenced TMA readers, not yet run on GPUs: they stay here until they are.
+# W = 2 and 4 on 4x H200 (2026-11-28) on de98db5's kernels and again on aaee8bf's (a row's
+# scale for rows of zeros, fenced TMA readers, the routing loops in one kernel).
 EP_FP8 = str(EXAMPLES / "ep_dispatch_combine_fp8.tl")
-NOT_YET_RUN |= {
+CASES |= {
     "ep_fp8_sm_100_delays": RunSpec(EP_FP8, EP_ROUTED_SIZES, {"comm": "sm"}, calls=100,
                                     delays=True, seed=82),
     "ep_fp8_sm_graph_mixed": RunSpec(EP_FP8, EP_ROUTED_SIZES, {"comm": "sm"}, calls=20,

@@ -343,7 +343,8 @@ class Step:
     `kind` says what it does and where the composer puts it:
       "tiles"    a compute op's persistent tile loop; starts a kernel of its own
                  (a compute op reading whole rows another compute op writes gets them
-                 through stream order, not per-tile waits)
+                 through stream order, not per-tile waits), unless its lowering
+                 `joins_kernel` and it runs after the loops of an earlier kernel (`after`)
       "push"     moves data that is ready when its kernel starts (a pattern input, or a
                  result of an earlier kernel) to the peers: in the kernel of the first op
                  that consumes its result, before that op's tiles (lower program ids)
