@@ -55,11 +55,32 @@ def matplotlib_present():
     [_result(), _result(m=1024, tilelink=5.0)],                          # a bar past CLIP
     [_result(), _result("gemm>reduce_scatter")],                         # two panels
     [_result(world=2), _result(world=4, failed=True)],                   # mixed W, a failure
+    [BenchResult(pattern="p", ops="all_gather>grouped_gemm", sizes={"T": 8192}, world=4,
+                 flops_per_rank=1, comm_bytes_per_rank=1,
+                 steady_ms={"tilelink": 0.33, "nccl_cublas": 0.59})],           # no floor
 ])
 def test_plot_writes_a_png(rows, tmp_path, matplotlib_present):
     out = tmp_path / "c.png"
     bench_plot.plot(rows, str(out), title="t")
     assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_panel_without_a_floor_is_drawn_against_its_fastest_baseline():
+    # (a run of --systems tilelink,nccl_cublas measures no GEMM alone, so no floor: the
+    # chart divides by the fastest baseline measured instead, else by TileLink's own time)
+    full = _result()
+    bare = BenchResult(pattern="p", ops="all_gather>grouped_gemm", sizes={"T": 8192},
+                       world=4, flops_per_rank=1, comm_bytes_per_rank=1,
+                       steady_ms={"tilelink": 0.33, "nccl_cublas": 0.59, "async_tp": 0.66})
+    alone = BenchResult(pattern="p", ops="all_gather>grouped_gemm", sizes={"T": 8192},
+                        world=4, flops_per_rank=1, comm_bytes_per_rank=1,
+                        steady_ms={"tilelink": 0.5})
+    name, ref = bench_plot.reference([full])
+    assert name == "floor" and ref(full) == full.floor_ms() == 0.7
+    name, ref = bench_plot.reference([full, bare])
+    assert name == "fastest baseline" and ref(bare) == 0.59 and ref(full) == 0.9
+    name, ref = bench_plot.reference([bare, alone])
+    assert name == "TileLink" and ref(alone) == 0.5
 
 
 def test_plot_without_matplotlib_names_the_install_command(tmp_path, no_matplotlib):

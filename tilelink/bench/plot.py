@@ -91,12 +91,31 @@ def load_runs(paths: list[str]) -> tuple[dict, list[BenchResult]]:
     return meta, results
 
 
+def reference(rs: list[BenchResult]) -> tuple[str, object]:
+    """What a panel's times are divided by, and its name: the floor (max of GEMM alone and
+    the fastest comm alone) where every shape of the panel has one; else the fastest
+    baseline measured with each shape (a run of `--systems tilelink,nccl_cublas` has no
+    floor); else TileLink's own time."""
+    if all(r.floor_ms() for r in rs):
+        return "floor", BenchResult.floor_ms
+    if all(r.best_baseline() for r in rs):
+        return "fastest baseline", lambda r: r.steady_ms[r.best_baseline()]
+    return "TileLink", lambda r: r.steady_ms.get("tilelink")
+
+
+def _ratio(r: BenchResult, system: str, ref) -> float | None:
+    t, f = r.steady_ms.get(system), ref(r)
+    return t / f if t and f else None
+
+
 def plot(results: list[BenchResult], path: str, title: str = "") -> None:
     """Write a PNG bar chart: per shape, each system's time / floor (lower is better).
 
     One panel per pattern kind; the floor (max of GEMM alone and the fastest comm alone) is
-    the dashed line at 1; TileLink's absolute ms is written above its bar. Raises a
-    TileLinkError naming `pip install matplotlib` when matplotlib is missing.
+    the dashed line at 1 (a panel with a shape that has no floor divides by its fastest
+    baseline instead, or by TileLink's time: `reference`); TileLink's absolute ms is written
+    above its bar. Raises a TileLinkError naming `pip install matplotlib` when matplotlib is
+    missing.
     """
     check_can_plot(path)
     import matplotlib
@@ -118,7 +137,7 @@ def plot(results: list[BenchResult], path: str, title: str = "") -> None:
     # one legend for every panel: the systems some shape has (a panel lacks some)
     from matplotlib.patches import Patch
 
-    shown = [k for k in PLOTTED if any(r.vs_floor(k) is not None for r in results)]
+    shown = [k for k in PLOTTED if any(r.steady_ms.get(k) for r in results)]
     axes[0][0].legend(handles=[Patch(color=COLORS[k], label=NAMES[k]) for k in shown],
                       fontsize=8, loc="upper left")
     if title:
@@ -141,10 +160,11 @@ def shape_label(sizes: dict) -> str:
 def _panel(ax, rs: list[BenchResult], kind: str) -> None:
     """One pattern kind's bars: a group per shape, a bar per plotted system."""
     width = 0.8 / len(PLOTTED)
+    name, ref = reference(rs)
     for j, sysk in enumerate(PLOTTED):
         xs, ys, shown = [], [], []
         for i, r in enumerate(rs):
-            v = r.vs_floor(sysk)
+            v = _ratio(r, sysk, ref)
             if v is not None:
                 xs.append(i + (j - (len(PLOTTED) - 1) / 2) * width)
                 ys.append(v)
@@ -167,6 +187,6 @@ def _panel(ax, rs: list[BenchResult], kind: str) -> None:
     ax.set_xticklabels([shape_label(r.sizes) + (f"\nW={r.world}" if mixed else "")
                         for r in rs], fontsize=8)
     ax.set_title(kind if mixed else f"{kind} (W={rs[0].world})", fontsize=10)
-    ax.set_ylabel("time / floor (lower is better)")
-    top = max([1.2] + [min(CLIP, r.vs_floor(s) or 0) for r in rs for s in PLOTTED])
+    ax.set_ylabel(f"time / {name} (lower is better)")
+    top = max([1.2] + [min(CLIP, _ratio(r, s, ref) or 0) for r in rs for s in PLOTTED])
     ax.set_ylim(0, top * 1.18)
