@@ -5,7 +5,8 @@
 Per rank, after a warm-up: `--calls` back-to-back calls of `compile_op(...)` on one input
 set; prints (rank 0) the host time per call (the loop without the final synchronize), the
 wall time per call (with it: host-bound when the two agree), the same two numbers for the
-bench's NCCL + cuBLAS call it competes with (the non-overlapped plan), and cProfile's top
+bench's NCCL + cuBLAS call it competes with (the non-overlapped plan; `--against` names other
+baselines of the bench, e.g. cuBLAS + symmetric-memory all-reduce), and cProfile's top
 functions by own time over the op's calls. For shapes whose GPU work is shorter than the
 host's (the non-overlapped plan at small M on 4 GPUs: docs/perf.md). Keep `--calls` small:
 once the launch queue fills (each call enqueues a kernel and several stream operations) the
@@ -45,7 +46,7 @@ def _loop(fn, calls: int) -> tuple[float, float]:
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
-def _rank(rank, world, pattern, values, configs, calls, top, rounds):
+def _rank(rank, world, pattern, values, configs, calls, top, rounds, against=("nccl_cublas",)):
     import statistics
 
     import torch
@@ -65,7 +66,12 @@ def _rank(rank, world, pattern, values, configs, calls, top, rounds):
             "tilelink [" + (" ".join(f"{k}={v}" for k, v in config.items()) or "default") + "]"
         fns[label] = (lambda op=op: op(**ins))
         head.append(f"{label}: {op.config}")
-    fns["nccl_cublas"] = baselines.build(bp, ins)["nccl_cublas"].fn  # the bench's own
+    built = baselines.build(bp, ins)  # the bench's own baselines
+    for key in against:
+        if key in built:
+            fns[key] = built[key].fn
+        else:
+            head.append(f"{key}: none for this pattern")
     names = list(fns)
     times = {n: [] for n in names}
     for _ in range(20):  # warm-up (and the same number of collectives on every rank)
@@ -114,6 +120,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=30,
                    help="calls timed and profiled (few: see above)")
     p.add_argument("--top", type=int, default=18, help="profile lines shown")
+    p.add_argument("--against", nargs="+", default=["nccl_cublas"], metavar="SYSTEM",
+                   help="the bench's baselines timed beside the op (default nccl_cublas; "
+                   "e.g. symm_one_shot symm_two_shot async_tp where the pattern has them)")
     args = p.parse_args()
     from tilelink.runtime.launcher import launch_world
 
@@ -128,7 +137,7 @@ def main() -> int:
     except ValueError:
         p.error("a config is KNOB=VALUE items, e.g. --configs \"comm=sm\" \"\"")
     print(launch_world(_rank, args.world_size, args.pattern, values, configs, args.calls,
-                       args.top, args.rounds))
+                       args.top, args.rounds, tuple(args.against)))
     return 0
 
 
