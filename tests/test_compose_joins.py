@@ -94,7 +94,9 @@ def test_the_joined_routing_kernel_computes_the_layer_with_delays(tmp_path):
 
 def test_a_loop_reading_what_a_kernel_writes_does_not_join_it(tmp_path, monkeypatch):
     # (GEMMs never join; here they may, to see the composer's own rule: the second GEMM
-    # joins the first's kernel where it reads only inputs, not where it reads c)
+    # joins the first's kernel where it reads only inputs, not where it reads c. The
+    # composition only: a GEMM's loop is not rendered to share a kernel, its constants are
+    # not named after its op, as `joins_kernel` asks of a lowering that says True)
     from tilelink.ops.gemm.tl import GemmTriton
 
     monkeypatch.setattr(GemmTriton, "joins_kernel", lambda self, site: True)
@@ -149,3 +151,21 @@ def test_the_cost_model_charges_a_joined_loop_no_launch_of_its_own(monkeypatch):
     assert apart[0] - joined[0] == pytest.approx(2 * dev.host_kernel_us * 1e-3)
     # (the compute ops' GPU time: two launch gaps fewer)
     assert apart[1] - joined[1] == pytest.approx(2 * dev.launch_us * 1e-3)
+
+
+def test_a_result_computed_in_a_kernel_without_a_step_of_its_own_counts_as_written_there():
+    # an op taking its producer's tiles in the epilogue has no step in the producer's kernel,
+    # only its entry in the composer's table: a loop reading it must not join that kernel
+    from tilelink.schedule.compose import _joins
+    from tilelink.schedule.lowering import op_sites
+
+    bp = load_pattern(str(EXAMPLES / "ep_dispatch_combine.tl")).bind({}, 2)
+    cfg = make_schedule(bp, get_target("cuda:90"), {"comm": "sm"}).config
+    sites = op_sites(bp, cfg, get_target("cuda:90"))
+    copies = sites["copies"].lowering.steps(sites["copies"])
+    pos_site = sites["pos"]
+    pos = pos_site.lowering.steps(pos_site)[0]
+    assert _joins([copies], pos, pos_site, {"copies": 0}) == 0
+    assert _joins([copies], pos, pos_site, {"copies": 0, "dest": 0}) is None
+    pos.own_kernel = True  # (a step that wants a kernel of its own never joins one)
+    assert _joins([copies], pos, pos_site, {"copies": 0}) is None

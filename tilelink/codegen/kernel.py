@@ -130,11 +130,14 @@ class KernelBuilder:
             head = textwrap.wrap(comment_text(
                 f"# ---- {role.name} (programs {role.first}..{role.last}{after}): "
                 f"{role.what} ----"), 92, subsequent_indent="# ")
-            if branches and role.after is not None and any(role.after is r for r in branches[-1][0]):
+            if role.after is None:
+                branches.append(([role], head + code))
+            elif branches and any(role.after is r for r in branches[-1][0]):
                 branches[-1][0].append(role)
                 branches[-1][1].extend(head + code)
-            else:
-                branches.append(([role], head + code))
+            else:  # (its own branch would test its lead's program ids again: never taken)
+                raise AssertionError(f"{self.name}: the joined loop {role.name} does not follow "
+                                     f"{role.after.name}, whose programs it runs on")
         chain = []
         for i, ([role, *_], lines) in enumerate(branches):
             if len(branches) == 1:

@@ -115,7 +115,7 @@ def _place(bp: BoundPattern, config, target,
         for step in lowerings[op.result].steps(site):
             if step.kind == "tiles":
                 pushes = pending.pop(op.result, [])
-                into = None if pushes else _joins(kernels, step, site)
+                into = None if pushes else _joins(kernels, step, site, tiles_kernel)
                 if into is not None:
                     step.after = kernels[into][-1]
                     kernels[into].append(step)
@@ -188,17 +188,21 @@ def _place(bp: BoundPattern, config, target,
     return Composition(sites, lowerings, [k for k in kernels if k])
 
 
-def _joins(kernels: list[list[Step]], step: Step, site: OpSite) -> int | None:
+def _joins(kernels: list[list[Step]], step: Step, site: OpSite,
+           tiles_kernel: dict[str, int]) -> int | None:
     """The kernel that tiles step `step` of `site` joins (running after its last tile loop, on
     its programs), or None: the latest kernel holding only tile loops whose lowerings
     `joins_kernel` as `step`'s does, with no kernel from it on writing what `step` reads (its
     operands), and none after it filling what `step` reads besides them (`reads_after`: a
-    histogram another op's prepare step fills, which runs before that op's kernel)."""
-    if not step.lowering.joins_kernel(site):
+    histogram another op's prepare step fills, which runs before that op's kernel).
+    `tiles_kernel`: op result -> the kernel computing it (an op taking its producer's tiles
+    in the epilogue has no step of its own there)."""
+    if step.own_kernel or step.host or not step.lowering.joins_kernel(site):
         return None
     operands, fillers = set(site.op.args), set(step.lowering.reads_after(site))
     for k in range(len(kernels) - 1, -1, -1):
-        written = {s.op.result for s in kernels[k]}
+        written = {s.op.result for s in kernels[k]} | {
+            r for r, i in tiles_kernel.items() if i == k}
         if written & operands:
             return None
         if all(s.kind == "tiles" and not (s.own_kernel or s.host)

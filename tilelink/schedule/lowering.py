@@ -445,7 +445,10 @@ class Lowering:
         every program of the kernel then runs the loops one after another, and the call
         launches one kernel fewer. For loops whose launch costs more than their work (a
         routing step's bookkeeping over a few thousand indices); False by default, so a
-        GEMM keeps its kernel, its tile sizes and its warps."""
+        GEMM keeps its kernel, its tile sizes and its warps. A lowering that says True
+        renders its loop to share a kernel: every constant and variable named after its op's
+        result (two loops' `BM` would clash), nothing computed outside its item loop that
+        another loop's names could shadow, and the kernel's warps left as the config's."""
         return False
 
     def reads_after(self, site: OpSite) -> tuple[str, ...]:
