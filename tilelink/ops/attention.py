@@ -182,9 +182,9 @@ def attended(bp, op, plan) -> Sums:
         # D = 128, W = 2, its error equalled the fused SDPA's, max abs 0.0156, rel 0.0025,
         # which one rounding a term did not bound)
         err = math.hypot(SOFTMAX_WEIGHT, u, u)
-    elif _group(q, k) > 1:
-        # P V on the tensor cores (attention's kernel; a decode key head's query group):
-        # each weight rounded to the inputs' dtype once
+    else:
+        # P V on the tensor cores (attention's kernel; the decode kernel, a key head's query
+        # heads padded to 16 rows): each weight rounded to the inputs' dtype once
         err = math.hypot(SOFTMAX_WEIGHT, u)
     return Sums(terms=max(k[-3], k[-1]), term_error=err)
 
@@ -640,6 +640,7 @@ class _DecodeTiles(Lowering):
 DECODE_BLOCK, DECODE_GROUP_BLOCK, DECODE_WARPS = 64, 128, 4
 
 
+
 @dataclass(frozen=True)
 class _Split:
     """How attention_partial's kernel cuts its work on a rank: `block` keys a KV-loop block
@@ -689,19 +690,21 @@ def _split(bp, op, cfg) -> _Split:
                   heads * splits)
 
 
-#: GB/s one busy program streams its keys and values at (one H100, B = 1, D = 128,
-#: 32 query heads, CUDA-graph replays of the kernel alone, tools/decode_bw.py, 2026-11-28,
-#: items by key head fastest): one key head per query head 2844 GB/s on 132 busy programs
-#: at 131072 keys (torch's cuDNN SDPA 3073); a query group of 4 sharing a key head (its
-#: tl.dot, 128-key blocks) 2799 on 128 busy programs (flash SDPA 2833)
-SPLIT_PROGRAM_GBS = {"one": 21.5, "group": 21.9}
+#: GB/s one busy program streams its keys and values at (one H100, B = 1, D = 128, 32 query
+#: heads, CUDA-graph replays of the kernel alone, tools/decode_bw.py, 2026-11-28, items by key
+#: head fastest): a query group of 4 sharing a key head (its tl.dot, 128-key blocks) 2799
+#: GB/s on 128 busy programs at 131072 keys (flash SDPA 2833). One query head per key head
+#: ran 21.5 GB/s there on the CUDA cores; it now takes the tensor cores too (not measured on
+#: H100: the group's rate stands for it)
+SPLIT_PROGRAM_GBS = 21.9
 #: the same on other GPUs, by a part of the device's name (`Work.program_gbs_on`). H200 (2x H200,
 #: 2026-11-28, c17cba3, W = 2, graph replays of the whole pattern, 65,536-131,072 keys a rank):
 #: a query group 33 GB/s a program at B = 8 (4.3 TB/s; at B = 1 26, where each item's fixed
-#: cost, its pipeline's fill and the split combine, weighs more), one key head per query head
-#: 20 at B = 1. The tensor-core group kernel follows the faster HBM; the one-head kernel, whose
-#: programs multiply on the CUDA cores, runs as on H100
-SPLIT_PROGRAM_GBS_ON = {"H200": {"one": 20.0, "group": 33.0}}
+#: cost, its pipeline's fill and the split combine, weighs more). One query head per key head
+#: (4x H200, 2026-11-28, tools/decode_bw.py at W = 1, 64-key blocks): 20 on the CUDA cores
+#: (c17cba3, W = 2), 32.7 on the tensor cores (4.26-4.32 TB/s at B = 8, 32768-131072 keys,
+#: 0.95-0.97x cuDNN's SDPA; B = 1 0.94x; not run beside the CUDA-core kernel in one lease)
+SPLIT_PROGRAM_GBS_ON = {"H200": 33.0}
 
 
 def _wide_kv(site) -> bool:
@@ -870,62 +873,38 @@ class AttentionPartialTiles(_DecodeTiles):
         # (no key: acc is 0 and m_i -inf, so the row stores 0 and a log-sum-exp of -inf)
         empty = ["l_i = tl.where(l_i > 0.0, l_i, 1.0)  # (no key: o 0, lse -inf)"] \
             if ragged else []
-        if sp.group == 1:
-            body = head + [
-                f"q_row = {tok.format('(b * HQ + h) * D')}",
-                f"qv = tl.load({q.base} + q_row + offs_d, mask=dmask, other=0.0).to(tl.float32)",
-                "qv = qv * (1.0 / tl.sqrt(D * 1.0))  # scores are q k / sqrt(D)",
-                'm_i = tl.max(tl.full((BS,), float("-inf"), tl.float32), axis=0)  # running max',
-                "l_i = tl.sum(tl.zeros((BS,), tl.float32), axis=0)  # running sum of "
-                "exp(score - m_i)",
-                "acc = tl.zeros((DP,), dtype=tl.float32)",
-            ] + loop + [
-                f"    kt = tl.load({k.base} + kv, mask=kvmask, other=0.0).to(tl.float32)",
-                "    scores = tl.sum(kt * qv[None, :], axis=1)",
-                '    scores = tl.where(smask, scores, float("-inf"))',
-                "    m_new = tl.maximum(m_i, tl.max(scores, axis=0))",
-                "    p = tl.exp(scores - m_new)",
-                "    alpha = tl.exp(m_i - m_new)",
-                "    l_i = l_i * alpha + tl.sum(p, axis=0)",
-                f"    vt = tl.load({v.base} + kv, mask=kvmask, other=0.0).to(tl.float32)",
-                "    acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)",
-                "    m_i = m_new",
-            ] + empty + [
-                f"row = {row.format(r='h')}",
-                f"tl.store({dst} + row + offs_d, acc / l_i, mask=dmask)",
-                f"tl.store({dst} + row + D, m_i + tl.log(l_i))  # the log-sum-exp column",
-            ]
-        else:
-            up, prec = self._dot_operands(kb, q.dtype)
-            body = head + [
-                "offs_g = tl.arange(0, GP)  # the key head's G query heads (rows >= G: padding)",
-                "gmask = offs_g < G",
-                "qmask = gmask[:, None] & dmask[None, :]",
-                f"q_rows = {tok.format('(b * HQ + h + offs_g) * D')}",
-                f"qt = tl.load({q.base} + q_rows[:, None] + offs_d[None, :], mask=qmask, "
-                f"other=0.0){up}",
-                'm_i = tl.full((GP,), float("-inf"), tl.float32)  # running max per head',
-                "l_i = tl.zeros((GP,), tl.float32)  # running sum of exp(score - m_i)",
-                "acc = tl.zeros((GP, DP), dtype=tl.float32)",
-            ] + loop + [
-                f"    kt = tl.load({k.base} + kv, mask=kvmask, other=0.0){up}",
-                f"    scores = tl.dot(qt, tl.trans(kt){prec}) * (1.0 / tl.sqrt(D * 1.0))",
-                '    scores = tl.where(smask[None, :], scores, float("-inf"))',
-                "    m_new = tl.maximum(m_i, tl.max(scores, axis=1))",
-                "    p = tl.exp(scores - m_new[:, None])",
-                "    alpha = tl.exp(m_i - m_new)",
-                "    l_i = l_i * alpha + tl.sum(p, axis=1)",
-                f"    vt = tl.load({v.base} + kv, mask=kvmask, other=0.0){up}",
-                f"    pv = tl.dot(p.to({dt}){up}, vt{prec})  # weights rounded to the inputs' "
-                "dtype",
-                "    acc = acc * alpha[:, None] + pv",
-                "    m_i = m_new",
-            ] + empty + [
-                f"rows = {row.format(r='h + offs_g')}",
-                f"tl.store({dst} + rows[:, None] + offs_d[None, :], acc / l_i[:, None], "
-                "mask=qmask)",
-                f"tl.store({dst} + rows + D, m_i + tl.log(l_i), mask=gmask)  # log-sum-exps",
-            ]
+        # a key head's G query heads as the rows of the products on the tensor cores, padded
+        # to GP = 16 at least (MHA too: its lone row's loads pipeline as the group's do)
+        up, prec = self._dot_operands(kb, q.dtype)
+        body = head + [
+            "offs_g = tl.arange(0, GP)  # the key head's G query heads (rows >= G: padding)",
+            "gmask = offs_g < G",
+            "qmask = gmask[:, None] & dmask[None, :]",
+            f"q_rows = {tok.format('(b * HQ + h + offs_g) * D')}",
+            f"qt = tl.load({q.base} + q_rows[:, None] + offs_d[None, :], mask=qmask, "
+            f"other=0.0){up}",
+            'm_i = tl.full((GP,), float("-inf"), tl.float32)  # running max per head',
+            "l_i = tl.zeros((GP,), tl.float32)  # running sum of exp(score - m_i)",
+            "acc = tl.zeros((GP, DP), dtype=tl.float32)",
+        ] + loop + [
+            f"    kt = tl.load({k.base} + kv, mask=kvmask, other=0.0){up}",
+            f"    scores = tl.dot(qt, tl.trans(kt){prec}) * (1.0 / tl.sqrt(D * 1.0))",
+            '    scores = tl.where(smask[None, :], scores, float("-inf"))',
+            "    m_new = tl.maximum(m_i, tl.max(scores, axis=1))",
+            "    p = tl.exp(scores - m_new[:, None])",
+            "    alpha = tl.exp(m_i - m_new)",
+            "    l_i = l_i * alpha + tl.sum(p, axis=1)",
+            f"    vt = tl.load({v.base} + kv, mask=kvmask, other=0.0){up}",
+            f"    pv = tl.dot(p.to({dt}){up}, vt{prec})  # weights rounded to the inputs' "
+            "dtype",
+            "    acc = acc * alpha[:, None] + pv",
+            "    m_i = m_new",
+        ] + empty + [
+            f"rows = {row.format(r='h + offs_g')}",
+            f"tl.store({dst} + rows[:, None] + offs_d[None, :], acc / l_i[:, None], "
+            "mask=qmask)",
+            f"tl.store({dst} + rows + D, m_i + tl.log(l_i), mask=gmask)  # log-sum-exps",
+        ]
         if not whole:
             body += self._combine(kb, site, sp, ragged)
         # key heads fastest: the programs running at once read every key head of the same
@@ -1007,10 +986,8 @@ class AttentionPartialTiles(_DecodeTiles):
         if sp.splits > 1:
             bsz, heads, d1 = site.result.local_shape
             nbytes += 2.0 * bsz * heads * sp.splits * d1 * 4
-        kind = "one" if sp.group == 1 else "group"
-        return Work(flops, nbytes, programs=busy, program_gbs=SPLIT_PROGRAM_GBS[kind],
-                    program_gbs_on=tuple((part, rates[kind])
-                                         for part, rates in SPLIT_PROGRAM_GBS_ON.items()))
+        return Work(flops, nbytes, programs=busy, program_gbs=SPLIT_PROGRAM_GBS,
+                    program_gbs_on=tuple(SPLIT_PROGRAM_GBS_ON.items()))
 
 
 class LseCombineTiles(_DecodeTiles):
