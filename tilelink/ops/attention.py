@@ -635,8 +635,9 @@ class _DecodeTiles(Lowering):
 #: A query group sharing a key head (its tl.dot) takes 128-key blocks: one H100, B = 1, 32 / 8
 #: heads, 131072 keys, 3 stages, CUDA-graph replays (2026-11-28, tools/decode_bw.py): 0.192 ms
 #: against 0.234 with 64-key blocks (torch's flash SDPA 0.188); at 32768 keys 0.061 both, at
-#: B = 8 0.359 against 0.353. One key head per query head keeps 64 (128 in 2 stages: 0.847
-#: against 0.804 ms at 131072 keys of 32 heads)
+#: B = 8 0.359 against 0.353. One key head per query head keeps 64: on the CUDA cores, as it
+#: then ran, 128 in 2 stages took 0.847 against 0.804 ms at 131072 keys of 32 heads; on the
+#: tensor cores 64-key blocks ran 0.94-0.97x cuDNN's SDPA on H200 (128 not timed there)
 DECODE_BLOCK, DECODE_GROUP_BLOCK, DECODE_WARPS = 64, 128, 4
 
 

@@ -546,7 +546,9 @@ def host_ms(bp: BoundPattern, cfg: Config, dev: DeviceSpec) -> float:
         return us * 1e-3
     us = 0.0
     sites = op_sites(bp, cfg, None)
-    joined = _joined(_kernels(bp, cfg, sites))
+    # (composed only where a loop may join another's kernel: most patterns' have none)
+    joins = any(s.lowering is not None and s.lowering.joins_kernel(s) for s in sites.values())
+    joined = _joined(_kernels(bp, cfg, sites)) if joins else set()
     for op in bp.ops:
         site = sites[op.result]
         lw = site.lowering

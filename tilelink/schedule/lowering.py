@@ -440,10 +440,10 @@ class Lowering:
         return any(s.kind != "tiles" and not s.own_kernel for s in self.steps(site))
 
     def joins_kernel(self, site: OpSite) -> bool:
-        """Whether this op's tile loop may join the kernel right before it, where that kernel
-        holds only tile loops that join too and none of them writes what this op reads:
-        every program of the kernel then runs the loops one after another, and the call
-        launches one kernel fewer. For loops whose launch costs more than their work (a
+        """Whether this op's tile loop may join an earlier kernel (the composer takes the
+        latest one holding only tile loops that join too, where nothing this op reads is
+        written in it or after it): every program of that kernel then runs the loops one
+        after another, and the call launches one kernel fewer. For loops whose launch costs more than their work (a
         routing step's bookkeeping over a few thousand indices); False by default, so a
         GEMM keeps its kernel, its tile sizes and its warps. A lowering that says True
         renders its loop to share a kernel: every constant and variable named after its op's
